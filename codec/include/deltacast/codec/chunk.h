@@ -1,0 +1,89 @@
+// One chunk: a byte range of the model image, encoded so that it decodes on its own given
+// only the base bytes of the same range. Layout: docs/FORMAT.md, "chunk payload".
+//
+// A chunk is cut into segments of one class each: BF16 runs get the specialised BF16 path,
+// everything else (other dtypes, bytes between tensors) the generic byte path.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "deltacast/codec/backend.h"
+#include "deltacast/codec/bytes.h"
+#include "deltacast/common/status.h"
+
+namespace deltacast {
+
+// Values are part of the format: append only.
+enum class ChunkKind : std::uint8_t {
+  kDeltaV1 = 1,   // changes against the base bytes of the same range
+  kAnchorV1 = 2,  // a full snapshot of the range
+};
+
+enum class SegmentClass : std::uint8_t {
+  kGeneric = 0,  // any bytes; elem_size says how to transpose them (1, 2, 4 or 8)
+  kBF16 = 1,     // bfloat16 values
+};
+
+struct Segment {
+  SegmentClass cls = SegmentClass::kGeneric;
+  std::uint8_t elem_size = 1;
+  std::uint64_t bytes = 0;
+  bool operator==(const Segment&) const = default;
+};
+
+// The largest chunk the format allows: positions inside a chunk fit in 32 bits.
+inline constexpr std::uint64_t kChunkBytesMax = std::uint64_t{1} << 31;
+
+struct ChunkEncodeOptions {
+  std::vector<BackendChoice> delta_backends;   // tried for every delta stream
+  std::vector<BackendChoice> anchor_backends;  // tried for every anchor stream
+  static ChunkEncodeOptions defaults();
+  // Adds higher zstd levels (up to -19) to every stream: smallest output, much slower to encode.
+  static ChunkEncodeOptions max_effort();
+};
+
+// What a chunk holds; filled by the encoder, and by describe_chunk for an existing payload.
+struct ChunkStats {
+  std::uint64_t bf16_values = 0;
+  std::uint64_t changed_values = 0;    // BF16 values that differ from the base
+  std::uint64_t small_deltas = 0;      // of those, coded as a same-sign integer step of at most 127
+  std::uint64_t unit_deltas = 0;       // of those, exactly one ulp up or down
+  std::uint64_t exceptions = 0;        // sign flips and larger exponent moves, coded whole
+  std::uint64_t generic_bytes = 0;
+  std::uint64_t generic_changed_bytes = 0;
+  struct Stream {
+    std::string_view name;  // "positions", "values", "exceptions", "xor", "exponents", ...
+    StreamReport report;
+  };
+  std::vector<Stream> streams;
+  void add(const ChunkStats& other);
+};
+
+// Encodes a delta: `base` and `next` are the same range of two images, segments cover it.
+Result<Bytes> encode_delta_chunk(std::span<const Segment> segments, ByteSpan base, ByteSpan next,
+                                 const ChunkEncodeOptions& options, ChunkStats* stats = nullptr);
+// Encodes an anchor (full snapshot) of `next`.
+Result<Bytes> encode_anchor_chunk(std::span<const Segment> segments, ByteSpan next,
+                                  const ChunkEncodeOptions& options, ChunkStats* stats = nullptr);
+
+// Decodes a chunk payload into `out`.
+// - Delta: `base` holds the base bytes of the range and has out's size; base and out may be the
+//   very same memory (in-place apply) but must not otherwise overlap.
+// - Anchor: `base` is ignored.
+// `expected_segments`, when not empty, must equal the payload's own segment list.
+// Everything is parsed and checked before the first byte of `out` is written; a payload that
+// passes those checks but is still wrong is caught by the caller's content hash.
+Status decode_chunk(ByteSpan payload, std::span<const Segment> expected_segments, ByteSpan base,
+                    MutableByteSpan out);
+
+// Parses and decodes a payload's streams without applying them, for reports.
+Result<ChunkStats> describe_chunk(ByteSpan payload, ChunkKind* kind = nullptr);
+
+// Reads just the kind byte.
+Result<ChunkKind> chunk_kind(ByteSpan payload);
+
+}  // namespace deltacast

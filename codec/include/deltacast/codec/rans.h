@@ -1,0 +1,18 @@
+// Order-0 rANS entropy coder over bytes (the "rans" backend).
+// Two interleaved 32-bit states, 12-bit probabilities, byte-wise renormalisation
+// (the construction of Duda's rANS as laid out in ryg_rans). Stream layout: docs/FORMAT.md.
+#pragma once
+
+#include "deltacast/codec/bytes.h"
+#include "deltacast/common/status.h"
+
+namespace deltacast::rans {
+
+// Appends the encoding of `in` to `out`. Never fails; the output may be larger than the input
+// (callers compare against other backends).
+void encode(ByteSpan in, Bytes& out);
+// Decodes exactly out.size() symbols from `in`. Returns Corruption when `in` is malformed,
+// is not consumed exactly, or ends early; never reads or writes out of bounds.
+Status decode(ByteSpan in, MutableByteSpan out);
+
+}  // namespace deltacast::rans

@@ -1,0 +1,70 @@
+// Encoding and decoding whole versions: chunk planning, parallel per-chunk coding on a
+// caller-supplied Executor, and every checksum check in order.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "deltacast/codec/chunk.h"
+#include "deltacast/codec/manifest.h"
+#include "deltacast/common/executor.h"
+
+namespace deltacast {
+
+inline constexpr std::uint64_t kDefaultChunkBytes = 4u << 20;
+
+// Called from executor threads with the number of image bytes done so far; must be thread-safe.
+using ProgressFn = std::function<void(std::uint64_t done_bytes, std::uint64_t total_bytes)>;
+
+struct VersionEncodeOptions {
+  std::uint64_t chunk_bytes = kDefaultChunkBytes;
+  ChunkEncodeOptions chunk = ChunkEncodeOptions::defaults();
+  ProgressFn progress;
+};
+
+struct ModelLayout {
+  std::vector<TensorInfo> tensors;  // in image order
+  std::vector<std::pair<std::string, std::string>> metadata;
+  std::uint64_t image_size = 0;
+};
+
+struct EncodedVersion {
+  Manifest manifest;
+  std::vector<Bytes> payloads;  // one per manifest chunk
+  ChunkStats stats;             // summed over chunks
+};
+
+// A delta from `base` to `next` (same layout), or an anchor of `next` when base is empty.
+// Returns InvalidArgument for inconsistent inputs.
+Result<EncodedVersion> encode_version(const ModelLayout& layout, std::uint64_t version, std::uint64_t base_version,
+                                      ByteSpan base, ByteSpan next, const VersionEncodeOptions& options, Executor& executor);
+
+// Checks and decodes chunk `index` of `manifest`:
+//   payload size and hash -> base bytes hash (deltas) -> segments -> decode -> content hash.
+// `base_range` holds the base bytes of the chunk's range (deltas; may be out_range itself for
+// in-place apply), `out_range` receives the new bytes. Any failure names the chunk; until the
+// content hash check every failure leaves out_range untouched.
+Status decode_chunk_verified(const Manifest& manifest, std::size_t index, ByteSpan payload, ByteSpan base_range,
+                             MutableByteSpan out_range);
+
+// Decodes every chunk into `out` (image_size bytes) in parallel, then checks the version
+// checksum. `base` is the whole base image for deltas (may be `out` itself for in-place apply).
+// Every payload hash and base hash is checked before anything is written, so corrupt, truncated
+// or mismatched input leaves `out` untouched. Returns the first failure by chunk order.
+Status decode_version(const Manifest& manifest, std::span<const ByteSpan> payloads, ByteSpan base, MutableByteSpan out,
+                      Executor& executor, const ProgressFn& progress = {});
+
+// The on-disk container: header, manifest, payloads. Layout: docs/FORMAT.md, "container".
+inline constexpr std::uint32_t kContainerFormatVersion = 1;
+inline constexpr std::uint64_t kManifestBytesMax = 1ull << 32;
+// Header and manifest; the payloads follow in chunk order.
+Bytes container_prefix(const Manifest& manifest);
+struct ContainerView {
+  Manifest manifest;
+  std::vector<ByteSpan> payloads;  // point into the parsed buffer
+};
+Result<ContainerView> parse_container(ByteSpan file);
+
+}  // namespace deltacast

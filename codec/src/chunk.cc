@@ -1,0 +1,490 @@
+#include "deltacast/codec/chunk.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "deltacast assumes a little-endian host");
+
+namespace deltacast {
+namespace {
+
+constexpr std::uint64_t kSegmentsMax = 1u << 20;
+
+// Grows a per-thread scratch buffer without shrinking it, so steady-state encoding and
+// decoding allocate nothing.
+std::uint8_t* scratch(Bytes& buf, std::size_t bytes) {
+  if (buf.size() < bytes) buf.resize(bytes);
+  return buf.data();
+}
+
+// Byte transposition: all first bytes of the elements, then all second bytes, ...
+// Similar bytes of neighbouring elements end up next to each other for the backends.
+void shuffle(const std::uint8_t* src, std::size_t count, std::size_t es, std::uint8_t* dst) {
+  for (std::size_t b = 0; b < es; ++b)
+    for (std::size_t i = 0; i < count; ++i) dst[b * count + i] = src[i * es + b];
+}
+void unshuffle_xor(const std::uint8_t* shuffled, std::size_t count, std::size_t es, std::uint8_t* out) {
+  for (std::size_t b = 0; b < es; ++b)
+    for (std::size_t i = 0; i < count; ++i) out[i * es + b] ^= shuffled[b * count + i];
+}
+void unshuffle(const std::uint8_t* shuffled, std::size_t count, std::size_t es, std::uint8_t* out) {
+  for (std::size_t b = 0; b < es; ++b)
+    for (std::size_t i = 0; i < count; ++i) out[i * es + b] = shuffled[b * count + i];
+}
+
+inline std::uint8_t zigzag8(int d) { return static_cast<std::uint8_t>((d << 1) ^ (d >> 31)); }
+inline int unzigzag8(std::uint8_t z) { return (z >> 1) ^ -(z & 1); }
+
+// Calls on_change(i) for every i with a[i] != b[i], in increasing order.
+template <typename F>
+void for_each_difference(const std::uint16_t* a, const std::uint16_t* b, std::size_t n, F&& on_change) {
+  std::size_t i = 0;
+#if defined(__SSE2__)
+  for (; i + 16 <= n; i += 16) {
+    __m128i a0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i));
+    __m128i b0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i));
+    __m128i a1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i + 8));
+    __m128i b1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i + 8));
+    std::uint32_t equal = static_cast<std::uint32_t>(_mm_movemask_epi8(_mm_cmpeq_epi16(a0, b0))) |
+                          (static_cast<std::uint32_t>(_mm_movemask_epi8(_mm_cmpeq_epi16(a1, b1))) << 16);
+    std::uint32_t diff = ~equal;  // two bits per element
+    while (diff) {
+      int bit = __builtin_ctz(diff);
+      on_change(i + static_cast<std::size_t>(bit >> 1));
+      diff &= ~(3u << (bit & ~1));
+    }
+  }
+#endif
+  for (; i < n; ++i)
+    if (a[i] != b[i]) on_change(i);
+}
+
+struct SectionWriter {
+  Bytes& out;
+  const ChunkEncodeOptions& options;
+  ChunkStats* stats;
+  void stream(std::string_view name, ByteSpan raw, const std::vector<BackendChoice>& backends) {
+    StreamReport rep = write_stream(raw, backends, out);
+    if (stats) stats->streams.push_back({name, rep});
+  }
+};
+
+void encode_bf16_delta(const std::uint8_t* base, const std::uint8_t* next, std::size_t n, SectionWriter& w) {
+  thread_local Bytes pos_buf, val_buf, exc_buf;
+  std::uint8_t* pos = scratch(pos_buf, n * 5 + 16);
+  std::uint8_t* val = scratch(val_buf, n + 16);
+  std::uint8_t* exc = scratch(exc_buf, n * 2 + 16);
+  std::uint8_t* const pos0 = pos;
+  std::uint8_t* const val0 = val;
+  std::uint8_t* const exc0 = exc;
+  std::uint64_t unit = 0;
+  std::size_t prev_plus_one = 0;
+  const auto* a = reinterpret_cast<const std::uint16_t*>(base);
+  const auto* b = reinterpret_cast<const std::uint16_t*>(next);
+  for_each_difference(a, b, n, [&](std::size_t i) {
+    pos = put_varint(pos, i - prev_plus_one);
+    prev_plus_one = i + 1;
+    std::uint16_t x = b[i];
+    std::uint16_t o = a[i];
+    int d = static_cast<int>(x) - static_cast<int>(o);
+    if (((x ^ o) & 0x8000) == 0 && d >= -127 && d <= 127) {
+      *val++ = zigzag8(d);
+      unit += (d == 1 || d == -1);
+    } else {
+      *val++ = 0;  // escape: the new value is in the exceptions stream
+      store_u16(exc, x);
+      exc += 2;
+    }
+  });
+  const std::uint64_t changes = static_cast<std::uint64_t>(val - val0);
+  const std::uint64_t exceptions = static_cast<std::uint64_t>(exc - exc0) / 2;
+  ByteWriter hw(w.out);
+  hw.varint(changes);
+  hw.varint(exceptions);
+  w.stream("positions", ByteSpan(pos0, pos), w.options.delta_backends);
+  w.stream("values", ByteSpan(val0, val), w.options.delta_backends);
+  w.stream("exceptions", ByteSpan(exc0, exc), w.options.delta_backends);
+  if (w.stats) {
+    w.stats->bf16_values += n;
+    w.stats->changed_values += changes;
+    w.stats->small_deltas += changes - exceptions;
+    w.stats->unit_deltas += unit;
+    w.stats->exceptions += exceptions;
+  }
+}
+
+void encode_generic_delta(const std::uint8_t* base, const std::uint8_t* next, std::size_t bytes, std::size_t es,
+                          SectionWriter& w) {
+  thread_local Bytes xor_buf, shuf_buf;
+  std::uint8_t* x = scratch(xor_buf, bytes + 1);
+  std::uint64_t changed = 0;
+  for (std::size_t i = 0; i < bytes; ++i) {
+    x[i] = base[i] ^ next[i];
+    changed += x[i] != 0;
+  }
+  std::uint8_t* s = scratch(shuf_buf, bytes + 1);
+  shuffle(x, bytes / es, es, s);
+  w.stream("xor", ByteSpan(s, bytes), w.options.delta_backends);
+  if (w.stats) {
+    w.stats->generic_bytes += bytes;
+    w.stats->generic_changed_bytes += changed;
+  }
+}
+
+void encode_bf16_anchor(const std::uint8_t* next, std::size_t n, SectionWriter& w) {
+  thread_local Bytes exp_buf, sm_buf;
+  std::uint8_t* e = scratch(exp_buf, n + 1);
+  std::uint8_t* sm = scratch(sm_buf, n + 1);
+  const auto* v = reinterpret_cast<const std::uint16_t*>(next);
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint16_t x = v[i];
+    e[i] = static_cast<std::uint8_t>(x >> 7);
+    sm[i] = static_cast<std::uint8_t>(((x >> 8) & 0x80) | (x & 0x7f));
+  }
+  w.stream("exponents", ByteSpan(e, n), w.options.anchor_backends);
+  w.stream("sign_mantissa", ByteSpan(sm, n), w.options.anchor_backends);
+  if (w.stats) w.stats->bf16_values += n;
+}
+
+void encode_generic_anchor(const std::uint8_t* next, std::size_t bytes, std::size_t es, SectionWriter& w) {
+  thread_local Bytes shuf_buf;
+  std::uint8_t* s = scratch(shuf_buf, bytes + 1);
+  shuffle(next, bytes / es, es, s);
+  w.stream("bytes", ByteSpan(s, bytes), w.options.anchor_backends);
+  if (w.stats) w.stats->generic_bytes += bytes;
+}
+
+Status check_segments(std::span<const Segment> segments, std::size_t range_bytes) {
+  std::uint64_t total = 0;
+  for (const auto& s : segments) {
+    if (s.bytes == 0) return Status::invalid_argument("empty segment");
+    if (s.elem_size != 1 && s.elem_size != 2 && s.elem_size != 4 && s.elem_size != 8)
+      return Status::invalid_argument("segment element size must be 1, 2, 4 or 8");
+    if (s.cls == SegmentClass::kBF16 && s.elem_size != 2) return Status::invalid_argument("BF16 segment with element size != 2");
+    if (s.bytes % s.elem_size) return Status::invalid_argument("segment not a whole number of elements");
+    total += s.bytes;
+  }
+  if (total != range_bytes) return Status::invalid_argument("segments do not cover the chunk exactly");
+  if (range_bytes > kChunkBytesMax) return Status::invalid_argument("chunk larger than the format allows");
+  return Status::ok();
+}
+
+void write_chunk_header(ChunkKind kind, std::span<const Segment> segments, Bytes& out) {
+  ByteWriter w(out);
+  w.u8(static_cast<std::uint8_t>(kind));
+  w.varint(segments.size());
+  for (const auto& s : segments) {
+    w.u8(static_cast<std::uint8_t>(s.cls));
+    w.u8(s.elem_size);
+    w.varint(s.bytes);
+  }
+}
+
+// ---- parsing -------------------------------------------------------------------------------
+
+struct ParsedSection {
+  Segment seg;
+  std::uint64_t change_count = 0;
+  std::uint64_t exception_count = 0;
+  std::array<StreamRef, 3> streams{};
+  std::array<std::string_view, 3> names{};
+  int stream_count = 0;
+};
+
+struct ParsedChunk {
+  ChunkKind kind = ChunkKind::kDeltaV1;
+  std::vector<ParsedSection> sections;
+  std::uint64_t bytes = 0;
+};
+
+Result<ParsedChunk> parse_chunk(ByteSpan payload) {
+  ByteReader r(payload);
+  ParsedChunk pc;
+  std::uint8_t kind;
+  std::uint64_t nseg;
+  if (!r.u8(kind)) return Status::corruption("empty chunk payload");
+  if (kind != static_cast<std::uint8_t>(ChunkKind::kDeltaV1) && kind != static_cast<std::uint8_t>(ChunkKind::kAnchorV1))
+    return Status::unsupported("unknown chunk encoding " + std::to_string(kind));
+  pc.kind = static_cast<ChunkKind>(kind);
+  // Every segment header takes at least 3 bytes, which bounds the count by the payload size.
+  if (!r.varint(nseg) || nseg > kSegmentsMax || nseg > r.remaining() / 3)
+    return Status::corruption("bad segment count");
+  std::vector<Segment> segs(nseg);
+  for (auto& s : segs) {
+    std::uint8_t cls;
+    if (!r.u8(cls) || !r.u8(s.elem_size) || !r.varint(s.bytes)) return Status::corruption("truncated segment table");
+    if (cls > static_cast<std::uint8_t>(SegmentClass::kBF16)) return Status::corruption("unknown segment class");
+    s.cls = static_cast<SegmentClass>(cls);
+    if (s.bytes > kChunkBytesMax) return Status::corruption("segment larger than a chunk");
+    pc.bytes += s.bytes;
+  }
+  if (pc.bytes > kChunkBytesMax) return Status::corruption("chunk larger than the format allows");
+  if (Status st = check_segments(segs, pc.bytes); !st.is_ok()) return Status::corruption(st.message());
+
+  const bool delta = pc.kind == ChunkKind::kDeltaV1;
+  pc.sections.reserve(segs.size());
+  for (const auto& s : segs) {
+    ParsedSection sec;
+    sec.seg = s;
+    const std::uint64_t n = s.bytes / s.elem_size;
+    auto add = [&](std::string_view name, std::uint64_t max) -> Status {
+      DC_ASSIGN_OR_RETURN(StreamRef ref, read_stream(r, max));
+      sec.names[sec.stream_count] = name;
+      sec.streams[sec.stream_count++] = ref;
+      return Status::ok();
+    };
+    if (delta && s.cls == SegmentClass::kBF16) {
+      if (!r.varint(sec.change_count) || !r.varint(sec.exception_count)) return Status::corruption("truncated section header");
+      if (sec.change_count > n || sec.exception_count > sec.change_count) return Status::corruption("impossible change counts");
+      DC_RETURN_IF_ERROR(add("positions", n * 5));
+      DC_RETURN_IF_ERROR(add("values", n));
+      DC_RETURN_IF_ERROR(add("exceptions", 2 * n));
+      if (sec.streams[1].raw_bytes != sec.change_count || sec.streams[2].raw_bytes != 2 * sec.exception_count)
+        return Status::corruption("stream sizes disagree with the change counts");
+    } else if (delta) {
+      DC_RETURN_IF_ERROR(add("xor", s.bytes));
+      if (sec.streams[0].raw_bytes != s.bytes) return Status::corruption("xor stream size mismatch");
+    } else if (s.cls == SegmentClass::kBF16) {
+      DC_RETURN_IF_ERROR(add("exponents", n));
+      DC_RETURN_IF_ERROR(add("sign_mantissa", n));
+      if (sec.streams[0].raw_bytes != n || sec.streams[1].raw_bytes != n) return Status::corruption("anchor stream size mismatch");
+    } else {
+      DC_RETURN_IF_ERROR(add("bytes", s.bytes));
+      if (sec.streams[0].raw_bytes != s.bytes) return Status::corruption("anchor stream size mismatch");
+    }
+    pc.sections.push_back(sec);
+  }
+  if (r.remaining() != 0) return Status::corruption("trailing bytes after the last stream");
+  return pc;
+}
+
+// Decoded streams of one section, in per-thread scratch memory.
+struct DecodedStreams {
+  std::array<ByteSpan, 3> s{};
+};
+
+using SectionBuffers = std::array<Bytes, 3>;
+
+Status decode_streams(const ParsedSection& sec, SectionBuffers& bufs, DecodedStreams& d) {
+  for (int k = 0; k < sec.stream_count; ++k) {
+    std::uint8_t* p = scratch(bufs[k], sec.streams[k].raw_bytes + 1);
+    MutableByteSpan out(p, sec.streams[k].raw_bytes);
+    if (Status st = decode_stream(sec.streams[k], out); !st.is_ok()) return st.with_context(sec.names[k]);
+    d.s[k] = ByteSpan(p, out.size());
+  }
+  return Status::ok();
+}
+
+// Reads one varint from [p, end); returns nullptr on overrun or overflow past 32 bits.
+inline const std::uint8_t* get_varint32(const std::uint8_t* p, const std::uint8_t* end, std::uint64_t& v) {
+  if (p < end && *p < 0x80) {
+    v = *p;
+    return p + 1;
+  }
+  v = 0;
+  for (int shift = 0; shift <= 35; shift += 7) {
+    if (p == end) return nullptr;
+    std::uint8_t b = *p++;
+    v |= static_cast<std::uint64_t>(b & 0x7f) << shift;
+    if (!(b & 0x80)) return p;
+  }
+  return nullptr;
+}
+
+// Checks the positions and values streams of a BF16 delta section before anything is written.
+Status validate_bf16_delta(const ParsedSection& sec, const DecodedStreams& d) {
+  const std::uint64_t n = sec.seg.bytes / 2;
+  const std::uint8_t* p = d.s[0].data();
+  const std::uint8_t* const end = p + d.s[0].size();
+  std::uint64_t next_min = 0;
+  for (std::uint64_t k = 0; k < sec.change_count; ++k) {
+    std::uint64_t gap;
+    p = get_varint32(p, end, gap);
+    if (!p) return Status::corruption("positions stream ends early or holds a malformed number");
+    next_min += gap;
+    if (next_min >= n) return Status::corruption("change position outside the segment");
+    ++next_min;
+  }
+  if (p != end) return Status::corruption("positions stream longer than its change count");
+  const auto escapes = static_cast<std::uint64_t>(std::count(d.s[1].begin(), d.s[1].end(), std::uint8_t{0}));
+  if (escapes != sec.exception_count) return Status::corruption("escape count disagrees with the exception count");
+  return Status::ok();
+}
+
+void apply_bf16_delta(const DecodedStreams& d, std::uint8_t* out) {
+  auto* v = reinterpret_cast<std::uint16_t*>(out);
+  const std::uint8_t* p = d.s[0].data();
+  const std::uint8_t* const end = p + d.s[0].size();
+  const std::uint8_t* val = d.s[1].data();
+  const std::uint8_t* exc = d.s[2].data();
+  std::size_t i = 0;
+  for (std::size_t k = 0, m = d.s[1].size(); k < m; ++k) {
+    std::uint64_t gap;
+    p = get_varint32(p, end, gap);  // validated already
+    i += gap;
+    std::uint8_t z = val[k];
+    if (z) {
+      v[i] = static_cast<std::uint16_t>(v[i] + unzigzag8(z));
+    } else {
+      v[i] = load_u16(exc);
+      exc += 2;
+    }
+    ++i;
+  }
+}
+
+}  // namespace
+
+ChunkEncodeOptions ChunkEncodeOptions::defaults() {
+  ChunkEncodeOptions o;
+  o.delta_backends = {{Backend::kRaw, 0}, {Backend::kZstd, 1}, {Backend::kZstd, 3}, {Backend::kRans, 0}};
+  o.anchor_backends = {{Backend::kRaw, 0}, {Backend::kZstd, 1}, {Backend::kRans, 0}};
+  return o;
+}
+
+ChunkEncodeOptions ChunkEncodeOptions::max_effort() {
+  ChunkEncodeOptions o = defaults();
+  o.delta_backends.push_back({Backend::kZstd, 9});
+  o.delta_backends.push_back({Backend::kZstd, 19});
+  o.anchor_backends.push_back({Backend::kZstd, 3});
+  o.anchor_backends.push_back({Backend::kZstd, 19});
+  return o;
+}
+
+void ChunkStats::add(const ChunkStats& o) {
+  bf16_values += o.bf16_values;
+  changed_values += o.changed_values;
+  small_deltas += o.small_deltas;
+  unit_deltas += o.unit_deltas;
+  exceptions += o.exceptions;
+  generic_bytes += o.generic_bytes;
+  generic_changed_bytes += o.generic_changed_bytes;
+  streams.insert(streams.end(), o.streams.begin(), o.streams.end());
+}
+
+Result<Bytes> encode_delta_chunk(std::span<const Segment> segments, ByteSpan base, ByteSpan next,
+                                 const ChunkEncodeOptions& options, ChunkStats* stats) {
+  if (base.size() != next.size()) return Status::invalid_argument("base and new ranges differ in size");
+  DC_RETURN_IF_ERROR(check_segments(segments, next.size()));
+  Bytes out;
+  out.reserve(64 + next.size() / 32);
+  write_chunk_header(ChunkKind::kDeltaV1, segments, out);
+  SectionWriter w{out, options, stats};
+  std::size_t off = 0;
+  for (const auto& s : segments) {
+    if (s.cls == SegmentClass::kBF16) encode_bf16_delta(base.data() + off, next.data() + off, s.bytes / 2, w);
+    else encode_generic_delta(base.data() + off, next.data() + off, s.bytes, s.elem_size, w);
+    off += s.bytes;
+  }
+  return out;
+}
+
+Result<Bytes> encode_anchor_chunk(std::span<const Segment> segments, ByteSpan next, const ChunkEncodeOptions& options,
+                                  ChunkStats* stats) {
+  DC_RETURN_IF_ERROR(check_segments(segments, next.size()));
+  Bytes out;
+  out.reserve(64 + next.size());
+  write_chunk_header(ChunkKind::kAnchorV1, segments, out);
+  SectionWriter w{out, options, stats};
+  std::size_t off = 0;
+  for (const auto& s : segments) {
+    if (s.cls == SegmentClass::kBF16) encode_bf16_anchor(next.data() + off, s.bytes / 2, w);
+    else encode_generic_anchor(next.data() + off, s.bytes, s.elem_size, w);
+    off += s.bytes;
+  }
+  return out;
+}
+
+Status decode_chunk(ByteSpan payload, std::span<const Segment> expected_segments, ByteSpan base, MutableByteSpan out) {
+  DC_ASSIGN_OR_RETURN(ParsedChunk pc, parse_chunk(payload));
+  if (pc.bytes != out.size()) return Status::mismatch("chunk covers " + std::to_string(pc.bytes) + " bytes, range has " + std::to_string(out.size()));
+  if (!expected_segments.empty()) {
+    bool same = expected_segments.size() == pc.sections.size();
+    for (std::size_t i = 0; same && i < pc.sections.size(); ++i) same = pc.sections[i].seg == expected_segments[i];
+    if (!same) return Status::mismatch("chunk segments do not match the tensor table");
+  }
+  const bool delta = pc.kind == ChunkKind::kDeltaV1;
+  if (delta && base.size() != out.size()) return Status::invalid_argument("delta chunk needs base bytes of the same range");
+  const bool in_place = delta && base.data() == out.data();
+  if (delta && !in_place && base.data() < out.data() + out.size() && out.data() < base.data() + base.size())
+    return Status::invalid_argument("base and output overlap without being the same memory");
+
+  // Pass 1: decode and check every section into per-thread scratch. Nothing is written to
+  // `out` yet.
+  thread_local std::vector<SectionBuffers> section_buffers;
+  if (section_buffers.size() < pc.sections.size()) section_buffers.resize(pc.sections.size());
+  std::vector<DecodedStreams> decoded(pc.sections.size());
+  for (std::size_t k = 0; k < pc.sections.size(); ++k) {
+    const auto& sec = pc.sections[k];
+    if (Status st = decode_streams(sec, section_buffers[k], decoded[k]); !st.is_ok()) return st.with_context("segment " + std::to_string(k));
+    if (delta && sec.seg.cls == SegmentClass::kBF16) {
+      if (Status st = validate_bf16_delta(sec, decoded[k]); !st.is_ok()) return st.with_context("segment " + std::to_string(k));
+    }
+  }
+  // Pass 2: write.
+  std::size_t off = 0;
+  for (std::size_t k = 0; k < pc.sections.size(); ++k) {
+    const auto& sec = pc.sections[k];
+    const DecodedStreams& d = decoded[k];
+    std::uint8_t* o = out.data() + off;
+    const std::size_t bytes = sec.seg.bytes;
+    const std::size_t es = sec.seg.elem_size;
+    if (delta) {
+      if (!in_place) std::memcpy(o, base.data() + off, bytes);
+      if (sec.seg.cls == SegmentClass::kBF16) apply_bf16_delta(d, o);
+      else unshuffle_xor(d.s[0].data(), bytes / es, es, o);
+    } else if (sec.seg.cls == SegmentClass::kBF16) {
+      const std::uint8_t* e = d.s[0].data();
+      const std::uint8_t* sm = d.s[1].data();
+      auto* v = reinterpret_cast<std::uint16_t*>(o);
+      for (std::size_t i = 0, n = bytes / 2; i < n; ++i)
+        v[i] = static_cast<std::uint16_t>(((sm[i] & 0x80) << 8) | (e[i] << 7) | (sm[i] & 0x7f));
+    } else {
+      unshuffle(d.s[0].data(), bytes / es, es, o);
+    }
+    off += bytes;
+  }
+  return Status::ok();
+}
+
+Result<ChunkStats> describe_chunk(ByteSpan payload, ChunkKind* kind) {
+  DC_ASSIGN_OR_RETURN(ParsedChunk pc, parse_chunk(payload));
+  if (kind) *kind = pc.kind;
+  ChunkStats st;
+  for (const auto& sec : pc.sections) {
+    for (int k = 0; k < sec.stream_count; ++k) {
+      st.streams.push_back({sec.names[k], StreamReport{sec.streams[k].choice, sec.streams[k].raw_bytes, sec.streams[k].body.size()}});
+    }
+    if (sec.seg.cls == SegmentClass::kBF16) {
+      st.bf16_values += sec.seg.bytes / 2;
+    } else {
+      st.generic_bytes += sec.seg.bytes;
+    }
+    if (pc.kind != ChunkKind::kDeltaV1) continue;
+    thread_local SectionBuffers bufs;
+    DecodedStreams d;
+    DC_RETURN_IF_ERROR(decode_streams(sec, bufs, d));
+    if (sec.seg.cls == SegmentClass::kBF16) {
+      DC_RETURN_IF_ERROR(validate_bf16_delta(sec, d));
+      st.changed_values += sec.change_count;
+      st.exceptions += sec.exception_count;
+      st.small_deltas += sec.change_count - sec.exception_count;
+      for (auto z : d.s[1]) st.unit_deltas += (z == 1 || z == 2);
+    } else {
+      for (auto b : d.s[0]) st.generic_changed_bytes += b != 0;
+    }
+  }
+  return st;
+}
+
+Result<ChunkKind> chunk_kind(ByteSpan payload) {
+  if (payload.empty()) return Status::corruption("empty chunk payload");
+  return static_cast<ChunkKind>(payload[0]);
+}
+
+}  // namespace deltacast

@@ -1,0 +1,200 @@
+#include "deltacast/codec/manifest.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "deltacast/codec/hash.h"
+
+namespace deltacast {
+
+std::uint64_t Manifest::payload_bytes_total() const {
+  std::uint64_t t = 0;
+  for (const auto& c : chunks) t += c.payload_bytes;
+  return t;
+}
+
+namespace {
+constexpr std::uint32_t kManifestMagic = 0x4d464344;  // "DCFM"
+constexpr std::uint8_t kManifestVersion = 1;
+
+bool mul_overflows(std::uint64_t a, std::uint64_t b, std::uint64_t& out) { return __builtin_mul_overflow(a, b, &out); }
+}  // namespace
+
+Status validate_tensors(const std::vector<TensorInfo>& tensors, std::uint64_t image_size) {
+  std::uint64_t prev_end = 0;
+  for (const auto& t : tensors) {
+    std::uint64_t elems = 1;
+    for (auto d : t.shape)
+      if (mul_overflows(elems, d, elems)) return Status::corruption("tensor '" + t.name + "': shape overflows");
+    std::uint64_t bytes;
+    if (mul_overflows(elems, dtype_size(t.dtype), bytes) || bytes != t.nbytes)
+      return Status::corruption("tensor '" + t.name + "': byte size does not match its shape and dtype");
+    if (t.offset < prev_end) return Status::corruption("tensor '" + t.name + "': overlaps the previous tensor or is out of order");
+    if (t.offset > image_size || t.nbytes > image_size - t.offset)
+      return Status::corruption("tensor '" + t.name + "': extends past the end of the image");
+    prev_end = t.offset + t.nbytes;
+  }
+  return Status::ok();
+}
+
+Bytes serialize_manifest(const Manifest& m) {
+  Bytes out;
+  ByteWriter w(out);
+  w.u32(kManifestMagic);
+  w.u8(kManifestVersion);
+  w.u8(static_cast<std::uint8_t>(m.kind));
+  w.u64(m.version);
+  w.u64(m.base_version);
+  w.u64(m.image_size);
+  w.varint(m.metadata.size());
+  for (const auto& [k, v] : m.metadata) {
+    w.string(k);
+    w.string(v);
+  }
+  w.varint(m.tensors.size());
+  for (const auto& t : m.tensors) {
+    w.string(t.name);
+    w.u8(static_cast<std::uint8_t>(t.dtype));
+    w.varint(t.shape.size());
+    for (auto d : t.shape) w.varint(d);
+    w.varint(t.offset);
+    w.varint(t.nbytes);
+  }
+  w.varint(m.chunks.size());
+  for (const auto& c : m.chunks) {
+    w.varint(c.length);
+    w.varint(c.payload_bytes);
+    w.u64(c.payload_hash);
+    w.u64(c.content_hash);
+    if (m.kind == VersionKind::kDelta) w.u64(c.base_hash);
+  }
+  w.u64(m.base_checksum);
+  w.u64(m.version_checksum);
+  return out;
+}
+
+Result<Manifest> parse_manifest(ByteSpan data) {
+  ByteReader r(data);
+  Manifest m;
+  std::uint32_t magic;
+  std::uint8_t fmt, kind;
+  if (!r.u32(magic) || magic != kManifestMagic) return Status::corruption("not a deltacast manifest (bad magic)");
+  if (!r.u8(fmt)) return Status::corruption("manifest truncated");
+  if (fmt != kManifestVersion) return Status::unsupported("manifest format version " + std::to_string(fmt) + ", this build reads 1");
+  if (!r.u8(kind) || kind > 1) return Status::corruption("bad version kind");
+  m.kind = static_cast<VersionKind>(kind);
+  if (!r.u64(m.version) || !r.u64(m.base_version) || !r.u64(m.image_size)) return Status::corruption("manifest truncated");
+
+  std::uint64_t count;
+  if (!r.varint(count) || count > r.remaining() / 2) return Status::corruption("bad metadata count");
+  std::uint64_t meta_bytes = 0;
+  for (std::uint64_t i = 0; i < count; ++i) {
+    std::string k, v;
+    if (!r.string(k, kMetadataBytesMax) || !r.string(v, kMetadataBytesMax)) return Status::corruption("bad metadata entry");
+    meta_bytes += k.size() + v.size();
+    if (meta_bytes > kMetadataBytesMax) return Status::corruption("metadata too large");
+    m.metadata.emplace_back(std::move(k), std::move(v));
+  }
+  // Minimum encoded size of a tensor entry is 5 bytes, of a chunk entry 18: counts are bounded
+  // by what is left, so a hostile count cannot make us allocate.
+  if (!r.varint(count) || count > kTensorsMax || count > r.remaining() / 5) return Status::corruption("bad tensor count");
+  m.tensors.resize(count);
+  for (auto& t : m.tensors) {
+    std::uint8_t dt;
+    std::uint64_t rank;
+    if (!r.string(t.name, kNameBytesMax) || !r.u8(dt) || !r.varint(rank)) return Status::corruption("truncated tensor entry");
+    if (dt >= kDTypeCount) return Status::corruption("tensor '" + t.name + "': unknown dtype " + std::to_string(dt));
+    if (rank > kTensorRankMax) return Status::corruption("tensor '" + t.name + "': rank too large");
+    t.dtype = static_cast<DType>(dt);
+    t.shape.resize(rank);
+    for (auto& d : t.shape)
+      if (!r.varint(d)) return Status::corruption("truncated tensor shape");
+    if (!r.varint(t.offset) || !r.varint(t.nbytes)) return Status::corruption("truncated tensor entry");
+  }
+  DC_RETURN_IF_ERROR(validate_tensors(m.tensors, m.image_size));
+
+  const std::size_t chunk_entry_min = m.kind == VersionKind::kDelta ? 26 : 18;
+  if (!r.varint(count) || count > kChunksMax || count > r.remaining() / chunk_entry_min) return Status::corruption("bad chunk count");
+  m.chunks.resize(count);
+  std::uint64_t next_offset = 0;
+  for (auto& c : m.chunks) {
+    c.offset = next_offset;
+    if (!r.varint(c.length) || !r.varint(c.payload_bytes) || !r.u64(c.payload_hash) || !r.u64(c.content_hash))
+      return Status::corruption("truncated chunk entry");
+    if (m.kind == VersionKind::kDelta && !r.u64(c.base_hash)) return Status::corruption("truncated chunk entry");
+    if (c.length == 0 || c.length > kChunkBytesMax) return Status::corruption("chunk length out of range");
+    if (c.length > m.image_size - next_offset) return Status::corruption("chunks extend past the image");
+    next_offset += c.length;
+  }
+  if (next_offset != m.image_size) return Status::corruption("chunks do not cover the image");
+  if (!r.u64(m.base_checksum) || !r.u64(m.version_checksum)) return Status::corruption("truncated checksums");
+  if (r.remaining() != 0) return Status::corruption("trailing bytes after the manifest");
+
+  std::vector<std::uint64_t> hashes(m.chunks.size());
+  for (std::size_t i = 0; i < m.chunks.size(); ++i) hashes[i] = m.chunks[i].content_hash;
+  if (combine_chunk_hashes(m.image_size, hashes) != m.version_checksum)
+    return Status::corruption("version checksum does not match the chunk hashes");
+  if (m.kind == VersionKind::kDelta) {
+    for (std::size_t i = 0; i < m.chunks.size(); ++i) hashes[i] = m.chunks[i].base_hash;
+    if (combine_chunk_hashes(m.image_size, hashes) != m.base_checksum)
+      return Status::corruption("base checksum does not match the chunk base hashes");
+  }
+  return m;
+}
+
+std::vector<Segment> segments_for_range(const std::vector<TensorInfo>& tensors, std::uint64_t offset, std::uint64_t length) {
+  std::vector<Segment> segs;
+  auto push = [&](SegmentClass cls, std::uint8_t es, std::uint64_t bytes) {
+    if (bytes == 0) return;
+    if (!segs.empty() && segs.back().cls == cls && segs.back().elem_size == es) {
+      segs.back().bytes += bytes;
+    } else {
+      segs.push_back({cls, es, bytes});
+    }
+  };
+  const std::uint64_t end = offset + length;
+  // First tensor that ends after `offset`.
+  auto it = std::partition_point(tensors.begin(), tensors.end(),
+                                 [&](const TensorInfo& t) { return t.offset + t.nbytes <= offset; });
+  std::uint64_t pos = offset;
+  for (; it != tensors.end() && it->offset < end; ++it) {
+    if (it->nbytes == 0) continue;
+    if (it->offset > pos) {
+      push(SegmentClass::kGeneric, 1, it->offset - pos);
+      pos = it->offset;
+    }
+    const std::uint64_t piece_end = std::min(end, it->offset + it->nbytes);
+    const auto es = static_cast<std::uint8_t>(dtype_size(it->dtype));
+    if (it->dtype == DType::kBF16) push(SegmentClass::kBF16, 2, piece_end - pos);
+    else push(SegmentClass::kGeneric, es, piece_end - pos);
+    pos = piece_end;
+  }
+  push(SegmentClass::kGeneric, 1, end - pos);
+  return segs;
+}
+
+std::vector<std::pair<std::uint64_t, std::uint64_t>> plan_chunks(const std::vector<TensorInfo>& tensors,
+                                                                 std::uint64_t image_size, std::uint64_t chunk_bytes) {
+  chunk_bytes = std::clamp<std::uint64_t>(chunk_bytes, 64, kChunkBytesMax);
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> chunks;
+  std::uint64_t start = 0;
+  auto it = tensors.begin();
+  while (start < image_size) {
+    std::uint64_t end = std::min(image_size, start + chunk_bytes);
+    if (end < image_size) {
+      // Move the cut back to an element boundary of the tensor it falls in, if any.
+      while (it != tensors.end() && it->offset + it->nbytes <= end) ++it;
+      if (it != tensors.end() && it->offset < end) {
+        const std::uint64_t es = dtype_size(it->dtype);
+        std::uint64_t aligned = it->offset + (end - it->offset) / es * es;
+        if (aligned > start) end = aligned;
+        else end = std::min(image_size, it->offset + ((start + chunk_bytes - it->offset) / es + 1) * es);
+      }
+    }
+    chunks.emplace_back(start, end - start);
+    start = end;
+  }
+  return chunks;
+}
+
+}  // namespace deltacast

@@ -1,0 +1,56 @@
+// Files mapped into memory. Readers get a read-only view for the file's lifetime; writers get
+// a writable mapping of a temporary file that replaces its destination only on commit(), so a
+// failed decode never leaves a half-written output behind.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "deltacast/codec/bytes.h"
+#include "deltacast/common/status.h"
+
+namespace deltacast {
+
+class MappedFile {
+ public:
+  static Result<MappedFile> open(const std::string& path);
+  MappedFile() = default;
+  MappedFile(MappedFile&& o) noexcept;
+  MappedFile& operator=(MappedFile&& o) noexcept;
+  ~MappedFile();
+  // Valid until this object is destroyed or moved from.
+  ByteSpan bytes() const { return {data_, size_}; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  const std::uint8_t* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+class OutputFile {
+ public:
+  // Creates `path`.tmp.<pid> of `size` bytes, mapped writable.
+  static Result<OutputFile> create(const std::string& path, std::uint64_t size);
+  OutputFile() = default;
+  OutputFile(OutputFile&& o) noexcept;
+  OutputFile& operator=(OutputFile&& o) noexcept;
+  ~OutputFile();  // removes the temporary file unless committed
+  MutableByteSpan bytes() { return {data_, size_}; }
+  // Flushes and atomically renames the temporary file onto the destination.
+  Status commit();
+
+ private:
+  void release();
+  std::string path_, tmp_path_;
+  std::uint8_t* data_ = nullptr;
+  std::size_t size_ = 0;
+  int fd_ = -1;
+  bool committed_ = false;
+};
+
+// Reads or writes a whole small file.
+Result<Bytes> read_file(const std::string& path);
+Status write_file_atomic(const std::string& path, ByteSpan data);
+
+}  // namespace deltacast

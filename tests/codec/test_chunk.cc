@@ -1,0 +1,173 @@
+#include <catch2/catch.hpp>
+
+#include "deltacast/codec/chunk.h"
+#include "deltacast/codec/manifest.h"
+#include "test_util.h"
+
+using namespace deltacast;
+
+namespace {
+
+const ChunkEncodeOptions kOptions = ChunkEncodeOptions::defaults();
+
+std::vector<Segment> bf16_segment(std::size_t bytes) { return {Segment{SegmentClass::kBF16, 2, bytes}}; }
+
+// Encodes base -> next as a delta and checks both out-of-place and in-place decoding.
+void check_delta(const std::vector<Segment>& segs, const Bytes& base, const Bytes& next, ChunkStats* stats = nullptr) {
+  auto payload = encode_delta_chunk(segs, base, next, kOptions, stats);
+  REQUIRE(payload.is_ok());
+  Bytes out(next.size(), 0xcd);
+  REQUIRE(decode_chunk(*payload, segs, base, out).is_ok());
+  CHECK(out == next);
+  Bytes in_place = base;
+  REQUIRE(decode_chunk(*payload, segs, in_place, in_place).is_ok());
+  CHECK(in_place == next);
+}
+
+void check_anchor(const std::vector<Segment>& segs, const Bytes& next) {
+  auto payload = encode_anchor_chunk(segs, next, kOptions);
+  REQUIRE(payload.is_ok());
+  Bytes out(next.size(), 0xcd);
+  REQUIRE(decode_chunk(*payload, segs, {}, out).is_ok());
+  CHECK(out == next);
+}
+
+}  // namespace
+
+TEST_CASE("BF16 deltas round trip adversarial changes", "[codec][chunk]") {
+  const std::size_t n = 40001;  // odd, not a multiple of the 16-element scan width
+  Bytes base = test::random_bytes(n * 2, 5);
+  auto b16 = test::as_u16(base);
+  const auto segs = bf16_segment(n * 2);
+  std::mt19937_64 rng(9);
+
+  SECTION("nothing changed") {
+    ChunkStats st;
+    check_delta(segs, base, base, &st);
+    CHECK(st.changed_values == 0);
+  }
+  SECTION("everything changed") {
+    Bytes next = test::random_bytes(n * 2, 6);
+    auto v = test::as_u16(next);
+    for (std::size_t i = 0; i < n; ++i)
+      if (v[i] == b16[i]) v[i] ^= 1;
+    ChunkStats st;
+    check_delta(segs, base, test::from_u16(v), &st);
+    CHECK(st.changed_values == n);
+  }
+  SECTION("only sign flips") {
+    auto v = b16;
+    for (std::size_t i = 0; i < n; i += 3) v[i] ^= 0x8000;
+    ChunkStats st;
+    check_delta(segs, base, test::from_u16(v), &st);
+    CHECK(st.exceptions == st.changed_values);
+  }
+  SECTION("only exponent changes") {
+    auto v = b16;
+    for (std::size_t i = 0; i < n; i += 7) v[i] ^= static_cast<std::uint16_t>((1 + rng() % 255) << 7);
+    check_delta(segs, base, test::from_u16(v));
+  }
+  SECTION("one-ulp steps, including across binades and through zero") {
+    auto v = b16;
+    for (std::size_t i = 0; i < n; i += 13) v[i] = static_cast<std::uint16_t>(v[i] + ((rng() & 1) ? 1 : -1));
+    v[0] = 0x3f7f;
+    b16[0] = 0x3f80;  // 1.0 -> the value below it: exponent field changes by one ulp
+    v[1] = 0x8000;
+    b16[1] = 0x0000;  // +0 -> -0
+    check_delta(segs, test::from_u16(b16), test::from_u16(v));
+  }
+  SECTION("NaN payloads, infinities, negative zero and subnormals") {
+    const std::uint16_t specials[] = {0x7fc0, 0x7f81, 0xffff, 0x7f80, 0xff80, 0x8000, 0x0000, 0x0001, 0x807f, 0x0040};
+    auto v = b16;
+    for (std::size_t i = 0; i < n; ++i)
+      if (rng() % 4 == 0) v[i] = specials[rng() % std::size(specials)];
+    check_delta(segs, base, test::from_u16(v));
+    check_delta(segs, test::from_u16(v), base);
+  }
+}
+
+TEST_CASE("anchors round trip every BF16 bit pattern", "[codec][chunk]") {
+  std::vector<std::uint16_t> all(65536);
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<std::uint16_t>(i);
+  check_anchor(bf16_segment(all.size() * 2), test::from_u16(all));
+  // And a delta from every pattern to its bitwise complement and to its successor.
+  auto comp = all, succ = all;
+  for (auto& x : comp) x = static_cast<std::uint16_t>(~x);
+  for (auto& x : succ) x = static_cast<std::uint16_t>(x + 1);
+  check_delta(bf16_segment(all.size() * 2), test::from_u16(all), test::from_u16(comp));
+  check_delta(bf16_segment(all.size() * 2), test::from_u16(all), test::from_u16(succ));
+}
+
+TEST_CASE("tiny chunks and single elements", "[codec][chunk]") {
+  for (std::size_t n : {1, 2, 15, 16, 17}) {
+    Bytes base = test::random_bytes(n * 2, n), next = test::random_bytes(n * 2, n + 100);
+    check_delta(bf16_segment(n * 2), base, next);
+    check_anchor(bf16_segment(n * 2), next);
+  }
+}
+
+TEST_CASE("non-BF16 dtypes take the generic path", "[codec][chunk]") {
+  for (std::uint8_t es : {1, 2, 4, 8}) {
+    const std::size_t bytes = es * 999;
+    std::vector<Segment> segs = {{SegmentClass::kGeneric, es, bytes}};
+    Bytes base = test::random_bytes(bytes, es), next = base;
+    for (std::size_t i = 0; i < bytes; i += 5) next[i] ^= 0x10;
+    ChunkStats st;
+    check_delta(segs, base, next, &st);
+    CHECK(st.generic_changed_bytes == (bytes + 4) / 5);
+    check_anchor(segs, next);
+  }
+}
+
+TEST_CASE("mixed chunks follow the tensor table", "[codec][chunk]") {
+  auto layout = test::make_layout({{DType::kBF16, 1000}, {DType::kF32, 33}, {DType::kBF16, 1}, {DType::kBF16, 0}, {DType::kI64, 3}, {DType::kF16, 77}});
+  auto segs = segments_for_range(layout.tensors, 0, layout.image_size);
+  REQUIRE(segs.size() == 5);
+  CHECK(segs[0] == Segment{SegmentClass::kBF16, 2, 2000});
+  CHECK(segs[1] == Segment{SegmentClass::kGeneric, 4, 132});
+  CHECK(segs[2] == Segment{SegmentClass::kBF16, 2, 2});
+  CHECK(segs[3] == Segment{SegmentClass::kGeneric, 8, 24});
+  CHECK(segs[4] == Segment{SegmentClass::kGeneric, 2, 154});
+  Bytes base = test::random_bytes(layout.image_size, 1), next = base;
+  for (std::size_t i = 0; i < next.size(); i += 9) next[i] ^= 1;
+  check_delta(segs, base, next);
+  check_anchor(segs, next);
+}
+
+TEST_CASE("decode_chunk refuses inconsistent requests", "[codec][chunk]") {
+  Bytes base = test::random_bytes(200, 1), next = test::random_bytes(200, 2);
+  auto segs = bf16_segment(200);
+  auto payload = encode_delta_chunk(segs, base, next, kOptions);
+  REQUIRE(payload.is_ok());
+  Bytes out(200, 0xee);
+  const Bytes untouched = out;
+  CHECK(decode_chunk(*payload, segs, base, MutableByteSpan(out.data(), 198)).code() == StatusCode::kMismatch);
+  CHECK(decode_chunk(*payload, bf16_segment(100), base, out).code() == StatusCode::kMismatch);
+  std::vector<Segment> wrong = {{SegmentClass::kGeneric, 2, 200}};
+  CHECK(decode_chunk(*payload, wrong, base, out).code() == StatusCode::kMismatch);
+  CHECK(decode_chunk(*payload, segs, ByteSpan(base.data(), 100), out).code() == StatusCode::kInvalidArgument);
+  // Overlapping but not identical base and output.
+  Bytes big(400);
+  CHECK(decode_chunk(*payload, segs, ByteSpan(big.data(), 200), MutableByteSpan(big.data() + 2, 200)).code() == StatusCode::kInvalidArgument);
+  CHECK(out == untouched);
+  CHECK_FALSE(encode_delta_chunk(segs, base, ByteSpan(next.data(), 100), kOptions).is_ok());
+  CHECK_FALSE(encode_anchor_chunk(bf16_segment(100), next, kOptions).is_ok());
+}
+
+TEST_CASE("chunk planning cuts on element boundaries and covers the image", "[codec][chunk]") {
+  auto layout = test::make_layout({{DType::kBF16, 100000}, {DType::kF32, 7}, {DType::kI8, 13}, {DType::kBF16, 3}, {DType::kF64, 50001}});
+  for (std::uint64_t target : {64, 100, 1000, 4096, 1 << 20}) {
+    auto chunks = plan_chunks(layout.tensors, layout.image_size, target);
+    std::uint64_t pos = 0;
+    for (auto [off, len] : chunks) {
+      CHECK(off == pos);
+      CHECK(len > 0);
+      CHECK(len <= std::max<std::uint64_t>(target, 64) + 8);
+      pos += len;
+      // Every cut falls on an element boundary of the tensor around it.
+      for (const auto& t : layout.tensors)
+        if (off > t.offset && off < t.offset + t.nbytes) CHECK((off - t.offset) % dtype_size(t.dtype) == 0);
+    }
+    CHECK(pos == layout.image_size);
+  }
+}

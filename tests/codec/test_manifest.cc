@@ -1,0 +1,70 @@
+#include <catch2/catch.hpp>
+
+#include "deltacast/codec/hash.h"
+#include "deltacast/codec/manifest.h"
+#include "test_util.h"
+
+using namespace deltacast;
+
+namespace {
+Manifest sample_manifest(VersionKind kind) {
+  Manifest m;
+  m.version = 7;
+  m.base_version = kind == VersionKind::kDelta ? 6 : 0;
+  m.kind = kind;
+  auto layout = test::make_layout({{DType::kBF16, 10}, {DType::kF32, 3}});
+  m.tensors = layout.tensors;
+  m.image_size = layout.image_size;
+  m.metadata = {{"format", "pt"}, {"step", "7"}};
+  m.chunks = {{0, 16, 5, 11, 22, 33}, {16, m.image_size - 16, 9, 44, 55, 66}};
+  if (kind == VersionKind::kAnchor)
+    for (auto& c : m.chunks) c.base_hash = 0;
+  std::vector<std::uint64_t> h = {m.chunks[0].content_hash, m.chunks[1].content_hash};
+  m.version_checksum = combine_chunk_hashes(m.image_size, h);
+  h = {m.chunks[0].base_hash, m.chunks[1].base_hash};
+  m.base_checksum = kind == VersionKind::kDelta ? combine_chunk_hashes(m.image_size, h) : 0;
+  return m;
+}
+}  // namespace
+
+TEST_CASE("manifests round trip", "[codec][manifest]") {
+  for (auto kind : {VersionKind::kDelta, VersionKind::kAnchor}) {
+    Manifest m = sample_manifest(kind);
+    auto parsed = parse_manifest(serialize_manifest(m));
+    REQUIRE(parsed.is_ok());
+    CHECK(*parsed == m);
+  }
+}
+
+TEST_CASE("manifest parser rejects inconsistent tables", "[codec][manifest]") {
+  Manifest m = sample_manifest(VersionKind::kDelta);
+  SECTION("chunks not covering the image") {
+    m.chunks[1].length -= 2;
+    CHECK(parse_manifest(serialize_manifest(m)).status().code() == StatusCode::kCorruption);
+  }
+  SECTION("overlapping tensors") {
+    m.tensors[1].offset -= 2;
+    CHECK_FALSE(parse_manifest(serialize_manifest(m)).is_ok());
+  }
+  SECTION("shape not matching bytes") {
+    m.tensors[0].shape = {11};
+    CHECK_FALSE(parse_manifest(serialize_manifest(m)).is_ok());
+  }
+  SECTION("wrong version checksum") {
+    m.version_checksum ^= 1;
+    CHECK_FALSE(parse_manifest(serialize_manifest(m)).is_ok());
+  }
+  SECTION("wrong base checksum") {
+    m.base_checksum ^= 1;
+    CHECK_FALSE(parse_manifest(serialize_manifest(m)).is_ok());
+  }
+  SECTION("future format version") {
+    Bytes b = serialize_manifest(m);
+    b[4] = 2;
+    CHECK(parse_manifest(b).status().code() == StatusCode::kUnsupported);
+  }
+  SECTION("every truncation") {
+    Bytes b = serialize_manifest(m);
+    for (std::size_t len = 0; len < b.size(); ++len) CHECK_FALSE(parse_manifest(ByteSpan(b.data(), len)).is_ok());
+  }
+}

@@ -1,0 +1,123 @@
+#include <catch2/catch.hpp>
+
+#include "deltacast/codec/hash.h"
+#include "deltacast/codec/version.h"
+#include "deltacast/common/thread_pool.h"
+#include "test_util.h"
+
+using namespace deltacast;
+
+namespace {
+struct Pair {
+  ModelLayout layout;
+  Bytes base, next;
+};
+
+// A model with BF16 matrices, an F32 vector and odd sizes; about 1.5% of BF16 values change,
+// almost all by one ulp, a few by sign or exponent.
+Pair make_pair(std::uint64_t seed) {
+  Pair p;
+  p.layout = test::make_layout({{DType::kBF16, 300000}, {DType::kF32, 1001}, {DType::kBF16, 77}, {DType::kBF16, 0}, {DType::kBF16, 123457}});
+  p.base = test::random_bytes(p.layout.image_size, seed);
+  p.next = p.base;
+  std::mt19937_64 rng(seed + 1);
+  for (const auto& t : p.layout.tensors) {
+    for (std::uint64_t i = 0; i < t.element_count(); ++i) {
+      if (t.dtype == DType::kBF16 && rng() % 64 == 0) {
+        std::uint16_t v;
+        std::memcpy(&v, p.next.data() + t.offset + 2 * i, 2);
+        v = rng() % 50 == 0 ? static_cast<std::uint16_t>(v ^ 0x8000) : static_cast<std::uint16_t>(v + ((rng() & 1) ? 1 : -1));
+        std::memcpy(p.next.data() + t.offset + 2 * i, &v, 2);
+      } else if (t.dtype == DType::kF32 && rng() % 2 == 0) {
+        p.next[t.offset + 4 * i] ^= 1;
+      }
+    }
+  }
+  return p;
+}
+}  // namespace
+
+TEST_CASE("versions round trip on one thread and on a pool, with identical bytes", "[codec][version]") {
+  Pair p = make_pair(1);
+  ThreadPool pool(3);
+  InlineExecutor inline_exec;
+  VersionEncodeOptions opt;
+  opt.chunk_bytes = 64 << 10;
+  std::atomic<std::uint64_t> progress_max{0};
+  opt.progress = [&](std::uint64_t done, std::uint64_t total) {
+    CHECK(done <= total);
+    std::uint64_t prev = progress_max.load();
+    while (done > prev && !progress_max.compare_exchange_weak(prev, done)) {
+    }
+  };
+  auto a = encode_version(p.layout, 2, 1, p.base, p.next, opt, pool);
+  REQUIRE(a.is_ok());
+  CHECK(progress_max.load() == p.layout.image_size);
+  auto b = encode_version(p.layout, 2, 1, p.base, p.next, opt, inline_exec);
+  REQUIRE(b.is_ok());
+  CHECK(a->manifest == b->manifest);
+  CHECK(a->payloads == b->payloads);
+  CHECK(a->manifest.chunks.size() > 4);
+  CHECK(a->stats.changed_values > 0);
+
+  std::vector<ByteSpan> payloads(a->payloads.begin(), a->payloads.end());
+  Bytes out(p.layout.image_size);
+  REQUIRE(decode_version(a->manifest, payloads, p.base, out, pool).is_ok());
+  CHECK(out == p.next);
+
+  // In place: the base buffer becomes the new version.
+  Bytes live = p.base;
+  REQUIRE(decode_version(a->manifest, payloads, live, live, pool).is_ok());
+  CHECK(live == p.next);
+
+  // Anchor of the new version.
+  auto anchor = encode_version(p.layout, 2, 0, {}, p.next, opt, pool);
+  REQUIRE(anchor.is_ok());
+  CHECK(anchor->manifest.kind == VersionKind::kAnchor);
+  CHECK(anchor->manifest.version_checksum == a->manifest.version_checksum);
+  std::vector<ByteSpan> ap(anchor->payloads.begin(), anchor->payloads.end());
+  Bytes out2(p.layout.image_size);
+  REQUIRE(decode_version(anchor->manifest, ap, {}, out2, pool).is_ok());
+  CHECK(out2 == p.next);
+
+  // The container carries it all.
+  Bytes file = container_prefix(a->manifest);
+  for (const auto& pl : a->payloads) file.insert(file.end(), pl.begin(), pl.end());
+  auto view = parse_container(file);
+  REQUIRE(view.is_ok());
+  CHECK(view->manifest == a->manifest);
+  Bytes out3(p.layout.image_size);
+  REQUIRE(decode_version(view->manifest, view->payloads, p.base, out3, pool).is_ok());
+  CHECK(out3 == p.next);
+}
+
+TEST_CASE("a delta applied to the wrong base is refused as a mismatch", "[codec][version]") {
+  Pair p = make_pair(2);
+  InlineExecutor ex;
+  VersionEncodeOptions opt;
+  opt.chunk_bytes = 100000;
+  auto d = encode_version(p.layout, 2, 1, p.base, p.next, opt, ex);
+  REQUIRE(d.is_ok());
+  std::vector<ByteSpan> payloads(d->payloads.begin(), d->payloads.end());
+  Bytes wrong_base = p.base;
+  wrong_base[wrong_base.size() / 2] ^= 4;
+  Bytes out(p.layout.image_size);
+  Status st = decode_version(d->manifest, payloads, wrong_base, out, ex);
+  CHECK(st.code() == StatusCode::kMismatch);
+  CHECK(st.message().find("chunk ") != std::string::npos);
+  // Payloads in the wrong slots: each is caught by its hash.
+  std::swap(payloads[0], payloads[1]);
+  CHECK(decode_version(d->manifest, payloads, p.base, out, ex).code() == StatusCode::kCorruption);
+}
+
+TEST_CASE("an empty model encodes and decodes", "[codec][version]") {
+  ModelLayout empty = test::make_layout({{DType::kBF16, 0}});
+  InlineExecutor ex;
+  auto d = encode_version(empty, 1, 0, {}, {}, {}, ex);
+  REQUIRE(d.is_ok());
+  CHECK(d->manifest.chunks.empty());
+  Bytes file = container_prefix(d->manifest);
+  auto v = parse_container(file);
+  REQUIRE(v.is_ok());
+  CHECK(decode_version(v->manifest, v->payloads, {}, {}, ex).is_ok());
+}

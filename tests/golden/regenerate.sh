@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Regenerates the golden files. Only for a deliberate format change: the golden test exists so
+# that the format cannot drift silently. Usage: tests/golden/regenerate.sh path/to/deltacast
+set -euo pipefail
+dc=${1:?usage: regenerate.sh path/to/deltacast}
+here=$(cd "$(dirname "$0")" && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+"$dc" gen -q -o "$tmp" --hidden 32 --layers 1 --vocab 128 --ffn 64 --fp32-norms --steps 1 --seed 42 >/dev/null
+cp "$tmp/step-000000.safetensors" "$here/base.safetensors"
+cp "$tmp/step-000001.safetensors" "$here/next.safetensors"
+"$dc" encode -q -j1 --chunk-size 16KiB --base-version 1 "$here/base.safetensors" "$here/next.safetensors" -o "$here/delta.dcd"
+"$dc" encode -q -j1 --chunk-size 16KiB --version 2 "$here/next.safetensors" -o "$here/anchor.dcd"
+"$dc" inspect "$here/delta.dcd" | grep checksum

@@ -1,0 +1,103 @@
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "deltacast/io/safetensors.h"
+#include "test_util.h"
+
+using namespace deltacast;
+
+namespace {
+
+Bytes file_with_header(const std::string& json, std::size_t data_bytes) {
+  Bytes out;
+  ByteWriter w(out);
+  w.u64(json.size());
+  out.insert(out.end(), json.begin(), json.end());
+  out.resize(out.size() + data_bytes, 0);
+  return out;
+}
+
+std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("deltacast-test-" + std::to_string(::getpid()) + "-" + name)).string();
+}
+
+}  // namespace
+
+TEST_CASE("safetensors write then read is zero-copy and exact", "[io][safetensors]") {
+  auto layout = test::make_layout({{DType::kBF16, 100}, {DType::kF32, 7}, {DType::kI8, 3}, {DType::kBF16, 0}});
+  layout.tensors[0].shape = {10, 10};
+  layout.metadata = {{"format", "pt"}, {"note", "quote \" and unicode \xc3\xa9"}};
+  Bytes image = test::random_bytes(layout.image_size, 4);
+  const std::string path = temp_path("rt.safetensors");
+  REQUIRE(write_safetensors(path, layout, image).is_ok());
+  auto f = SafetensorsFile::open(path);
+  REQUIRE(f.is_ok());
+  CHECK(f->layout().tensors == layout.tensors);
+  CHECK(f->layout().metadata == layout.metadata);
+  CHECK(Bytes(f->image().begin(), f->image().end()) == image);
+  // The header is padded to 8 bytes, so BF16 data is aligned in the mapping.
+  CHECK((f->image().data() - static_cast<const std::uint8_t*>(nullptr)) % 8 == 0);
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("safetensors reader rejects malformed headers with a clear error", "[io][safetensors]") {
+  struct Case {
+    const char* what;
+    std::string json;
+    std::size_t data;
+    const char* expect;
+  };
+  const std::vector<Case> cases = {
+      {"not json", "{\"a\": [", 0, "not valid JSON"},
+      {"not an object", "[1,2]", 0, "not a JSON object"},
+      {"unknown dtype", R"({"a":{"dtype":"BF17","shape":[1],"data_offsets":[0,2]}})", 2, "unknown dtype"},
+      {"size mismatch", R"({"a":{"dtype":"BF16","shape":[2],"data_offsets":[0,2]}})", 2, "does not match"},
+      {"past the end", R"({"a":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}})", 2, "past the data section"},
+      {"overlap", R"({"a":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]},"b":{"dtype":"BF16","shape":[2],"data_offsets":[2,6]}})", 6, "overlaps"},
+      {"hole", R"({"a":{"dtype":"BF16","shape":[1],"data_offsets":[2,4]}})", 4, "hole"},
+      {"trailing bytes", R"({"a":{"dtype":"BF16","shape":[1],"data_offsets":[0,2]}})", 4, "after the last tensor"},
+      {"negative shape", R"({"a":{"dtype":"BF16","shape":[-1],"data_offsets":[0,2]}})", 2, "non-negative"},
+      {"reversed offsets", R"({"a":{"dtype":"BF16","shape":[0],"data_offsets":[2,0]}})", 2, "end before"},
+      {"missing offsets", R"({"a":{"dtype":"BF16","shape":[1]}})", 2, "data_offsets"},
+      {"metadata not strings", R"({"__metadata__":{"k":1}})", 0, "not a string"},
+      {"shape overflow", R"({"a":{"dtype":"BF16","shape":[4294967296,4294967296],"data_offsets":[0,0]}})", 0, "overflows"},
+  };
+  for (const auto& c : cases) {
+    auto r = parse_safetensors(file_with_header(c.json, c.data));
+    INFO(c.what << ": " << r.status().to_string());
+    REQUIRE_FALSE(r.is_ok());
+    CHECK(r.status().message().find(c.expect) != std::string::npos);
+  }
+  // Header length pointing past the end of the file, and files too short for the length.
+  Bytes tiny = file_with_header("{}", 0);
+  tiny[0] = 200;
+  CHECK_FALSE(parse_safetensors(tiny).is_ok());
+  for (std::size_t len = 0; len < 8; ++len) CHECK_FALSE(parse_safetensors(Bytes(len, 0)).is_ok());
+  Bytes huge = file_with_header("{}", 0);
+  huge[6] = 1;
+  CHECK(parse_safetensors(huge).status().message().find("limit") != std::string::npos);
+  CHECK(parse_safetensors(file_with_header("{}", 0)).is_ok());
+}
+
+TEST_CASE("missing and non-regular files give errors", "[io][safetensors]") {
+  CHECK(SafetensorsFile::open("/nonexistent/x.safetensors").status().code() == StatusCode::kNotFound);
+  CHECK_FALSE(SafetensorsFile::open("/tmp").is_ok());
+}
+
+TEST_CASE("output files appear only on commit", "[io][mapped_file]") {
+  const std::string path = temp_path("commit.bin");
+  std::filesystem::remove(path);
+  {
+    auto f = OutputFile::create(path, 16);
+    REQUIRE(f.is_ok());
+    f->bytes()[0] = 1;
+  }
+  CHECK_FALSE(std::filesystem::exists(path));
+  auto f = OutputFile::create(path, 16);
+  REQUIRE(f.is_ok());
+  REQUIRE(f->commit().is_ok());
+  CHECK(std::filesystem::file_size(path) == 16);
+  std::filesystem::remove(path);
+}

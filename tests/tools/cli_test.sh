@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# End-to-end through the command line: gen, encode, decode (bit-exact), inspect, bench, and
+# the failures a user can cause: corrupt deltas, wrong bases, missing files, bad flags.
+set -uo pipefail
+dc=${1:?usage: cli_test.sh path/to/deltacast}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+passed=0
+failed=0
+check() {  # check "description" command...
+  local what=$1
+  shift
+  if "$@" >"$tmp/out" 2>"$tmp/err"; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1))
+    echo "FAILED: $what"
+    cat "$tmp/out" "$tmp/err" | head -20
+  fi
+}
+fails() {  # fails "description" "expected stderr text" command...
+  local what=$1 text=$2
+  shift 2
+  if "$@" >"$tmp/out" 2>"$tmp/err"; then
+    failed=$((failed + 1))
+    echo "FAILED (exit 0): $what"
+  elif ! grep -q -- "$text" "$tmp/err"; then
+    failed=$((failed + 1))
+    echo "FAILED (message): $what: expected '$text' in:"
+    cat "$tmp/err"
+  else
+    passed=$((passed + 1))
+  fi
+}
+
+for cmd in gen encode decode inspect bench; do
+  check "$cmd --help" "$dc" "$cmd" --help
+done
+check "gen" "$dc" gen -q -o "$tmp/s" --hidden 64 --layers 2 --vocab 512 --ffn 192 --steps 2 --fp32-norms
+check "encode delta" "$dc" encode -q --chunk-size 64KiB "$tmp/s/step-000000.safetensors" "$tmp/s/step-000001.safetensors" -o "$tmp/d1.dcd"
+check "decode delta" "$dc" decode -q "$tmp/s/step-000000.safetensors" "$tmp/d1.dcd" -o "$tmp/r1.safetensors"
+check "decoded file is identical" cmp "$tmp/r1.safetensors" "$tmp/s/step-000001.safetensors"
+check "encode anchor" "$dc" encode -q "$tmp/s/step-000002.safetensors" -o "$tmp/a2.dcd"
+check "decode anchor" "$dc" decode -q "$tmp/a2.dcd" -o "$tmp/r2.safetensors"
+check "anchor decodes identical" cmp "$tmp/r2.safetensors" "$tmp/s/step-000002.safetensors"
+check "inspect delta" "$dc" inspect "$tmp/d1.dcd"
+grep -q "changed" "$tmp/out" && grep -q "positions" "$tmp/out" || { failed=$((failed + 1)); echo "FAILED: inspect output lacks statistics"; }
+check "inspect checkpoint" "$dc" inspect --tensors "$tmp/s/step-000000.safetensors"
+grep -q "lm_head.weight" "$tmp/out" || { failed=$((failed + 1)); echo "FAILED: inspect lists no tensors"; }
+
+# A corrupt delta: exit non-zero, name the problem, and leave an existing output untouched.
+cp "$tmp/d1.dcd" "$tmp/bad.dcd"
+size=$(stat -c %s "$tmp/bad.dcd")
+printf '\x55' | dd of="$tmp/bad.dcd" bs=1 seek=$((size - 10)) conv=notrunc status=none
+echo "previous" >"$tmp/keep.safetensors"
+fails "corrupt delta" "hash mismatch" "$dc" decode -q "$tmp/s/step-000000.safetensors" "$tmp/bad.dcd" -o "$tmp/keep.safetensors"
+check "output untouched after a failed decode" grep -q previous "$tmp/keep.safetensors"
+head -c $((size / 2)) "$tmp/d1.dcd" >"$tmp/trunc.dcd"
+fails "truncated delta" "truncated" "$dc" decode -q "$tmp/s/step-000000.safetensors" "$tmp/trunc.dcd" -o "$tmp/x.safetensors"
+fails "wrong base" "base bytes differ" "$dc" decode -q "$tmp/s/step-000001.safetensors" "$tmp/d1.dcd" -o "$tmp/x.safetensors"
+fails "delta without base" "needs its base" "$dc" decode -q "$tmp/d1.dcd" -o "$tmp/x.safetensors"
+fails "not a deltacast file" "bad magic" "$dc" decode -q "$tmp/s/step-000000.safetensors" "$tmp/s/step-000001.safetensors" -o "$tmp/x.safetensors"
+fails "missing input" "does not exist" "$dc" encode "$tmp/nope.safetensors" -o "$tmp/x.dcd"
+fails "bad chunk size" "not a size" "$dc" encode "$tmp/s/step-000000.safetensors" -o "$tmp/x.dcd" --chunk-size lots
+printf 'garbage!' >"$tmp/garbage.safetensors"
+fails "garbage checkpoint" "safetensors" "$dc" encode "$tmp/garbage.safetensors" -o "$tmp/x.dcd"
+fails "unknown flag" "not expected" "$dc" encode "$tmp/s/step-000000.safetensors" -o "$tmp/x.dcd" --frobnicate
+test -e "$tmp/x.safetensors" && { failed=$((failed + 1)); echo "FAILED: a failed decode left an output file"; }
+ls "$tmp"/*.tmp.* >/dev/null 2>&1 && { failed=$((failed + 1)); echo "FAILED: temporary files left behind"; }
+
+check "bench on files" "$dc" bench -q --runs 1 --no-anchor "$tmp/s/step-000000.safetensors" "$tmp/s/step-000001.safetensors" "$tmp/s/step-000002.safetensors"
+grep -q "deltacast v1" "$tmp/out" || { failed=$((failed + 1)); echo "FAILED: bench printed no table"; }
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,312 @@
+// deltacast bench: sizes and single-core throughputs of deltacast v1 against the baselines,
+// all measured on the same data in the same run.
+#include <zstd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+
+#include "commands.h"
+#include "deltacast/codec/version.h"
+#include "deltacast/common/thread_pool.h"
+#include "deltacast/io/safetensors.h"
+#include "gen.h"
+#include "progress.h"
+
+namespace deltacast::tools {
+namespace {
+
+struct BenchOptions {
+  std::vector<std::string> files;
+  std::string size = "64MB";
+  std::size_t steps = 4;
+  TrainOptions train;
+  std::size_t runs = 5;
+  std::string chunk_size = "4MiB";
+  bool anchor = true;
+  bool quiet = false;
+};
+
+using Clock = std::chrono::steady_clock;
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Runs fn `runs` times; returns seconds per run.
+template <typename F>
+std::vector<double> time_runs(std::size_t runs, F&& fn) {
+  std::vector<double> secs;
+  for (std::size_t r = 0; r < runs; ++r) {
+    auto t0 = Clock::now();
+    fn();
+    secs.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return secs;
+}
+
+struct MethodResult {
+  std::string name;
+  std::uint64_t bytes = 0;          // summed over pairs
+  std::vector<double> encode_gbps;  // one per run and pair
+  std::vector<double> decode_gbps;
+  bool has_timing = true;
+};
+
+void add_rates(std::vector<double>& out, const std::vector<double>& secs, std::uint64_t bytes) {
+  for (double s : secs) out.push_back(static_cast<double>(bytes) / s / 1e9);
+}
+
+struct ZstdCtx {
+  ZSTD_CCtx* c = ZSTD_createCCtx();
+  ZSTD_DCtx* d = ZSTD_createDCtx();
+  ~ZstdCtx() {
+    ZSTD_freeCCtx(c);
+    ZSTD_freeDCtx(d);
+  }
+};
+
+std::size_t zstd_compress(ZstdCtx& z, ByteSpan in, Bytes& out, int level) {
+  out.resize(ZSTD_compressBound(in.size()));
+  std::size_t n = ZSTD_compressCCtx(z.c, out.data(), out.size(), in.data(), in.size(), level);
+  out.resize(ZSTD_isError(n) ? 0 : n);
+  return out.size();
+}
+
+bool zstd_decompress(ZstdCtx& z, ByteSpan in, MutableByteSpan out) {
+  std::size_t n = ZSTD_decompressDCtx(z.d, out.data(), out.size(), in.data(), in.size());
+  return !ZSTD_isError(n) && n == out.size();
+}
+
+std::size_t zstd_size_mt(ByteSpan in, int level, int workers) {
+  ZSTD_CCtx* c = ZSTD_createCCtx();
+  ZSTD_CCtx_setParameter(c, ZSTD_c_compressionLevel, level);
+  ZSTD_CCtx_setParameter(c, ZSTD_c_nbWorkers, workers);
+  Bytes out(ZSTD_compressBound(in.size()));
+  std::size_t n = ZSTD_compress2(c, out.data(), out.size(), in.data(), in.size());
+  ZSTD_freeCCtx(c);
+  return ZSTD_isError(n) ? 0 : n;
+}
+
+struct Series {
+  ModelLayout layout;
+  std::vector<MappedFile> mapped;  // when read from files
+  std::vector<Bytes> owned;        // when generated
+  std::vector<ByteSpan> images;
+  std::string description;
+};
+
+Result<Series> load_series(const BenchOptions& o) {
+  Series s;
+  if (!o.files.empty()) {
+    if (o.files.size() < 2) return Status::invalid_argument("bench needs at least two checkpoints");
+    for (const auto& f : o.files) {
+      DC_ASSIGN_OR_RETURN(SafetensorsFile st, SafetensorsFile::open(f));
+      if (s.images.empty()) s.layout = st.layout();
+      else if (st.layout().tensors != s.layout.tensors) return Status::invalid_argument(f + ": tensor layout differs from " + o.files[0]);
+      s.images.push_back(st.image());
+      s.mapped.emplace_back();
+      DC_ASSIGN_OR_RETURN(s.mapped.back(), MappedFile::open(f));  // keeps the mapping alive
+      s.images.back() = s.mapped.back().bytes().subspan(s.mapped.back().bytes().size() - s.layout.image_size);
+    }
+    s.description = std::to_string(o.files.size()) + " checkpoints from files";
+    return s;
+  }
+  DC_ASSIGN_OR_RETURN(std::uint64_t bytes, parse_bytes(o.size));
+  s.layout = build_layout(shape_for_bytes(bytes));
+  s.owned.resize(o.steps + 1);
+  std::vector<MutableByteSpan> spans;
+  for (auto& b : s.owned) {
+    b.resize(s.layout.image_size);
+    spans.emplace_back(b);
+  }
+  ThreadPool pool;
+  ProgressBar bar("generate", s.layout.image_size, !o.quiet);
+  generate_series(s.layout, o.train, spans, pool, [&](std::uint64_t d, std::uint64_t) { bar.update(d); });
+  bar.finish();
+  for (auto& b : s.owned) s.images.emplace_back(b);
+  char desc[160];
+  std::snprintf(desc, sizeof desc, "deltacast gen series: %s model, %zu steps, lr %g, seed %" PRIu64, format_bytes(static_cast<double>(s.layout.image_size)).c_str(),
+                o.steps, o.train.lr, o.train.seed);
+  s.description = desc;
+  return s;
+}
+
+int run_bench(const BenchOptions& o) {
+  auto series_r = load_series(o);
+  if (!series_r.is_ok()) return fail(series_r.status().to_string());
+  Series& s = *series_r;
+  auto chunk = parse_bytes(o.chunk_size);
+  if (!chunk.is_ok()) return fail(chunk.status().message());
+  InlineExecutor one_core;
+  VersionEncodeOptions vopt;
+  vopt.chunk_bytes = *chunk;
+  ZstdCtx z;
+  const std::uint64_t image = s.layout.image_size;
+  const std::size_t pairs = s.images.size() - 1;
+  Bytes out(image), scratch(image), scratch2;
+
+  MethodResult dc{"deltacast v1"}, xz{"XOR + zstd-3 (ARCv2 style)"}, iv{"int32 idx + bf16 values, raw (TRL draft)"},
+      ivz{"int32 idx + bf16 values, zstd-3"};
+  iv.has_timing = false;
+  std::uint64_t changed_total = 0, bf16_total = 0;
+  ProgressBar bar("bench", pairs, !o.quiet);
+  for (std::size_t p = 0; p < pairs; ++p) {
+    ByteSpan base = s.images[p], next = s.images[p + 1];
+    // deltacast v1
+    std::optional<EncodedVersion> ev;
+    auto enc = time_runs(o.runs, [&] {
+      auto r = encode_version(s.layout, p + 1, p, base, next, vopt, one_core);
+      if (r.is_ok()) ev = std::move(r).value();
+    });
+    if (!ev) return fail("deltacast encode failed");
+    std::vector<ByteSpan> payloads(ev->payloads.begin(), ev->payloads.end());
+    Status dst;
+    auto dec = time_runs(o.runs, [&] { dst = decode_version(ev->manifest, payloads, base, out, one_core); });
+    if (!dst.is_ok()) return fail("deltacast decode failed: " + dst.to_string());
+    if (std::memcmp(out.data(), next.data(), image) != 0) return fail("deltacast round trip is not bit-exact");
+    dc.bytes += container_prefix(ev->manifest).size() + ev->manifest.payload_bytes_total();
+    add_rates(dc.encode_gbps, enc, image);
+    add_rates(dc.decode_gbps, dec, image);
+    changed_total += ev->stats.changed_values;
+    bf16_total += ev->stats.bf16_values;
+
+    // XOR + zstd -3 over the whole image.
+    Bytes xz_out;
+    enc = time_runs(o.runs, [&] {
+      for (std::size_t i = 0; i < image; ++i) scratch[i] = base[i] ^ next[i];
+      zstd_compress(z, scratch, xz_out, 3);
+    });
+    bool ok = true;
+    dec = time_runs(o.runs, [&] {
+      ok = zstd_decompress(z, xz_out, scratch);
+      for (std::size_t i = 0; i < image; ++i) out[i] = base[i] ^ scratch[i];
+    });
+    if (!ok || std::memcmp(out.data(), next.data(), image) != 0) return fail("XOR+zstd round trip failed");
+    xz.bytes += xz_out.size();
+    add_rates(xz.encode_gbps, enc, image);
+    add_rates(xz.decode_gbps, dec, image);
+
+    // int32 indices of changed BF16 elements, then their new values; raw and zstd -3.
+    const auto* a = reinterpret_cast<const std::uint16_t*>(base.data());
+    const auto* b = reinterpret_cast<const std::uint16_t*>(next.data());
+    const std::size_t elems = image / 2;
+    Bytes packed, iv_out;
+    enc = time_runs(o.runs, [&] {
+      std::vector<std::uint32_t> idx;
+      std::vector<std::uint16_t> val;
+      for (std::size_t i = 0; i < elems; ++i)
+        if (a[i] != b[i]) {
+          idx.push_back(static_cast<std::uint32_t>(i));
+          val.push_back(b[i]);
+        }
+      packed.resize(idx.size() * 6);
+      std::memcpy(packed.data(), idx.data(), idx.size() * 4);
+      std::memcpy(packed.data() + idx.size() * 4, val.data(), val.size() * 2);
+      zstd_compress(z, packed, iv_out, 3);
+    });
+    dec = time_runs(o.runs, [&] {
+      scratch2.resize(packed.size());
+      ok = zstd_decompress(z, iv_out, scratch2);
+      std::memcpy(out.data(), base.data(), image);
+      const std::size_t k = scratch2.size() / 6;
+      auto* o16 = reinterpret_cast<std::uint16_t*>(out.data());
+      for (std::size_t j = 0; j < k; ++j) {
+        std::uint32_t i;
+        std::uint16_t v;
+        std::memcpy(&i, scratch2.data() + 4 * j, 4);
+        std::memcpy(&v, scratch2.data() + 4 * k + 2 * j, 2);
+        if (i < elems) o16[i] = v;
+      }
+    });
+    if (!ok || std::memcmp(out.data(), next.data(), image) != 0) return fail("index+value round trip failed");
+    iv.bytes += packed.size();
+    ivz.bytes += iv_out.size();
+    add_rates(ivz.encode_gbps, enc, image);
+    add_rates(ivz.decode_gbps, dec, image);
+    bar.update(p + 1);
+  }
+  bar.finish();
+
+  const double bf16_bytes = static_cast<double>(image) * static_cast<double>(pairs);
+  std::printf("series: %s\n", s.description.c_str());
+  std::printf("%zu deltas of %s, %.3f%% of BF16 values changed; %zu runs each, one core, chunk %s; throughput in GB/s of BF16 input, medians\n\n",
+              pairs, format_bytes(static_cast<double>(image)).c_str(), bf16_total ? 100.0 * static_cast<double>(changed_total) / static_cast<double>(bf16_total) : 0.0,
+              o.runs, o.chunk_size.c_str());
+  std::printf("| %-42s | %12s | %13s | %11s | %11s |\n", "delta method", "size % BF16", "vs XOR+zstd-3", "encode GB/s", "decode GB/s");
+  std::printf("|%s|%s|%s|%s|%s|\n", std::string(44, '-').c_str(), std::string(14, '-').c_str(), std::string(15, '-').c_str(),
+              std::string(13, '-').c_str(), std::string(13, '-').c_str());
+  for (const MethodResult* m : {&dc, &xz, &iv, &ivz}) {
+    char enc[32] = "-", dec[32] = "-";
+    if (m->has_timing) {
+      std::snprintf(enc, sizeof enc, "%.2f", median(m->encode_gbps));
+      std::snprintf(dec, sizeof dec, "%.2f", median(m->decode_gbps));
+    }
+    std::printf("| %-42s | %11.4f%% | %12.3fx | %11s | %11s |\n", m->name.c_str(), 100.0 * static_cast<double>(m->bytes) / bf16_bytes,
+                static_cast<double>(m->bytes) / static_cast<double>(xz.bytes), enc, dec);
+  }
+  const double size_ratio = static_cast<double>(dc.bytes) / static_cast<double>(xz.bytes);
+  const double dc_enc = median(dc.encode_gbps), dc_dec = median(dc.decode_gbps);
+  std::printf("\ntargets: size <= 0.55x XOR+zstd-3: %.3fx %s; encode >= 1 GB/s: %.2f %s; decode+apply >= 2 GB/s: %.2f %s\n", size_ratio,
+              size_ratio <= 0.55 ? "met" : "MISSED", dc_enc, dc_enc >= 1 ? "met" : "MISSED", dc_dec, dc_dec >= 2 ? "met" : "MISSED");
+
+  if (o.anchor) {
+    ByteSpan last = s.images.back();
+    std::optional<EncodedVersion> av;
+    auto enc = time_runs(o.runs, [&] {
+      auto r = encode_version(s.layout, pairs, 0, ByteSpan(), last, vopt, one_core);
+      if (r.is_ok()) av = std::move(r).value();
+    });
+    if (!av) return fail("anchor encode failed");
+    std::vector<ByteSpan> payloads(av->payloads.begin(), av->payloads.end());
+    Status dst;
+    auto dec = time_runs(o.runs, [&] { dst = decode_version(av->manifest, payloads, ByteSpan(), out, one_core); });
+    if (!dst.is_ok() || std::memcmp(out.data(), last.data(), image) != 0) return fail("anchor round trip failed");
+    const std::uint64_t anchor_bytes = container_prefix(av->manifest).size() + av->manifest.payload_bytes_total();
+    std::fprintf(stderr, "measuring zstd -19 of the raw checkpoint (slow)...\n");
+    const std::size_t z19 = zstd_size_mt(last, 19, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+    Bytes z3;
+    auto z3_enc = time_runs(o.runs, [&] { zstd_compress(z, last, z3, 3); });
+    std::printf("\n| %-42s | %12s | %13s | %11s | %11s |\n", "anchor method", "size % BF16", "vs zstd-19", "encode GB/s", "decode GB/s");
+    std::printf("|%s|%s|%s|%s|%s|\n", std::string(44, '-').c_str(), std::string(14, '-').c_str(), std::string(15, '-').c_str(),
+                std::string(13, '-').c_str(), std::string(13, '-').c_str());
+    std::vector<double> ae, ad, ze;
+    add_rates(ae, enc, image);
+    add_rates(ad, dec, image);
+    add_rates(ze, z3_enc, image);
+    const double ratio = static_cast<double>(anchor_bytes) / static_cast<double>(z19);
+    std::printf("| %-42s | %11.3f%% | %12.3fx | %11.2f | %11.2f |\n", "deltacast v1 anchor", 100.0 * static_cast<double>(anchor_bytes) / static_cast<double>(image),
+                ratio, median(ae), median(ad));
+    std::printf("| %-42s | %11.3f%% | %12.3fx | %11s | %11s |\n", "zstd -19, raw BF16", 100.0 * static_cast<double>(z19) / static_cast<double>(image), 1.0, "-", "-");
+    std::printf("| %-42s | %11.3f%% | %12.3fx | %11.2f | %11s |\n", "zstd -3, raw BF16", 100.0 * static_cast<double>(z3.size()) / static_cast<double>(image),
+                static_cast<double>(z3.size()) / static_cast<double>(z19), median(ze), "-");
+    std::printf("\ntargets: anchor >= 10%% smaller than zstd-19: %.1f%% smaller %s; anchor encode >= 0.5 GB/s: %.2f %s\n", 100.0 * (1 - ratio),
+                ratio <= 0.9 ? "met" : "MISSED", median(ae), median(ae) >= 0.5 ? "met" : "MISSED");
+  }
+  return 0;
+}
+
+}  // namespace
+
+Command add_bench_command(CLI::App& app) {
+  auto o = std::make_shared<BenchOptions>();
+  CLI::App* sub = app.add_subcommand("bench", "Compare deltacast with XOR+zstd and index+value baselines on a checkpoint series");
+  sub->add_option("files", o->files, "Consecutive checkpoints (default: generate a series)")->check(CLI::ExistingFile);
+  sub->add_option("--size", o->size, "Generated checkpoint size")->capture_default_str();
+  sub->add_option("--steps", o->steps, "Generated steps")->capture_default_str();
+  sub->add_option("--lr", o->train.lr, "Generated learning rate")->capture_default_str();
+  sub->add_option("--seed", o->train.seed, "Generator seed")->capture_default_str();
+  sub->add_option("--runs", o->runs, "Timed runs per measurement (median reported)")->capture_default_str()->check(CLI::Range(1, 1000));
+  sub->add_option("--chunk-size", o->chunk_size, "Chunk size")->capture_default_str();
+  sub->add_flag("!--no-anchor", o->anchor, "Skip the anchor comparison");
+  sub->add_flag("-q,--quiet", o->quiet, "No progress bar");
+  return {sub, [o] { return run_bench(*o); }};
+}
+
+}  // namespace deltacast::tools

@@ -1,0 +1,334 @@
+// gen, encode, decode, inspect.
+#include <cinttypes>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <thread>
+
+#include "commands.h"
+#include "deltacast/codec/hash.h"
+#include "deltacast/common/thread_pool.h"
+#include "deltacast/io/safetensors.h"
+#include "gen.h"
+#include "progress.h"
+
+namespace deltacast::tools {
+
+int fail(const std::string& message) {
+  std::fprintf(stderr, "deltacast: error: %s\n", message.c_str());
+  return 1;
+}
+
+namespace {
+
+struct CommonOptions {
+  std::size_t threads = 0;
+  bool quiet = false;
+};
+
+void add_common(CLI::App* sub, CommonOptions& o) {
+  sub->add_option("-j,--threads", o.threads, "Worker threads (default: one per core)");
+  sub->add_flag("-q,--quiet", o.quiet, "No progress bar");
+}
+
+ProgressFn bar_callback(ProgressBar& bar) {
+  return [&bar](std::uint64_t done, std::uint64_t) { bar.update(done); };
+}
+
+std::string step_file(const std::string& dir, std::size_t step) {
+  char name[64];
+  std::snprintf(name, sizeof name, "step-%06zu.safetensors", step);
+  return (std::filesystem::path(dir) / name).string();
+}
+
+// ---- gen ---------------------------------------------------------------------------------------
+
+struct GenOptions {
+  CommonOptions common;
+  std::string out_dir;
+  std::string size = "64MB";
+  std::uint64_t hidden = 0, layers = 0, vocab = 0, ffn = 0;
+  std::size_t steps = 4;
+  TrainOptions train;
+  bool fp32_norms = false;
+};
+
+int run_gen(const GenOptions& o) {
+  auto bytes = parse_bytes(o.size);
+  if (!bytes.is_ok()) return fail(bytes.status().message());
+  ModelShape shape = shape_for_bytes(*bytes);
+  if (o.hidden) shape.hidden = o.hidden;
+  if (o.layers) shape.layers = o.layers;
+  if (o.vocab) shape.vocab = o.vocab;
+  if (o.ffn) shape.ffn = o.ffn;
+  shape.fp32_norms = o.fp32_norms;
+  ModelLayout layout = build_layout(shape);
+  std::error_code ec;
+  std::filesystem::create_directories(o.out_dir, ec);
+  if (ec) return fail("cannot create " + o.out_dir + ": " + ec.message());
+
+  std::printf("model: hidden %" PRIu64 ", %" PRIu64 " layers, vocab %" PRIu64 ", ffn %" PRIu64 ", %zu tensors, %s per checkpoint\n",
+              shape.hidden, shape.layers, shape.vocab, shape.ffn, layout.tensors.size(), format_bytes(static_cast<double>(layout.image_size)).c_str());
+  std::vector<SafetensorsWriter> writers;
+  std::vector<MutableByteSpan> images;
+  for (std::size_t t = 0; t <= o.steps; ++t) {
+    ModelLayout l = layout;
+    l.metadata.emplace_back("step", std::to_string(t));
+    auto w = SafetensorsWriter::create(step_file(o.out_dir, t), l);
+    if (!w.is_ok()) return fail(w.status().to_string());
+    writers.push_back(std::move(w).value());
+    images.push_back(writers.back().data());
+  }
+  ThreadPool pool(o.common.threads);
+  ProgressBar bar("gen", layout.image_size, !o.common.quiet);
+  auto stats = generate_series(layout, o.train, images, pool, bar_callback(bar));
+  bar.finish();
+  for (auto& w : writers)
+    if (Status st = w.commit(); !st.is_ok()) return fail(st.to_string());
+  std::printf("%-6s %10s %12s %14s %14s %10s\n", "step", "changed", "changed %", "mantissa-only", "exponent", "sign");
+  for (std::size_t t = 0; t < stats.size(); ++t) {
+    const auto& s = stats[t];
+    double pct = s.values ? 100.0 * static_cast<double>(s.changed) / static_cast<double>(s.values) : 0;
+    double mo = s.changed ? 100.0 * static_cast<double>(s.mantissa_only) / static_cast<double>(s.changed) : 0;
+    std::printf("%-6zu %10" PRIu64 " %11.3f%% %13.2f%% %14" PRIu64 " %10" PRIu64 "\n", t + 1, s.changed, pct, mo,
+                s.exponent_changed, s.sign_changed);
+  }
+  std::printf("wrote %zu checkpoints to %s\n", o.steps + 1, o.out_dir.c_str());
+  return 0;
+}
+
+// ---- encode ------------------------------------------------------------------------------------
+
+struct EncodeOptions {
+  CommonOptions common;
+  std::vector<std::string> inputs;
+  std::string output;
+  std::string chunk_size = "4MiB";
+  std::uint64_t version = 0, base_version = 0;
+  bool max_effort = false;
+};
+
+int run_encode(const EncodeOptions& o) {
+  const bool anchor = o.inputs.size() == 1;
+  auto next = SafetensorsFile::open(o.inputs.back());
+  if (!next.is_ok()) return fail(next.status().to_string());
+  Result<SafetensorsFile> base = Status::not_found("no base");
+  if (!anchor) {
+    base = SafetensorsFile::open(o.inputs.front());
+    if (!base.is_ok()) return fail(base.status().to_string());
+    if (base->layout().tensors != next->layout().tensors)
+      return fail("base and new checkpoints have different tensor layouts; encode an anchor of the new one instead");
+  }
+  auto chunk = parse_bytes(o.chunk_size);
+  if (!chunk.is_ok()) return fail(chunk.status().message());
+  VersionEncodeOptions opt;
+  opt.chunk_bytes = *chunk;
+  if (o.max_effort) opt.chunk = ChunkEncodeOptions::max_effort();
+  ThreadPool pool(o.common.threads);
+  ProgressBar bar("encode", next->layout().image_size, !o.common.quiet);
+  opt.progress = bar_callback(bar);
+  const std::uint64_t version = o.version ? o.version : (anchor ? 1 : o.base_version + 1);
+  auto ev = encode_version(next->layout(), version, o.base_version, anchor ? ByteSpan() : base->image(), next->image(), opt, pool);
+  bar.finish();
+  if (!ev.is_ok()) return fail(ev.status().to_string());
+  Bytes prefix = container_prefix(ev->manifest);
+  const std::uint64_t total = prefix.size() + ev->manifest.payload_bytes_total();
+  auto out = OutputFile::create(o.output, total);
+  if (!out.is_ok()) return fail(out.status().to_string());
+  std::uint8_t* p = out->bytes().data();
+  std::memcpy(p, prefix.data(), prefix.size());
+  p += prefix.size();
+  for (const auto& pl : ev->payloads) {
+    std::memcpy(p, pl.data(), pl.size());
+    p += pl.size();
+  }
+  if (Status st = out->commit(); !st.is_ok()) return fail(st.to_string());
+  const double image = static_cast<double>(next->layout().image_size);
+  std::printf("%s version %" PRIu64 "%s: %zu chunks, %s -> %s (%.3f%% of the checkpoint data)\n", anchor ? "anchor" : "delta",
+              version, anchor ? "" : (" from " + std::to_string(o.base_version)).c_str(), ev->manifest.chunks.size(),
+              format_bytes(image).c_str(), format_bytes(static_cast<double>(total)).c_str(), 100.0 * static_cast<double>(total) / image);
+  return 0;
+}
+
+// ---- decode ------------------------------------------------------------------------------------
+
+struct DecodeOptions {
+  CommonOptions common;
+  std::vector<std::string> inputs;
+  std::string output;
+};
+
+int run_decode(const DecodeOptions& o) {
+  auto file = MappedFile::open(o.inputs.back());
+  if (!file.is_ok()) return fail(file.status().to_string());
+  auto c = parse_container(file->bytes());
+  if (!c.is_ok()) return fail(o.inputs.back() + ": " + c.status().to_string());
+  const Manifest& m = c->manifest;
+  Result<SafetensorsFile> base = Status::not_found("no base");
+  if (m.kind == VersionKind::kDelta) {
+    if (o.inputs.size() != 2) return fail("a delta needs its base checkpoint: deltacast decode BASE.safetensors DELTA -o OUT");
+    base = SafetensorsFile::open(o.inputs.front());
+    if (!base.is_ok()) return fail(base.status().to_string());
+    if (base->layout().tensors != m.tensors) return fail("the base checkpoint's tensor layout differs from the delta's");
+  } else if (o.inputs.size() != 1) {
+    return fail("an anchor decodes on its own: deltacast decode ANCHOR -o OUT");
+  }
+  ModelLayout layout{m.tensors, m.metadata, m.image_size};
+  auto writer = SafetensorsWriter::create(o.output, layout);
+  if (!writer.is_ok()) return fail(writer.status().to_string());
+  ThreadPool pool(o.common.threads);
+  ProgressBar bar("decode", m.image_size, !o.common.quiet);
+  Status st = decode_version(m, c->payloads, m.kind == VersionKind::kDelta ? base->image() : ByteSpan(), writer->data(), pool,
+                             bar_callback(bar));
+  bar.finish();
+  if (!st.is_ok()) return fail(st.to_string() + " (nothing written to " + o.output + ")");
+  if (Status cs = writer->commit(); !cs.is_ok()) return fail(cs.to_string());
+  std::printf("version %" PRIu64 " verified: %zu chunks, checksum %016" PRIx64 ", wrote %s\n", m.version, m.chunks.size(),
+              m.version_checksum, o.output.c_str());
+  return 0;
+}
+
+// ---- inspect -----------------------------------------------------------------------------------
+
+struct InspectOptions {
+  std::string path;
+  bool tensors = false;
+  bool chunks = false;
+};
+
+void print_tensors(const std::vector<TensorInfo>& tensors) {
+  for (const auto& t : tensors) {
+    std::string shape;
+    for (auto d : t.shape) shape += (shape.empty() ? "" : "x") + std::to_string(d);
+    std::printf("  %-56s %-8s %-14s offset %-12" PRIu64 " %s\n", t.name.c_str(), std::string(dtype_name(t.dtype)).c_str(),
+                shape.c_str(), t.offset, format_bytes(static_cast<double>(t.nbytes)).c_str());
+  }
+}
+
+int inspect_safetensors(const InspectOptions& o, const SafetensorsFile& f) {
+  const auto& l = f.layout();
+  std::map<std::string, std::uint64_t> by_dtype;
+  for (const auto& t : l.tensors) by_dtype[std::string(dtype_name(t.dtype))] += t.nbytes;
+  std::printf("safetensors %s: %zu tensors, %s of data\n", o.path.c_str(), l.tensors.size(), format_bytes(static_cast<double>(l.image_size)).c_str());
+  for (const auto& [k, v] : by_dtype) std::printf("  %-8s %s\n", k.c_str(), format_bytes(static_cast<double>(v)).c_str());
+  for (const auto& [k, v] : l.metadata) std::printf("  metadata %s = %s\n", k.c_str(), v.c_str());
+  if (o.tensors) print_tensors(l.tensors);
+  return 0;
+}
+
+int run_inspect(const InspectOptions& o) {
+  auto file = MappedFile::open(o.path);
+  if (!file.is_ok()) return fail(file.status().to_string());
+  auto c = parse_container(file->bytes());
+  if (!c.is_ok()) {
+    // Not a deltacast file: perhaps a checkpoint.
+    if (auto st = SafetensorsFile::open(o.path); st.is_ok()) return inspect_safetensors(o, *st);
+    return fail(o.path + ": " + c.status().to_string());
+  }
+  const Manifest& m = c->manifest;
+  const double image = static_cast<double>(m.image_size);
+  const double total = static_cast<double>(file->bytes().size());
+  std::printf("%s: deltacast %s, version %" PRIu64, o.path.c_str(), m.kind == VersionKind::kDelta ? "delta" : "anchor", m.version);
+  if (m.kind == VersionKind::kDelta) std::printf(" from base %" PRIu64 " (base checksum %016" PRIx64 ")", m.base_version, m.base_checksum);
+  std::printf("\n  version checksum %016" PRIx64 "\n", m.version_checksum);
+  std::printf("  image %s in %zu tensors, %zu chunks; file %s = %.4f%% of the image\n", format_bytes(image).c_str(), m.tensors.size(),
+              m.chunks.size(), format_bytes(total).c_str(), 100.0 * total / image);
+  for (const auto& [k, v] : m.metadata) std::printf("  metadata %s = %s\n", k.c_str(), v.c_str());
+
+  ChunkStats all;
+  struct Usage {
+    std::uint64_t streams = 0, raw = 0, encoded = 0;
+  };
+  std::map<std::string, std::map<std::string, Usage>> usage;  // stream name -> backend -> usage
+  if (o.chunks) std::printf("\n  %-6s %-14s %-12s %-12s %-18s\n", "chunk", "offset", "length", "payload", "payload hash");
+  for (std::size_t i = 0; i < m.chunks.size(); ++i) {
+    auto st = describe_chunk(c->payloads[i]);
+    if (!st.is_ok()) return fail(o.path + ": chunk " + std::to_string(i) + ": " + st.status().to_string());
+    for (const auto& s : st->streams) {
+      auto& u = usage[std::string(s.name)][backend_label(s.report.choice)];
+      u.streams++;
+      u.raw += s.report.raw_bytes;
+      u.encoded += s.report.encoded_bytes;
+    }
+    all.add(*st);
+    if (o.chunks) {
+      const auto& e = m.chunks[i];
+      std::printf("  %-6zu %-14" PRIu64 " %-12" PRIu64 " %-12" PRIu64 " %016" PRIx64 "\n", i, e.offset, e.length, e.payload_bytes, e.payload_hash);
+    }
+  }
+  std::printf("\n  %-14s %-9s %8s %14s %14s %9s\n", "stream", "backend", "chunks", "raw bytes", "encoded", "ratio");
+  for (const auto& [name, per_backend] : usage)
+    for (const auto& [label, u] : per_backend)
+      std::printf("  %-14s %-9s %8" PRIu64 " %14" PRIu64 " %14" PRIu64 " %8.3fx\n", name.c_str(), label.c_str(), u.streams, u.raw,
+                  u.encoded, u.encoded ? static_cast<double>(u.raw) / static_cast<double>(u.encoded) : 0.0);
+  if (m.kind == VersionKind::kDelta) {
+    auto pct = [](std::uint64_t a, std::uint64_t b) { return b ? 100.0 * static_cast<double>(a) / static_cast<double>(b) : 0.0; };
+    std::printf("\n  BF16 values %" PRIu64 ", changed %" PRIu64 " (%.3f%%)\n", all.bf16_values, all.changed_values,
+                pct(all.changed_values, all.bf16_values));
+    std::printf("    small integer steps %" PRIu64 " (%.2f%% of changes), of which +-1 ulp %" PRIu64 " (%.2f%%)\n", all.small_deltas,
+                pct(all.small_deltas, all.changed_values), all.unit_deltas, pct(all.unit_deltas, all.changed_values));
+    std::printf("    exceptions (sign flips, exponent jumps) %" PRIu64 " (%.3f%% of changes)\n", all.exceptions,
+                pct(all.exceptions, all.changed_values));
+    std::printf("    bits per changed value %.2f\n", all.changed_values ? 8.0 * total / static_cast<double>(all.changed_values) : 0.0);
+    if (all.generic_bytes)
+      std::printf("  other dtypes: %" PRIu64 " bytes, %" PRIu64 " changed (%.2f%%)\n", all.generic_bytes, all.generic_changed_bytes,
+                  pct(all.generic_changed_bytes, all.generic_bytes));
+  }
+  if (o.tensors) {
+    std::printf("\n");
+    print_tensors(m.tensors);
+  }
+  return 0;
+}
+
+}  // namespace
+
+Command add_gen_command(CLI::App& app) {
+  auto o = std::make_shared<GenOptions>();
+  CLI::App* sub = app.add_subcommand("gen", "Write a series of synthetic RL checkpoints (safetensors, BF16)");
+  sub->add_option("-o,--out", o->out_dir, "Output directory (files step-000000.safetensors, ...)")->required();
+  sub->add_option("--size", o->size, "Approximate checkpoint size, e.g. 64MB, 10GB")->capture_default_str();
+  sub->add_option("--steps", o->steps, "Training steps after the initial checkpoint")->capture_default_str();
+  sub->add_option("--lr", o->train.lr, "Adam learning rate")->capture_default_str();
+  sub->add_option("--seed", o->train.seed, "Random seed")->capture_default_str();
+  sub->add_option("--hidden", o->hidden, "Hidden size (overrides --size)");
+  sub->add_option("--layers", o->layers, "Transformer layers (overrides --size)");
+  sub->add_option("--vocab", o->vocab, "Vocabulary size (overrides --size)");
+  sub->add_option("--ffn", o->ffn, "MLP width (overrides --size)");
+  sub->add_flag("--fp32-norms", o->fp32_norms, "Store norm weights as F32");
+  add_common(sub, o->common);
+  return {sub, [o] { return run_gen(*o); }};
+}
+
+Command add_encode_command(CLI::App& app) {
+  auto o = std::make_shared<EncodeOptions>();
+  CLI::App* sub = app.add_subcommand("encode", "Encode BASE NEW into a delta, or NEW alone into an anchor");
+  sub->add_option("inputs", o->inputs, "[BASE.safetensors] NEW.safetensors")->required()->expected(1, 2)->check(CLI::ExistingFile);
+  sub->add_option("-o,--out", o->output, "Output file")->required();
+  sub->add_option("--chunk-size", o->chunk_size, "Target chunk size")->capture_default_str();
+  sub->add_option("--version", o->version, "Version number to record (default: base version + 1)");
+  sub->add_option("--base-version", o->base_version, "Version number of BASE")->capture_default_str();
+  sub->add_flag("--max-effort", o->max_effort, "Also try zstd -19 on every stream (smaller, slower)");
+  add_common(sub, o->common);
+  return {sub, [o] { return run_encode(*o); }};
+}
+
+Command add_decode_command(CLI::App& app) {
+  auto o = std::make_shared<DecodeOptions>();
+  CLI::App* sub = app.add_subcommand("decode", "Rebuild a checkpoint from BASE and a delta, or from an anchor, verifying every checksum");
+  sub->add_option("inputs", o->inputs, "[BASE.safetensors] DELTA")->required()->expected(1, 2)->check(CLI::ExistingFile);
+  sub->add_option("-o,--out", o->output, "Output safetensors file (written only if everything verifies)")->required();
+  add_common(sub, o->common);
+  return {sub, [o] { return run_decode(*o); }};
+}
+
+Command add_inspect_command(CLI::App& app) {
+  auto o = std::make_shared<InspectOptions>();
+  CLI::App* sub = app.add_subcommand("inspect", "Describe a delta, an anchor or a safetensors checkpoint");
+  sub->add_option("file", o->path, "File to describe")->required()->check(CLI::ExistingFile);
+  sub->add_flag("--tensors", o->tensors, "List every tensor");
+  sub->add_flag("--chunks", o->chunks, "List every chunk");
+  return {sub, [o] { return run_inspect(*o); }};
+}
+
+}  // namespace deltacast::tools

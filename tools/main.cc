@@ -1,0 +1,19 @@
+// deltacast: lossless BF16 delta broadcast for RL rollout fleets.
+#include "commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"deltacast: lossless BF16 weight-delta codec and broadcast runtime for RL rollout fleets"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "deltacast 0.1.0");
+  using namespace deltacast::tools;
+  const std::vector<Command> commands = {add_gen_command(app), add_encode_command(app), add_decode_command(app),
+                                         add_inspect_command(app), add_bench_command(app)};
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  for (const auto& c : commands)
+    if (c.app->parsed()) return c.run();
+  return 1;
+}

@@ -164,8 +164,8 @@ Bytes container_prefix(const Manifest& manifest) {
   Bytes m = serialize_manifest(manifest);
   Bytes out;
   out.reserve(kContainerHeaderBytes + m.size());
-  out.insert(out.end(), std::begin(kContainerMagic), std::end(kContainerMagic));
   ByteWriter w(out);
+  for (char c : kContainerMagic) w.u8(static_cast<std::uint8_t>(c));
   w.u32(kContainerFormatVersion);
   w.u32(0);  // flags, none defined
   w.u64(m.size());
@@ -178,8 +178,9 @@ Result<ContainerView> parse_container(ByteSpan file) {
   if (file.size() < kContainerHeaderBytes) return Status::corruption("file too short for a deltacast header (" + std::to_string(file.size()) + " bytes)");
   if (std::memcmp(file.data(), kContainerMagic, 8) != 0) return Status::corruption("not a deltacast file (bad magic)");
   ByteReader r(file.subspan(8));
-  std::uint32_t fmt, flags;
-  std::uint64_t mlen, mhash;
+  std::uint32_t fmt = 0, flags = 0;
+  std::uint64_t mlen = 0, mhash = 0;
+  // The length check above guarantees these fixed fields are present.
   r.u32(fmt);
   r.u32(flags);
   r.u64(mlen);

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages deltacast needs, only those that are missing.
+# Usage: tools/setup.sh [--test]   (--test adds what the test suite needs: clang for the fuzzers)
+set -euo pipefail
+packages=(build-essential cmake pkg-config git libzstd-dev libxxhash-dev nlohmann-json3-dev libcli11-dev)
+if [ "${1:-}" = "--test" ]; then
+  packages+=(catch2 clang libclang-rt-14-dev)
+fi
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update
+  apt-get install -y --no-install-recommends "${missing[@]}"
+fi

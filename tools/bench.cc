@@ -15,6 +15,7 @@
 #include "deltacast/io/safetensors.h"
 #include "gen.h"
 #include "progress.h"
+#include "svg.h"
 
 namespace deltacast::tools {
 namespace {
@@ -28,6 +29,7 @@ struct BenchOptions {
   std::string chunk_size = "4MiB";
   bool anchor = true;
   bool quiet = false;
+  std::string svg_path;
 };
 
 using Clock = std::chrono::steady_clock;
@@ -234,6 +236,24 @@ int run_bench(const BenchOptions& o) {
   }
   bar.finish();
 
+  // The same first delta on every core, through the executor.
+  ThreadPool pool;
+  std::vector<double> mt_enc, mt_dec;
+  {
+    std::optional<EncodedVersion> ev;
+    auto enc = time_runs(o.runs, [&] {
+      auto r = encode_version(s.layout, 1, 0, s.images[0], s.images[1], vopt, pool);
+      if (r.is_ok()) ev = std::move(r).value();
+    });
+    if (!ev) return fail("deltacast encode failed");
+    std::vector<ByteSpan> payloads(ev->payloads.begin(), ev->payloads.end());
+    Status dst;
+    auto dec = time_runs(o.runs, [&] { dst = decode_version(ev->manifest, payloads, s.images[0], out, pool); });
+    if (!dst.is_ok() || std::memcmp(out.data(), s.images[1].data(), image) != 0) return fail("parallel round trip failed");
+    add_rates(mt_enc, enc, image);
+    add_rates(mt_dec, dec, image);
+  }
+
   const double bf16_bytes = static_cast<double>(image) * static_cast<double>(pairs);
   std::printf("series: %s\n", s.description.c_str());
   std::printf("%zu deltas of %s, %.3f%% of BF16 values changed; %zu runs each, one core, chunk %s; throughput in GB/s of BF16 input, medians\n\n",
@@ -251,10 +271,27 @@ int run_bench(const BenchOptions& o) {
     std::printf("| %-42s | %11.4f%% | %12.3fx | %11s | %11s |\n", m->name.c_str(), 100.0 * static_cast<double>(m->bytes) / bf16_bytes,
                 static_cast<double>(m->bytes) / static_cast<double>(xz.bytes), enc, dec);
   }
+  std::printf("\ndeltacast v1 on %zu threads: encode %.2f GB/s, decode+apply %.2f GB/s\n", pool.concurrency(), median(mt_enc), median(mt_dec));
   const double size_ratio = static_cast<double>(dc.bytes) / static_cast<double>(xz.bytes);
   const double dc_enc = median(dc.encode_gbps), dc_dec = median(dc.decode_gbps);
   std::printf("\ntargets: size <= 0.55x XOR+zstd-3: %.3fx %s; encode >= 1 GB/s: %.2f %s; decode+apply >= 2 GB/s: %.2f %s\n", size_ratio,
               size_ratio <= 0.55 ? "met" : "MISSED", dc_enc, dc_enc >= 1 ? "met" : "MISSED", dc_dec, dc_dec >= 2 ? "met" : "MISSED");
+
+  std::vector<BarPanel> panels;
+  {
+    BarPanel size_panel{"delta size, % of the BF16 checkpoint (smaller is better)", {}, {{"size", {}}}, "%.3f%%"};
+    BarPanel speed_panel{"delta throughput, GB/s of BF16 input on one core (larger is better)", {}, {{"encode", {}}, {"decode + apply", {}}}, "%.2f"};
+    for (const MethodResult* m : {&dc, &xz, &iv, &ivz}) {
+      size_panel.categories.push_back(m->name);
+      size_panel.series[0].values.push_back(100.0 * static_cast<double>(m->bytes) / bf16_bytes);
+      if (!m->has_timing) continue;
+      speed_panel.categories.push_back(m->name);
+      speed_panel.series[0].values.push_back(median(m->encode_gbps));
+      speed_panel.series[1].values.push_back(median(m->decode_gbps));
+    }
+    panels.push_back(std::move(size_panel));
+    panels.push_back(std::move(speed_panel));
+  }
 
   if (o.anchor) {
     ByteSpan last = s.images.back();
@@ -286,8 +323,20 @@ int run_bench(const BenchOptions& o) {
     std::printf("| %-42s | %11.3f%% | %12.3fx | %11s | %11s |\n", "zstd -19, raw BF16", 100.0 * static_cast<double>(z19) / static_cast<double>(image), 1.0, "-", "-");
     std::printf("| %-42s | %11.3f%% | %12.3fx | %11.2f | %11s |\n", "zstd -3, raw BF16", 100.0 * static_cast<double>(z3.size()) / static_cast<double>(image),
                 static_cast<double>(z3.size()) / static_cast<double>(z19), median(ze), "-");
+    panels.push_back(BarPanel{"anchor size, % of the BF16 checkpoint (smaller is better)",
+                              {"deltacast v1 anchor", "zstd -19, raw BF16", "zstd -3, raw BF16"},
+                              {{"size", {100.0 * static_cast<double>(anchor_bytes) / static_cast<double>(image),
+                                         100.0 * static_cast<double>(z19) / static_cast<double>(image),
+                                         100.0 * static_cast<double>(z3.size()) / static_cast<double>(image)}}},
+                              "%.2f%%"});
     std::printf("\ntargets: anchor >= 10%% smaller than zstd-19: %.1f%% smaller %s; anchor encode >= 0.5 GB/s: %.2f %s\n", 100.0 * (1 - ratio),
                 ratio <= 0.9 ? "met" : "MISSED", median(ae), median(ae) >= 0.5 ? "met" : "MISSED");
+  }
+  if (!o.svg_path.empty()) {
+    const std::string svg = render_bar_panels("deltacast bench: " + s.description, panels);
+    if (Status st = write_file_atomic(o.svg_path, ByteSpan(reinterpret_cast<const std::uint8_t*>(svg.data()), svg.size())); !st.is_ok())
+      return fail(st.to_string());
+    std::printf("\nplot written to %s\n", o.svg_path.c_str());
   }
   return 0;
 }
@@ -305,6 +354,7 @@ Command add_bench_command(CLI::App& app) {
   sub->add_option("--runs", o->runs, "Timed runs per measurement (median reported)")->capture_default_str()->check(CLI::Range(1, 1000));
   sub->add_option("--chunk-size", o->chunk_size, "Chunk size")->capture_default_str();
   sub->add_flag("!--no-anchor", o->anchor, "Skip the anchor comparison");
+  sub->add_option("--svg", o->svg_path, "Also write the results as an SVG bar chart");
   sub->add_flag("-q,--quiet", o->quiet, "No progress bar");
   return {sub, [o] { return run_bench(*o); }};
 }

@@ -61,12 +61,11 @@ std::uint16_t to_bf16(float f) {
   return static_cast<std::uint16_t>(u >> 16);
 }
 
-enum class Init { kProjection, kOutputProjection, kEmbedding, kNorm };
+enum class Init { kProjection, kEmbedding, kNorm };
 
 Init init_for(const std::string& name) {
   if (name.find("norm") != std::string::npos) return Init::kNorm;
   if (name.find("embed") != std::string::npos || name.find("lm_head") != std::string::npos) return Init::kEmbedding;
-  if (name.find("o_proj") != std::string::npos || name.find("down_proj") != std::string::npos) return Init::kOutputProjection;
   return Init::kProjection;
 }
 
@@ -134,7 +133,6 @@ std::vector<StepStats> generate_series(const ModelLayout& layout, const TrainOpt
   std::vector<StepStats> totals(steps);
   std::mutex totals_mu;
   std::atomic<std::uint64_t> done{0};
-  const double depth_scale = 1.0 / std::sqrt(2.0 * static_cast<double>(std::max<std::size_t>(1, layout.tensors.size() / 9)));
 
   executor.parallel_for(blocks.size(), [&](std::size_t bi) {
     const Block& blk = blocks[bi];
@@ -152,7 +150,6 @@ std::vector<StepStats> generate_series(const ModelLayout& layout, const TrainOpt
       switch (init) {
         case Init::kNorm: x = 1.0 + 0.1 * rng.normal(); break;
         case Init::kEmbedding: x = 0.02 * row_scale * rng.normal(); break;
-        case Init::kOutputProjection: x = 0.02 * depth_scale * row_scale * rng.normal(); break;
         default: x = 0.02 * row_scale * rng.normal(); break;
       }
       w[i] = static_cast<float>(x);

@@ -1,6 +1,7 @@
 #include "deltacast/codec/rans.h"
 
 #include <algorithm>
+#include <cstring>
 #include <array>
 #include <numeric>
 
@@ -9,7 +10,7 @@ namespace {
 
 constexpr std::uint32_t kProbBits = 12;
 constexpr std::uint32_t kProbScale = 1u << kProbBits;
-constexpr std::uint32_t kRansLow = 1u << 23;  // states live in [kRansLow, kRansLow << 8)
+constexpr std::uint32_t kRansLow = 1u << 16;  // states live in [kRansLow, 2^32)
 constexpr int kStates = 4;                    // interleaved, for instruction-level parallelism
 
 using Freqs = std::array<std::uint32_t, 256>;
@@ -56,42 +57,41 @@ void write_table(const Freqs& freq, Bytes& out) {
   }
 }
 
-// Division-free encoding through a precomputed reciprocal (as in ryg_rans' RansEncSymbol).
-// 16 bytes, so a table lookup is one shift.
+// Division-free encoding: q = floor(x / freq) as the high half of x * ceil(2^64 / freq), exact
+// for every 32-bit x. freq == 1 uses 2^64 - 1 (q = x - 1) with the bias trick of ryg_rans.
+__extension__ typedef unsigned __int128 u128;
+
 struct EncSymbol {
-  std::uint32_t x_max = 0;
-  std::uint32_t rcp_freq = 0;
+  std::uint64_t rcp_freq = 0;
+  std::uint64_t x_max = 0;  // 2^32 for a symbol of probability 1: never renormalise
   std::uint32_t bias = 0;
-  std::uint16_t cmpl_freq = 0;
-  std::uint16_t rcp_shift = 0;
+  std::uint32_t cmpl_freq = 0;
 };
-static_assert(sizeof(EncSymbol) == 16);
+static_assert(sizeof(EncSymbol) == 24);
 
 EncSymbol make_enc_symbol(std::uint32_t start, std::uint32_t freq) {
   EncSymbol s;
-  s.x_max = ((kRansLow >> kProbBits) << 8) * freq;
-  s.cmpl_freq = static_cast<std::uint16_t>(kProbScale - freq);
-  if (freq < 2) {
-    s.rcp_freq = ~0u;
-    s.rcp_shift = 0;
+  s.x_max = (std::uint64_t{kRansLow >> kProbBits} << 16) * freq;  // renormalise (emit 16 bits) at or above this
+  s.cmpl_freq = kProbScale - freq;
+  if (freq == 1) {
+    s.rcp_freq = ~0ull;
     s.bias = start + kProbScale - 1;
   } else {
-    std::uint32_t shift = 0;
-    while (freq > (1u << shift)) shift++;
-    s.rcp_freq = static_cast<std::uint32_t>(((1ull << (shift + 31)) + freq - 1) / freq);
-    s.rcp_shift = static_cast<std::uint16_t>(shift - 1);
+    s.rcp_freq = static_cast<std::uint64_t>((u128{1} << 64) / freq) + 1;
     s.bias = start;
   }
   return s;
 }
 
-inline void put_symbol(std::uint32_t& x, std::uint8_t*& ptr, const EncSymbol& sym) {
-  while (x >= sym.x_max) {
-    *--ptr = static_cast<std::uint8_t>(x);
-    x >>= 8;
-  }
-  const std::uint32_t q = static_cast<std::uint32_t>((static_cast<std::uint64_t>(x) * sym.rcp_freq) >> 32) >> sym.rcp_shift;
-  x = x + sym.bias + q * std::uint32_t{sym.cmpl_freq};
+// At most one 16-bit word per symbol, written without a branch: the store always happens and
+// the pointer moves only when it counts (the buffer has room below for the stray store).
+inline void put_symbol(std::uint32_t& x, std::uint16_t*& ptr, const EncSymbol& sym) {
+  const bool emit = x >= sym.x_max;
+  ptr[-1] = static_cast<std::uint16_t>(x);
+  ptr -= emit;
+  std::uint64_t y = emit ? (x >> 16) : x;
+  const std::uint64_t q = static_cast<std::uint64_t>((u128{y} * sym.rcp_freq) >> 64);
+  x = static_cast<std::uint32_t>(y + sym.bias + q * sym.cmpl_freq);
 }
 
 struct DecSlot {
@@ -132,12 +132,12 @@ void encode(ByteSpan in, Bytes& out) {
   for (int s = 0; s < 256; ++s)
     if (freq[s]) syms[s] = make_enc_symbol(start[s], freq[s]);
 
-  // rANS encodes backwards; the output grows downward from the end of a scratch buffer.
-  // Each symbol emits at most 2 bytes (12-bit probabilities, byte renormalisation).
-  thread_local Bytes buf;
-  if (buf.size() < in.size() * 2 + 32) buf.resize(in.size() * 2 + 32);
-  std::uint8_t* const end = buf.data() + buf.size();
-  std::uint8_t* ptr = end;
+  // rANS encodes backwards; the output grows downward from the end of a scratch buffer, one
+  // 16-bit word at most per symbol, plus a word of room for the branch-free store.
+  thread_local std::vector<std::uint16_t> buf;
+  if (buf.size() < in.size() + 16) buf.resize(in.size() + 16);
+  std::uint16_t* const end = buf.data() + buf.size();
+  std::uint16_t* ptr = end;
   std::uint32_t state[kStates] = {kRansLow, kRansLow, kRansLow, kRansLow};
   std::size_t i = in.size();
   // The tail that does not fill a group of kStates first, so the main loop runs whole groups.
@@ -152,11 +152,13 @@ void encode(ByteSpan in, Bytes& out) {
     put_symbol(state[1], ptr, syms[in[i + 1]]);
     put_symbol(state[0], ptr, syms[in[i + 0]]);
   }
-  // Flushed so that the decoder finds state 0, 1, 2, 3 in order, each little-endian.
-  for (int k = kStates - 1; k >= 0; --k) {
-    for (int b = 3; b >= 0; --b) *--ptr = static_cast<std::uint8_t>(state[k] >> (8 * b));
-  }
-  out.insert(out.end(), ptr, end);
+  // The decoder finds state 0, 1, 2, 3 (u32 little-endian each), then the words in order.
+  ByteWriter w(out);
+  for (int k = 0; k < kStates; ++k) w.u32(state[k]);
+  const std::size_t words = static_cast<std::size_t>(end - ptr);
+  const std::size_t at = out.size();
+  out.resize(at + 2 * words);
+  std::memcpy(out.data() + at, ptr, 2 * words);
 }
 
 Status decode(ByteSpan in, MutableByteSpan out) {
@@ -184,15 +186,21 @@ Status decode(ByteSpan in, MutableByteSpan out) {
 
   ByteSpan body;
   r.bytes(r.remaining(), body);
-  const std::uint8_t* ptr = body.data();
-  const std::uint8_t* const end = body.data() + body.size();
   if (body.size() < 4 * kStates) return Status::corruption("rans: truncated state");
+  if ((body.size() - 4 * kStates) % 2) return Status::corruption("rans: odd number of renormalisation bytes");
   std::uint32_t state[kStates];
-  for (auto& x : state) {
-    x = std::uint32_t{ptr[0]} | (std::uint32_t{ptr[1]} << 8) | (std::uint32_t{ptr[2]} << 16) | (std::uint32_t{ptr[3]} << 24);
-    ptr += 4;
-    if (x < kRansLow || x >= (kRansLow << 8)) return Status::corruption("rans: state out of range");
+  for (int k = 0; k < kStates; ++k) {
+    std::memcpy(&state[k], body.data() + 4 * k, 4);
+    if (state[k] < kRansLow) return Status::corruption("rans: state out of range");
   }
+  const auto* ptr = reinterpret_cast<const std::uint8_t*>(body.data() + 4 * kStates);
+  const std::size_t words = (body.size() - 4 * kStates) / 2;
+  std::size_t w = 0;
+  auto word = [&](std::size_t k) {
+    std::uint16_t v;
+    std::memcpy(&v, ptr + 2 * k, 2);
+    return v;
+  };
   auto step = [&](std::uint32_t& x, std::uint8_t& o) {
     const std::uint32_t slot = x & (kProbScale - 1);
     const DecSlot d = slots[slot];
@@ -201,25 +209,25 @@ Status decode(ByteSpan in, MutableByteSpan out) {
   };
   const std::size_t n = out.size();
   std::size_t i = 0;
-  // Fast path: while at least 2 bytes per state remain, renormalisation needs no bounds checks.
-  for (; i + kStates <= n && end - ptr >= 2 * kStates; i += kStates) {
+  // Fast path: while a word per state remains, renormalise without branches or bounds checks.
+  for (; i + kStates <= n && words - w >= kStates; i += kStates) {
     for (int k = 0; k < kStates; ++k) {
       step(state[k], out[i + k]);
-      if (state[k] < kRansLow) {
-        state[k] = (state[k] << 8) | *ptr++;
-        if (state[k] < kRansLow) state[k] = (state[k] << 8) | *ptr++;
-      }
+      const bool need = state[k] < kRansLow;
+      const std::uint32_t next = (state[k] << 16) | word(w);
+      state[k] = need ? next : state[k];
+      w += need;
     }
   }
   for (; i < n; ++i) {
     std::uint32_t& x = state[i % kStates];
     step(x, out[i]);
-    while (x < kRansLow) {
-      if (ptr == end) return Status::corruption("rans: stream ends early");
-      x = (x << 8) | *ptr++;
+    if (x < kRansLow) {
+      if (w == words) return Status::corruption("rans: stream ends early");
+      x = (x << 16) | word(w++);
     }
   }
-  if (ptr != end) return Status::corruption("rans: stream does not end where its symbols do");
+  if (w != words) return Status::corruption("rans: stream does not end where its symbols do");
   for (auto x : state)
     if (x != kRansLow) return Status::corruption("rans: final state mismatch");
   return Status::ok();

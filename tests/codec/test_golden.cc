@@ -11,8 +11,8 @@ using namespace deltacast;
 
 namespace {
 std::string golden(const char* name) { return std::string(DELTACAST_GOLDEN_DIR) + "/" + name; }
-constexpr std::uint64_t kGoldenVersionChecksum = 0x841cb704ebbdb20bull;
-constexpr std::uint64_t kGoldenBaseChecksum = 0x0852b4f092161e32ull;
+constexpr std::uint64_t kGoldenVersionChecksum = 0x858224990e7d6eb3ull;
+constexpr std::uint64_t kGoldenBaseChecksum = 0x9dde442688bbfb2aull;
 }  // namespace
 
 TEST_CASE("golden delta and anchor decode to the golden checkpoint", "[codec][golden]") {

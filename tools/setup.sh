@@ -2,7 +2,8 @@
 # Installs the Debian 12 packages deltacast needs, only those that are missing.
 # Usage: tools/setup.sh [--test]   (--test adds what the test suite needs: clang for the fuzzers)
 set -euo pipefail
-packages=(build-essential cmake pkg-config git libzstd-dev libxxhash-dev nlohmann-json3-dev libcli11-dev)
+packages=(build-essential cmake pkg-config git libzstd-dev libxxhash-dev nlohmann-json3-dev libcli11-dev
+  libuv1-dev libzmq3-dev libprotobuf-dev protobuf-compiler libspdlog-dev libsodium-dev)
 if [ "${1:-}" = "--test" ]; then
   packages+=(catch2 clang libclang-rt-14-dev)
 fi

@@ -1,0 +1,43 @@
+// What a node needs from the outside world, passed in (never global): a transport to send
+// through, a clock to read, and a way to run heavy work off the event loop. The production
+// drivers live in transport/, the simulated ones in sim/, test doubles in tests/runtime/.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "deltacast/runtime/messages.h"
+
+namespace deltacast::runtime {
+
+// A link to another node, assigned by the transport. 0 is never a valid peer.
+using PeerId = std::uint64_t;
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  // Queues a message for a peer. Returns false if the peer is gone or its send queue is at
+  // its bound; the message is then dropped, and the receiver asks for it again later.
+  virtual bool send(PeerId peer, const Message& message) = 0;
+  // Opens a link to a parent at `endpoint`; messages from it arrive with the returned id.
+  virtual PeerId connect(const std::string& endpoint) = 0;
+  // Closes a link (parent or child).
+  virtual void disconnect(PeerId peer) = 0;
+};
+
+class Clock {
+ public:
+  virtual ~Clock() = default;
+  virtual std::uint64_t now_ms() const = 0;
+};
+
+// Runs `work` off the event loop (on a pool) and then `done` back on the loop thread.
+// `done` is always called, in some order, unless the node is destroyed first.
+class TaskRunner {
+ public:
+  virtual ~TaskRunner() = default;
+  virtual void run(std::function<void()> work, std::function<void()> done) = 0;
+};
+
+}  // namespace deltacast::runtime

@@ -1,0 +1,88 @@
+// The messages nodes exchange, as plain values. transport/ maps them to Protobuf on the wire;
+// the simulator passes them as they are. Payloads are shared, never copied: a relay forwards
+// one buffer to all of its children.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "deltacast/codec/bytes.h"
+
+namespace deltacast::runtime {
+
+// Bumped on any incompatible change to the messages or their meaning.
+inline constexpr std::uint32_t kProtocolVersion = 1;
+
+// Immutable bytes shared between the cache, send queues and decode tasks. The buffer lives
+// as long as its last holder.
+using SharedBytes = std::shared_ptr<const Bytes>;
+inline SharedBytes share(Bytes b) { return std::make_shared<const Bytes>(std::move(b)); }
+
+// A version travels as a delta (from version - 1) or as an anchor (full snapshot).
+struct VersionKey {
+  std::uint64_t version = 0;
+  bool anchor = false;
+  auto operator<=>(const VersionKey&) const = default;
+};
+std::string to_string(const VersionKey& key);  // "v12" or "v12/anchor"
+
+enum class Role : std::uint8_t { kRelay = 0, kWorker = 1, kPublisher = 2 };
+
+// child -> parent: the first message on a link.
+struct Hello {
+  std::uint32_t protocol_version = kProtocolVersion;
+  std::string node_id;
+  Role role = Role::kWorker;
+  std::uint64_t have_version = 0;  // newest complete version the child holds, 0 for none
+  // The child already holds part of what it needs (it is re-attaching after a failover or a
+  // restart): the parent sends nothing unasked and the child pulls exactly what it misses.
+  bool resume = false;
+};
+// parent -> child: accepted.
+struct Welcome {
+  std::uint64_t newest_version = 0;
+};
+// parent -> child: refused (protocol version, identity); the link is closed after it.
+struct Refuse {
+  std::string reason;
+};
+// A version's manifest (docs/FORMAT.md "manifest"), sent before any of its chunks.
+struct ManifestMsg {
+  VersionKey key;
+  SharedBytes manifest;
+  std::uint64_t published_ms = 0;  // when the origin published it, origin clock
+};
+struct ChunkMsg {
+  VersionKey key;
+  std::uint32_t index = 0;
+  SharedBytes payload;
+};
+// child -> parent: send these chunks again (all of them if `chunks` is empty), or, with
+// want_anchor, the newest anchor and the deltas after it.
+struct Need {
+  VersionKey key;
+  std::vector<std::uint32_t> chunks;
+  bool want_anchor = false;
+};
+// worker -> origin, forwarded up the tree: a version verified and exposed, or an error.
+struct Ready {
+  std::string node_id;
+  std::uint64_t version = 0;
+  std::uint64_t checksum = 0;
+  std::uint64_t publish_to_ready_ms = 0;
+  std::string error;  // last error, if any
+};
+// both ways, every heartbeat_ms: liveness and the sender's newest version.
+struct Heartbeat {
+  std::uint64_t newest_version = 0;
+};
+
+using Message = std::variant<Hello, Welcome, Refuse, ManifestMsg, ChunkMsg, Need, Ready, Heartbeat>;
+const char* message_name(const Message& m);
+// Bytes a message occupies on a link (payloads and manifests; headers count as 64).
+std::uint64_t message_bytes(const Message& m);
+
+}  // namespace deltacast::runtime

@@ -1,0 +1,200 @@
+// One deltacast node: the publisher's origin, a relay, a worker, or a worker that also relays
+// to other workers (peer to peer). A node is a state machine without I/O of its own: the driver
+// feeds it events (a message arrived, a peer went away, time passed) and it acts through the
+// Transport, Clock and TaskRunner it was given. The same code runs over ZeroMQ and in the
+// simulator.
+//
+// Roles are capabilities, combined by the config:
+//   - parents (relays, workers): join the first reachable parent, fail over to the next one;
+//   - serve_children (origin, relays, worker-relays): forward every chunk to all children the
+//     moment its payload hash checks out (cut-through), serve retransmits and catch-up from a
+//     bounded cache;
+//   - reconstruct (workers): decode chunks into a staging image as they arrive, verify, and
+//     expose a version only when every chunk verified.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "deltacast/codec/version.h"
+#include "deltacast/runtime/interfaces.h"
+#include "deltacast/runtime/version_cache.h"
+
+namespace deltacast::runtime {
+
+struct NodeConfig {
+  std::string node_id;
+  std::vector<std::string> parents;  // endpoints, most preferred first; empty for the origin
+  bool serve_children = false;
+  bool reconstruct = false;
+  std::uint64_t cache_bytes_max = 4ull << 30;
+  std::uint64_t heartbeat_ms = 250;
+  std::uint64_t parent_timeout_ms = 2000;   // silence after which a parent is given up
+  std::uint64_t child_timeout_ms = 10000;   // silence after which a child is dropped
+  std::uint64_t need_after_ms = 400;        // re-request missing chunks after this long without progress
+  std::uint32_t need_retries_max = 25;      // per version, before a worker falls back to an anchor
+  std::uint32_t decode_inflight_max = 8;    // chunks decoding at once
+};
+
+// A verified, immutable model version as workers expose it.
+struct ModelVersion {
+  std::uint64_t version = 0;
+  std::uint64_t checksum = 0;
+  std::vector<TensorInfo> tensors;
+  std::vector<std::pair<std::string, std::string>> metadata;
+  Bytes image;
+};
+
+// Timings of one version at this node, in the node's clock.
+struct VersionTiming {
+  std::uint64_t published_ms = 0;    // origin clock, carried in the manifest message
+  std::uint64_t manifest_ms = 0;
+  std::uint64_t first_chunk_ms = 0;
+  std::uint64_t last_chunk_ms = 0;
+  std::uint64_t ready_ms = 0;        // workers: exposed
+};
+
+struct NodeStats {
+  std::uint64_t bytes_in = 0;
+  std::uint64_t bytes_out = 0;
+  std::uint64_t chunks_in = 0;
+  std::uint64_t chunks_forwarded = 0;
+  std::uint64_t chunks_dropped_full_queue = 0;
+  std::uint64_t corrupt_chunks = 0;
+  std::uint64_t retransmit_requests = 0;   // chunks this node asked for again
+  std::uint64_t retransmits_served = 0;    // chunks this node sent again on request
+  std::uint64_t parent_failovers = 0;
+  std::uint64_t versions_ready = 0;
+};
+
+// What the origin knows of each worker (the fleet ledger).
+struct LedgerEntry {
+  std::uint64_t version = 0;
+  std::uint64_t checksum = 0;
+  std::uint64_t publish_to_ready_ms = 0;
+  std::uint64_t updated_ms = 0;
+  std::string last_error;
+};
+
+class Node {
+ public:
+  Node(NodeConfig config, Transport& transport, Clock& clock, TaskRunner* tasks);
+  ~Node();
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  // Connects to the first parent, if any.
+  void start();
+  void on_message(PeerId from, const Message& message);
+  void on_peer_down(PeerId peer);
+  // Call every few milliseconds: heartbeats, timeouts, failover, re-requests.
+  void tick();
+
+  // Origin: adds an encoded version to the cache and forwards it. Anchors are kept for
+  // catch-up and sent only to nodes that ask.
+  Status publish(const EncodedVersion& version);
+
+  // Workers: the newest verified version (null before the first); safe from any thread.
+  std::shared_ptr<const ModelVersion> current() const;
+  // Workers: called on the loop thread each time a version becomes current.
+  void set_on_ready(std::function<void(std::shared_ptr<const ModelVersion>)> callback) { on_ready_ = std::move(callback); }
+  // Origin: called when a child wants an anchor the cache does not hold.
+  void set_on_anchor_wanted(std::function<void()> callback) { on_anchor_wanted_ = std::move(callback); }
+
+  const NodeConfig& config() const { return config_; }
+  const NodeStats& stats() const { return stats_; }
+  const std::map<std::uint64_t, VersionTiming>& timings() const { return timings_; }
+  const std::map<std::string, LedgerEntry>& ledger() const { return ledger_; }
+  const VersionCache& cache() const { return cache_; }
+  std::uint64_t current_version() const;
+  std::uint64_t newest_known_version() const { return std::max(parent_newest_, cache_.newest_version()); }
+  std::size_t child_count() const;
+  bool connected() const { return parent_ != 0 && welcomed_; }
+  const std::string& last_error() const { return last_error_; }
+
+ private:
+  struct Child {
+    std::string node_id;
+    Role role = Role::kWorker;
+    bool welcomed = false;
+    std::uint64_t last_heard_ms = 0;
+    std::set<VersionKey> subscriptions;  // anchors (and versions) asked for explicitly
+    bool wants_anchor = false;
+  };
+  struct Assembly;
+
+  void handle_parent(const Message& m);
+  void handle_child(PeerId from, Child& child, const Message& m);
+  void on_hello(PeerId from, const Hello& hello);
+  void on_manifest(const ManifestMsg& m, bool from_parent);
+  void on_chunk(const ChunkMsg& m);
+  void on_need(PeerId from, Child& child, const Need& need);
+  void on_ready_message(const Ready& r);
+
+  void connect_parent();
+  void send_to_parent(const Message& m);
+  bool send_to(PeerId peer, const Message& m);
+  void send_version(PeerId child, const CachedVersion& v, const std::vector<std::uint32_t>* only = nullptr);
+  void serve_catch_up(PeerId child, Child& c, std::uint64_t have, bool want_anchor);
+  void forward_manifest(const CachedVersion& v, std::uint64_t published_ms);
+  void forward_chunk(const CachedVersion& v, std::uint32_t index);
+  bool child_wants(const Child& c, const VersionKey& key) const;
+  void request_missing(bool force);
+  void request_anchor();
+  void set_error(std::string error);
+
+  // Worker reconstruction.
+  void advance();
+  void start_assembly(const CachedVersion& v);
+  void pump_decodes();
+  void finish_assembly();
+  void abandon_assembly(const std::string& why, bool want_anchor);
+
+  NodeConfig config_;
+  Transport& transport_;
+  Clock& clock_;
+  TaskRunner* tasks_;
+  VersionCache cache_;
+  NodeStats stats_;
+
+  // Upstream.
+  PeerId parent_ = 0;
+  std::size_t parent_index_ = 0;
+  bool welcomed_ = false;
+  std::uint64_t parent_heard_ms_ = 0;
+  std::uint64_t parent_connected_ms_ = 0;
+  std::uint64_t parent_newest_ = 0;
+  std::uint64_t last_heartbeat_ms_ = 0;
+  std::uint64_t last_need_ms_ = 0;
+  std::uint64_t anchor_requested_ms_ = 0;
+  bool anchor_requested_ = false;
+  std::map<VersionKey, std::uint32_t> need_rounds_;  // re-request rounds per version
+  std::uint64_t broadcast_newest_ = 0;  // deltas up to here were forwarded to every child
+
+  // Downstream.
+  std::map<PeerId, Child> children_;
+
+  // Reconstruction.
+  std::unique_ptr<Assembly> assembly_;
+  std::shared_ptr<ModelVersion> spare_;  // a retired image to reuse for staging
+  mutable std::mutex current_mu_;
+  std::shared_ptr<const ModelVersion> current_;
+  bool need_anchor_ = false;
+  bool pumping_ = false;  // pump_decodes is on the stack (inline task runners)
+  std::uint64_t generation_ = 0;  // invalidates decode results of abandoned assemblies
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+
+  std::map<std::uint64_t, VersionTiming> timings_;
+  std::map<std::uint64_t, std::uint64_t> published_ms_;  // version -> origin publish time
+  std::map<std::string, LedgerEntry> ledger_;
+  std::string last_error_;
+  std::function<void(std::shared_ptr<const ModelVersion>)> on_ready_;
+  std::function<void()> on_anchor_wanted_;
+};
+
+}  // namespace deltacast::runtime

@@ -1,0 +1,63 @@
+// A bounded cache of recent versions: manifests and the chunk payloads received so far.
+// Relays forward from it, serve retransmits and catch-up from it; workers assemble from it.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <vector>
+
+#include "deltacast/codec/manifest.h"
+#include "deltacast/runtime/messages.h"
+
+namespace deltacast::runtime {
+
+struct CachedVersion {
+  VersionKey key;
+  SharedBytes manifest_bytes;
+  Manifest manifest;
+  std::vector<SharedBytes> chunks;  // null while missing
+  std::size_t present = 0;
+  std::uint64_t bytes = 0;          // manifest + present payloads
+  std::uint64_t last_activity_ms = 0;
+  bool complete() const { return present == chunks.size(); }
+  std::vector<std::uint32_t> missing() const;
+};
+
+class VersionCache {
+ public:
+  explicit VersionCache(std::uint64_t cache_bytes_max) : cache_bytes_max_(cache_bytes_max) {}
+
+  // Parses and validates a manifest. Returns the entry (existing or new), or the parse error.
+  Result<CachedVersion*> add_manifest(const VersionKey& key, SharedBytes manifest, std::uint64_t now_ms);
+  // Stores a chunk whose manifest is cached, after checking its index, size and payload hash.
+  // Returns true if it was new, false for a duplicate; Corruption for a payload that fails.
+  Result<bool> add_chunk(const VersionKey& key, std::uint32_t index, SharedBytes payload, std::uint64_t now_ms);
+  void drop_chunk(const VersionKey& key, std::uint32_t index);
+  void erase(const VersionKey& key);
+
+  CachedVersion* find(const VersionKey& key);
+  const CachedVersion* find(const VersionKey& key) const;
+  // Newest version number with a cached manifest (deltas or anchors), 0 if none.
+  std::uint64_t newest_version() const;
+  std::optional<VersionKey> newest_anchor() const;
+
+  // The versions someone holding `have` (0: nothing) needs to reach the newest cached version,
+  // in order: the deltas after `have` if all are cached, else the newest anchor and the deltas
+  // after it. nullopt if neither chain is cached; empty if `have` is already newest.
+  std::optional<std::vector<VersionKey>> catch_up_plan(std::uint64_t have) const;
+
+  // Drops the oldest versions until the cache fits its bound, never the newest version or
+  // anything in `pinned`. Returns the keys it dropped.
+  std::vector<VersionKey> evict(const std::vector<VersionKey>& pinned = {});
+
+  std::uint64_t bytes() const { return bytes_; }
+  std::uint64_t bytes_max() const { return cache_bytes_max_; }
+  const std::map<VersionKey, CachedVersion>& entries() const { return entries_; }
+
+ private:
+  std::uint64_t cache_bytes_max_;
+  std::uint64_t bytes_ = 0;
+  std::map<VersionKey, CachedVersion> entries_;
+};
+
+}  // namespace deltacast::runtime

@@ -1,0 +1,572 @@
+#include "deltacast/runtime/node.h"
+
+#include <algorithm>
+
+#include "deltacast/codec/hash.h"
+
+namespace deltacast::runtime {
+
+// The version a worker is rebuilding: its manifest, the staging image and per-chunk state.
+struct Node::Assembly {
+  VersionKey key;
+  std::shared_ptr<const Manifest> manifest;
+  std::shared_ptr<const ModelVersion> base;  // null for anchors
+  std::shared_ptr<ModelVersion> staging;
+  enum class ChunkState : std::uint8_t { kWaiting, kDecoding, kDone };
+  std::vector<ChunkState> state;
+  std::size_t done = 0;
+  std::size_t inflight = 0;
+  std::uint64_t generation = 0;
+};
+
+Node::Node(NodeConfig config, Transport& transport, Clock& clock, TaskRunner* tasks)
+    : config_(std::move(config)), transport_(transport), clock_(clock), tasks_(tasks), cache_(config_.cache_bytes_max) {}
+
+Node::~Node() { *alive_ = false; }
+
+void Node::start() {
+  if (!config_.parents.empty()) connect_parent();
+}
+
+std::shared_ptr<const ModelVersion> Node::current() const {
+  std::lock_guard lock(current_mu_);
+  return current_;
+}
+
+std::uint64_t Node::current_version() const {
+  auto c = current();
+  return c ? c->version : 0;
+}
+
+std::size_t Node::child_count() const {
+  return static_cast<std::size_t>(std::count_if(children_.begin(), children_.end(), [](const auto& kv) { return kv.second.welcomed; }));
+}
+
+void Node::set_error(std::string error) { last_error_ = std::move(error); }
+
+// ---- links ----------------------------------------------------------------------------------
+
+bool Node::send_to(PeerId peer, const Message& m) {
+  if (!transport_.send(peer, m)) {
+    if (std::holds_alternative<ChunkMsg>(m)) stats_.chunks_dropped_full_queue++;
+    return false;
+  }
+  stats_.bytes_out += message_bytes(m);
+  return true;
+}
+
+void Node::send_to_parent(const Message& m) {
+  if (parent_ != 0) send_to(parent_, m);
+}
+
+void Node::connect_parent() {
+  if (parent_ != 0) {
+    transport_.disconnect(parent_);
+    stats_.parent_failovers++;
+  }
+  const std::string& endpoint = config_.parents[parent_index_ % config_.parents.size()];
+  parent_ = transport_.connect(endpoint);
+  welcomed_ = false;
+  parent_connected_ms_ = parent_heard_ms_ = clock_.now_ms();
+  Hello hello;
+  hello.node_id = config_.node_id;
+  hello.role = config_.reconstruct ? Role::kWorker : Role::kRelay;
+  // A relay has nothing exposed; it reports the newest version it holds completely so the
+  // parent does not resend it.
+  std::uint64_t have = current_version();
+  if (!config_.reconstruct) {
+    for (const auto& [k, v] : cache_.entries())
+      if (!k.anchor && v.complete()) have = std::max(have, k.version);
+  }
+  hello.have_version = have;
+  hello.resume = !cache_.entries().empty();
+  send_to(parent_, hello);
+}
+
+void Node::on_peer_down(PeerId peer) {
+  if (peer == parent_) {
+    // Try the next parent right away; the chunks already here stay and are not fetched again.
+    parent_index_++;
+    connect_parent();
+    return;
+  }
+  children_.erase(peer);
+}
+
+// ---- events ---------------------------------------------------------------------------------
+
+void Node::on_message(PeerId from, const Message& m) {
+  stats_.bytes_in += message_bytes(m);
+  if (from == parent_ && parent_ != 0) {
+    parent_heard_ms_ = clock_.now_ms();
+    handle_parent(m);
+    return;
+  }
+  if (const auto* hello = std::get_if<Hello>(&m)) {
+    on_hello(from, *hello);
+    return;
+  }
+  auto it = children_.find(from);
+  if (it == children_.end()) return;  // not a child: it must say Hello first
+  it->second.last_heard_ms = clock_.now_ms();
+  handle_child(from, it->second, m);
+}
+
+void Node::handle_parent(const Message& m) {
+  std::visit(
+      [&](const auto& msg) {
+        using T = std::decay_t<decltype(msg)>;
+        if constexpr (std::is_same_v<T, Welcome>) {
+          welcomed_ = true;
+          parent_newest_ = std::max(parent_newest_, msg.newest_version);
+          anchor_requested_ = false;
+          request_missing(/*force=*/true);
+          advance();
+        } else if constexpr (std::is_same_v<T, Refuse>) {
+          set_error("parent " + config_.parents[parent_index_ % config_.parents.size()] + " refused us: " + msg.reason);
+          transport_.disconnect(parent_);
+          parent_ = 0;  // tick() moves on to the next parent
+          welcomed_ = false;
+        } else if constexpr (std::is_same_v<T, ManifestMsg>) {
+          on_manifest(msg, true);
+        } else if constexpr (std::is_same_v<T, ChunkMsg>) {
+          on_chunk(msg);
+        } else if constexpr (std::is_same_v<T, Heartbeat>) {
+          if (msg.newest_version > parent_newest_) parent_newest_ = msg.newest_version;
+        }
+      },
+      m);
+}
+
+void Node::handle_child(PeerId from, Child& child, const Message& m) {
+  if (const auto* need = std::get_if<Need>(&m)) on_need(from, child, *need);
+  else if (const auto* ready = std::get_if<Ready>(&m)) on_ready_message(*ready);
+}
+
+void Node::on_hello(PeerId from, const Hello& hello) {
+  if (hello.protocol_version != kProtocolVersion) {
+    send_to(from, Refuse{"protocol version " + std::to_string(hello.protocol_version) + " is not supported; this node speaks " +
+                         std::to_string(kProtocolVersion)});
+    transport_.disconnect(from);
+    return;
+  }
+  if (!config_.serve_children) {
+    send_to(from, Refuse{"node " + config_.node_id + " does not serve children"});
+    transport_.disconnect(from);
+    return;
+  }
+  Child& c = children_[from];
+  c.node_id = hello.node_id;
+  c.role = hello.role;
+  c.welcomed = true;
+  c.last_heard_ms = clock_.now_ms();
+  c.subscriptions.clear();
+  send_to(from, Welcome{newest_known_version()});
+  if (!hello.resume) serve_catch_up(from, c, hello.have_version, /*want_anchor=*/false);
+}
+
+void Node::serve_catch_up(PeerId child, Child& c, std::uint64_t have, bool want_anchor) {
+  auto plan = cache_.catch_up_plan(want_anchor ? 0 : have);
+  if (plan && want_anchor && !plan->empty() && !plan->front().anchor) plan.reset();
+  if (!plan) {
+    // Nothing here reaches the newest version from what the child has: get an anchor.
+    c.wants_anchor = true;
+    request_anchor();
+    return;
+  }
+  for (const auto& key : *plan) {
+    c.subscriptions.insert(key);
+    if (const CachedVersion* v = cache_.find(key)) send_version(child, *v);
+  }
+}
+
+void Node::send_version(PeerId child, const CachedVersion& v, const std::vector<std::uint32_t>* only) {
+  auto pub = published_ms_.find(v.key.version);
+  if (!only) send_to(child, ManifestMsg{v.key, v.manifest_bytes, pub == published_ms_.end() ? 0 : pub->second});
+  auto send_chunk = [&](std::uint32_t i) {
+    if (i < v.chunks.size() && v.chunks[i]) send_to(child, ChunkMsg{v.key, i, v.chunks[i]});
+  };
+  if (only) {
+    for (auto i : *only) send_chunk(i);
+  } else {
+    for (std::uint32_t i = 0; i < v.chunks.size(); ++i) send_chunk(i);
+  }
+}
+
+// New deltas go to every child; anchors and old versions fetched again only to those who asked.
+bool Node::child_wants(const Child& c, const VersionKey& key) const {
+  if (!c.welcomed) return false;
+  if (c.subscriptions.count(key)) return true;
+  if (key.anchor) return c.wants_anchor;
+  return key.version > broadcast_newest_;
+}
+
+void Node::forward_manifest(const CachedVersion& v, std::uint64_t published_ms) {
+  for (auto& [peer, c] : children_) {
+    if (!child_wants(c, v.key)) continue;
+    c.subscriptions.insert(v.key);  // its chunks follow it to this child
+    if (v.key.anchor) c.wants_anchor = false;
+    send_to(peer, ManifestMsg{v.key, v.manifest_bytes, published_ms});
+  }
+  if (!v.key.anchor) broadcast_newest_ = std::max(broadcast_newest_, v.key.version);
+}
+
+void Node::forward_chunk(const CachedVersion& v, std::uint32_t index) {
+  for (auto& [peer, c] : children_) {
+    if (!c.welcomed || !c.subscriptions.count(v.key)) continue;
+    if (send_to(peer, ChunkMsg{v.key, index, v.chunks[index]})) stats_.chunks_forwarded++;
+  }
+}
+
+void Node::on_manifest(const ManifestMsg& m, bool) {
+  const std::uint64_t now = clock_.now_ms();
+  // A worker that does not relay has no use for versions it has moved past.
+  if (config_.reconstruct && !config_.serve_children && m.key.version <= current_version()) return;
+  auto r = cache_.add_manifest(m.key, m.manifest, now);
+  if (!r.is_ok()) {
+    set_error(r.status().to_string());
+    return;
+  }
+  CachedVersion* v = *r;
+  if (m.published_ms) published_ms_[m.key.version] = m.published_ms;
+  VersionTiming& t = timings_[m.key.version];
+  if (!t.manifest_ms) {
+    t.manifest_ms = now;
+    t.published_ms = m.published_ms;
+  }
+  parent_newest_ = std::max(parent_newest_, m.key.version);
+  if (m.key.anchor) anchor_requested_ = false;
+  if (config_.serve_children) forward_manifest(*v, m.published_ms);
+  advance();
+}
+
+void Node::on_chunk(const ChunkMsg& m) {
+  const std::uint64_t now = clock_.now_ms();
+  stats_.chunks_in++;
+  auto r = cache_.add_chunk(m.key, m.index, m.payload, now);
+  if (!r.is_ok()) {
+    if (r.status().code() == StatusCode::kCorruption) {
+      // Never forwarded, never applied: ask for it again at once.
+      stats_.corrupt_chunks++;
+      stats_.retransmit_requests++;
+      set_error(r.status().to_string());
+      send_to_parent(Need{m.key, {m.index}, false});
+    }
+    return;
+  }
+  if (!*r) return;  // duplicate
+  VersionTiming& t = timings_[m.key.version];
+  if (!t.first_chunk_ms) t.first_chunk_ms = now;
+  CachedVersion* v = cache_.find(m.key);
+  if (v->complete()) t.last_chunk_ms = now;
+  if (config_.serve_children) forward_chunk(*v, m.index);
+  if (assembly_ && assembly_->key == m.key) pump_decodes();
+  else advance();
+}
+
+void Node::on_need(PeerId from, Child& child, const Need& need) {
+  if (need.want_anchor) {
+    serve_catch_up(from, child, 0, /*want_anchor=*/true);
+    return;
+  }
+  child.subscriptions.insert(need.key);
+  const CachedVersion* v = cache_.find(need.key);
+  if (!v) {
+    // Not here (evicted or never seen): fetch it from upstream; it is forwarded on arrival.
+    if (need.key.anchor) {
+      child.wants_anchor = true;
+      request_anchor();
+    } else {
+      send_to_parent(need);
+    }
+    return;
+  }
+  std::vector<std::uint32_t> missing_here;
+  if (need.chunks.empty()) {
+    send_version(from, *v);
+    stats_.retransmits_served += v->present;
+    missing_here = v->missing();
+  } else {
+    send_to(from, ManifestMsg{v->key, v->manifest_bytes, published_ms_.count(v->key.version) ? published_ms_[v->key.version] : 0});
+    for (auto i : need.chunks) {
+      if (i >= v->chunks.size()) continue;
+      if (v->chunks[i]) {
+        send_to(from, ChunkMsg{v->key, i, v->chunks[i]});
+        stats_.retransmits_served++;
+      } else {
+        missing_here.push_back(i);
+      }
+    }
+  }
+  if (!missing_here.empty()) send_to_parent(Need{need.key, missing_here, false});
+}
+
+void Node::on_ready_message(const Ready& r) {
+  if (config_.parents.empty()) {
+    LedgerEntry& e = ledger_[r.node_id];
+    if (r.version >= e.version) {
+      e.version = r.version;
+      e.checksum = r.checksum;
+      // Measured on the origin's own clock, so clocks elsewhere need not agree; it includes
+      // the time the Ready took to come back up the tree.
+      auto pub = published_ms_.find(r.version);
+      e.publish_to_ready_ms = pub != published_ms_.end() ? clock_.now_ms() - pub->second : r.publish_to_ready_ms;
+    }
+    if (!r.error.empty()) e.last_error = r.error;
+    e.updated_ms = clock_.now_ms();
+  } else {
+    send_to_parent(r);
+  }
+}
+
+// ---- timers ---------------------------------------------------------------------------------
+
+void Node::tick() {
+  const std::uint64_t now = clock_.now_ms();
+  if (!config_.parents.empty()) {
+    if (parent_ == 0 || now - parent_heard_ms_ > config_.parent_timeout_ms) {
+      if (parent_ != 0) set_error("parent " + config_.parents[parent_index_ % config_.parents.size()] + " silent for " +
+                                  std::to_string(now - parent_heard_ms_) + " ms");
+      parent_index_++;
+      connect_parent();
+    }
+  }
+  if (now - last_heartbeat_ms_ >= config_.heartbeat_ms) {
+    last_heartbeat_ms_ = now;
+    const Heartbeat hb{newest_known_version()};
+    if (parent_ != 0) send_to(parent_, hb);
+    for (auto& [peer, c] : children_)
+      if (c.welcomed) send_to(peer, hb);
+  }
+  // Children that went silent are dropped (a restarted one says Hello again).
+  for (auto it = children_.begin(); it != children_.end();) {
+    if (now - it->second.last_heard_ms > config_.child_timeout_ms) {
+      transport_.disconnect(it->first);
+      it = children_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  request_missing(/*force=*/false);
+  advance();
+  std::vector<VersionKey> pinned;
+  if (assembly_) pinned.push_back(assembly_->key);
+  cache_.evict(pinned);
+}
+
+void Node::request_anchor() {
+  const std::uint64_t now = clock_.now_ms();
+  if (anchor_requested_ && now - anchor_requested_ms_ < config_.need_after_ms * 4) return;
+  anchor_requested_ = true;
+  anchor_requested_ms_ = now;
+  if (config_.parents.empty()) {
+    if (on_anchor_wanted_) on_anchor_wanted_();
+  } else if (welcomed_) {
+    send_to_parent(Need{{}, {}, true});
+  }
+}
+
+void Node::request_missing(bool force) {
+  if (config_.parents.empty() || !welcomed_) return;
+  const std::uint64_t now = clock_.now_ms();
+  if (!force && now - last_need_ms_ < config_.need_after_ms) return;
+  last_need_ms_ = now;
+  for (const auto& [key, v] : cache_.entries()) {
+    if (v.complete()) continue;
+    if (!force && now - v.last_activity_ms < config_.need_after_ms) continue;
+    // A worker needs only what it can still use; a relay completes everything it caches.
+    if (config_.reconstruct && !config_.serve_children && key.version <= current_version()) continue;
+    auto missing = v.missing();
+    stats_.retransmit_requests += missing.size();
+    need_rounds_[key]++;
+    send_to_parent(Need{key, std::move(missing), false});
+  }
+  // Versions the parent has and we have not even seen the manifest of: a worker needs every
+  // delta after its current version, a relay the ones after the newest it caches.
+  std::uint64_t from = 0;
+  if (config_.reconstruct && !need_anchor_) from = current_version();
+  else if (!config_.reconstruct && cache_.newest_version() > 0) from = cache_.newest_version();
+  if (from > 0) {
+    for (std::uint64_t v = from + 1; v <= parent_newest_; ++v)
+      if (!cache_.find({v, false})) send_to_parent(Need{{v, false}, {}, false});
+  }
+  if (need_anchor_ || (config_.reconstruct && current_version() == 0 && parent_newest_ > 0 && !assembly_)) request_anchor();
+}
+
+// ---- reconstruction (workers) ---------------------------------------------------------------
+
+void Node::advance() {
+  if (!config_.reconstruct || assembly_) return;
+  const std::uint64_t have = current_version();
+  if (!need_anchor_ && have > 0) {
+    if (const CachedVersion* next = cache_.find({have + 1, false})) {
+      start_assembly(*next);
+      return;
+    }
+  }
+  // An anchor newer than what we hold (asked for, or planned by the parent's catch-up).
+  if (auto a = cache_.newest_anchor(); a && a->version > have) {
+    start_assembly(*cache_.find(*a));
+    return;
+  }
+  if (have == 0 || need_anchor_) request_anchor();
+}
+
+void Node::start_assembly(const CachedVersion& v) {
+  auto a = std::make_unique<Assembly>();
+  a->key = v.key;
+  a->manifest = std::make_shared<const Manifest>(v.manifest);
+  a->base = v.key.anchor ? nullptr : current();
+  if (!v.key.anchor && (!a->base || a->base->version != v.manifest.base_version)) return;
+  if (a->base && a->base->image.size() != v.manifest.image_size) {
+    abandon_assembly("layout changed", true);
+    return;
+  }
+  // Reuse a retired image nobody reads any more; otherwise allocate.
+  if (spare_ && spare_.use_count() == 1) {
+    a->staging = std::move(spare_);
+  } else {
+    a->staging = std::make_shared<ModelVersion>();
+  }
+  spare_.reset();
+  a->staging->version = v.key.version;
+  a->staging->checksum = v.manifest.version_checksum;
+  a->staging->tensors = v.manifest.tensors;
+  a->staging->metadata = v.manifest.metadata;
+  a->staging->image.resize(v.manifest.image_size);
+  a->state.assign(v.manifest.chunks.size(), Assembly::ChunkState::kWaiting);
+  a->generation = ++generation_;
+  assembly_ = std::move(a);
+  need_anchor_ = false;
+  pump_decodes();
+  if (assembly_ && assembly_->manifest->chunks.empty()) finish_assembly();
+}
+
+void Node::pump_decodes() {
+  Assembly* a = assembly_.get();
+  if (!a || pumping_) return;
+  struct Guard {
+    bool& flag;
+    ~Guard() { flag = false; }
+  } guard{pumping_};
+  pumping_ = true;
+  CachedVersion* v = cache_.find(a->key);
+  if (!v) {
+    abandon_assembly("version " + to_string(a->key) + " left the cache", false);
+    return;
+  }
+  for (std::uint32_t i = 0; i < a->state.size() && a->inflight < config_.decode_inflight_max; ++i) {
+    if (a->state[i] != Assembly::ChunkState::kWaiting || !v->chunks[i]) continue;
+    a->state[i] = Assembly::ChunkState::kDecoding;
+    a->inflight++;
+    const ChunkEntry& e = a->manifest->chunks[i];
+    auto payload = v->chunks[i];
+    auto manifest = a->manifest;
+    auto base = a->base;
+    auto staging = a->staging;
+    auto status = std::make_shared<Status>();
+    auto alive = alive_;
+    const std::uint64_t gen = a->generation;
+    auto work = [=] {
+      ByteSpan b = base ? ByteSpan(base->image).subspan(e.offset, e.length) : ByteSpan();
+      *status = decode_chunk_verified(*manifest, i, *payload, b, MutableByteSpan(staging->image).subspan(e.offset, e.length));
+    };
+    auto done = [this, alive, gen, i, status] {
+      if (!*alive || !assembly_ || assembly_->generation != gen) return;
+      Assembly& as = *assembly_;
+      as.inflight--;
+      if (status->is_ok()) {
+        as.state[i] = Assembly::ChunkState::kDone;
+        as.done++;
+      } else {
+        set_error(status->to_string());
+        as.state[i] = Assembly::ChunkState::kWaiting;
+        if (status->code() == StatusCode::kMismatch) {
+          abandon_assembly(status->to_string(), true);
+          return;
+        }
+        // Rejected and never applied: fetch it again.
+        stats_.corrupt_chunks++;
+        stats_.retransmit_requests++;
+        cache_.drop_chunk(as.key, i);
+        send_to_parent(Need{as.key, {i}, false});
+      }
+      if (as.done == as.state.size()) {
+        if (!pumping_) finish_assembly();
+      } else {
+        pump_decodes();
+      }
+    };
+    if (tasks_) tasks_->run(std::move(work), std::move(done));
+    else {
+      work();
+      done();
+    }
+    if (!assembly_ || assembly_.get() != a) return;  // abandoned inline
+  }
+  // Decodes that completed inline above could not finish the version from inside the loop.
+  if (a->done == a->state.size()) {
+    pumping_ = false;
+    finish_assembly();
+  }
+}
+
+void Node::finish_assembly() {
+  std::unique_ptr<Assembly> a = std::move(assembly_);
+  std::shared_ptr<const ModelVersion> ready = a->staging;
+  {
+    std::lock_guard lock(current_mu_);
+    // The old version becomes the spare once its readers let go.
+    spare_ = std::const_pointer_cast<ModelVersion>(current_);
+    current_ = ready;
+  }
+  const std::uint64_t now = clock_.now_ms();
+  VersionTiming& t = timings_[a->key.version];
+  t.ready_ms = now;
+  stats_.versions_ready++;
+  need_rounds_.erase(a->key);
+  Ready r;
+  r.node_id = config_.node_id;
+  r.version = ready->version;
+  r.checksum = ready->checksum;
+  r.publish_to_ready_ms = t.published_ms && now >= t.published_ms ? now - t.published_ms : 0;
+  r.error = last_error_;
+  send_to_parent(r);
+  // A worker that relays keeps versions for its children; one that does not drops them.
+  if (!config_.serve_children) {
+    std::vector<VersionKey> old;
+    for (const auto& [k, v] : cache_.entries())
+      if (k.version <= ready->version) old.push_back(k);
+    for (const auto& k : old) cache_.erase(k);
+  }
+  if (on_ready_) on_ready_(ready);
+  advance();
+}
+
+void Node::abandon_assembly(const std::string& why, bool want_anchor) {
+  set_error(why);
+  assembly_.reset();
+  if (want_anchor) need_anchor_ = true;
+  request_anchor();
+}
+
+Status Node::publish(const EncodedVersion& ev) {
+  const Manifest& m = ev.manifest;
+  const VersionKey key{m.version, m.kind == VersionKind::kAnchor};
+  const std::uint64_t now = clock_.now_ms();
+  auto r = cache_.add_manifest(key, share(serialize_manifest(m)), now);
+  if (!r.is_ok()) return r.status();
+  published_ms_[key.version] = now;
+  VersionTiming& t = timings_[key.version];
+  if (!t.published_ms) t.published_ms = now;
+  forward_manifest(**r, now);
+  for (std::uint32_t i = 0; i < ev.payloads.size(); ++i) {
+    auto added = cache_.add_chunk(key, i, share(ev.payloads[i]), now);
+    if (!added.is_ok()) return added.status();
+    forward_chunk(*cache_.find(key), i);
+  }
+  cache_.evict();
+  return Status::ok();
+}
+
+}  // namespace deltacast::runtime

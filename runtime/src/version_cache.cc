@@ -1,0 +1,133 @@
+#include "deltacast/runtime/version_cache.h"
+
+#include <algorithm>
+
+#include "deltacast/codec/hash.h"
+
+namespace deltacast::runtime {
+
+std::string to_string(const VersionKey& key) { return "v" + std::to_string(key.version) + (key.anchor ? "/anchor" : ""); }
+
+std::vector<std::uint32_t> CachedVersion::missing() const {
+  std::vector<std::uint32_t> out;
+  for (std::size_t i = 0; i < chunks.size(); ++i)
+    if (!chunks[i]) out.push_back(static_cast<std::uint32_t>(i));
+  return out;
+}
+
+Result<CachedVersion*> VersionCache::add_manifest(const VersionKey& key, SharedBytes manifest, std::uint64_t now_ms) {
+  if (auto it = entries_.find(key); it != entries_.end()) return &it->second;
+  if (!manifest) return Status::invalid_argument("empty manifest");
+  auto parsed = parse_manifest(*manifest);
+  if (!parsed.is_ok()) return parsed.status().with_context("manifest of " + to_string(key));
+  const Manifest& m = *parsed;
+  if (m.version != key.version || (m.kind == VersionKind::kAnchor) != key.anchor)
+    return Status::corruption("manifest of " + to_string(key) + " describes v" + std::to_string(m.version));
+  if (!key.anchor && m.base_version + 1 != m.version)
+    return Status::unsupported("delta " + to_string(key) + " skips versions (base v" + std::to_string(m.base_version) + ")");
+  CachedVersion v;
+  v.key = key;
+  v.manifest_bytes = std::move(manifest);
+  v.manifest = std::move(parsed).value();
+  v.chunks.resize(v.manifest.chunks.size());
+  v.bytes = v.manifest_bytes->size();
+  v.last_activity_ms = now_ms;
+  bytes_ += v.bytes;
+  auto [it, inserted] = entries_.emplace(key, std::move(v));
+  return &it->second;
+}
+
+Result<bool> VersionCache::add_chunk(const VersionKey& key, std::uint32_t index, SharedBytes payload, std::uint64_t now_ms) {
+  CachedVersion* v = find(key);
+  if (!v) return Status::not_found("no manifest for " + to_string(key));
+  if (index >= v->chunks.size()) return Status::corruption(to_string(key) + ": chunk index " + std::to_string(index) + " out of range");
+  if (v->chunks[index]) return false;
+  const ChunkEntry& e = v->manifest.chunks[index];
+  if (!payload || payload->size() != e.payload_bytes || hash64(*payload) != e.payload_hash)
+    return Status::corruption(to_string(key) + " chunk " + std::to_string(index) + ": payload hash mismatch");
+  v->chunks[index] = std::move(payload);
+  v->present++;
+  v->bytes += e.payload_bytes;
+  v->last_activity_ms = now_ms;
+  bytes_ += e.payload_bytes;
+  return true;
+}
+
+void VersionCache::drop_chunk(const VersionKey& key, std::uint32_t index) {
+  CachedVersion* v = find(key);
+  if (!v || index >= v->chunks.size() || !v->chunks[index]) return;
+  v->bytes -= v->chunks[index]->size();
+  bytes_ -= v->chunks[index]->size();
+  v->chunks[index].reset();
+  v->present--;
+}
+
+void VersionCache::erase(const VersionKey& key) {
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return;
+  bytes_ -= it->second.bytes;
+  entries_.erase(it);
+}
+
+CachedVersion* VersionCache::find(const VersionKey& key) {
+  auto it = entries_.find(key);
+  return it == entries_.end() ? nullptr : &it->second;
+}
+const CachedVersion* VersionCache::find(const VersionKey& key) const {
+  auto it = entries_.find(key);
+  return it == entries_.end() ? nullptr : &it->second;
+}
+
+std::uint64_t VersionCache::newest_version() const { return entries_.empty() ? 0 : entries_.rbegin()->first.version; }
+
+std::optional<VersionKey> VersionCache::newest_anchor() const {
+  for (auto it = entries_.rbegin(); it != entries_.rend(); ++it)
+    if (it->first.anchor) return it->first;
+  return std::nullopt;
+}
+
+std::optional<std::vector<VersionKey>> VersionCache::catch_up_plan(std::uint64_t have) const {
+  const std::uint64_t newest = newest_version();
+  std::vector<VersionKey> plan;
+  if (have >= newest) return plan;
+  auto deltas_from = [&](std::uint64_t from, std::vector<VersionKey>& out) {
+    for (std::uint64_t v = from + 1; v <= newest; ++v) {
+      if (!find({v, false})) return false;
+      out.push_back({v, false});
+    }
+    return true;
+  };
+  if (have > 0 && deltas_from(have, plan)) return plan;
+  // From the newest anchor whose delta chain reaches the newest version.
+  for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
+    if (!it->first.anchor || it->first.version <= have) continue;
+    plan = {it->first};
+    if (deltas_from(it->first.version, plan)) return plan;
+  }
+  return std::nullopt;
+}
+
+std::vector<VersionKey> VersionCache::evict(const std::vector<VersionKey>& pinned) {
+  std::vector<VersionKey> dropped;
+  const std::uint64_t newest = newest_version();
+  // The newest anchor and the deltas after it are what catch-up needs: they go last.
+  const auto anchor = newest_anchor();
+  auto rank = [&](const VersionKey& k) {
+    const bool chain = anchor && (k == *anchor || (!k.anchor && k.version > anchor->version));
+    return std::pair<int, std::uint64_t>{chain ? 1 : 0, k.version};
+  };
+  while (bytes_ > cache_bytes_max_) {
+    const VersionKey* victim = nullptr;
+    for (const auto& [k, v] : entries_) {
+      if (k.version == newest || std::find(pinned.begin(), pinned.end(), k) != pinned.end()) continue;
+      if (!victim || rank(k) < rank(*victim)) victim = &k;
+    }
+    if (!victim) break;
+    const VersionKey k = *victim;
+    dropped.push_back(k);
+    erase(k);
+  }
+  return dropped;
+}
+
+}  // namespace deltacast::runtime

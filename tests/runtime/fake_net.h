@@ -1,0 +1,204 @@
+// An in-memory network for runtime tests: every node gets a Transport whose links deliver
+// through one global FIFO, a shared manual clock, and either inline or deferred decode tasks.
+// Deterministic: the same calls give the same interleaving. Links can be bounded (per-link
+// queue bytes), and nodes can be killed (their messages vanish, nobody is told) or restarted.
+#pragma once
+
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "deltacast/runtime/node.h"
+
+namespace deltacast::test {
+
+using namespace deltacast::runtime;
+
+class ManualClock final : public Clock {
+ public:
+  std::uint64_t now_ms() const override { return now_; }
+  void advance(std::uint64_t ms) { now_ += ms; }
+
+ private:
+  std::uint64_t now_ = 1000;
+};
+
+class FakeNet;
+
+class FakeTransport final : public Transport {
+ public:
+  FakeTransport(FakeNet& net, std::string name) : net_(net), name_(std::move(name)) {}
+  bool send(PeerId peer, const Message& message) override;
+  PeerId connect(const std::string& endpoint) override;
+  void disconnect(PeerId peer) override;
+  const std::string& name() const { return name_; }
+
+ private:
+  FakeNet& net_;
+  std::string name_;
+};
+
+class FakeNet {
+ public:
+  struct Link {
+    std::string from, to;   // node names
+    PeerId reverse = 0;     // the id the other side uses for this link
+    bool open = true;
+    std::uint64_t queued_bytes = 0;
+    std::uint64_t queue_bytes_max = ~0ull;
+  };
+  struct Delivery {
+    PeerId link;  // sender's id; delivered to the other side as link.reverse
+    Message message;
+  };
+
+  ManualClock clock;
+  // Bound applied to links opened from now on, to messages queued toward `node`.
+  std::map<std::string, std::uint64_t> inbound_queue_bytes_max;
+  // Called on every delivery; return false to drop the message (fault injection).
+  std::function<bool(const std::string& from, const std::string& to, Message&)> filter;
+
+  Node& add(NodeConfig config, bool deferred_tasks = false) {
+    const std::string name = config.node_id;
+    auto& slot = nodes_[name];
+    slot.transport = std::make_unique<FakeTransport>(*this, name);
+    slot.tasks = std::make_unique<DeferredTasks>();
+    slot.config = config;
+    slot.deferred = deferred_tasks;
+    slot.node = std::make_unique<Node>(config, *slot.transport, clock, deferred_tasks ? slot.tasks.get() : nullptr);
+    slot.alive = true;
+    slot.node->start();
+    return *slot.node;
+  }
+  Node& node(const std::string& name) { return *nodes_.at(name).node; }
+  bool alive(const std::string& name) const { return nodes_.at(name).alive; }
+
+  // The node stops: its queued and future messages vanish; peers find out by timeout.
+  void kill(const std::string& name) {
+    auto& s = nodes_.at(name);
+    s.alive = false;
+    for (auto& [id, link] : links_)
+      if (link.from == name || link.to == name) link.open = false;
+  }
+  // A fresh process with the same config (state lost), as after a crash and restart.
+  Node& restart(const std::string& name) {
+    NodeConfig c = nodes_.at(name).config;
+    bool deferred = nodes_.at(name).deferred;
+    return add(c, deferred);
+  }
+
+  // Delivers queued messages (and runs deferred tasks) until nothing is left or max_steps.
+  std::size_t run(std::size_t max_steps = 10'000'000) {
+    std::size_t steps = 0;
+    while (steps < max_steps) {
+      bool progressed = false;
+      if (!queue_.empty()) {
+        Delivery d = std::move(queue_.front());
+        queue_.pop_front();
+        deliver(d);
+        progressed = true;
+      }
+      for (auto& [name, s] : nodes_) {
+        if (s.alive && s.tasks->run_one()) progressed = true;
+      }
+      if (!progressed) break;
+      ++steps;
+    }
+    return steps;
+  }
+  // Advances time in `step_ms` steps, ticking every live node and delivering in between.
+  void run_for(std::uint64_t ms, std::uint64_t step_ms = 50) {
+    for (std::uint64_t t = 0; t < ms; t += step_ms) {
+      clock.advance(step_ms);
+      for (auto& [name, s] : nodes_)
+        if (s.alive) s.node->tick();
+      run();
+    }
+  }
+  // Runs until pred() holds or `limit_ms` of simulated time passed. Returns pred().
+  bool run_until(const std::function<bool()>& pred, std::uint64_t limit_ms = 60000) {
+    run();
+    for (std::uint64_t t = 0; t < limit_ms && !pred(); t += 50) run_for(50);
+    return pred();
+  }
+
+  std::uint64_t bytes_sent_to(const std::string& name) const {
+    auto it = bytes_to_.find(name);
+    return it == bytes_to_.end() ? 0 : it->second;
+  }
+
+ private:
+  friend class FakeTransport;
+
+  class DeferredTasks final : public TaskRunner {
+   public:
+    void run(std::function<void()> work, std::function<void()> done) override { q_.emplace_back(std::move(work), std::move(done)); }
+    bool run_one() {
+      if (q_.empty()) return false;
+      auto [w, d] = std::move(q_.front());
+      q_.pop_front();
+      w();
+      d();
+      return true;
+    }
+
+   private:
+    std::deque<std::pair<std::function<void()>, std::function<void()>>> q_;
+  };
+  struct Slot {
+    NodeConfig config;
+    std::unique_ptr<FakeTransport> transport;
+    std::unique_ptr<DeferredTasks> tasks;
+    std::unique_ptr<Node> node;
+    bool alive = false;
+    bool deferred = false;
+  };
+
+  void deliver(Delivery& d) {
+    Link& link = links_.at(d.link);
+    link.queued_bytes -= message_bytes(d.message);
+    if (!link.open) return;
+    auto it = nodes_.find(link.to);
+    if (it == nodes_.end() || !it->second.alive) return;
+    if (filter && !filter(link.from, link.to, d.message)) return;
+    bytes_to_[link.to] += message_bytes(d.message);
+    it->second.node->on_message(link.reverse, d.message);
+  }
+
+  std::map<std::string, Slot> nodes_;
+  std::map<PeerId, Link> links_;
+  std::deque<Delivery> queue_;
+  std::map<std::string, std::uint64_t> bytes_to_;
+  PeerId next_id_ = 1;
+};
+
+inline bool FakeTransport::send(PeerId peer, const Message& message) {
+  auto it = net_.links_.find(peer);
+  if (it == net_.links_.end() || !it->second.open || it->second.from != name_) return false;
+  const std::uint64_t bytes = message_bytes(message);
+  if (it->second.queued_bytes + bytes > it->second.queue_bytes_max) return false;
+  it->second.queued_bytes += bytes;
+  net_.queue_.push_back({peer, message});
+  return true;
+}
+
+inline PeerId FakeTransport::connect(const std::string& endpoint) {
+  const PeerId up = net_.next_id_++, down = net_.next_id_++;
+  FakeNet::Link a{name_, endpoint, down}, b{endpoint, name_, up};
+  if (auto it = net_.inbound_queue_bytes_max.find(endpoint); it != net_.inbound_queue_bytes_max.end()) a.queue_bytes_max = it->second;
+  if (auto it = net_.inbound_queue_bytes_max.find(name_); it != net_.inbound_queue_bytes_max.end()) b.queue_bytes_max = it->second;
+  net_.links_[up] = a;
+  net_.links_[down] = b;
+  return up;
+}
+
+inline void FakeTransport::disconnect(PeerId peer) {
+  auto it = net_.links_.find(peer);
+  if (it == net_.links_.end()) return;
+  it->second.open = false;
+  net_.links_[it->second.reverse].open = false;
+}
+
+}  // namespace deltacast::test

@@ -1,0 +1,290 @@
+// The node state machines on an in-memory network: delivery down a relay tree, failover,
+// catch-up, corruption, slow children and protocol mismatches.
+#include <catch2/catch.hpp>
+
+#include "deltacast/common/thread_pool.h"
+#include "fake_net.h"
+#include "gen.h"
+
+using namespace deltacast;
+using namespace deltacast::test;
+
+namespace {
+
+// A short training run of a small model: images[0..steps], and the encoded versions
+// (v1 = anchor of images[0], v(t+1) = delta images[t-1] -> images[t], anchors on request).
+struct Series {
+  ModelLayout layout;
+  std::vector<Bytes> images;
+  VersionEncodeOptions options;
+  explicit Series(std::size_t steps, std::uint64_t seed = 1) {
+    layout = tools::build_layout(tools::ModelShape{64, 2, 256, 128, true});
+    images.assign(steps + 1, Bytes(layout.image_size));
+    std::vector<MutableByteSpan> spans(images.begin(), images.end());
+    InlineExecutor ex;
+    tools::TrainOptions t;
+    t.seed = seed;
+    t.lr = 1e-5;
+    tools::generate_series(layout, t, spans, ex);
+    options.chunk_bytes = 16 << 10;  // several chunks per version
+  }
+  // Version v (1-based) is images[v - 1].
+  EncodedVersion delta(std::uint64_t v) const {
+    InlineExecutor ex;
+    return *encode_version(layout, v, v - 1, images[v - 2], images[v - 1], options, ex);
+  }
+  EncodedVersion anchor(std::uint64_t v) const {
+    InlineExecutor ex;
+    return *encode_version(layout, v, 0, {}, images[v - 1], options, ex);
+  }
+  std::uint64_t checksum(std::uint64_t v) const { return anchor(v).manifest.version_checksum; }
+};
+
+NodeConfig origin_config() {
+  NodeConfig c;
+  c.node_id = "origin";
+  c.serve_children = true;
+  return c;
+}
+NodeConfig relay_config(const std::string& id, std::vector<std::string> parents) {
+  NodeConfig c;
+  c.node_id = id;
+  c.parents = std::move(parents);
+  c.serve_children = true;
+  return c;
+}
+NodeConfig worker_config(const std::string& id, std::vector<std::string> parents, bool relays = false) {
+  NodeConfig c;
+  c.node_id = id;
+  c.parents = std::move(parents);
+  c.reconstruct = true;
+  c.serve_children = relays;
+  return c;
+}
+
+// Checks every version a worker exposes against the publisher's images.
+void watch(Node& worker, const Series& s, std::vector<std::uint64_t>& seen, int& bad) {
+  worker.set_on_ready([&s, &seen, &bad](std::shared_ptr<const ModelVersion> v) {
+    seen.push_back(v->version);
+    if (v->image != s.images[v->version - 1]) bad++;
+  });
+}
+
+}  // namespace
+
+TEST_CASE("versions stream down origin -> relays -> workers, bit-exact", "[runtime][node]") {
+  Series s(6);
+  FakeNet net;
+  Node& origin = net.add(origin_config());
+  REQUIRE(origin.publish(s.anchor(1)).is_ok());
+  net.add(relay_config("relay-a", {"origin"}));
+  net.add(relay_config("relay-b", {"origin"}));
+  std::vector<std::string> workers = {"w1", "w2", "w3", "w4"};
+  std::map<std::string, std::vector<std::uint64_t>> seen;
+  int bad = 0;
+  for (std::size_t i = 0; i < workers.size(); ++i) {
+    Node& w = net.add(worker_config(workers[i], {i % 2 ? "relay-b" : "relay-a"}), /*deferred_tasks=*/i == 0);
+    watch(w, s, seen[workers[i]], bad);
+  }
+  REQUIRE(net.run_until([&] {
+    for (auto& w : workers)
+      if (net.node(w).current_version() != 1) return false;
+    return true;
+  }));
+  for (std::uint64_t v = 2; v <= 7; ++v) {
+    REQUIRE(origin.publish(s.delta(v)).is_ok());
+    REQUIRE(net.run_until([&] {
+      for (auto& w : workers)
+        if (net.node(w).current_version() != v) return false;
+      return true;
+    }));
+  }
+  CHECK(bad == 0);
+  for (auto& w : workers) {
+    CHECK(seen[w] == std::vector<std::uint64_t>{1, 2, 3, 4, 5, 6, 7});
+    CHECK(net.node(w).current()->checksum == s.checksum(7));
+    CHECK(net.node(w).stats().corrupt_chunks == 0);
+  }
+  // Relays forwarded every delta chunk exactly once per child; nothing was requested again.
+  CHECK(net.node("relay-a").stats().retransmit_requests == 0);
+  // The origin's ledger knows every worker's version.
+  REQUIRE(origin.ledger().size() == workers.size());
+  for (auto& [id, e] : origin.ledger()) CHECK(e.version == 7);
+}
+
+TEST_CASE("a relay killed mid-version: children fail over and finish from what they have", "[runtime][node]") {
+  Series s(4);
+  FakeNet net;
+  Node& origin = net.add(origin_config());
+  REQUIRE(origin.publish(s.anchor(1)).is_ok());
+  net.add(relay_config("relay-a", {"origin"}));
+  net.add(relay_config("relay-b", {"origin"}));
+  std::vector<std::string> workers = {"w1", "w2", "w3"};
+  std::map<std::string, std::vector<std::uint64_t>> seen;
+  int bad = 0;
+  for (auto& id : workers) watch(net.add(worker_config(id, {"relay-a", "relay-b"})), s, seen[id], bad);
+  REQUIRE(net.run_until([&] { return net.node("w3").current_version() == 1 && net.node("w1").current_version() == 1; }));
+  REQUIRE(origin.publish(s.delta(2)).is_ok());
+  REQUIRE(net.run_until([&] { return net.node("w1").current_version() == 2 && net.node("w3").current_version() == 2; }));
+
+  // Version 3: relay-a dies after forwarding a few of its chunks.
+  int forwarded = 0;
+  net.filter = [&](const std::string& from, const std::string&, Message& m) {
+    if (from == "relay-a" && std::holds_alternative<ChunkMsg>(m) && ++forwarded > 4) {
+      net.kill("relay-a");
+      return false;
+    }
+    return true;
+  };
+  const auto v3 = s.delta(3);
+  REQUIRE(v3.manifest.chunks.size() > 4);
+  REQUIRE(origin.publish(v3).is_ok());
+  net.run();
+  CHECK_FALSE(net.alive("relay-a"));
+  net.filter = nullptr;
+  const std::uint64_t received_before = net.bytes_sent_to("w1");
+  REQUIRE(net.run_until([&] {
+    for (auto& w : workers)
+      if (net.node(w).current_version() != 3) return false;
+    return true;
+  }));
+  // Re-attached and finished: each worker pulled only what it lacked, not the whole version.
+  const std::uint64_t refetched = net.bytes_sent_to("w1") - received_before;
+  CHECK(refetched < v3.manifest.payload_bytes_total() + 4096);
+  for (auto& w : workers) CHECK(net.node(w).stats().parent_failovers >= 1);
+  REQUIRE(origin.publish(s.delta(4)).is_ok());
+  REQUIRE(net.run_until([&] {
+    for (auto& w : workers)
+      if (net.node(w).current_version() != 4) return false;
+    return true;
+  }));
+  CHECK(bad == 0);
+  for (auto& w : workers) CHECK(seen[w] == std::vector<std::uint64_t>{1, 2, 3, 4});
+}
+
+TEST_CASE("a late joiner gets the newest anchor and the deltas after it", "[runtime][node]") {
+  Series s(7);
+  FakeNet net;
+  Node& origin = net.add(origin_config());
+  REQUIRE(origin.publish(s.anchor(1)).is_ok());
+  net.add(relay_config("relay", {"origin"}));
+  for (std::uint64_t v = 2; v <= 8; ++v) {
+    REQUIRE(origin.publish(s.delta(v)).is_ok());
+    if (v == 5) REQUIRE(origin.publish(s.anchor(5)).is_ok());  // an anchor every few versions
+  }
+  net.run_for(500);
+  std::vector<std::uint64_t> seen;
+  int bad = 0;
+  Node& late = net.add(worker_config("late", {"relay"}));
+  watch(late, s, seen, bad);
+  REQUIRE(net.run_until([&] { return late.current_version() == 8; }));
+  CHECK(bad == 0);
+  CHECK(seen == std::vector<std::uint64_t>{5, 6, 7, 8});  // anchor 5, then deltas
+}
+
+TEST_CASE("a corrupt chunk is rejected, fetched again and never applied", "[runtime][node]") {
+  Series s(2);
+  FakeNet net;
+  Node& origin = net.add(origin_config());
+  REQUIRE(origin.publish(s.anchor(1)).is_ok());
+  net.add(relay_config("relay", {"origin"}));
+  std::vector<std::uint64_t> seen;
+  int bad = 0;
+  Node& w = net.add(worker_config("w", {"relay"}));
+  watch(w, s, seen, bad);
+  REQUIRE(net.run_until([&] { return w.current_version() == 1; }));
+  int corrupted = 0;
+  net.filter = [&](const std::string& from, const std::string& to, Message& m) {
+    auto* c = std::get_if<ChunkMsg>(&m);
+    if (from == "relay" && to == "w" && c && corrupted < 2) {
+      Bytes b = *c->payload;
+      b[b.size() / 2] ^= 0x10;
+      c->payload = share(std::move(b));
+      corrupted++;
+    }
+    return true;
+  };
+  REQUIRE(origin.publish(s.delta(2)).is_ok());
+  REQUIRE(net.run_until([&] { return w.current_version() == 2; }));
+  CHECK(corrupted == 2);
+  CHECK(w.stats().corrupt_chunks == 2);
+  CHECK(w.stats().retransmit_requests >= 2);
+  CHECK(bad == 0);
+  CHECK(seen == std::vector<std::uint64_t>{1, 2});
+}
+
+TEST_CASE("a slow child does not hold back its siblings and catches up by itself", "[runtime][node]") {
+  Series s(4);
+  FakeNet net;
+  net.inbound_queue_bytes_max["slow"] = 20000;  // a few chunks at most in flight to it
+  Node& origin = net.add(origin_config());
+  REQUIRE(origin.publish(s.anchor(1)).is_ok());
+  net.add(relay_config("relay", {"origin"}));
+  Node& fast = net.add(worker_config("fast", {"relay"}));
+  Node& slow = net.add(worker_config("slow", {"relay"}));
+  REQUIRE(net.run_until([&] { return fast.current_version() == 1; }));
+  for (std::uint64_t v = 2; v <= 5; ++v) {
+    REQUIRE(origin.publish(s.delta(v)).is_ok());
+    net.run();  // no timers: what arrives without re-requests
+    CHECK(fast.current_version() == v);
+  }
+  CHECK(net.node("relay").stats().chunks_dropped_full_queue > 0);
+  REQUIRE(net.run_until([&] { return slow.current_version() == 5; }));
+  CHECK(slow.current()->image == s.images[4]);
+}
+
+TEST_CASE("peers speaking another protocol version are refused with a reason", "[runtime][node]") {
+  FakeNet net;
+  net.add(origin_config());
+  FakeTransport rogue(net, "rogue");
+  PeerId link = rogue.connect("origin");
+  Hello h;
+  h.protocol_version = kProtocolVersion + 1;
+  h.node_id = "rogue";
+  REQUIRE(rogue.send(link, h));
+  net.run();
+  CHECK(net.node("origin").child_count() == 0);
+  // A node configured with a parent that refuses records why.
+  Node& plain = net.add(worker_config("plain", {}));
+  FakeTransport t2(net, "other");
+  PeerId l2 = t2.connect("plain");
+  REQUIRE(t2.send(l2, Hello{}));
+  net.run();
+  CHECK(plain.child_count() == 0);
+}
+
+TEST_CASE("a restarted worker resumes from its relay", "[runtime][node]") {
+  Series s(3);
+  FakeNet net;
+  Node& origin = net.add(origin_config());
+  REQUIRE(origin.publish(s.anchor(1)).is_ok());
+  net.add(relay_config("relay", {"origin"}));
+  net.add(worker_config("w", {"relay"}));
+  REQUIRE(origin.publish(s.delta(2)).is_ok());
+  REQUIRE(net.run_until([&] { return net.node("w").current_version() == 2; }));
+  net.kill("w");
+  REQUIRE(origin.publish(s.delta(3)).is_ok());
+  REQUIRE(origin.publish(s.anchor(3)).is_ok());
+  net.run_for(200);
+  Node& again = net.restart("w");
+  REQUIRE(net.run_until([&] { return again.current_version() == 3; }));
+  CHECK(again.current()->image == s.images[2]);
+  REQUIRE(origin.publish(s.delta(4)).is_ok());
+  REQUIRE(net.run_until([&] { return again.current_version() == 4; }));
+}
+
+TEST_CASE("worker-relays build a tree from rollout hosts alone", "[runtime][node]") {
+  Series s(3);
+  FakeNet net;
+  Node& origin = net.add(origin_config());
+  REQUIRE(origin.publish(s.anchor(1)).is_ok());
+  // host-1 takes the WAN copy and relays to host-2, which relays to host-3: no relay machines.
+  net.add(worker_config("host-1", {"origin"}, /*relays=*/true));
+  net.add(worker_config("host-2", {"host-1", "origin"}, true));
+  net.add(worker_config("host-3", {"host-2", "host-1"}, false));
+  for (std::uint64_t v = 2; v <= 4; ++v) REQUIRE(origin.publish(s.delta(v)).is_ok());
+  REQUIRE(net.run_until([&] { return net.node("host-3").current_version() == 4; }));
+  CHECK(net.node("host-1").current()->image == s.images[3]);
+  CHECK(net.node("host-2").stats().chunks_forwarded > 0);
+  CHECK(origin.child_count() == 1);
+}

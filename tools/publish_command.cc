@@ -1,0 +1,244 @@
+// deltacast publish and keygen.
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <csignal>
+#include <filesystem>
+#include <future>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+
+#include "commands.h"
+#include "deltacast/common/thread_pool.h"
+#include "deltacast/io/safetensors.h"
+#include "deltacast/transport/host.h"
+#include "gen.h"
+#include "node_config.h"
+
+namespace deltacast::tools {
+namespace {
+
+using namespace deltacast::runtime;
+using transport::NodeHost;
+
+std::atomic<bool> g_publish_stop{false};
+
+struct PublishOptions {
+  NodeOptions node;
+  std::vector<std::string> files;
+  std::string watch_dir;
+  std::uint64_t anchor_every = 25;
+  std::uint64_t interval_ms = 0;
+  std::uint64_t linger_ms = 2000;
+  std::size_t wait_workers = 0;
+  std::uint64_t wait_timeout_ms = 60000;
+  std::string chunk_size = "4MiB";
+  std::size_t threads = 0;
+};
+
+// Runs fn on the loop thread and returns its result.
+template <typename F>
+auto on_loop(NodeHost& host, F fn) -> decltype(fn()) {
+  std::promise<decltype(fn())> p;
+  auto f = p.get_future();
+  host.post([&] { p.set_value(fn()); });
+  return f.get();
+}
+
+struct Delivery {
+  std::size_t workers_ready = 0;
+  std::uint64_t max_ms = 0;
+  std::uint64_t median_ms = 0;
+};
+
+Delivery delivery_of(NodeHost& host, std::uint64_t version) {
+  return on_loop(host, [&] {
+    Delivery d;
+    std::vector<std::uint64_t> times;
+    for (const auto& [id, e] : host.node().ledger()) {
+      if (e.version < version) continue;
+      d.workers_ready++;
+      if (e.version == version) times.push_back(e.publish_to_ready_ms);
+    }
+    if (!times.empty()) {
+      std::sort(times.begin(), times.end());
+      d.max_ms = times.back();
+      d.median_ms = times[times.size() / 2];
+    }
+    return d;
+  });
+}
+
+// Files in a directory ready to publish: *.safetensors, untouched for a second, by name.
+std::vector<std::string> scan_dir(const std::string& dir, const std::set<std::string>& done) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  const auto now = std::filesystem::file_time_type::clock::now();
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    if (!e.is_regular_file() || e.path().extension() != ".safetensors") continue;
+    if (done.count(e.path().string())) continue;
+    if (now - e.last_write_time() < std::chrono::seconds(1)) continue;
+    out.push_back(e.path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+int run_publish(PublishOptions& o) {
+  spdlog::set_level(spdlog::level::from_str(o.node.log_level));
+  if (o.node.node_id.empty()) o.node.node_id = "origin";
+  auto cfg = load_node_options(o.node, /*worker=*/false);
+  if (!cfg.is_ok()) return fail(cfg.status().to_string());
+  if (cfg->host.bind_endpoint.empty()) return fail("publish needs --listen: the endpoint relays and workers connect to");
+  if (!cfg->node.parents.empty()) return fail("the publisher is the origin: it has no --parent");
+  if (o.files.empty() && o.watch_dir.empty()) return fail("give checkpoints to publish, or --watch DIR");
+  auto chunk = parse_bytes(o.chunk_size);
+  if (!chunk.is_ok()) return fail(chunk.status().message());
+  NodeHost host(cfg->node, cfg->host);
+  if (Status st = host.start_thread(); !st.is_ok()) return fail(st.to_string());
+  std::signal(SIGINT, [](int) { g_publish_stop = true; });
+  std::signal(SIGTERM, [](int) { g_publish_stop = true; });
+  std::printf("origin listening on %s\n", host.bound_endpoint().c_str());
+
+  ThreadPool pool(o.threads);
+  VersionEncodeOptions vopt;
+  vopt.chunk_bytes = *chunk;
+  std::optional<SafetensorsFile> prev;
+  std::uint64_t version = 0;
+  std::atomic<bool> anchor_wanted{false};
+  host.post([&] { host.node().set_on_anchor_wanted([&] { anchor_wanted = true; }); });
+
+  auto publish_encoded = [&](Result<EncodedVersion> ev) -> Status {
+    if (!ev.is_ok()) return ev.status();
+    auto shared = std::make_shared<EncodedVersion>(std::move(ev).value());
+    return on_loop(host, [&] { return host.node().publish(*shared); });
+  };
+  auto publish_anchor = [&]() -> Status {
+    return publish_encoded(encode_version(prev->layout(), version, 0, {}, prev->image(), vopt, pool));
+  };
+  // An anchor someone asked for; a failure is logged, the next request tries again.
+  auto serve_anchor_request = [&] {
+    if (!anchor_wanted.exchange(false) || !prev) return;
+    if (Status st = publish_anchor(); !st.is_ok()) spdlog::error("anchor of version {}: {}", version, st.to_string());
+  };
+
+  std::set<std::string> published;
+  std::size_t next_file = 0;
+  int rc = 0;
+  while (!g_publish_stop) {
+    std::string path;
+    if (next_file < o.files.size()) {
+      path = o.files[next_file++];
+    } else if (!o.watch_dir.empty()) {
+      auto fresh = scan_dir(o.watch_dir, published);
+      if (fresh.empty()) {
+        serve_anchor_request();
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        continue;
+      }
+      path = fresh.front();
+    } else {
+      break;
+    }
+    published.insert(path);
+    auto next = SafetensorsFile::open(path);
+    if (!next.is_ok()) {
+      rc = fail(next.status().to_string());
+      break;
+    }
+    const bool same_layout = prev && prev->layout().tensors == next->layout().tensors;
+    ++version;
+    const auto t0 = std::chrono::steady_clock::now();
+    Status st;
+    if (!same_layout) {
+      // First checkpoint, or the model changed shape: start a new chain with an anchor.
+      st = publish_encoded(encode_version(next->layout(), version, 0, {}, next->image(), vopt, pool));
+    } else {
+      st = publish_encoded(encode_version(next->layout(), version, version - 1, prev->image(), next->image(), vopt, pool));
+    }
+    prev = std::move(next).value();
+    if (st.is_ok() && same_layout && (version % o.anchor_every == 0 || anchor_wanted.exchange(false))) st = publish_anchor();
+    if (!st.is_ok()) {
+      rc = fail(path + ": " + st.to_string());
+      break;
+    }
+    const double encode_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    spdlog::info("published version {} from {} (encoded in {:.0f} ms)", version, path, encode_ms);
+    if (o.wait_workers > 0) {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(o.wait_timeout_ms);
+      Delivery d;
+      while (!g_publish_stop && std::chrono::steady_clock::now() < deadline) {
+        serve_anchor_request();
+        d = delivery_of(host, version);
+        if (d.workers_ready >= o.wait_workers) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      std::printf("version %" PRIu64 ": ready on %zu/%zu workers, publish to ready: median %" PRIu64 " ms, slowest %" PRIu64 " ms\n", version,
+                  d.workers_ready, o.wait_workers, d.median_ms, d.max_ms);
+      std::fflush(stdout);
+      if (d.workers_ready < o.wait_workers) {
+        rc = fail("version " + std::to_string(version) + " did not reach every worker within " + std::to_string(o.wait_timeout_ms) + " ms");
+        break;
+      }
+    }
+    if (o.interval_ms) std::this_thread::sleep_for(std::chrono::milliseconds(o.interval_ms));
+  }
+  // Keep serving for a while: late workers and retransmits.
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(o.linger_ms);
+  while (!g_publish_stop && std::chrono::steady_clock::now() < end) {
+    serve_anchor_request();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  auto ledger = on_loop(host, [&] { return host.node().ledger(); });
+  if (!ledger.empty()) {
+    std::printf("fleet ledger:\n");
+    for (const auto& [id, e] : ledger)
+      std::printf("  %-20s version %-6" PRIu64 " checksum %016" PRIx64 "%s%s\n", id.c_str(), e.version, e.checksum,
+                  e.last_error.empty() ? "" : "  last error: ", e.last_error.c_str());
+  }
+  host.stop();
+  return rc;
+}
+
+int run_keygen(const std::string& out) {
+  auto keys = transport::make_curve_keys();
+  if (!keys.is_ok()) return fail(keys.status().to_string());
+  nlohmann::json j = {{"public_key", keys->public_key}, {"secret_key", keys->secret_key}};
+  const std::string text = j.dump(2) + "\n";
+  if (Status st = write_file_atomic(out, ByteSpan(reinterpret_cast<const std::uint8_t*>(text.data()), text.size())); !st.is_ok())
+    return fail(st.to_string());
+  ::chmod(out.c_str(), 0600);
+  std::printf("%s\n", keys->public_key.c_str());
+  return 0;
+}
+
+}  // namespace
+
+Command add_publish_command(CLI::App& app) {
+  auto o = std::make_shared<PublishOptions>();
+  CLI::App* sub = app.add_subcommand("publish", "Publish checkpoints as versions: deltas from one to the next, anchors every N");
+  sub->add_option("checkpoints", o->files, "Checkpoints in training order")->check(CLI::ExistingFile);
+  sub->add_option("--watch", o->watch_dir, "Also publish new *.safetensors files appearing in this directory")->check(CLI::ExistingDirectory);
+  sub->add_option("--anchor-every", o->anchor_every, "Publish an anchor every N versions")->capture_default_str()->check(CLI::Range(1, 1000000));
+  sub->add_option("--interval-ms", o->interval_ms, "Pause between versions");
+  sub->add_option("--linger-ms", o->linger_ms, "Keep serving this long after the last version")->capture_default_str();
+  sub->add_option("--wait-workers", o->wait_workers, "Wait until this many workers hold each version before the next, and report it");
+  sub->add_option("--wait-timeout-ms", o->wait_timeout_ms, "Give up waiting for workers after this long")->capture_default_str();
+  sub->add_option("--chunk-size", o->chunk_size, "Chunk size")->capture_default_str();
+  sub->add_option("-j,--threads", o->threads, "Encoder threads (default: one per core)");
+  add_node_options(sub, o->node, /*worker=*/false);
+  return {sub, [o] { return run_publish(*o); }};
+}
+
+Command add_keygen_command(CLI::App& app) {
+  auto out = std::make_shared<std::string>();
+  CLI::App* sub = app.add_subcommand("keygen", "Make a CURVE key pair for a node; prints the public key");
+  sub->add_option("-o,--out", *out, "Key file to write (mode 0600)")->required();
+  return {sub, [out] { return run_keygen(*out); }};
+}
+
+}  // namespace deltacast::tools

@@ -1,0 +1,108 @@
+// relay, worker, publish, keygen: the broadcast runtime from the command line.
+#include <spdlog/spdlog.h>
+
+#include <cinttypes>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "commands.h"
+#include "deltacast/common/thread_pool.h"
+#include "deltacast/io/safetensors.h"
+#include "deltacast/transport/host.h"
+#include "gen.h"
+#include "node_config.h"
+
+namespace deltacast::tools {
+namespace {
+
+using namespace deltacast::runtime;
+using transport::HostConfig;
+using transport::NodeHost;
+
+std::atomic<NodeHost*> g_signal_host{nullptr};
+std::atomic<bool> g_stop{false};
+
+void stop_on_signals(NodeHost& host) {
+  g_signal_host = &host;
+  auto handler = [](int) {
+    g_stop = true;
+    if (NodeHost* h = g_signal_host.load()) h->stop();
+  };
+  std::signal(SIGINT, handler);
+  std::signal(SIGTERM, handler);
+}
+
+void set_log_level(const std::string& level) { spdlog::set_level(spdlog::level::from_str(level)); }
+
+// ---- relay --------------------------------------------------------------------------------------
+
+int run_relay(const NodeOptions& o) {
+  set_log_level(o.log_level);
+  auto cfg = load_node_options(o, /*worker=*/false);
+  if (!cfg.is_ok()) return fail(cfg.status().to_string());
+  if (cfg->host.bind_endpoint.empty()) return fail("a relay needs --listen (or \"listen\" in its config)");
+  if (cfg->node.parents.empty()) return fail("a relay needs at least one --parent");
+  NodeHost host(cfg->node, cfg->host);
+  stop_on_signals(host);
+  spdlog::info("relay {} listening on {}, parents {}", cfg->node.node_id, cfg->host.bind_endpoint, fmt::join(cfg->node.parents, ", "));
+  Status st = host.run();
+  if (!st.is_ok()) return fail(st.to_string());
+  return 0;
+}
+
+// ---- worker -------------------------------------------------------------------------------------
+
+int run_worker(const NodeOptions& o) {
+  set_log_level(o.log_level);
+  auto cfg = load_node_options(o, /*worker=*/true);
+  if (!cfg.is_ok()) return fail(cfg.status().to_string());
+  if (cfg->node.parents.empty()) return fail("a worker needs at least one --parent");
+  NodeHost host(cfg->node, cfg->host);
+  stop_on_signals(host);
+  Status st = host.start_thread();
+  if (!st.is_ok()) return fail(st.to_string());
+  std::uint64_t seen = 0;
+  int rc = 0;
+  while (!g_stop) {
+    auto v = host.wait_for_version(seen + 1, 200);
+    if (!v) continue;
+    seen = v->version;
+    std::printf("%s: version %" PRIu64 " ready, checksum %016" PRIx64 "\n", cfg->node.node_id.c_str(), v->version, v->checksum);
+    std::fflush(stdout);
+    if (!o.out_dir.empty()) {
+      ModelLayout layout{v->tensors, v->metadata, v->image.size()};
+      const auto path = (std::filesystem::path(o.out_dir) / (cfg->node.node_id + "-v" + std::to_string(v->version) + ".safetensors")).string();
+      if (Status ws = write_safetensors(path, layout, v->image); !ws.is_ok()) {
+        rc = fail(ws.to_string());
+        break;
+      }
+    }
+    if (o.exit_after_version && v->version >= o.exit_after_version) break;
+  }
+  g_signal_host = nullptr;
+  host.stop();
+  return rc;
+}
+
+}  // namespace
+
+Command add_relay_command(CLI::App& app) {
+  auto o = std::make_shared<NodeOptions>();
+  CLI::App* sub = app.add_subcommand("relay", "Run a relay: forward every chunk to its children as it arrives");
+  add_node_options(sub, *o, /*worker=*/false);
+  return {sub, [o] { return run_relay(*o); }};
+}
+
+Command add_worker_command(CLI::App& app) {
+  auto o = std::make_shared<NodeOptions>();
+  CLI::App* sub = app.add_subcommand("worker", "Run a worker: rebuild and verify every version, optionally relay to other workers");
+  add_node_options(sub, *o, /*worker=*/true);
+  sub->add_option("--out-dir", o->out_dir, "Write each verified version here as safetensors");
+  sub->add_option("--exit-after-version", o->exit_after_version, "Exit once this version is ready");
+  return {sub, [o] { return run_worker(*o); }};
+}
+
+}  // namespace deltacast::tools

@@ -1,0 +1,78 @@
+// Runs one runtime::Node for real: ZeroMQ sockets driven by a libuv loop, decode work on the
+// libuv thread pool, a steady clock, and a tick timer.
+//
+// Sockets: a ROUTER bound at `bind_endpoint` serves children; one DEALER per parent link.
+// Every send goes through a per-peer queue bounded by `queue_bytes_max`: a slow child fills
+// its own queue and loses messages (which it asks for again), it never stalls its siblings.
+// Payload frames are sent zero-copy: ZeroMQ holds a reference to the shared buffer until the
+// bytes are on the wire.
+//
+// Threads: the loop (and so the Node) runs on one thread, the one that calls run() or the one
+// start_thread() creates. post() and stop() may be called from any thread; so may the
+// reader calls current() and wait_for_version().
+#pragma once
+
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "deltacast/runtime/node.h"
+
+namespace deltacast::transport {
+
+struct CurveKeys {
+  std::string public_key;  // Z85, 40 characters
+  std::string secret_key;
+};
+
+struct HostConfig {
+  std::string bind_endpoint;                         // e.g. "tcp://127.0.0.1:7100"; empty: no children
+  std::uint64_t queue_bytes_max = 256ull << 20;     // per peer, our side of the socket
+  std::uint64_t message_bytes_max = 1ull << 30;     // larger incoming messages are refused by ZeroMQ
+  std::uint64_t tick_ms = 10;
+  int send_hwm_messages = 64;                        // ZeroMQ's own per-peer queue, in messages
+  // CURVE: when set, every link is encrypted and authenticated. A server accepts only clients
+  // whose public key is in allowed_client_keys (empty: any client that knows the server key).
+  std::optional<CurveKeys> curve;
+  std::vector<std::string> allowed_client_keys;
+  std::vector<std::string> parent_server_keys;       // one per NodeConfig::parents entry
+};
+
+class NodeHost {
+ public:
+  NodeHost(runtime::NodeConfig node_config, HostConfig host_config);
+  ~NodeHost();
+  NodeHost(const NodeHost&) = delete;
+  NodeHost& operator=(const NodeHost&) = delete;
+
+  // Binds and connects; runs the loop on this thread until stop(). Returns the bind error, if any.
+  Status run();
+  // Runs the loop on a new thread; returns once bound (or failed).
+  Status start_thread();
+  void stop();
+  // Runs fn on the loop thread.
+  void post(std::function<void()> fn);
+
+  // The node; touch it only on the loop thread (inside post()).
+  runtime::Node& node();
+  // The newest verified version, from any thread.
+  std::shared_ptr<const runtime::ModelVersion> current() const;
+  // Blocks until a version >= min_version is current or timeout_ms passes; returns it or null.
+  std::shared_ptr<const runtime::ModelVersion> wait_for_version(std::uint64_t min_version, std::uint64_t timeout_ms);
+  // The endpoint actually bound (resolves "tcp://127.0.0.1:*").
+  std::string bound_endpoint() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+  std::thread thread_;
+};
+
+// Makes a CURVE key pair (Z85).
+Result<CurveKeys> make_curve_keys();
+
+}  // namespace deltacast::transport

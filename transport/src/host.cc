@@ -1,0 +1,554 @@
+#include "deltacast/transport/host.h"
+
+#include <spdlog/spdlog.h>
+#include <uv.h>
+#include <zmq.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <future>
+#include <map>
+
+#include "deltacast/transport/wire.h"
+
+namespace deltacast::transport {
+
+using namespace deltacast::runtime;
+
+namespace {
+
+constexpr const char* kZapEndpoint = "inproc://zeromq.zap.01";
+constexpr int kFramesMax = 4;
+
+struct Socket {
+  void* zsock = nullptr;
+  uv_poll_t* poll = nullptr;  // owned by libuv until its close callback
+  bool router = false;
+  bool zap = false;
+  PeerId peer = 0;  // for parent links
+};
+
+void close_poll(uv_poll_t* poll) {
+  if (!poll) return;
+  uv_poll_stop(poll);
+  uv_close(reinterpret_cast<uv_handle_t*>(poll), [](uv_handle_t* h) { delete reinterpret_cast<uv_poll_t*>(h); });
+}
+
+std::string zmq_error(const std::string& what) { return what + ": " + zmq_strerror(zmq_errno()); }
+
+}  // namespace
+
+struct NodeHost::Impl final : Transport, Clock, TaskRunner {
+  NodeConfig node_config;
+  HostConfig config;
+  uv_loop_t loop{};
+  uv_timer_t tick_timer{};
+  uv_prepare_t prepare{};
+  uv_async_t async{};
+  void* ctx = nullptr;
+  Socket router;
+  Socket zap;
+  std::map<PeerId, Socket> parents;
+  std::map<std::string, PeerId> child_by_identity;
+  std::map<PeerId, std::string> identity_of;
+  struct Out {
+    Frames frames;
+    std::uint64_t bytes = 0;
+  };
+  struct Queue {
+    std::deque<Out> items;
+    std::uint64_t bytes = 0;
+  };
+  std::map<PeerId, Queue> queues;
+  std::vector<PeerId> peers_down;  // reported to the node outside of send()
+  PeerId next_peer = 1;
+  std::unique_ptr<Node> node;
+
+  std::mutex post_mu;
+  std::vector<std::function<void()>> posted;
+  std::atomic<bool> stopping{false};
+  std::atomic<bool> loop_open{false};
+
+  mutable std::mutex ready_mu;
+  std::condition_variable ready_cv;
+  std::string bound;
+  std::shared_ptr<const ModelVersion> latest;  // guarded by ready_mu
+  std::uint64_t bad_messages = 0;
+
+  Impl(NodeConfig nc, HostConfig hc) : node_config(std::move(nc)), config(std::move(hc)) {}
+
+  // ---- Clock, TaskRunner ------------------------------------------------------------------
+  // CLOCK_MONOTONIC: one time line for every process on this machine.
+  std::uint64_t now_ms() const override {
+    return static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
+  }
+
+  struct Work {
+    uv_work_t req{};
+    std::function<void()> work, done;
+  };
+  void run(std::function<void()> work, std::function<void()> done) override {
+    auto* w = new Work;
+    w->req.data = w;
+    w->work = std::move(work);
+    w->done = std::move(done);
+    uv_queue_work(
+        &loop, &w->req, [](uv_work_t* r) { static_cast<Work*>(r->data)->work(); },
+        [](uv_work_t* r, int) {
+          auto* w = static_cast<Work*>(r->data);
+          w->done();
+          delete w;
+        });
+  }
+
+  // ---- sockets ------------------------------------------------------------------------------
+  Status configure_common(void* s) {
+    int linger = 0;
+    std::int64_t maxmsg = static_cast<std::int64_t>(config.message_bytes_max);
+    int hwm = config.send_hwm_messages;
+    if (zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger) || zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) ||
+        zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm) || zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof hwm))
+      return Status::io_error(zmq_error("setsockopt"));
+    return Status::ok();
+  }
+
+  void watch(Socket& s) {
+    int fd;
+    std::size_t len = sizeof fd;
+    zmq_getsockopt(s.zsock, ZMQ_FD, &fd, &len);
+    s.poll = new uv_poll_t;
+    uv_poll_init(&loop, s.poll, fd);
+    s.poll->data = this;
+    // ZMQ_FD only says "look at ZMQ_EVENTS"; the prepare callback drains every socket.
+    uv_poll_start(s.poll, UV_READABLE, [](uv_poll_t* p, int, int) { static_cast<Impl*>(p->data)->drain_all(); });
+  }
+
+  Status bind() {
+    if (config.bind_endpoint.empty()) return Status::ok();
+    router.router = true;
+    router.zsock = zmq_socket(ctx, ZMQ_ROUTER);
+    DC_RETURN_IF_ERROR(configure_common(router.zsock));
+    int one = 1;
+    zmq_setsockopt(router.zsock, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
+    if (config.curve) {
+      if (zmq_setsockopt(router.zsock, ZMQ_CURVE_SERVER, &one, sizeof one) ||
+          zmq_setsockopt(router.zsock, ZMQ_CURVE_SECRETKEY, config.curve->secret_key.c_str(), 40))
+        return Status::invalid_argument(zmq_error("CURVE server key"));
+      zmq_setsockopt(router.zsock, ZMQ_ZAP_DOMAIN, "deltacast", 9);
+      zap.zap = true;
+      zap.zsock = zmq_socket(ctx, ZMQ_REP);
+      if (zmq_bind(zap.zsock, kZapEndpoint) != 0) return Status::io_error(zmq_error("ZAP handler"));
+      watch(zap);
+    }
+    if (zmq_bind(router.zsock, config.bind_endpoint.c_str()) != 0)
+      return Status::io_error(zmq_error("cannot bind " + config.bind_endpoint));
+    char buf[256];
+    std::size_t len = sizeof buf;
+    zmq_getsockopt(router.zsock, ZMQ_LAST_ENDPOINT, buf, &len);
+    {
+      std::lock_guard lock(ready_mu);
+      bound = buf;
+    }
+    watch(router);
+    return Status::ok();
+  }
+
+  PeerId connect(const std::string& endpoint) override {
+    const PeerId id = next_peer++;
+    Socket s;
+    s.peer = id;
+    s.zsock = zmq_socket(ctx, ZMQ_DEALER);
+    (void)configure_common(s.zsock);
+    int one = 1;
+    zmq_setsockopt(s.zsock, ZMQ_IMMEDIATE, &one, sizeof one);  // queue nothing for a dead parent
+    if (config.curve) {
+      std::string server_key;
+      for (std::size_t i = 0; i < node_config.parents.size() && i < config.parent_server_keys.size(); ++i)
+        if (node_config.parents[i] == endpoint) server_key = config.parent_server_keys[i];
+      zmq_setsockopt(s.zsock, ZMQ_CURVE_SERVERKEY, server_key.c_str(), server_key.size());
+      zmq_setsockopt(s.zsock, ZMQ_CURVE_PUBLICKEY, config.curve->public_key.c_str(), 40);
+      zmq_setsockopt(s.zsock, ZMQ_CURVE_SECRETKEY, config.curve->secret_key.c_str(), 40);
+    }
+    if (zmq_connect(s.zsock, endpoint.c_str()) != 0) spdlog::warn("{}: cannot connect to {}: {}", node_config.node_id, endpoint, zmq_strerror(zmq_errno()));
+    auto [it, inserted] = parents.emplace(id, s);
+    watch(it->second);
+    spdlog::debug("{}: connecting to parent {}", node_config.node_id, endpoint);
+    return id;
+  }
+
+  void disconnect(PeerId peer) override {
+    queues.erase(peer);
+    if (auto it = parents.find(peer); it != parents.end()) {
+      close_poll(it->second.poll);
+      zmq_close(it->second.zsock);
+      parents.erase(it);
+      return;
+    }
+    if (auto it = identity_of.find(peer); it != identity_of.end()) {
+      child_by_identity.erase(it->second);
+      identity_of.erase(it);
+    }
+  }
+
+  bool send(PeerId peer, const Message& message) override {
+    if (!parents.count(peer) && !identity_of.count(peer)) return false;
+    Out o;
+    o.frames = encode_message(message);
+    o.bytes = o.frames.header.size() + (o.frames.payload ? o.frames.payload->size() : 0);
+    Queue& q = queues[peer];
+    if (q.bytes + o.bytes > config.queue_bytes_max) return false;
+    q.bytes += o.bytes;
+    q.items.push_back(std::move(o));
+    flush(peer);
+    return true;
+  }
+
+  // Sends one message's frames; returns 0 or the errno that stopped it before any frame left.
+  int send_frames(void* s, const std::string* identity, const Frames& f) {
+    const int more = ZMQ_SNDMORE | ZMQ_DONTWAIT;
+    if (identity && zmq_send(s, identity->data(), identity->size(), more) < 0) return zmq_errno();
+    // Once the first frame is accepted ZeroMQ takes the whole multipart message.
+    if (zmq_send(s, f.header.data(), f.header.size(), f.payload ? more : ZMQ_DONTWAIT) < 0) return zmq_errno();
+    if (f.payload) {
+      zmq_msg_t msg;
+      auto* hold = new SharedBytes(f.payload);
+      zmq_msg_init_data(
+          &msg, const_cast<std::uint8_t*>((*hold)->data()), (*hold)->size(), [](void*, void* hint) { delete static_cast<SharedBytes*>(hint); },
+          hold);
+      if (zmq_msg_send(&msg, s, ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&msg);
+        return zmq_errno();
+      }
+    }
+    return 0;
+  }
+
+  void flush(PeerId peer) {
+    auto qit = queues.find(peer);
+    if (qit == queues.end()) return;
+    Queue& q = qit->second;
+    void* s = nullptr;
+    const std::string* identity = nullptr;
+    if (auto it = parents.find(peer); it != parents.end()) s = it->second.zsock;
+    else if (auto it2 = identity_of.find(peer); it2 != identity_of.end()) {
+      s = router.zsock;
+      identity = &it2->second;
+    }
+    if (!s) {
+      queues.erase(qit);
+      return;
+    }
+    while (!q.items.empty()) {
+      int err = send_frames(s, identity, q.items.front().frames);
+      if (err == EAGAIN) return;  // full: retried on the next loop iteration
+      if (err == EHOSTUNREACH) {
+        queues.erase(qit);
+        peers_down.push_back(peer);
+        return;
+      }
+      q.bytes -= q.items.front().bytes;
+      q.items.pop_front();
+    }
+  }
+
+  void flush_all() {
+    std::vector<PeerId> ids;
+    for (auto& [id, q] : queues)
+      if (!q.items.empty()) ids.push_back(id);
+    for (auto id : ids) flush(id);
+  }
+
+  // ---- receiving ----------------------------------------------------------------------------
+  bool readable(void* s) {
+    std::uint32_t events = 0;
+    std::size_t len = sizeof events;
+    if (zmq_getsockopt(s, ZMQ_EVENTS, &events, &len) != 0) return false;
+    return events & ZMQ_POLLIN;
+  }
+
+  // Receives one multipart message; frames past kFramesMax are read and dropped.
+  int receive(void* s, zmq_msg_t (&parts)[kFramesMax], bool& too_many) {
+    int n = 0;
+    too_many = false;
+    for (;;) {
+      zmq_msg_t m;
+      zmq_msg_init(&m);
+      if (zmq_msg_recv(&m, s, ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&m);
+        break;
+      }
+      const bool more = zmq_msg_more(&m);
+      if (n < kFramesMax) parts[n++] = m;
+      else {
+        too_many = true;
+        zmq_msg_close(&m);
+      }
+      if (!more) break;
+    }
+    return n;
+  }
+
+  void dispatch(PeerId from, zmq_msg_t* header, zmq_msg_t* payload, bool from_child) {
+    SharedBytes body;
+    if (payload) {
+      const auto* p = static_cast<const std::uint8_t*>(zmq_msg_data(payload));
+      body = share(Bytes(p, p + zmq_msg_size(payload)));
+    }
+    auto m = decode_message(zmq_msg_data(header), zmq_msg_size(header), std::move(body));
+    if (!m.is_ok()) {
+      bad_messages++;
+      spdlog::warn("{}: dropped a message from peer {}: {}", node_config.node_id, from, m.status().to_string());
+      if (from_child && m.status().code() == StatusCode::kUnsupported) send(from, Refuse{m.status().message()});
+      return;
+    }
+    node->on_message(from, *m);
+  }
+
+  void drain_router() {
+    while (readable(router.zsock)) {
+      zmq_msg_t parts[kFramesMax];
+      bool too_many;
+      const int n = receive(router.zsock, parts, too_many);
+      if (n >= 2 && n <= 3 && !too_many) {
+        std::string identity(static_cast<const char*>(zmq_msg_data(&parts[0])), zmq_msg_size(&parts[0]));
+        PeerId& id = child_by_identity[identity];
+        if (id == 0) {
+          id = next_peer++;
+          identity_of[id] = identity;
+        }
+        dispatch(id, &parts[1], n == 3 ? &parts[2] : nullptr, true);
+      } else {
+        bad_messages++;
+      }
+      for (int i = 0; i < n; ++i) zmq_msg_close(&parts[i]);
+    }
+  }
+
+  void drain_parent(PeerId id) {
+    for (;;) {
+      auto it = parents.find(id);
+      if (it == parents.end() || !readable(it->second.zsock)) return;
+      zmq_msg_t parts[kFramesMax];
+      bool too_many;
+      const int n = receive(it->second.zsock, parts, too_many);
+      if (n >= 1 && n <= 2 && !too_many) dispatch(id, &parts[0], n == 2 ? &parts[1] : nullptr, false);
+      else bad_messages++;
+      for (int i = 0; i < n; ++i) zmq_msg_close(&parts[i]);
+    }
+  }
+
+  // ZAP (RFC 27): decides whether a CURVE client key may connect.
+  void drain_zap() {
+    while (zap.zsock && readable(zap.zsock)) {
+      std::vector<std::string> frames;
+      for (;;) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, zap.zsock, ZMQ_DONTWAIT) < 0) {
+          zmq_msg_close(&m);
+          break;
+        }
+        frames.emplace_back(static_cast<const char*>(zmq_msg_data(&m)), zmq_msg_size(&m));
+        const bool more = zmq_msg_more(&m);
+        zmq_msg_close(&m);
+        if (!more) break;
+      }
+      if (frames.size() < 6) continue;
+      bool allowed = config.allowed_client_keys.empty();
+      std::string client_key = "?";
+      if (frames.size() >= 7 && frames[5] == "CURVE" && frames[6].size() == 32) {
+        char z85[41];
+        zmq_z85_encode(z85, reinterpret_cast<const std::uint8_t*>(frames[6].data()), 32);
+        client_key = z85;
+        for (const auto& k : config.allowed_client_keys) allowed |= (k == client_key);
+      } else {
+        allowed = false;
+      }
+      if (!allowed) spdlog::warn("{}: refused a peer whose key {} is not allowed", node_config.node_id, client_key);
+      const std::string reply[] = {"1.0", frames[1], allowed ? "200" : "400", allowed ? "OK" : "key not allowed", allowed ? client_key : "", ""};
+      for (int i = 0; i < 6; ++i) zmq_send(zap.zsock, reply[i].data(), reply[i].size(), i < 5 ? ZMQ_SNDMORE : 0);
+    }
+  }
+
+  void drain_all() {
+    if (stopping) return;
+    drain_zap();
+    if (router.zsock) drain_router();
+    std::vector<PeerId> ids;
+    for (auto& [id, s] : parents) ids.push_back(id);
+    for (auto id : ids) drain_parent(id);
+    flush_all();
+    while (!peers_down.empty()) {
+      PeerId p = peers_down.back();
+      peers_down.pop_back();
+      if (auto it = identity_of.find(p); it != identity_of.end()) {
+        child_by_identity.erase(it->second);
+        identity_of.erase(it);
+      }
+      node->on_peer_down(p);
+    }
+  }
+
+  void run_posted() {
+    std::vector<std::function<void()>> fns;
+    {
+      std::lock_guard lock(post_mu);
+      fns.swap(posted);
+    }
+    for (auto& f : fns) f();
+  }
+
+  void shutdown() {
+    stopping = true;
+    uv_timer_stop(&tick_timer);
+    uv_prepare_stop(&prepare);
+    uv_close(reinterpret_cast<uv_handle_t*>(&tick_timer), nullptr);
+    uv_close(reinterpret_cast<uv_handle_t*>(&prepare), nullptr);
+    uv_close(reinterpret_cast<uv_handle_t*>(&async), nullptr);
+    for (auto& [id, s] : parents) {
+      close_poll(s.poll);
+      zmq_close(s.zsock);
+    }
+    parents.clear();
+    if (router.zsock) {
+      close_poll(router.poll);
+      zmq_close(router.zsock);
+      router.zsock = nullptr;
+    }
+    if (zap.zsock) {
+      close_poll(zap.poll);
+      zmq_close(zap.zsock);
+      zap.zsock = nullptr;
+    }
+  }
+
+  Status open() {
+    uv_loop_init(&loop);
+    loop_open = true;
+    ctx = zmq_ctx_new();
+    node = std::make_unique<Node>(node_config, *this, *this, this);
+    node->set_on_ready([this](std::shared_ptr<const ModelVersion> v) {
+      {
+        std::lock_guard lock(ready_mu);
+        latest = std::move(v);
+      }
+      ready_cv.notify_all();
+    });
+    uv_timer_init(&loop, &tick_timer);
+    tick_timer.data = this;
+    uv_prepare_init(&loop, &prepare);
+    prepare.data = this;
+    uv_async_init(&loop, &async, [](uv_async_t* a) {
+      auto* self = static_cast<Impl*>(a->data);
+      self->run_posted();
+      if (self->stopping) self->shutdown();
+    });
+    async.data = this;
+    Status st = bind();
+    if (!st.is_ok()) {
+      shutdown();
+      return st;
+    }
+    uv_prepare_start(&prepare, [](uv_prepare_t* p) {
+      auto* self = static_cast<Impl*>(p->data);
+      self->run_posted();
+      self->drain_all();
+    });
+    uv_timer_start(
+        &tick_timer,
+        [](uv_timer_t* t) {
+          auto* self = static_cast<Impl*>(t->data);
+          self->node->tick();
+          self->drain_all();
+        },
+        config.tick_ms, config.tick_ms);
+    node->start();
+    return Status::ok();
+  }
+
+  void close_loop() {
+    uv_run(&loop, UV_RUN_DEFAULT);  // finishes close callbacks and decode work in flight
+    node.reset();
+    if (ctx) zmq_ctx_term(ctx);
+    ctx = nullptr;
+    if (loop_open) uv_loop_close(&loop);
+    loop_open = false;
+  }
+};
+
+NodeHost::NodeHost(NodeConfig node_config, HostConfig host_config)
+    : impl_(std::make_unique<Impl>(std::move(node_config), std::move(host_config))) {}
+
+NodeHost::~NodeHost() {
+  stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+Status NodeHost::run() {
+  Status st = impl_->open();
+  if (st.is_ok()) uv_run(&impl_->loop, UV_RUN_DEFAULT);
+  impl_->close_loop();
+  return st;
+}
+
+Status NodeHost::start_thread() {
+  std::promise<Status> opened;
+  auto fut = opened.get_future();
+  thread_ = std::thread([this, &opened] {
+    Status st = impl_->open();
+    opened.set_value(st);
+    if (st.is_ok()) uv_run(&impl_->loop, UV_RUN_DEFAULT);
+    impl_->close_loop();
+  });
+  return fut.get();
+}
+
+void NodeHost::stop() {
+  {
+    std::lock_guard lock(impl_->post_mu);
+    if (impl_->stopping || !impl_->loop_open) return;
+    impl_->stopping = true;
+  }
+  uv_async_send(&impl_->async);
+}
+
+void NodeHost::post(std::function<void()> fn) {
+  {
+    std::lock_guard lock(impl_->post_mu);
+    impl_->posted.push_back(std::move(fn));
+  }
+  if (impl_->loop_open) uv_async_send(&impl_->async);
+}
+
+runtime::Node& NodeHost::node() { return *impl_->node; }
+
+std::shared_ptr<const ModelVersion> NodeHost::current() const {
+  std::lock_guard lock(impl_->ready_mu);
+  return impl_->latest;
+}
+
+std::shared_ptr<const ModelVersion> NodeHost::wait_for_version(std::uint64_t min_version, std::uint64_t timeout_ms) {
+  std::unique_lock lock(impl_->ready_mu);
+  std::shared_ptr<const ModelVersion> v;
+  impl_->ready_cv.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] {
+    v = impl_->latest;
+    return v && v->version >= min_version;
+  });
+  return v && v->version >= min_version ? v : nullptr;
+}
+
+std::string NodeHost::bound_endpoint() const {
+  std::lock_guard lock(impl_->ready_mu);
+  return impl_->bound;
+}
+
+Result<CurveKeys> make_curve_keys() {
+  char pub[41], sec[41];
+  if (zmq_curve_keypair(pub, sec) != 0) return Status::unsupported(zmq_error("CURVE key generation (libzmq without libsodium?)"));
+  return CurveKeys{pub, sec};
+}
+
+}  // namespace deltacast::transport

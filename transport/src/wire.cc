@@ -1,0 +1,109 @@
+#include "deltacast/transport/wire.h"
+
+#include "deltacast.pb.h"
+
+namespace deltacast::transport {
+namespace {
+
+using namespace deltacast::runtime;
+
+void set_key(wire::VersionKey* out, const VersionKey& k) {
+  out->set_version(k.version);
+  out->set_anchor(k.anchor);
+}
+VersionKey get_key(const wire::VersionKey& k) { return {k.version(), k.anchor()}; }
+
+}  // namespace
+
+Frames encode_message(const Message& message) {
+  wire::Envelope env;
+  env.set_protocol_version(kProtocolVersion);
+  Frames f;
+  std::visit(
+      [&](const auto& m) {
+        using T = std::decay_t<decltype(m)>;
+        if constexpr (std::is_same_v<T, Hello>) {
+          env.set_protocol_version(m.protocol_version);
+          auto* h = env.mutable_hello();
+          h->set_node_id(m.node_id);
+          h->set_role(static_cast<std::uint32_t>(m.role));
+          h->set_have_version(m.have_version);
+          h->set_resume(m.resume);
+        } else if constexpr (std::is_same_v<T, Welcome>) {
+          env.mutable_welcome()->set_newest_version(m.newest_version);
+        } else if constexpr (std::is_same_v<T, Refuse>) {
+          env.mutable_refuse()->set_reason(m.reason);
+        } else if constexpr (std::is_same_v<T, ManifestMsg>) {
+          auto* mm = env.mutable_manifest();
+          set_key(mm->mutable_key(), m.key);
+          mm->set_published_ms(m.published_ms);
+          f.payload = m.manifest;
+        } else if constexpr (std::is_same_v<T, ChunkMsg>) {
+          auto* c = env.mutable_chunk();
+          set_key(c->mutable_key(), m.key);
+          c->set_index(m.index);
+          f.payload = m.payload;
+        } else if constexpr (std::is_same_v<T, Need>) {
+          auto* n = env.mutable_need();
+          set_key(n->mutable_key(), m.key);
+          for (auto i : m.chunks) n->add_chunks(i);
+          n->set_want_anchor(m.want_anchor);
+        } else if constexpr (std::is_same_v<T, Ready>) {
+          auto* r = env.mutable_ready();
+          r->set_node_id(m.node_id);
+          r->set_version(m.version);
+          r->set_checksum(m.checksum);
+          r->set_publish_to_ready_ms(m.publish_to_ready_ms);
+          r->set_error(m.error);
+        } else if constexpr (std::is_same_v<T, Heartbeat>) {
+          env.mutable_heartbeat()->set_newest_version(m.newest_version);
+        }
+      },
+      message);
+  f.header = env.SerializeAsString();
+  return f;
+}
+
+Result<Message> decode_message(const void* header, std::size_t header_bytes, SharedBytes payload) {
+  if (header_bytes > kHeaderBytesMax) return Status::corruption("message header larger than " + std::to_string(kHeaderBytesMax) + " bytes");
+  wire::Envelope env;
+  if (!env.ParseFromArray(header, static_cast<int>(header_bytes))) return Status::corruption("message header is not a valid Envelope");
+  const bool has_payload = env.body_case() == wire::Envelope::kManifest || env.body_case() == wire::Envelope::kChunk;
+  if (has_payload != static_cast<bool>(payload)) return Status::corruption("payload frame missing or unexpected");
+  if (env.body_case() == wire::Envelope::kHello) {
+    Hello h;
+    h.protocol_version = env.protocol_version();
+    h.node_id = env.hello().node_id();
+    if (env.hello().role() > static_cast<std::uint32_t>(Role::kPublisher)) return Status::corruption("unknown role");
+    h.role = static_cast<Role>(env.hello().role());
+    h.have_version = env.hello().have_version();
+    h.resume = env.hello().resume();
+    return Message{h};
+  }
+  if (env.protocol_version() != kProtocolVersion)
+    return Status::unsupported("peer speaks protocol version " + std::to_string(env.protocol_version()) + ", this node " +
+                               std::to_string(kProtocolVersion));
+  switch (env.body_case()) {
+    case wire::Envelope::kWelcome: return Message{Welcome{env.welcome().newest_version()}};
+    case wire::Envelope::kRefuse: return Message{Refuse{env.refuse().reason()}};
+    case wire::Envelope::kManifest:
+      return Message{ManifestMsg{get_key(env.manifest().key()), std::move(payload), env.manifest().published_ms()}};
+    case wire::Envelope::kChunk: return Message{ChunkMsg{get_key(env.chunk().key()), env.chunk().index(), std::move(payload)}};
+    case wire::Envelope::kNeed: {
+      if (static_cast<std::size_t>(env.need().chunks_size()) > kNeedChunksMax) return Status::corruption("need lists too many chunks");
+      Need n;
+      n.key = get_key(env.need().key());
+      n.chunks.assign(env.need().chunks().begin(), env.need().chunks().end());
+      n.want_anchor = env.need().want_anchor();
+      return Message{std::move(n)};
+    }
+    case wire::Envelope::kReady: {
+      const auto& r = env.ready();
+      return Message{Ready{r.node_id(), r.version(), r.checksum(), r.publish_to_ready_ms(), r.error()}};
+    }
+    case wire::Envelope::kHeartbeat: return Message{Heartbeat{env.heartbeat().newest_version()}};
+    default: return Status::corruption("message has no body");
+  }
+}
+
+}  // namespace deltacast::transport

@@ -166,14 +166,17 @@ void Node::on_hello(PeerId from, const Hello& hello) {
 }
 
 void Node::serve_catch_up(PeerId child, Child& c, std::uint64_t have, bool want_anchor) {
-  auto plan = cache_.catch_up_plan(want_anchor ? 0 : have);
-  if (plan && want_anchor && !plan->empty() && !plan->front().anchor) plan.reset();
-  if (!plan) {
-    // Nothing here reaches the newest version from what the child has: get an anchor.
+  // A worker holding nothing can only start from an anchor.
+  const bool needs_anchor = want_anchor || (have == 0 && c.role == Role::kWorker);
+  auto plan = cache_.catch_up_plan(needs_anchor ? 0 : have);
+  if (!plan || (needs_anchor && (plan->empty() || !plan->front().anchor))) {
+    // Nothing here reaches the newest version from what the child has: get an anchor, which
+    // is forwarded to the child when it arrives.
     c.wants_anchor = true;
     request_anchor();
     return;
   }
+  if (!plan->empty() && plan->front().anchor) c.wants_anchor = false;
   for (const auto& key : *plan) {
     c.subscriptions.insert(key);
     if (const CachedVersion* v = cache_.find(key)) send_version(child, *v);
@@ -348,6 +351,12 @@ void Node::tick() {
     }
   }
   request_missing(/*force=*/false);
+  // Children waiting for an anchor keep the request alive upstream.
+  for (const auto& [peer, c] : children_)
+    if (c.welcomed && c.wants_anchor) {
+      request_anchor();
+      break;
+    }
   advance();
   std::vector<VersionKey> pinned;
   if (assembly_) pinned.push_back(assembly_->key);
@@ -357,13 +366,15 @@ void Node::tick() {
 void Node::request_anchor() {
   const std::uint64_t now = clock_.now_ms();
   if (anchor_requested_ && now - anchor_requested_ms_ < config_.need_after_ms * 4) return;
-  anchor_requested_ = true;
-  anchor_requested_ms_ = now;
   if (config_.parents.empty()) {
     if (on_anchor_wanted_) on_anchor_wanted_();
   } else if (welcomed_) {
     send_to_parent(Need{{}, {}, true});
+  } else {
+    return;  // asked again once a parent welcomes us
   }
+  anchor_requested_ = true;
+  anchor_requested_ms_ = now;
 }
 
 void Node::request_missing(bool force) {

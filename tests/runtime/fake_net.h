@@ -178,7 +178,7 @@ inline bool FakeTransport::send(PeerId peer, const Message& message) {
   auto it = net_.links_.find(peer);
   if (it == net_.links_.end() || !it->second.open || it->second.from != name_) return false;
   const std::uint64_t bytes = message_bytes(message);
-  if (it->second.queued_bytes + bytes > it->second.queue_bytes_max) return false;
+  if (it->second.queued_bytes > 0 && it->second.queued_bytes + bytes > it->second.queue_bytes_max) return false;
   it->second.queued_bytes += bytes;
   net_.queue_.push_back({peer, message});
   return true;

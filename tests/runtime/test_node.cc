@@ -288,3 +288,26 @@ TEST_CASE("worker-relays build a tree from rollout hosts alone", "[runtime][node
   CHECK(net.node("host-2").stats().chunks_forwarded > 0);
   CHECK(origin.child_count() == 1);
 }
+
+TEST_CASE("a tree that forms before the first version gets the first anchor", "[runtime][node]") {
+  Series s(3);
+  FakeNet net;
+  Node& origin = net.add(origin_config());
+  net.add(relay_config("relay", {"origin"}));
+  net.add(worker_config("w1", {"relay"}));
+  net.add(worker_config("w2", {"relay"}), /*deferred_tasks=*/true);
+  net.run_for(1000);  // everyone joined; nothing published yet
+  int anchor_requests = 0;
+  origin.set_on_anchor_wanted([&] { anchor_requests++; });
+  net.run_for(3000);
+  CHECK(anchor_requests > 0);  // the workers' wish for an anchor reached the publisher
+  REQUIRE(origin.publish(s.anchor(1)).is_ok());
+  REQUIRE(origin.publish(s.delta(2)).is_ok());
+  REQUIRE(net.run_until([&] { return net.node("w1").current_version() == 2 && net.node("w2").current_version() == 2; }));
+  CHECK(net.node("w2").current()->image == s.images[1]);
+  // Anchors reach only those who asked: the next one is not sent down the tree.
+  const std::uint64_t before = net.bytes_sent_to("w1");
+  REQUIRE(origin.publish(s.anchor(2)).is_ok());
+  net.run_for(500);
+  CHECK(net.bytes_sent_to("w1") - before < 10000);
+}

@@ -30,7 +30,7 @@ struct CurveKeys {
 
 struct HostConfig {
   std::string bind_endpoint;                         // e.g. "tcp://127.0.0.1:7100"; empty: no children
-  std::uint64_t queue_bytes_max = 256ull << 20;     // per peer, our side of the socket
+  std::uint64_t queue_bytes_max = 256ull << 20;     // per peer, our side of the socket (one larger message may wait alone)
   std::uint64_t message_bytes_max = 1ull << 30;     // larger incoming messages are refused by ZeroMQ
   std::uint64_t tick_ms = 10;
   int send_hwm_messages = 64;                        // ZeroMQ's own per-peer queue, in messages
@@ -39,6 +39,8 @@ struct HostConfig {
   std::optional<CurveKeys> curve;
   std::vector<std::string> allowed_client_keys;
   std::vector<std::string> parent_server_keys;       // one per NodeConfig::parents entry
+  // Fault injection for tests: sees every outgoing message and may alter it.
+  std::function<void(runtime::Message&)> outgoing_filter;
 };
 
 class NodeHost {

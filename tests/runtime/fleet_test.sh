@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# Multi-process tests over loopback: real deltacast publish/relay/worker processes.
+#   steady      origin -> 2 relays -> 4 workers, 7 versions
+#   relay-kill  a relay SIGKILLed while versions stream; its workers fail over
+#   late-join   a worker that starts after the last version: anchor + deltas
+#   corrupt     a relay that corrupts every 3rd chunk; the worker refetches, never applies
+#   slow        a stopped worker does not delay its siblings, and catches up when resumed
+#   auth        CURVE everywhere; a worker without an allowed key gets nothing
+# Every worker's every exposed version is checked against the publisher's checksum.
+# Usage: fleet_test.sh path/to/deltacast path/to/corrupting_relay [test...]
+set -uo pipefail
+dc=${1:?usage: fleet_test.sh DELTACAST CORRUPTING_RELAY [test...]}
+crelay=${2:?usage: fleet_test.sh DELTACAST CORRUPTING_RELAY [test...]}
+shift 2
+tests=("$@")
+[ ${#tests[@]} -gt 0 ] || tests=(steady relay-kill late-join corrupt slow auth)
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+passed=0
+failed=0
+versions=7  # step-000000 .. step-000006
+
+"$dc" gen -q -o "$tmp/ckpt" --size 48MB --steps $((versions - 1)) >/dev/null || exit 1
+ckpts=("$tmp"/ckpt/step-*.safetensors)
+declare -A expected
+for ((v = 1; v <= versions; v++)); do
+  "$dc" encode -q "${ckpts[$((v - 1))]}" -o "$tmp/a.dcd" >/dev/null || exit 1
+  expected[$v]=$("$dc" inspect "$tmp/a.dcd" | sed -n 's/.*version checksum \([0-9a-f]*\).*/\1/p')
+done
+
+# Ports: each test gets its own block so tests may run side by side.
+port_base=$((20000 + ($$ % 200) * 50))
+ep() { echo "tcp://127.0.0.1:$((port_base + $1))"; }
+
+start() {  # start NAME command...  (output in $tmp/NAME.log)
+  local name=$1
+  shift
+  "$@" >"$tmp/$name.log" 2>&1 &
+  pids+=($!)
+  eval "pid_${name//-/_}=$!"
+}
+# wait_for FILE PATTERN SECONDS
+wait_for() {
+  local deadline=$((SECONDS + $3))
+  while [ $SECONDS -lt $deadline ]; do
+    grep -q -- "$2" "$1" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  return 1
+}
+# Every "version N ready, checksum C" line in a worker log must carry the publisher's checksum.
+check_worker() {
+  local log=$1 bad=0
+  while read -r v c; do
+    if [ "${expected[$v]:-}" != "$c" ]; then
+      echo "  $log: version $v exposed with checksum $c, publisher's is ${expected[$v]:-?}"
+      bad=1
+    fi
+  done < <(sed -n 's/.*version \([0-9]*\) ready, checksum \([0-9a-f]*\).*/\1 \2/p' "$log")
+  return $bad
+}
+result() {  # result NAME ok?
+  if [ "$2" = 0 ]; then
+    passed=$((passed + 1))
+    echo "PASS $1"
+  else
+    failed=$((failed + 1))
+    echo "FAIL $1"
+    for f in "$tmp"/*.log; do
+      echo "--- $f"
+      tail -15 "$f"
+    done
+  fi
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  pids=()
+  rm -f "$tmp"/*.log
+  port_base=$((port_base + 10))
+}
+
+test_steady() {
+  local ok=0
+  start relay-a "$dc" relay --id relay-a --listen "$(ep 1)" --parent "$(ep 0)"
+  start relay-b "$dc" relay --id relay-b --listen "$(ep 2)" --parent "$(ep 0)"
+  for i in 1 2 3 4; do
+    start "w$i" "$dc" worker --id "w$i" --parent "$(ep $((1 + i % 2)))" --exit-after-version $versions
+  done
+  timeout 120 "$dc" publish --listen "$(ep 0)" --wait-workers 4 --wait-timeout-ms 30000 --linger-ms 500 "${ckpts[@]}" >"$tmp/origin.log" 2>&1 || ok=1
+  for i in 1 2 3 4; do
+    wait_for "$tmp/w$i.log" "version $versions ready" 10 || { echo "  w$i did not reach version $versions"; ok=1; }
+    check_worker "$tmp/w$i.log" || ok=1
+    [ "$(grep -c ready "$tmp/w$i.log")" = "$versions" ] || { echo "  w$i skipped versions"; ok=1; }
+  done
+  grep -c "ready on 4/4 workers" "$tmp/origin.log" | grep -q "^$versions$" || { echo "  publisher did not see every version everywhere"; ok=1; }
+  result steady $ok
+}
+
+test_relay_kill() {
+  local ok=0
+  start relay-a "$dc" relay --id relay-a --listen "$(ep 1)" --parent "$(ep 0)"
+  start relay-b "$dc" relay --id relay-b --listen "$(ep 2)" --parent "$(ep 0)"
+  for i in 1 2 3 4; do
+    if [ $((i % 2)) = 1 ]; then a=1 b=2; else a=2 b=1; fi
+    start "w$i" "$dc" worker --id "w$i" --parent "$(ep $a)" --parent "$(ep $b)" --exit-after-version $versions
+  done
+  start origin "$dc" publish --listen "$(ep 0)" --interval-ms 400 --linger-ms 20000 "${ckpts[@]}"
+  wait_for "$tmp/w1.log" "version 3 ready" 30 || { echo "  no version 3"; ok=1; }
+  kill -9 "$pid_relay_a"
+  for i in 1 2 3 4; do
+    wait_for "$tmp/w$i.log" "version $versions ready" 40 || { echo "  w$i did not reach version $versions"; ok=1; }
+    check_worker "$tmp/w$i.log" || ok=1
+  done
+  result relay-kill $ok
+}
+
+test_late_join() {
+  local ok=0
+  start w1 "$dc" worker --id w1 --parent "$(ep 0)"
+  start origin "$dc" publish --listen "$(ep 0)" --anchor-every 3 --wait-workers 1 --wait-timeout-ms 30000 --linger-ms 30000 "${ckpts[@]}"
+  wait_for "$tmp/origin.log" "version $versions: ready on 1/1" 60 || { echo "  first worker never finished"; ok=1; }
+  # A relay and a worker that arrive after the last version: the relay fetches the newest
+  # anchor (6, anchors every 3) from the origin and the deltas after it (7).
+  start relay "$dc" relay --id relay --listen "$(ep 1)" --parent "$(ep 0)"
+  start late "$dc" worker --id late --parent "$(ep 1)" --exit-after-version $versions
+  wait_for "$tmp/late.log" "version $versions ready" 30 || { echo "  late joiner did not reach version $versions"; ok=1; }
+  check_worker "$tmp/late.log" || ok=1
+  first=$(sed -n 's/.*version \([0-9]*\) ready.*/\1/p' "$tmp/late.log" | head -1)
+  [ "$first" = 6 ] || { echo "  late joiner started from version ${first:-none}, expected anchor 6"; ok=1; }
+  result late-join $ok
+}
+
+test_corrupt() {
+  local ok=0
+  start relay "$crelay" bad-relay "$(ep 1)" "$(ep 0)" 3
+  start w1 "$dc" worker --id w1 --parent "$(ep 1)" --exit-after-version $versions
+  timeout 120 "$dc" publish --listen "$(ep 0)" --wait-workers 1 --wait-timeout-ms 30000 --linger-ms 1000 "${ckpts[@]}" >"$tmp/origin.log" 2>&1 || ok=1
+  wait_for "$tmp/w1.log" "version $versions ready" 10 || { echo "  w1 did not reach version $versions"; ok=1; }
+  check_worker "$tmp/w1.log" || ok=1
+  grep -q "corrupted chunk" "$tmp/relay.log" || { echo "  the relay corrupted nothing"; ok=1; }
+  grep -q "payload hash mismatch" "$tmp/origin.log" || { echo "  the ledger shows no rejected chunk"; ok=1; }
+  result corrupt $ok
+}
+
+test_slow() {
+  local ok=0
+  start relay "$dc" relay --id relay --listen "$(ep 1)" --parent "$(ep 0)" --queue-size 1MB
+  for i in 1 2 3; do start "w$i" "$dc" worker --id "w$i" --parent "$(ep 1)" --exit-after-version $versions; done
+  # The publisher waits for two workers per version: the third is stopped after version 1.
+  start origin "$dc" publish --listen "$(ep 0)" --wait-workers 2 --wait-timeout-ms 30000 --linger-ms 30000 "${ckpts[@]}"
+  wait_for "$tmp/w3.log" "version 1 ready" 30 || { echo "  w3 never started"; ok=1; }
+  kill -STOP "$pid_w3"
+  wait_for "$tmp/origin.log" "version $versions: ready" 60 || { echo "  siblings stalled"; ok=1; }
+  # Siblings' delivery stayed fast while w3 was frozen.
+  worst=$(sed -n 's/.*slowest \([0-9]*\) ms.*/\1/p' "$tmp/origin.log" | sort -n | tail -1)
+  [ "${worst:-99999}" -lt 3000 ] || { echo "  a sibling took ${worst:-?} ms"; ok=1; }
+  kill -CONT "$pid_w3"
+  wait_for "$tmp/w3.log" "version $versions ready" 40 || { echo "  w3 did not catch up"; ok=1; }
+  for i in 1 2 3; do check_worker "$tmp/w$i.log" || ok=1; done
+  result slow $ok
+}
+
+test_auth() {
+  local ok=0
+  for n in origin relay good bad; do "$dc" keygen -o "$tmp/$n.key" >"$tmp/$n.pub" || ok=1; done
+  pub() { cat "$tmp/$1.pub"; }
+  start relay "$dc" relay --id relay --listen "$(ep 1)" --parent "$(ep 0)" --keys "$tmp/relay.key" \
+    --parent-key "$(pub origin)" --allow-key "$(pub good)"
+  start good "$dc" worker --id good --parent "$(ep 1)" --keys "$tmp/good.key" --parent-key "$(pub relay)" --exit-after-version $versions
+  start bad "$dc" worker --id bad --parent "$(ep 1)" --keys "$tmp/bad.key" --parent-key "$(pub relay)"
+  start plain "$dc" worker --id plain --parent "$(ep 1)"
+  timeout 120 "$dc" publish --listen "$(ep 0)" --keys "$tmp/origin.key" --allow-key "$(pub relay)" --wait-workers 1 \
+    --wait-timeout-ms 30000 --linger-ms 1500 "${ckpts[@]}" >"$tmp/origin.log" 2>&1 || ok=1
+  wait_for "$tmp/good.log" "version $versions ready" 10 || { echo "  the allowed worker got nothing"; ok=1; }
+  check_worker "$tmp/good.log" || ok=1
+  if grep -q "ready" "$tmp/bad.log" "$tmp/plain.log"; then echo "  a worker without an allowed key got a version"; ok=1; fi
+  grep -q "refused a peer whose key" "$tmp/relay.log" || { echo "  the relay did not log the refusal"; ok=1; }
+  result auth $ok
+}
+
+for t in "${tests[@]}"; do
+  "test_${t//-/_}"
+done
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

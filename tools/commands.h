@@ -24,6 +24,8 @@ Runner add_publish_command(CLI::App& app);
 Runner add_relay_command(CLI::App& app);
 Runner add_worker_command(CLI::App& app);
 Runner add_keygen_command(CLI::App& app);
+Runner add_status_command(CLI::App& app);
+Runner add_net_bench_command(CLI::App& app);
 
 // Prints "deltacast: error: <message>" on stderr and returns the exit status for failures.
 int fail(const std::string& message);

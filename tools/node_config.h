@@ -20,6 +20,7 @@ struct NodeOptions {
   std::string keys_path;                  // this node's CURVE key file (from deltacast keygen)
   std::vector<std::string> parent_keys;   // parents' public keys, in --parent order
   std::vector<std::string> allow_keys;    // children's public keys allowed to connect
+  std::string metrics;                    // host:port for GET /metrics
   std::string log_level = "info";
   bool relay = false;                     // workers: also serve children (peer to peer)
   // worker command

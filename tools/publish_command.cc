@@ -41,13 +41,6 @@ struct PublishOptions {
 };
 
 // Runs fn on the loop thread and returns its result.
-template <typename F>
-auto on_loop(NodeHost& host, F fn) -> decltype(fn()) {
-  std::promise<decltype(fn())> p;
-  auto f = p.get_future();
-  host.post([&] { p.set_value(fn()); });
-  return f.get();
-}
 
 struct Delivery {
   std::size_t workers_ready = 0;
@@ -56,7 +49,7 @@ struct Delivery {
 };
 
 Delivery delivery_of(NodeHost& host, std::uint64_t version) {
-  return on_loop(host, [&] {
+  return host.call([&] {
     Delivery d;
     std::vector<std::uint64_t> times;
     for (const auto& [id, e] : host.node().ledger()) {
@@ -115,7 +108,7 @@ int run_publish(PublishOptions& o) {
   auto publish_encoded = [&](Result<EncodedVersion> ev) -> Status {
     if (!ev.is_ok()) return ev.status();
     auto shared = std::make_shared<EncodedVersion>(std::move(ev).value());
-    return on_loop(host, [&] { return host.node().publish(*shared); });
+    return host.call([&] { return host.node().publish(*shared); });
   };
   auto publish_anchor = [&]() -> Status {
     return publish_encoded(encode_version(prev->layout(), version, 0, {}, prev->image(), vopt, pool));
@@ -193,7 +186,7 @@ int run_publish(PublishOptions& o) {
     serve_anchor_request();
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  auto ledger = on_loop(host, [&] { return host.node().ledger(); });
+  auto ledger = host.call([&] { return host.node().ledger(); });
   if (!ledger.empty()) {
     std::printf("fleet ledger:\n");
     for (const auto& [id, e] : ledger)

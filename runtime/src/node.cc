@@ -184,8 +184,8 @@ void Node::serve_catch_up(PeerId child, Child& c, std::uint64_t have, bool want_
 }
 
 void Node::send_version(PeerId child, const CachedVersion& v, const std::vector<std::uint32_t>* only) {
-  auto pub = published_ms_.find(v.key.version);
-  if (!only) send_to(child, ManifestMsg{v.key, v.manifest_bytes, pub == published_ms_.end() ? 0 : pub->second});
+  auto pub = published_us_.find(v.key.version);
+  if (!only) send_to(child, ManifestMsg{v.key, v.manifest_bytes, pub == published_us_.end() ? 0 : pub->second});
   auto send_chunk = [&](std::uint32_t i) {
     if (i < v.chunks.size() && v.chunks[i]) send_to(child, ChunkMsg{v.key, i, v.chunks[i]});
   };
@@ -204,12 +204,12 @@ bool Node::child_wants(const Child& c, const VersionKey& key) const {
   return key.version > broadcast_newest_;
 }
 
-void Node::forward_manifest(const CachedVersion& v, std::uint64_t published_ms) {
+void Node::forward_manifest(const CachedVersion& v, std::uint64_t published_us) {
   for (auto& [peer, c] : children_) {
     if (!child_wants(c, v.key)) continue;
     c.subscriptions.insert(v.key);  // its chunks follow it to this child
     if (v.key.anchor) c.wants_anchor = false;
-    send_to(peer, ManifestMsg{v.key, v.manifest_bytes, published_ms});
+    send_to(peer, ManifestMsg{v.key, v.manifest_bytes, published_us});
   }
   if (!v.key.anchor) broadcast_newest_ = std::max(broadcast_newest_, v.key.version);
 }
@@ -231,15 +231,15 @@ void Node::on_manifest(const ManifestMsg& m, bool) {
     return;
   }
   CachedVersion* v = *r;
-  if (m.published_ms) published_ms_[m.key.version] = m.published_ms;
+  if (m.published_us) published_us_[m.key.version] = m.published_us;
   VersionTiming& t = timings_[m.key.version];
-  if (!t.manifest_ms) {
-    t.manifest_ms = now;
-    t.published_ms = m.published_ms;
+  if (!t.manifest_us) {
+    t.manifest_us = clock_.now_us();
+    t.published_us = m.published_us;
   }
   parent_newest_ = std::max(parent_newest_, m.key.version);
   if (m.key.anchor) anchor_requested_ = false;
-  if (config_.serve_children) forward_manifest(*v, m.published_ms);
+  if (config_.serve_children) forward_manifest(*v, m.published_us);
   advance();
 }
 
@@ -258,10 +258,11 @@ void Node::on_chunk(const ChunkMsg& m) {
     return;
   }
   if (!*r) return;  // duplicate
+  const std::uint64_t now_us = clock_.now_us();
   VersionTiming& t = timings_[m.key.version];
-  if (!t.first_chunk_ms) t.first_chunk_ms = now;
+  if (!t.first_chunk_us) t.first_chunk_us = now_us;
   CachedVersion* v = cache_.find(m.key);
-  if (v->complete()) t.last_chunk_ms = now;
+  if (v->complete()) t.last_chunk_us = now_us;
   if (config_.serve_children) forward_chunk(*v, m.index);
   if (assembly_ && assembly_->key == m.key) pump_decodes();
   else advance();
@@ -290,7 +291,7 @@ void Node::on_need(PeerId from, Child& child, const Need& need) {
     stats_.retransmits_served += v->present;
     missing_here = v->missing();
   } else {
-    send_to(from, ManifestMsg{v->key, v->manifest_bytes, published_ms_.count(v->key.version) ? published_ms_[v->key.version] : 0});
+    send_to(from, ManifestMsg{v->key, v->manifest_bytes, published_us_.count(v->key.version) ? published_us_[v->key.version] : 0});
     for (auto i : need.chunks) {
       if (i >= v->chunks.size()) continue;
       if (v->chunks[i]) {
@@ -306,14 +307,15 @@ void Node::on_need(PeerId from, Child& child, const Need& need) {
 
 void Node::on_ready_message(const Ready& r) {
   if (config_.parents.empty()) {
+    if (!ledger_.count(r.node_id) && ledger_.size() >= config_.ledger_workers_max) return;
     LedgerEntry& e = ledger_[r.node_id];
     if (r.version >= e.version) {
       e.version = r.version;
       e.checksum = r.checksum;
       // Measured on the origin's own clock, so clocks elsewhere need not agree; it includes
       // the time the Ready took to come back up the tree.
-      auto pub = published_ms_.find(r.version);
-      e.publish_to_ready_ms = pub != published_ms_.end() ? clock_.now_ms() - pub->second : r.publish_to_ready_ms;
+      auto pub = published_us_.find(r.version);
+      e.publish_to_ready_ms = pub != published_us_.end() ? (clock_.now_us() - pub->second) / 1000 : r.publish_to_ready_ms;
     }
     if (!r.error.empty()) e.last_error = r.error;
     e.updated_ms = clock_.now_ms();
@@ -351,6 +353,9 @@ void Node::tick() {
     }
   }
   request_missing(/*force=*/false);
+  // Bounded history: the oldest versions' timings and publish times go first.
+  while (timings_.size() > config_.timings_versions_max) timings_.erase(timings_.begin());
+  while (published_us_.size() > config_.timings_versions_max) published_us_.erase(published_us_.begin());
   // Children waiting for an anchor keep the request alive upstream.
   for (const auto& [peer, c] : children_)
     if (c.welcomed && c.wants_anchor) {
@@ -531,16 +536,16 @@ void Node::finish_assembly() {
     spare_ = std::const_pointer_cast<ModelVersion>(current_);
     current_ = ready;
   }
-  const std::uint64_t now = clock_.now_ms();
+  const std::uint64_t now = clock_.now_us();
   VersionTiming& t = timings_[a->key.version];
-  t.ready_ms = now;
+  t.ready_us = now;
   stats_.versions_ready++;
   need_rounds_.erase(a->key);
   Ready r;
   r.node_id = config_.node_id;
   r.version = ready->version;
   r.checksum = ready->checksum;
-  r.publish_to_ready_ms = t.published_ms && now >= t.published_ms ? now - t.published_ms : 0;
+  r.publish_to_ready_ms = t.published_us && now >= t.published_us ? (now - t.published_us) / 1000 : 0;
   r.error = last_error_;
   send_to_parent(r);
   // A worker that relays keeps versions for its children; one that does not drops them.
@@ -565,12 +570,13 @@ Status Node::publish(const EncodedVersion& ev) {
   const Manifest& m = ev.manifest;
   const VersionKey key{m.version, m.kind == VersionKind::kAnchor};
   const std::uint64_t now = clock_.now_ms();
+  const std::uint64_t now_us = clock_.now_us();
   auto r = cache_.add_manifest(key, share(serialize_manifest(m)), now);
   if (!r.is_ok()) return r.status();
-  published_ms_[key.version] = now;
+  published_us_[key.version] = now_us;
   VersionTiming& t = timings_[key.version];
-  if (!t.published_ms) t.published_ms = now;
-  forward_manifest(**r, now);
+  if (!t.published_us) t.published_us = now_us;
+  forward_manifest(**r, now_us);
   for (std::uint32_t i = 0; i < ev.payloads.size(); ++i) {
     auto added = cache_.add_chunk(key, i, share(ev.payloads[i]), now);
     if (!added.is_ok()) return added.status();

@@ -11,6 +11,7 @@
 #include <future>
 #include <map>
 
+#include "deltacast/runtime/metrics.h"
 #include "deltacast/transport/wire.h"
 
 namespace deltacast::transport {
@@ -81,6 +82,10 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
 
   // ---- Clock, TaskRunner ------------------------------------------------------------------
   // CLOCK_MONOTONIC: one time line for every process on this machine.
+  std::uint64_t now_us() const override {
+    return static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
+  }
   std::uint64_t now_ms() const override {
     return static_cast<std::uint64_t>(
         std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
@@ -408,8 +413,88 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
     for (auto& f : fns) f();
   }
 
+  // ---- metrics over HTTP --------------------------------------------------------------------
+  static constexpr std::size_t kRequestBytesMax = 8192;
+  uv_tcp_t http{};
+  bool http_open = false;
+  struct HttpClient {
+    uv_tcp_t tcp{};
+    std::string request;
+    std::string response;
+    uv_write_t write{};
+    Impl* host = nullptr;
+  };
+
+  static void close_client(HttpClient* c) {
+    uv_close(reinterpret_cast<uv_handle_t*>(&c->tcp), [](uv_handle_t* h) { delete static_cast<HttpClient*>(h->data); });
+  }
+
+  void respond(HttpClient* c) {
+    uv_read_stop(reinterpret_cast<uv_stream_t*>(&c->tcp));
+    const bool metrics = c->request.rfind("GET /metrics", 0) == 0;
+    const std::string body = metrics ? render_prometheus(*node) : "not found: try /metrics\n";
+    c->response = std::string(metrics ? "HTTP/1.0 200 OK\r\n" : "HTTP/1.0 404 Not Found\r\n") +
+                  "Content-Type: text/plain; version=0.0.4\r\nContent-Length: " + std::to_string(body.size()) +
+                  "\r\nConnection: close\r\n\r\n" + body;
+    uv_buf_t buf = uv_buf_init(c->response.data(), static_cast<unsigned>(c->response.size()));
+    c->write.data = c;
+    uv_write(&c->write, reinterpret_cast<uv_stream_t*>(&c->tcp), &buf, 1,
+             [](uv_write_t* w, int) { close_client(static_cast<HttpClient*>(w->data)); });
+  }
+
+  Status open_metrics() {
+    if (config.metrics_listen.empty()) return Status::ok();
+    const auto colon = config.metrics_listen.rfind(':');
+    if (colon == std::string::npos) return Status::invalid_argument("metrics address must be host:port, got " + config.metrics_listen);
+    const std::string host = config.metrics_listen.substr(0, colon);
+    const int port = std::atoi(config.metrics_listen.c_str() + colon + 1);
+    sockaddr_in addr{};
+    if (uv_ip4_addr(host.c_str(), port, &addr) != 0 || port <= 0 || port > 65535)
+      return Status::invalid_argument("bad metrics address " + config.metrics_listen);
+    uv_tcp_init(&loop, &http);
+    http.data = this;
+    http_open = true;
+    if (int rc = uv_tcp_bind(&http, reinterpret_cast<const sockaddr*>(&addr), 0); rc != 0)
+      return Status::io_error("cannot bind metrics on " + config.metrics_listen + ": " + uv_strerror(rc));
+    int rc = uv_listen(reinterpret_cast<uv_stream_t*>(&http), 16, [](uv_stream_t* server, int status) {
+      if (status < 0) return;
+      auto* self = static_cast<Impl*>(server->data);
+      auto* c = new HttpClient;
+      c->host = self;
+      uv_tcp_init(&self->loop, &c->tcp);
+      c->tcp.data = c;
+      if (uv_accept(server, reinterpret_cast<uv_stream_t*>(&c->tcp)) != 0) {
+        close_client(c);
+        return;
+      }
+      uv_read_start(
+          reinterpret_cast<uv_stream_t*>(&c->tcp),
+          [](uv_handle_t*, std::size_t suggested, uv_buf_t* buf) {
+            buf->base = new char[suggested];
+            buf->len = static_cast<decltype(buf->len)>(suggested);
+          },
+          [](uv_stream_t* stream, ssize_t n, const uv_buf_t* buf) {
+            auto* c = static_cast<HttpClient*>(stream->data);
+            if (n > 0) c->request.append(buf->base, static_cast<std::size_t>(n));
+            delete[] buf->base;
+            if (n < 0 || c->request.size() > kRequestBytesMax) {
+              uv_read_stop(stream);
+              close_client(c);
+            } else if (c->request.find("\r\n\r\n") != std::string::npos) {
+              c->host->respond(c);
+            }
+          });
+    });
+    if (rc != 0) return Status::io_error("cannot listen for metrics on " + config.metrics_listen + ": " + uv_strerror(rc));
+    return Status::ok();
+  }
+
   void shutdown() {
     stopping = true;
+    if (http_open) {
+      uv_close(reinterpret_cast<uv_handle_t*>(&http), nullptr);
+      http_open = false;
+    }
     uv_timer_stop(&tick_timer);
     uv_prepare_stop(&prepare);
     uv_close(reinterpret_cast<uv_handle_t*>(&tick_timer), nullptr);
@@ -455,6 +540,7 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
     });
     async.data = this;
     Status st = bind();
+    if (st.is_ok()) st = open_metrics();
     if (!st.is_ok()) {
       shutdown();
       return st;

@@ -36,7 +36,7 @@ Frames encode_message(const Message& message) {
         } else if constexpr (std::is_same_v<T, ManifestMsg>) {
           auto* mm = env.mutable_manifest();
           set_key(mm->mutable_key(), m.key);
-          mm->set_published_ms(m.published_ms);
+          mm->set_published_us(m.published_us);
           f.payload = m.manifest;
         } else if constexpr (std::is_same_v<T, ChunkMsg>) {
           auto* c = env.mutable_chunk();
@@ -87,7 +87,7 @@ Result<Message> decode_message(const void* header, std::size_t header_bytes, Sha
     case wire::Envelope::kWelcome: return Message{Welcome{env.welcome().newest_version()}};
     case wire::Envelope::kRefuse: return Message{Refuse{env.refuse().reason()}};
     case wire::Envelope::kManifest:
-      return Message{ManifestMsg{get_key(env.manifest().key()), std::move(payload), env.manifest().published_ms()}};
+      return Message{ManifestMsg{get_key(env.manifest().key()), std::move(payload), env.manifest().published_us()}};
     case wire::Envelope::kChunk: return Message{ChunkMsg{get_key(env.chunk().key()), env.chunk().index(), std::move(payload)}};
     case wire::Envelope::kNeed: {
       if (static_cast<std::size_t>(env.need().chunks_size()) > kNeedChunksMax) return Status::corruption("need lists too many chunks");

@@ -30,6 +30,8 @@ class Clock {
  public:
   virtual ~Clock() = default;
   virtual std::uint64_t now_ms() const = 0;
+  // Finer time for latency metrics; the default has millisecond resolution.
+  virtual std::uint64_t now_us() const { return now_ms() * 1000; }
 };
 
 // Runs `work` off the event loop (on a pool) and then `done` back on the loop thread.

@@ -53,7 +53,7 @@ struct Refuse {
 struct ManifestMsg {
   VersionKey key;
   SharedBytes manifest;
-  std::uint64_t published_ms = 0;  // when the origin published it, origin clock
+  std::uint64_t published_us = 0;  // when the origin published it, origin clock (us)
 };
 struct ChunkMsg {
   VersionKey key;

@@ -39,6 +39,8 @@ struct NodeConfig {
   std::uint64_t need_after_ms = 400;        // re-request missing chunks after this long without progress
   std::uint32_t need_retries_max = 25;      // per version, before a worker falls back to an anchor
   std::uint32_t decode_inflight_max = 8;    // chunks decoding at once
+  std::size_t timings_versions_max = 64;    // per-version timings kept for metrics
+  std::size_t ledger_workers_max = 100000;  // fleet ledger entries at the origin
 };
 
 // A verified, immutable model version as workers expose it.
@@ -50,13 +52,13 @@ struct ModelVersion {
   Bytes image;
 };
 
-// Timings of one version at this node, in the node's clock.
+// Timings of one version at this node, in microseconds of the node's clock.
 struct VersionTiming {
-  std::uint64_t published_ms = 0;    // origin clock, carried in the manifest message
-  std::uint64_t manifest_ms = 0;
-  std::uint64_t first_chunk_ms = 0;
-  std::uint64_t last_chunk_ms = 0;
-  std::uint64_t ready_ms = 0;        // workers: exposed
+  std::uint64_t published_us = 0;    // origin clock, carried in the manifest message
+  std::uint64_t manifest_us = 0;
+  std::uint64_t first_chunk_us = 0;
+  std::uint64_t last_chunk_us = 0;
+  std::uint64_t ready_us = 0;        // workers: exposed
 };
 
 struct NodeStats {
@@ -141,7 +143,7 @@ class Node {
   bool send_to(PeerId peer, const Message& m);
   void send_version(PeerId child, const CachedVersion& v, const std::vector<std::uint32_t>* only = nullptr);
   void serve_catch_up(PeerId child, Child& c, std::uint64_t have, bool want_anchor);
-  void forward_manifest(const CachedVersion& v, std::uint64_t published_ms);
+  void forward_manifest(const CachedVersion& v, std::uint64_t published_us);
   void forward_chunk(const CachedVersion& v, std::uint32_t index);
   bool child_wants(const Child& c, const VersionKey& key) const;
   void request_missing(bool force);
@@ -190,7 +192,7 @@ class Node {
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 
   std::map<std::uint64_t, VersionTiming> timings_;
-  std::map<std::uint64_t, std::uint64_t> published_ms_;  // version -> origin publish time
+  std::map<std::uint64_t, std::uint64_t> published_us_;  // version -> origin publish time (us)
   std::map<std::string, LedgerEntry> ledger_;
   std::string last_error_;
   std::function<void(std::shared_ptr<const ModelVersion>)> on_ready_;

@@ -14,6 +14,7 @@
 
 #include <condition_variable>
 #include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -39,6 +40,8 @@ struct HostConfig {
   std::optional<CurveKeys> curve;
   std::vector<std::string> allowed_client_keys;
   std::vector<std::string> parent_server_keys;       // one per NodeConfig::parents entry
+  // Serve GET /metrics (Prometheus text) on this "host:port"; empty: no metrics server.
+  std::string metrics_listen;
   // Fault injection for tests: sees every outgoing message and may alter it.
   std::function<void(runtime::Message&)> outgoing_filter;
 };
@@ -57,6 +60,14 @@ class NodeHost {
   void stop();
   // Runs fn on the loop thread.
   void post(std::function<void()> fn);
+  // Runs fn on the loop thread and waits for its result. Not from the loop thread itself.
+  template <typename F>
+  auto call(F fn) -> decltype(fn()) {
+    std::promise<decltype(fn())> result;
+    auto future = result.get_future();
+    post([&] { result.set_value(fn()); });
+    return future.get();
+  }
 
   // The node; touch it only on the loop thread (inside post()).
   runtime::Node& node();

@@ -1,0 +1,139 @@
+#include "deltacast/runtime/metrics.h"
+
+#include <cinttypes>
+#include <cstdio>
+
+namespace deltacast::runtime {
+namespace {
+
+// Label values escape backslash, quote and newline.
+std::string escape_label(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+class Writer {
+ public:
+  explicit Writer(std::string node) : node_(escape_label(node)) {}
+  void family(const char* name, const char* type, const char* help) {
+    out_ += "# HELP ";
+    out_ += name;
+    out_ += ' ';
+    out_ += help;
+    out_ += "\n# TYPE ";
+    out_ += name;
+    out_ += ' ';
+    out_ += type;
+    out_ += '\n';
+  }
+  void sample(const char* name, std::uint64_t value, const std::string& extra_labels = "") {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%" PRIu64, value);
+    line(name, buf, extra_labels);
+  }
+  void sample_ms(const char* name, std::uint64_t us, const std::string& extra_labels) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3f", static_cast<double>(us) / 1e3);
+    line(name, buf, extra_labels);
+  }
+  void line(const char* name, const char* buf, const std::string& extra_labels) {
+    out_ += name;
+    out_ += "{node=\"" + node_ + "\"" + (extra_labels.empty() ? "" : "," + extra_labels) + "} " + buf + "\n";
+  }
+  std::string take() { return std::move(out_); }
+
+ private:
+  std::string node_;
+  std::string out_;
+};
+
+}  // namespace
+
+std::string render_prometheus(const Node& node) {
+  Writer w(node.config().node_id);
+  const NodeStats& s = node.stats();
+  struct Counter {
+    const char* name;
+    const char* help;
+    std::uint64_t value;
+  };
+  const Counter counters[] = {
+      {"deltacast_bytes_in_total", "Bytes received (payloads and manifests; headers count 64).", s.bytes_in},
+      {"deltacast_bytes_out_total", "Bytes sent.", s.bytes_out},
+      {"deltacast_chunks_in_total", "Chunks received.", s.chunks_in},
+      {"deltacast_chunks_forwarded_total", "Chunks forwarded to children.", s.chunks_forwarded},
+      {"deltacast_chunks_dropped_full_queue_total", "Messages dropped because a peer's send queue was full.", s.chunks_dropped_full_queue},
+      {"deltacast_corrupt_chunks_total", "Chunks rejected on a failed checksum.", s.corrupt_chunks},
+      {"deltacast_retransmit_requests_total", "Chunks this node asked for again.", s.retransmit_requests},
+      {"deltacast_retransmits_served_total", "Chunks this node sent again on request.", s.retransmits_served},
+      {"deltacast_parent_failovers_total", "Times this node moved to another parent.", s.parent_failovers},
+      {"deltacast_versions_ready_total", "Versions verified and exposed (workers).", s.versions_ready},
+  };
+  for (const auto& c : counters) {
+    w.family(c.name, "counter", c.help);
+    w.sample(c.name, c.value);
+  }
+  const std::uint64_t current = node.current_version();
+  const std::uint64_t newest = node.newest_known_version();
+  w.family("deltacast_current_version", "gauge", "Version this worker exposes (0: none).");
+  w.sample("deltacast_current_version", current);
+  w.family("deltacast_newest_known_version", "gauge", "Newest version this node has heard of.");
+  w.sample("deltacast_newest_known_version", newest);
+  if (node.config().reconstruct) {
+    w.family("deltacast_staleness_versions", "gauge", "Versions this worker is behind the newest it has heard of.");
+    w.sample("deltacast_staleness_versions", newest > current ? newest - current : 0);
+  }
+  w.family("deltacast_children", "gauge", "Children attached.");
+  w.sample("deltacast_children", node.child_count());
+  w.family("deltacast_cache_bytes", "gauge", "Bytes held by the version cache.");
+  w.sample("deltacast_cache_bytes", node.cache().bytes());
+  w.family("deltacast_cache_bytes_max", "gauge", "Bound of the version cache.");
+  w.sample("deltacast_cache_bytes_max", node.cache().bytes_max());
+
+  struct Timing {
+    const char* name;
+    const char* help;
+    std::uint64_t VersionTiming::*field;
+  };
+  const Timing timings[] = {
+      {"deltacast_version_publish_to_first_chunk_ms", "From publish (origin clock) to this node's first chunk of the version.", &VersionTiming::first_chunk_us},
+      {"deltacast_version_publish_to_last_chunk_ms", "From publish to this node holding every chunk.", &VersionTiming::last_chunk_us},
+      {"deltacast_version_publish_to_ready_ms", "From publish to the version exposed (workers).", &VersionTiming::ready_us},
+  };
+  for (const auto& t : timings) {
+    w.family(t.name, "gauge", t.help);
+    for (const auto& [v, vt] : node.timings()) {
+      const std::uint64_t at = vt.*t.field;
+      if (!vt.published_us || !at || at < vt.published_us) continue;
+      w.sample_ms(t.name, at - vt.published_us, "version=\"" + std::to_string(v) + "\"");
+    }
+  }
+  if (!node.ledger().empty()) {
+    w.family("deltacast_worker_version", "gauge", "Fleet ledger: the version each worker holds.");
+    for (const auto& [id, e] : node.ledger()) w.sample("deltacast_worker_version", e.version, "worker=\"" + escape_label(id) + "\"");
+    w.family("deltacast_worker_publish_to_ready_ms", "gauge", "Fleet ledger: publish to ready of each worker's newest version.");
+    for (const auto& [id, e] : node.ledger())
+      w.sample("deltacast_worker_publish_to_ready_ms", e.publish_to_ready_ms, "worker=\"" + escape_label(id) + "\"");
+    w.family("deltacast_worker_updated_ms", "gauge", "Fleet ledger: when each worker last reported (origin clock).");
+    for (const auto& [id, e] : node.ledger()) w.sample("deltacast_worker_updated_ms", e.updated_ms, "worker=\"" + escape_label(id) + "\"");
+    w.family("deltacast_worker_last_error", "gauge", "Fleet ledger: each worker's last error (1 if any).");
+    for (const auto& [id, e] : node.ledger())
+      if (!e.last_error.empty())
+        w.sample("deltacast_worker_last_error", 1, "worker=\"" + escape_label(id) + "\",error=\"" + escape_label(e.last_error) + "\"");
+  }
+  if (!node.last_error().empty()) {
+    w.family("deltacast_last_error", "gauge", "This node's last error (1 if any).");
+    w.sample("deltacast_last_error", 1, "error=\"" + escape_label(node.last_error()) + "\"");
+  }
+  return w.take();
+}
+
+}  // namespace deltacast::runtime

@@ -9,11 +9,11 @@ fuzz_seconds=${FUZZ_SECONDS:-60}
 bash "$root/tools/setup.sh" --test
 
 echo "== release build and tests"
-bash "$root/tools/build.sh" "$root/build"
+bash "$root/tools/build.sh" "$root/build" -DDELTACAST_TESTS=ON
 (cd "$root/build" && ctest --output-on-failure -j "$(nproc)")
 
 echo "== sanitizer build and tests"
-bash "$root/tools/build.sh" "$root/build-asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDELTACAST_SANITIZE=ON
+bash "$root/tools/build.sh" "$root/build-asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDELTACAST_SANITIZE=ON -DDELTACAST_TESTS=ON
 (cd "$root/build-asan" && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j "$(nproc)")
 
 echo "== fuzzing, ${fuzz_seconds}s per target"

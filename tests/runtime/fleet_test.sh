@@ -6,14 +6,17 @@
 #   corrupt     a relay that corrupts every 3rd chunk; the worker refetches, never applies
 #   slow        a stopped worker does not delay its siblings, and catches up when resumed
 #   auth        CURVE everywhere; a worker without an allowed key gets nothing
+#   c-abi       a worker embedded through the C ABI (tests/runtime/c_worker_test.c)
 # Every worker's every exposed version is checked against the publisher's checksum.
-# Usage: fleet_test.sh path/to/deltacast path/to/corrupting_relay [test...]
+# Usage: fleet_test.sh path/to/deltacast path/to/corrupting_relay path/to/c_worker_test [test...]
 set -uo pipefail
-dc=${1:?usage: fleet_test.sh DELTACAST CORRUPTING_RELAY [test...]}
-crelay=${2:?usage: fleet_test.sh DELTACAST CORRUPTING_RELAY [test...]}
-shift 2
+usage="usage: fleet_test.sh DELTACAST CORRUPTING_RELAY C_WORKER_TEST [test...]"
+dc=${1:?$usage}
+crelay=${2:?$usage}
+cworker=${3:?$usage}
+shift 3
 tests=("$@")
-[ ${#tests[@]} -gt 0 ] || tests=(steady relay-kill late-join corrupt slow auth)
+[ ${#tests[@]} -gt 0 ] || tests=(steady relay-kill late-join corrupt slow auth c-abi)
 tmp=$(mktemp -d)
 pids=()
 cleanup() {
@@ -180,6 +183,14 @@ test_auth() {
   if grep -q "ready" "$tmp/bad.log" "$tmp/plain.log"; then echo "  a worker without an allowed key got a version"; ok=1; fi
   grep -q "refused a peer whose key" "$tmp/relay.log" || { echo "  the relay did not log the refusal"; ok=1; }
   result auth $ok
+}
+
+test_c_abi() {
+  local ok=0
+  start origin "$dc" publish --listen "$(ep 0)" --linger-ms 30000 "${ckpts[@]}"
+  timeout 90 "$cworker" "$(ep 0)" $versions "${expected[$versions]}" >"$tmp/c.log" 2>&1 || ok=1
+  grep -q ": ok" "$tmp/c.log" || ok=1
+  result c-abi $ok
 }
 
 for t in "${tests[@]}"; do

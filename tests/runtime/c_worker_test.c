@@ -1,0 +1,56 @@
+/* Uses the worker library through its C ABI only: join a publisher, wait for versions,
+ * read the image and the tensor table, check the version against an expected checksum.
+ * Usage: c_worker_test PARENT_ENDPOINT VERSION EXPECTED_CHECKSUM_HEX */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "deltacast/c/worker.h"
+
+int main(int argc, char** argv) {
+  if (argc != 4) {
+    fprintf(stderr, "usage: c_worker_test PARENT VERSION CHECKSUM\n");
+    return 2;
+  }
+  const uint64_t want = strtoull(argv[2], NULL, 10);
+  const uint64_t checksum = strtoull(argv[3], NULL, 16);
+  char err[256];
+  dc_worker_options bad = {0};
+  if (dc_worker_start(&bad, err, sizeof err) != NULL || strstr(err, "node_id") == NULL) {
+    fprintf(stderr, "a worker without a name must be refused with a reason\n");
+    return 1;
+  }
+  const char* parents[] = {argv[1]};
+  dc_worker_options o = {0};
+  o.node_id = "c-worker";
+  o.parents = parents;
+  o.parent_count = 1;
+  dc_worker* w = dc_worker_start(&o, err, sizeof err);
+  if (!w) {
+    fprintf(stderr, "start: %s\n", err);
+    return 1;
+  }
+  dc_version* v = dc_worker_wait(w, want, 60000);
+  if (!v) {
+    fprintf(stderr, "version %" PRIu64 " never arrived\n", want);
+    dc_worker_stop(w);
+    return 1;
+  }
+  size_t size = 0;
+  const uint8_t* image = dc_version_image(v, &size);
+  const char* name;
+  const char* dtype;
+  uint64_t offset, nbytes, covered = 0;
+  for (size_t i = 0; i < dc_version_tensor_count(v); ++i) {
+    if (dc_version_tensor(v, i, &name, &dtype, &offset, &nbytes) != 0) return 1;
+    covered += nbytes;
+  }
+  int ok = image != NULL && covered == size && dc_version_number(v) >= want && dc_version_checksum(v) == checksum &&
+           dc_version_tensor(v, dc_version_tensor_count(v), &name, &dtype, &offset, &nbytes) == -1;
+  printf("version %" PRIu64 ", %zu bytes, %zu tensors, checksum %016" PRIx64 ": %s\n", dc_version_number(v), size,
+         dc_version_tensor_count(v), dc_version_checksum(v), ok ? "ok" : "WRONG");
+  dc_version_release(v);
+  dc_worker_stop(w);
+  return ok ? 0 : 1;
+}

@@ -1,0 +1,61 @@
+/* deltacast worker library, C ABI.
+ *
+ * Embeds a deltacast worker in a rollout process: it joins a relay (or another worker),
+ * rebuilds every published version in the background, verifies it, and hands out read-only
+ * views of the newest verified version. A view stays valid, and its bytes unchanged, until it
+ * is released, whatever versions arrive meanwhile.
+ *
+ * Thread safety: every function may be called from any thread, except that a worker must not
+ * be used after dc_worker_stop returns.
+ */
+#ifndef DELTACAST_C_WORKER_H
+#define DELTACAST_C_WORKER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dc_worker dc_worker;
+typedef struct dc_version dc_version;
+
+typedef struct dc_worker_options {
+  const char* node_id;          /* unique name in the fleet (required) */
+  const char* const* parents;   /* parent endpoints, most preferred first (required) */
+  size_t parent_count;
+  const char* listen;           /* serve other workers here (peer to peer), or NULL */
+  const char* metrics;          /* "host:port" for GET /metrics, or NULL */
+  uint64_t cache_bytes_max;     /* 0: default */
+} dc_worker_options;
+
+/* Starts a worker. Returns NULL on failure and writes the reason to err (if not NULL). */
+dc_worker* dc_worker_start(const dc_worker_options* options, char* err, size_t err_len);
+
+/* Stops the worker and frees it. Views acquired from it remain valid until released. */
+void dc_worker_stop(dc_worker* worker);
+
+/* The newest verified version, or NULL if none yet. Release it with dc_version_release. */
+dc_version* dc_worker_current(dc_worker* worker);
+
+/* Blocks until a version >= min_version is verified or timeout_ms passes.
+ * Returns it (release it) or NULL on timeout. */
+dc_version* dc_worker_wait(dc_worker* worker, uint64_t min_version, uint64_t timeout_ms);
+
+uint64_t dc_version_number(const dc_version* version);
+uint64_t dc_version_checksum(const dc_version* version);
+/* The whole model image (the safetensors data section). */
+const uint8_t* dc_version_image(const dc_version* version, size_t* size);
+size_t dc_version_tensor_count(const dc_version* version);
+/* Tensor i: its name (valid while the view is held), dtype name ("BF16", ...), byte offset in
+ * the image and byte size. Returns 0, or -1 if i is out of range. */
+int dc_version_tensor(const dc_version* version, size_t i, const char** name, const char** dtype, uint64_t* offset,
+                      uint64_t* nbytes);
+void dc_version_release(dc_version* version);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DELTACAST_C_WORKER_H */

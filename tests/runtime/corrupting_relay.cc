@@ -26,7 +26,7 @@ int main(int argc, char** argv) {
   hc.outgoing_filter = [&](runtime::Message& m) {
     auto* c = std::get_if<runtime::ChunkMsg>(&m);
     if (!c || ++seen % every != 0) return;
-    Bytes b = *c->payload;
+    Bytes b(c->payload->data(), c->payload->data() + c->payload->size());
     b[b.size() / 2] ^= 0x01;
     c->payload = runtime::share(std::move(b));
     std::fprintf(stderr, "corrupted chunk %u of %s\n", c->index, runtime::to_string(c->key).c_str());

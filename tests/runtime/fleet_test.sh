@@ -7,6 +7,7 @@
 #   slow        a stopped worker does not delay its siblings, and catches up when resumed
 #   auth        CURVE everywhere; a worker without an allowed key gets nothing
 #   c-abi       a worker embedded through the C ABI (tests/runtime/c_worker_test.c)
+#   watch       the publisher watching a directory that checkpoints appear in
 # Every worker's every exposed version is checked against the publisher's checksum.
 # Usage: fleet_test.sh path/to/deltacast path/to/corrupting_relay path/to/c_worker_test [test...]
 set -uo pipefail
@@ -16,7 +17,7 @@ crelay=${2:?$usage}
 cworker=${3:?$usage}
 shift 3
 tests=("$@")
-[ ${#tests[@]} -gt 0 ] || tests=(steady relay-kill late-join corrupt slow auth c-abi)
+[ ${#tests[@]} -gt 0 ] || tests=(steady relay-kill late-join corrupt slow auth c-abi watch)
 tmp=$(mktemp -d)
 pids=()
 cleanup() {
@@ -191,6 +192,22 @@ test_c_abi() {
   timeout 90 "$cworker" "$(ep 0)" $versions "${expected[$versions]}" >"$tmp/c.log" 2>&1 || ok=1
   grep -q ": ok" "$tmp/c.log" || ok=1
   result c-abi $ok
+}
+
+test_watch() {
+  local ok=0
+  mkdir -p "$tmp/watched"
+  start w1 "$dc" worker --id w1 --parent "$(ep 0)" --exit-after-version 3
+  start origin "$dc" publish --listen "$(ep 0)" --watch "$tmp/watched" --linger-ms 60000
+  for i in 0 1 2; do
+    # Written under another name and renamed into place, as a trainer's checkpoint writer does.
+    cp "${ckpts[$i]}" "$tmp/watched/.partial"
+    mv "$tmp/watched/.partial" "$tmp/watched/step-$i.safetensors"
+    wait_for "$tmp/w1.log" "version $((i + 1)) ready" 30 || { echo "  version $((i + 1)) never arrived"; ok=1; }
+  done
+  check_worker "$tmp/w1.log" || ok=1
+  rm -rf "$tmp/watched"
+  result watch $ok
 }
 
 for t in "${tests[@]}"; do

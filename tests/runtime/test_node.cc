@@ -197,7 +197,7 @@ TEST_CASE("a corrupt chunk is rejected, fetched again and never applied", "[runt
   net.filter = [&](const std::string& from, const std::string& to, Message& m) {
     auto* c = std::get_if<ChunkMsg>(&m);
     if (from == "relay" && to == "w" && c && corrupted < 2) {
-      Bytes b = *c->payload;
+      Bytes b(c->payload->data(), c->payload->data() + c->payload->size());
       b[b.size() / 2] ^= 0x10;
       c->payload = share(std::move(b));
       corrupted++;

@@ -39,6 +39,22 @@ void close_poll(uv_poll_t* poll) {
 
 std::string zmq_error(const std::string& what) { return what + ": " + zmq_strerror(zmq_errno()); }
 
+// A received ZeroMQ frame held as a payload: no copy between the socket and the cache, the
+// children's send queues and the decoder.
+class ZmqBlob final : public Blob {
+ public:
+  explicit ZmqBlob(zmq_msg_t* frame) {
+    zmq_msg_init(&msg_);
+    zmq_msg_move(&msg_, frame);
+  }
+  ~ZmqBlob() override { zmq_msg_close(&msg_); }
+  const std::uint8_t* data() const override { return static_cast<const std::uint8_t*>(zmq_msg_data(&msg_)); }
+  std::size_t size() const override { return zmq_msg_size(&msg_); }
+
+ private:
+  mutable zmq_msg_t msg_;
+};
+
 }  // namespace
 
 struct NodeHost::Impl final : Transport, Clock, TaskRunner {
@@ -305,10 +321,7 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
 
   void dispatch(PeerId from, zmq_msg_t* header, zmq_msg_t* payload, bool from_child) {
     SharedBytes body;
-    if (payload) {
-      const auto* p = static_cast<const std::uint8_t*>(zmq_msg_data(payload));
-      body = share(Bytes(p, p + zmq_msg_size(payload)));
-    }
+    if (payload) body = std::make_shared<const ZmqBlob>(payload);
     auto m = decode_message(zmq_msg_data(header), zmq_msg_size(header), std::move(body));
     if (!m.is_ok()) {
       bad_messages++;

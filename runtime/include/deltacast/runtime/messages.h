@@ -16,10 +16,29 @@ namespace deltacast::runtime {
 // Bumped on any incompatible change to the messages or their meaning.
 inline constexpr std::uint32_t kProtocolVersion = 1;
 
-// Immutable bytes shared between the cache, send queues and decode tasks. The buffer lives
-// as long as its last holder.
-using SharedBytes = std::shared_ptr<const Bytes>;
-inline SharedBytes share(Bytes b) { return std::make_shared<const Bytes>(std::move(b)); }
+// Immutable bytes shared between the cache, send queues, ZeroMQ and decode tasks. The memory
+// lives as long as its last holder. A Blob may own a vector (share()) or memory someone else
+// allocated, such as a received ZeroMQ frame, so received payloads are never copied.
+class Blob {
+ public:
+  virtual ~Blob() = default;
+  virtual const std::uint8_t* data() const = 0;
+  virtual std::size_t size() const = 0;
+  ByteSpan span() const { return {data(), size()}; }
+  operator ByteSpan() const { return span(); }  // NOLINT: a Blob is read as bytes everywhere
+};
+using SharedBytes = std::shared_ptr<const Blob>;
+
+class OwnedBlob final : public Blob {
+ public:
+  explicit OwnedBlob(Bytes bytes) : bytes_(std::move(bytes)) {}
+  const std::uint8_t* data() const override { return bytes_.data(); }
+  std::size_t size() const override { return bytes_.size(); }
+
+ private:
+  Bytes bytes_;
+};
+inline SharedBytes share(Bytes b) { return std::make_shared<const OwnedBlob>(std::move(b)); }
 
 // A version travels as a delta (from version - 1) or as an anchor (full snapshot).
 struct VersionKey {

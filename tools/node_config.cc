@@ -20,6 +20,7 @@ void add_node_options(CLI::App* sub, NodeOptions& o, bool worker) {
   sub->add_option("--parent-key", o.parent_keys, "Public key of each --parent, in order");
   sub->add_option("--allow-key", o.allow_keys, "Public key of a child allowed to connect (repeat); none: any child with our key");
   sub->add_option("--metrics", o.metrics, "Serve Prometheus metrics on host:port (GET /metrics; deltacast status reads it)");
+  if (worker) sub->add_flag("--in-place", o.in_place, "Apply versions into the one image (half the memory; readers pause during updates)");
   sub->add_option("--log-level", o.log_level, "trace, debug, info, warn, error")->capture_default_str();
 }
 
@@ -61,12 +62,12 @@ Result<LoadedNode> load_node_options(const NodeOptions& flags, bool worker) {
     json j = json::parse(b.begin(), b.end(), nullptr, false);
     if (j.is_discarded() || !j.is_object()) return Status::invalid_argument(flags.config_path + ": not a JSON object");
     static const std::set<std::string> known = {"id", "listen", "parents", "cache_size", "queue_size", "keys", "parent_keys", "allow_keys",
-                                                "log_level", "relay", "metrics"};
+                                                "log_level", "relay", "metrics", "in_place"};
     for (auto it = j.begin(); it != j.end(); ++it)
       if (!known.count(it.key())) return Status::invalid_argument(flags.config_path + ": unknown field \"" + it.key() + "\"");
     for (Status st : {get(j, "id", o.node_id), get(j, "listen", o.listen), get(j, "parents", o.parents), get(j, "cache_size", o.cache_size),
                       get(j, "queue_size", o.queue_size), get(j, "keys", o.keys_path), get(j, "parent_keys", o.parent_keys),
-                      get(j, "allow_keys", o.allow_keys), get(j, "log_level", o.log_level), get(j, "relay", o.relay), get(j, "metrics", o.metrics)})
+                      get(j, "allow_keys", o.allow_keys), get(j, "log_level", o.log_level), get(j, "relay", o.relay), get(j, "metrics", o.metrics), get(j, "in_place", o.in_place)})
       if (!st.is_ok()) return st.with_context(flags.config_path);
   }
   if (!flags.node_id.empty()) o.node_id = flags.node_id;
@@ -78,12 +79,14 @@ Result<LoadedNode> load_node_options(const NodeOptions& flags, bool worker) {
   if (!flags.parent_keys.empty()) o.parent_keys = flags.parent_keys;
   if (!flags.allow_keys.empty()) o.allow_keys = flags.allow_keys;
   if (!flags.metrics.empty()) o.metrics = flags.metrics;
+  if (flags.in_place) o.in_place = true;
 
   LoadedNode out;
   if (o.node_id.empty()) return Status::invalid_argument("every node needs a name: --id NAME");
   out.node.node_id = o.node_id;
   out.node.parents = o.parents;
   out.node.reconstruct = worker;
+  out.node.in_place = worker && o.in_place;
   out.node.serve_children = !worker || !o.listen.empty();
   out.host.bind_endpoint = o.listen;
   out.host.metrics_listen = o.metrics;

@@ -23,6 +23,7 @@ struct NodeOptions {
   std::string metrics;                    // host:port for GET /metrics
   std::string log_level = "info";
   bool relay = false;                     // workers: also serve children (peer to peer)
+  bool in_place = false;                  // workers: one image, readers paused during updates
   // worker command
   std::string out_dir;
   std::uint64_t exit_after_version = 0;

@@ -17,6 +17,8 @@ struct Node::Assembly {
   std::size_t done = 0;
   std::size_t inflight = 0;
   std::uint64_t generation = 0;
+  bool in_place = false;   // staging is the image readers had; they are paused
+  bool exclusive = false;  // in place: every reader has let go, chunks may be applied
 };
 
 Node::Node(NodeConfig config, Transport& transport, Clock& clock, TaskRunner* tasks)
@@ -33,10 +35,7 @@ std::shared_ptr<const ModelVersion> Node::current() const {
   return current_;
 }
 
-std::uint64_t Node::current_version() const {
-  auto c = current();
-  return c ? c->version : 0;
-}
+std::uint64_t Node::current_version() const { return held_version_; }
 
 std::size_t Node::child_count() const {
   return static_cast<std::size_t>(std::count_if(children_.begin(), children_.end(), [](const auto& kv) { return kv.second.welcomed; }));
@@ -353,6 +352,7 @@ void Node::tick() {
     }
   }
   request_missing(/*force=*/false);
+  if (assembly_) pump_decodes();  // in place: readers may have let go since
   // Bounded history: the oldest versions' timings and publish times go first.
   while (timings_.size() > config_.timings_versions_max) timings_.erase(timings_.begin());
   while (published_us_.size() > config_.timings_versions_max) published_us_.erase(published_us_.begin());
@@ -432,24 +432,38 @@ void Node::start_assembly(const CachedVersion& v) {
   auto a = std::make_unique<Assembly>();
   a->key = v.key;
   a->manifest = std::make_shared<const Manifest>(v.manifest);
-  a->base = v.key.anchor ? nullptr : current();
-  if (!v.key.anchor && (!a->base || a->base->version != v.manifest.base_version)) return;
-  if (a->base && a->base->image.size() != v.manifest.image_size) {
+  std::shared_ptr<const ModelVersion> live = current();
+  if (!v.key.anchor && (!live || live->version != v.manifest.base_version)) return;
+  if (live && !v.key.anchor && live->image.size() != v.manifest.image_size) {
     abandon_assembly("layout changed", true);
     return;
   }
-  // Reuse a retired image nobody reads any more; otherwise allocate.
-  if (spare_ && spare_.use_count() == 1) {
-    a->staging = std::move(spare_);
+  if (config_.in_place && live && live->image.size() == v.manifest.image_size) {
+    // Pause readers: nobody gets this image until the new version verified in it.
+    {
+      std::lock_guard lock(current_mu_);
+      current_.reset();
+    }
+    a->in_place = true;
+    a->staging = std::const_pointer_cast<ModelVersion>(live);
+    a->base = v.key.anchor ? nullptr : live;
   } else {
-    a->staging = std::make_shared<ModelVersion>();
+    a->base = v.key.anchor ? nullptr : live;
+    // Reuse a retired image nobody reads any more; otherwise allocate.
+    if (spare_ && spare_.use_count() == 1) {
+      a->staging = std::move(spare_);
+    } else {
+      a->staging = std::make_shared<ModelVersion>();
+      stats_.images_allocated++;
+    }
+    spare_.reset();
+    a->staging->version = v.key.version;
+    a->staging->checksum = v.manifest.version_checksum;
+    a->staging->tensors = v.manifest.tensors;
+    a->staging->metadata = v.manifest.metadata;
+    a->staging->image.resize(v.manifest.image_size);
   }
-  spare_.reset();
-  a->staging->version = v.key.version;
-  a->staging->checksum = v.manifest.version_checksum;
-  a->staging->tensors = v.manifest.tensors;
-  a->staging->metadata = v.manifest.metadata;
-  a->staging->image.resize(v.manifest.image_size);
+  live.reset();
   a->state.assign(v.manifest.chunks.size(), Assembly::ChunkState::kWaiting);
   a->generation = ++generation_;
   assembly_ = std::move(a);
@@ -461,6 +475,12 @@ void Node::start_assembly(const CachedVersion& v) {
 void Node::pump_decodes() {
   Assembly* a = assembly_.get();
   if (!a || pumping_) return;
+  if (a->in_place && !a->exclusive) {
+    // Readers still hold the paused image: apply nothing until they let go (tick retries).
+    const long internal = 1 + (a->base ? 1 : 0);
+    if (a->staging.use_count() > internal) return;
+    a->exclusive = true;
+  }
   struct Guard {
     bool& flag;
     ~Guard() { flag = false; }
@@ -497,7 +517,13 @@ void Node::pump_decodes() {
       } else {
         set_error(status->to_string());
         as.state[i] = Assembly::ChunkState::kWaiting;
-        if (status->code() == StatusCode::kMismatch) {
+        const ChunkEntry& ce = as.manifest->chunks[i];
+        // In place, a failure after the chunk was applied leaves the image damaged: it is
+        // dropped and rebuilt from an anchor. (Every input is checked before a byte is written,
+        // so this takes a decoder bug; a corrupt payload leaves the range as it was.)
+        const bool damaged = as.in_place && hash64(ByteSpan(as.staging->image).subspan(ce.offset, ce.length)) != ce.base_hash;
+        if (status->code() == StatusCode::kMismatch || damaged) {
+          if (damaged) held_version_ = 0;
           abandon_assembly(status->to_string(), true);
           return;
         }
@@ -529,13 +555,20 @@ void Node::pump_decodes() {
 
 void Node::finish_assembly() {
   std::unique_ptr<Assembly> a = std::move(assembly_);
+  if (a->in_place) {
+    a->staging->version = a->key.version;
+    a->staging->checksum = a->manifest->version_checksum;
+    a->staging->tensors = a->manifest->tensors;
+    a->staging->metadata = a->manifest->metadata;
+  }
   std::shared_ptr<const ModelVersion> ready = a->staging;
   {
     std::lock_guard lock(current_mu_);
     // The old version becomes the spare once its readers let go.
-    spare_ = std::const_pointer_cast<ModelVersion>(current_);
+    if (!a->in_place) spare_ = std::const_pointer_cast<ModelVersion>(current_);
     current_ = ready;
   }
+  held_version_ = ready->version;
   const std::uint64_t now = clock_.now_us();
   VersionTiming& t = timings_[a->key.version];
   t.ready_us = now;
@@ -561,6 +594,11 @@ void Node::finish_assembly() {
 
 void Node::abandon_assembly(const std::string& why, bool want_anchor) {
   set_error(why);
+  if (assembly_ && assembly_->in_place && held_version_ != 0) {
+    // The image was not touched: expose it again.
+    std::lock_guard lock(current_mu_);
+    current_ = assembly_->staging;
+  }
   assembly_.reset();
   if (want_anchor) need_anchor_ = true;
   request_anchor();

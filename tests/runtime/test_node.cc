@@ -311,3 +311,51 @@ TEST_CASE("a tree that forms before the first version gets the first anchor", "[
   net.run_for(500);
   CHECK(net.bytes_sent_to("w1") - before < 10000);
 }
+
+TEST_CASE("in-place workers keep one image and pause readers while applying", "[runtime][node]") {
+  Series s(4);
+  FakeNet net;
+  Node& origin = net.add(origin_config());
+  REQUIRE(origin.publish(s.anchor(1)).is_ok());
+  NodeConfig c = worker_config("small-host", {"origin"});
+  c.in_place = true;
+  Node& w = net.add(c, /*deferred_tasks=*/true);
+  std::vector<std::uint64_t> seen;
+  int bad = 0;
+  watch(w, s, seen, bad);
+  REQUIRE(net.run_until([&] { return w.current_version() == 1; }));
+
+  // A reader holds version 1: version 2 waits for it, and meanwhile nobody gets a version.
+  std::shared_ptr<const ModelVersion> reader = w.current();
+  REQUIRE(reader);
+  const Bytes v1_bytes = reader->image;
+  REQUIRE(origin.publish(s.delta(2)).is_ok());
+  net.run_for(1000);
+  CHECK(w.current_version() == 1);
+  CHECK(w.current() == nullptr);          // paused
+  CHECK(reader->image == v1_bytes);       // what the reader holds never changes under it
+  reader.reset();                          // the reader lets go
+  REQUIRE(net.run_until([&] { return w.current_version() == 2; }));
+  REQUIRE(w.current());
+  CHECK(w.current()->image == s.images[1]);
+  for (std::uint64_t v = 3; v <= 5; ++v) REQUIRE(origin.publish(s.delta(v)).is_ok());
+  REQUIRE(net.run_until([&] { return w.current_version() == 5; }));
+  CHECK(bad == 0);
+  CHECK(seen == std::vector<std::uint64_t>{1, 2, 3, 4, 5});
+  CHECK(w.stats().images_allocated == 1);  // the anchor's; every delta went into it
+
+  // The default double-buffered worker builds each version beside the exposed one: it needs a
+  // second image, then recycles the two.
+  Series more(6);
+  FakeNet net2;
+  Node& o2 = net2.add(origin_config());
+  REQUIRE(o2.publish(more.anchor(1)).is_ok());
+  Node& w2 = net2.add(worker_config("big-host", {"origin"}));
+  REQUIRE(net2.run_until([&] { return w2.current_version() == 1; }));
+  for (std::uint64_t v = 2; v <= 5; ++v) {
+    REQUIRE(o2.publish(more.delta(v)).is_ok());
+    REQUIRE(net2.run_until([&] { return w2.current_version() == v; }));
+  }
+  CHECK(w2.stats().images_allocated == 2);
+  CHECK(w2.current()->image == more.images[4]);
+}

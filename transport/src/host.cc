@@ -91,7 +91,7 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
   mutable std::mutex ready_mu;
   std::condition_variable ready_cv;
   std::string bound;
-  std::shared_ptr<const ModelVersion> latest;  // guarded by ready_mu
+  std::atomic<Node*> live_node{nullptr};  // for reader threads; cleared before the node goes
   std::uint64_t bad_messages = 0;
 
   Impl(NodeConfig nc, HostConfig hc) : node_config(std::move(nc)), config(std::move(hc)) {}
@@ -535,13 +535,13 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
     loop_open = true;
     ctx = zmq_ctx_new();
     node = std::make_unique<Node>(node_config, *this, *this, this);
-    node->set_on_ready([this](std::shared_ptr<const ModelVersion> v) {
-      {
-        std::lock_guard lock(ready_mu);
-        latest = std::move(v);
-      }
+    // Readers ask the node itself (its current() is thread-safe), so in-place updates can tell
+    // when the last reader let go; the callback only wakes waiters.
+    node->set_on_ready([this](std::shared_ptr<const ModelVersion>) {
+      { std::lock_guard lock(ready_mu); }
       ready_cv.notify_all();
     });
+    live_node = node.get();
     uv_timer_init(&loop, &tick_timer);
     tick_timer.data = this;
     uv_prepare_init(&loop, &prepare);
@@ -577,6 +577,10 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
 
   void close_loop() {
     uv_run(&loop, UV_RUN_DEFAULT);  // finishes close callbacks and decode work in flight
+    {
+      std::lock_guard lock(ready_mu);
+      live_node = nullptr;
+    }
     node.reset();
     if (ctx) zmq_ctx_term(ctx);
     ctx = nullptr;
@@ -633,14 +637,16 @@ runtime::Node& NodeHost::node() { return *impl_->node; }
 
 std::shared_ptr<const ModelVersion> NodeHost::current() const {
   std::lock_guard lock(impl_->ready_mu);
-  return impl_->latest;
+  Node* n = impl_->live_node.load();
+  return n ? n->current() : nullptr;
 }
 
 std::shared_ptr<const ModelVersion> NodeHost::wait_for_version(std::uint64_t min_version, std::uint64_t timeout_ms) {
   std::unique_lock lock(impl_->ready_mu);
   std::shared_ptr<const ModelVersion> v;
   impl_->ready_cv.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] {
-    v = impl_->latest;
+    Node* n = impl_->live_node.load();
+    v = n ? n->current() : nullptr;
     return v && v->version >= min_version;
   });
   return v && v->version >= min_version ? v : nullptr;

@@ -54,6 +54,7 @@ dc_worker* dc_worker_start(const dc_worker_options* o, char* err, size_t err_len
   nc.reconstruct = true;
   nc.serve_children = o->listen && *o->listen;
   if (o->cache_bytes_max) nc.cache_bytes_max = o->cache_bytes_max;
+  nc.in_place = o->in_place != 0;
   transport::HostConfig hc;
   if (nc.serve_children) hc.bind_endpoint = o->listen;
   if (o->metrics) hc.metrics_listen = o->metrics;

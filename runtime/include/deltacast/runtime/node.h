@@ -39,6 +39,9 @@ struct NodeConfig {
   std::uint64_t need_after_ms = 400;        // re-request missing chunks after this long without progress
   std::uint32_t need_retries_max = 25;      // per version, before a worker falls back to an anchor
   std::uint32_t decode_inflight_max = 8;    // chunks decoding at once
+  // Workers: apply each version into the one image instead of a second (staging) copy, for
+  // hosts short of memory. Readers are paused meanwhile: see current().
+  bool in_place = false;
   std::size_t timings_versions_max = 64;    // per-version timings kept for metrics
   std::size_t ledger_workers_max = 100000;  // fleet ledger entries at the origin
 };
@@ -72,6 +75,7 @@ struct NodeStats {
   std::uint64_t retransmits_served = 0;    // chunks this node sent again on request
   std::uint64_t parent_failovers = 0;
   std::uint64_t versions_ready = 0;
+  std::uint64_t images_allocated = 0;      // model-sized buffers allocated (workers)
 };
 
 // What the origin knows of each worker (the fleet ledger).
@@ -102,6 +106,8 @@ class Node {
   Status publish(const EncodedVersion& version);
 
   // Workers: the newest verified version (null before the first); safe from any thread.
+  // In in-place mode it is also null while a version is being applied: the update waits until
+  // every reader has released the version it holds, then applies, verifies and re-exposes.
   std::shared_ptr<const ModelVersion> current() const;
   // Workers: called on the loop thread each time a version becomes current.
   void set_on_ready(std::function<void(std::shared_ptr<const ModelVersion>)> callback) { on_ready_ = std::move(callback); }
@@ -187,6 +193,7 @@ class Node {
   mutable std::mutex current_mu_;
   std::shared_ptr<const ModelVersion> current_;
   bool need_anchor_ = false;
+  std::uint64_t held_version_ = 0;  // version of the image held, exposed or paused (workers)
   bool pumping_ = false;  // pump_decodes is on the stack (inline task runners)
   std::uint64_t generation_ = 0;  // invalidates decode results of abandoned assemblies
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);

@@ -28,6 +28,8 @@ typedef struct dc_worker_options {
   const char* listen;           /* serve other workers here (peer to peer), or NULL */
   const char* metrics;          /* "host:port" for GET /metrics, or NULL */
   uint64_t cache_bytes_max;     /* 0: default */
+  int in_place;                 /* nonzero: one image; dc_worker_current returns NULL while a
+                                   version is applied, which waits until every view is released */
 } dc_worker_options;
 
 /* Starts a worker. Returns NULL on failure and writes the reason to err (if not NULL). */

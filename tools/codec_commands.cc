@@ -35,10 +35,27 @@ ProgressFn bar_callback(ProgressBar& bar) {
   return [&bar](std::uint64_t done, std::uint64_t) { bar.update(done); };
 }
 
-std::string step_file(const std::string& dir, std::size_t step) {
-  char name[64];
-  std::snprintf(name, sizeof name, "step-%06zu.safetensors", step);
+std::string step_file(const std::string& dir, std::size_t step, std::size_t shard = 0, std::size_t shards = 1) {
+  char name[96];
+  if (shards > 1) std::snprintf(name, sizeof name, "step-%06zu.shard-%zu-of-%zu.safetensors", step, shard, shards);
+  else std::snprintf(name, sizeof name, "step-%06zu.safetensors", step);
   return (std::filesystem::path(dir) / name).string();
+}
+
+// Splits a layout into `parts` runs of whole tensors of about equal bytes, each rebased to 0,
+// as a sharded checkpoint stores them (one file per trainer shard).
+std::vector<ModelLayout> split_layout(const ModelLayout& layout, std::size_t parts) {
+  std::vector<ModelLayout> out(parts);
+  const double per_part = static_cast<double>(layout.image_size) / static_cast<double>(parts);
+  for (const auto& t : layout.tensors) {
+    std::size_t p = std::min(parts - 1, static_cast<std::size_t>(static_cast<double>(t.offset) / per_part));
+    TensorInfo r = t;
+    r.offset = out[p].image_size;
+    out[p].image_size += r.nbytes;
+    out[p].tensors.push_back(std::move(r));
+  }
+  for (auto& part : out) part.metadata = layout.metadata;
+  return out;
 }
 
 // ---- gen ---------------------------------------------------------------------------------------
@@ -51,6 +68,7 @@ struct GenOptions {
   std::size_t steps = 4;
   TrainOptions train;
   bool fp32_norms = false;
+  std::size_t shards = 1;
 };
 
 int run_gen(const GenOptions& o) {
@@ -69,22 +87,39 @@ int run_gen(const GenOptions& o) {
 
   std::printf("model: hidden %" PRIu64 ", %" PRIu64 " layers, vocab %" PRIu64 ", ffn %" PRIu64 ", %zu tensors, %s per checkpoint\n",
               shape.hidden, shape.layers, shape.vocab, shape.ffn, layout.tensors.size(), format_bytes(static_cast<double>(layout.image_size)).c_str());
-  std::vector<SafetensorsWriter> writers;
-  std::vector<MutableByteSpan> images;
-  for (std::size_t t = 0; t <= o.steps; ++t) {
-    ModelLayout l = layout;
-    l.metadata.emplace_back("step", std::to_string(t));
-    auto w = SafetensorsWriter::create(step_file(o.out_dir, t), l);
-    if (!w.is_ok()) return fail(w.status().to_string());
-    writers.push_back(std::move(w).value());
-    images.push_back(writers.back().data());
-  }
+  if (o.shards < 1 || o.shards > layout.tensors.size()) return fail("--shards must be between 1 and the tensor count");
+  const auto parts = o.shards > 1 ? split_layout(layout, o.shards) : std::vector<ModelLayout>{layout};
   ThreadPool pool(o.common.threads);
   ProgressBar bar("gen", layout.image_size, !o.common.quiet);
-  auto stats = generate_series(layout, o.train, images, pool, bar_callback(bar));
+  std::uint64_t done_before = 0;
+  std::vector<StepStats> stats(o.steps);
+  for (std::size_t p = 0; p < parts.size(); ++p) {
+    std::vector<SafetensorsWriter> writers;
+    std::vector<MutableByteSpan> images;
+    for (std::size_t t = 0; t <= o.steps; ++t) {
+      ModelLayout l = parts[p];
+      l.metadata.emplace_back("step", std::to_string(t));
+      auto w = SafetensorsWriter::create(step_file(o.out_dir, t, p, parts.size()), l);
+      if (!w.is_ok()) return fail(w.status().to_string());
+      writers.push_back(std::move(w).value());
+      images.push_back(writers.back().data());
+    }
+    TrainOptions train = o.train;
+    train.seed += 1000003 * p;  // each shard its own random streams
+    auto part_stats = generate_series(parts[p], train, images, pool,
+                                      [&](std::uint64_t d, std::uint64_t) { bar.update(done_before + d); });
+    done_before += parts[p].image_size;
+    for (std::size_t t = 0; t < stats.size(); ++t) {
+      stats[t].values += part_stats[t].values;
+      stats[t].changed += part_stats[t].changed;
+      stats[t].mantissa_only += part_stats[t].mantissa_only;
+      stats[t].exponent_changed += part_stats[t].exponent_changed;
+      stats[t].sign_changed += part_stats[t].sign_changed;
+    }
+    for (auto& w : writers)
+      if (Status st = w.commit(); !st.is_ok()) return fail(st.to_string());
+  }
   bar.finish();
-  for (auto& w : writers)
-    if (Status st = w.commit(); !st.is_ok()) return fail(st.to_string());
   std::printf("%-6s %10s %12s %14s %14s %10s\n", "step", "changed", "changed %", "mantissa-only", "exponent", "sign");
   for (std::size_t t = 0; t < stats.size(); ++t) {
     const auto& s = stats[t];
@@ -93,7 +128,8 @@ int run_gen(const GenOptions& o) {
     std::printf("%-6zu %10" PRIu64 " %11.3f%% %13.2f%% %14" PRIu64 " %10" PRIu64 "\n", t + 1, s.changed, pct, mo,
                 s.exponent_changed, s.sign_changed);
   }
-  std::printf("wrote %zu checkpoints to %s\n", o.steps + 1, o.out_dir.c_str());
+  std::printf("wrote %zu checkpoints%s to %s\n", o.steps + 1, parts.size() > 1 ? (" of " + std::to_string(parts.size()) + " shards each").c_str() : "",
+              o.out_dir.c_str());
   return 0;
 }
 
@@ -296,6 +332,8 @@ Command add_gen_command(CLI::App& app) {
   sub->add_option("--vocab", o->vocab, "Vocabulary size (overrides --size)");
   sub->add_option("--ffn", o->ffn, "MLP width (overrides --size)");
   sub->add_flag("--fp32-norms", o->fp32_norms, "Store norm weights as F32");
+  sub->add_option("--shards", o->shards, "Split each checkpoint into this many files of whole tensors, as trainer shards write them")
+      ->capture_default_str();
   add_common(sub, o->common);
   return {sub, [o] { return run_gen(*o); }};
 }

@@ -38,9 +38,9 @@ struct PublishOptions {
   std::uint64_t wait_timeout_ms = 60000;
   std::string chunk_size = "4MiB";
   std::size_t threads = 0;
+  std::string shard;            // "I/N": publish slice I of N to the origin (--parent)
+  std::uint32_t expect_shards = 0;  // origin: merge versions from N trainer shards
 };
-
-// Runs fn on the loop thread and returns its result.
 
 struct Delivery {
   std::size_t workers_ready = 0;
@@ -66,6 +66,24 @@ Delivery delivery_of(NodeHost& host, std::uint64_t version) {
   });
 }
 
+// Waits until `wait_workers` workers hold `version` and prints its delivery; false on timeout.
+bool report_delivery(NodeHost& host, std::uint64_t version, const PublishOptions& o, const std::function<void()>& between) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(o.wait_timeout_ms);
+  Delivery d;
+  while (!g_publish_stop && std::chrono::steady_clock::now() < deadline) {
+    between();
+    d = delivery_of(host, version);
+    if (d.workers_ready >= o.wait_workers) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::printf("version %" PRIu64 ": ready on %zu/%zu workers, publish to ready: median %" PRIu64 " ms, slowest %" PRIu64 " ms\n", version,
+              d.workers_ready, o.wait_workers, d.median_ms, d.max_ms);
+  std::fflush(stdout);
+  return d.workers_ready >= o.wait_workers;
+}
+
+// Runs fn on the loop thread and returns its result.
+
 // Files in a directory ready to publish: *.safetensors, untouched for a second, by name.
 std::vector<std::string> scan_dir(const std::string& dir, const std::set<std::string>& done) {
   std::vector<std::string> out;
@@ -83,19 +101,53 @@ std::vector<std::string> scan_dir(const std::string& dir, const std::set<std::st
 
 int run_publish(PublishOptions& o) {
   spdlog::set_level(spdlog::level::from_str(o.node.log_level));
-  if (o.node.node_id.empty()) o.node.node_id = "origin";
+  const bool shard_mode = !o.shard.empty();
+  std::uint32_t shard_index = 0, shard_count = 0;
+  if (shard_mode) {
+    if (std::sscanf(o.shard.c_str(), "%u/%u", &shard_index, &shard_count) != 2 || shard_count < 1 || shard_index >= shard_count)
+      return fail("--shard wants I/N with I < N, e.g. 0/4; got '" + o.shard + "'");
+  }
+  if (o.node.node_id.empty()) o.node.node_id = shard_mode ? "trainer-" + std::to_string(shard_index) : "origin";
   auto cfg = load_node_options(o.node, /*worker=*/false);
   if (!cfg.is_ok()) return fail(cfg.status().to_string());
-  if (cfg->host.bind_endpoint.empty()) return fail("publish needs --listen: the endpoint relays and workers connect to");
-  if (!cfg->node.parents.empty()) return fail("the publisher is the origin: it has no --parent");
-  if (o.files.empty() && o.watch_dir.empty()) return fail("give checkpoints to publish, or --watch DIR");
+  if (shard_mode) {
+    if (cfg->node.parents.empty()) return fail("a trainer shard sends its slices to the origin: give --parent");
+    if (o.expect_shards) return fail("--shard and --expect-shards are for different processes");
+    cfg->node.shard_index = shard_index;
+    cfg->node.shard_count = shard_count;
+    cfg->node.serve_children = false;
+  } else {
+    if (cfg->host.bind_endpoint.empty()) return fail("publish needs --listen: the endpoint relays and workers connect to");
+    if (!cfg->node.parents.empty()) return fail("the publisher is the origin: it has no --parent (trainer shards use --shard I/N)");
+    cfg->node.expect_shards = o.expect_shards;
+  }
+  if (o.expect_shards && (!o.files.empty() || !o.watch_dir.empty()))
+    return fail("an origin merging trainer shards publishes nothing itself: drop the checkpoints and --watch");
+  if (!o.expect_shards && o.files.empty() && o.watch_dir.empty()) return fail("give checkpoints to publish, or --watch DIR");
   auto chunk = parse_bytes(o.chunk_size);
   if (!chunk.is_ok()) return fail(chunk.status().message());
   NodeHost host(cfg->node, cfg->host);
   if (Status st = host.start_thread(); !st.is_ok()) return fail(st.to_string());
   std::signal(SIGINT, [](int) { g_publish_stop = true; });
   std::signal(SIGTERM, [](int) { g_publish_stop = true; });
-  std::printf("origin listening on %s\n", host.bound_endpoint().c_str());
+  if (shard_mode) std::printf("trainer shard %u of %u, sending to %s\n", shard_index, shard_count, cfg->node.parents.front().c_str());
+  else std::printf("origin listening on %s\n", host.bound_endpoint().c_str());
+  if (o.expect_shards) {
+    // Merge and broadcast what the trainer shards send, until stopped.
+    std::uint64_t reported = 0;
+    int rc = 0;
+    while (!g_publish_stop) {
+      const std::uint64_t newest = host.call([&] { return host.node().cache().newest_version(); });
+      for (; reported < newest; ++reported) {
+        std::printf("merged version %" PRIu64 " from %u shards\n", reported + 1, o.expect_shards);
+        std::fflush(stdout);
+        if (o.wait_workers > 0 && !report_delivery(host, reported + 1, o, [] {})) rc = 1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    host.stop();
+    return rc;
+  }
 
   ThreadPool pool(o.threads);
   VersionEncodeOptions vopt;
@@ -108,7 +160,12 @@ int run_publish(PublishOptions& o) {
   auto publish_encoded = [&](Result<EncodedVersion> ev) -> Status {
     if (!ev.is_ok()) return ev.status();
     auto shared = std::make_shared<EncodedVersion>(std::move(ev).value());
-    return host.call([&] { return host.node().publish(*shared); });
+    for (;;) {
+      Status st = host.call([&] { return host.node().publish(*shared); });
+      // A trainer shard's previous slice may still be on its way to the origin.
+      if (st.code() != StatusCode::kResourceExhausted || g_publish_stop) return st;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
   };
   auto publish_anchor = [&]() -> Status {
     return publish_encoded(encode_version(prev->layout(), version, 0, {}, prev->image(), vopt, pool));
@@ -161,22 +218,9 @@ int run_publish(PublishOptions& o) {
     }
     const double encode_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     spdlog::info("published version {} from {} (encoded in {:.0f} ms)", version, path, encode_ms);
-    if (o.wait_workers > 0) {
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(o.wait_timeout_ms);
-      Delivery d;
-      while (!g_publish_stop && std::chrono::steady_clock::now() < deadline) {
-        serve_anchor_request();
-        d = delivery_of(host, version);
-        if (d.workers_ready >= o.wait_workers) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      }
-      std::printf("version %" PRIu64 ": ready on %zu/%zu workers, publish to ready: median %" PRIu64 " ms, slowest %" PRIu64 " ms\n", version,
-                  d.workers_ready, o.wait_workers, d.median_ms, d.max_ms);
-      std::fflush(stdout);
-      if (d.workers_ready < o.wait_workers) {
-        rc = fail("version " + std::to_string(version) + " did not reach every worker within " + std::to_string(o.wait_timeout_ms) + " ms");
-        break;
-      }
+    if (o.wait_workers > 0 && !shard_mode && !report_delivery(host, version, o, serve_anchor_request)) {
+      rc = fail("version " + std::to_string(version) + " did not reach every worker within " + std::to_string(o.wait_timeout_ms) + " ms");
+      break;
     }
     if (o.interval_ms) std::this_thread::sleep_for(std::chrono::milliseconds(o.interval_ms));
   }
@@ -223,6 +267,8 @@ Command add_publish_command(CLI::App& app) {
   sub->add_option("--wait-timeout-ms", o->wait_timeout_ms, "Give up waiting for workers after this long")->capture_default_str();
   sub->add_option("--chunk-size", o->chunk_size, "Chunk size")->capture_default_str();
   sub->add_option("-j,--threads", o->threads, "Encoder threads (default: one per core)");
+  sub->add_option("--shard", o->shard, "Trainer shard I/N: send this slice of every version to the origin at --parent");
+  sub->add_option("--expect-shards", o->expect_shards, "Origin: versions come as slices from N trainer shards; merge and broadcast them");
   add_node_options(sub, o->node, /*worker=*/false);
   return {sub, [o] { return run_publish(*o); }};
 }

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstring>
 #include <mutex>
+#include <set>
 
 #include "deltacast/codec/hash.h"
 
@@ -158,6 +159,47 @@ Status decode_version(const Manifest& manifest, std::span<const ByteSpan> payloa
   if (combine_chunk_hashes(manifest.image_size, hashes) != manifest.version_checksum)
     return Status::corruption("version checksum mismatch");
   return Status::ok();
+}
+
+Result<EncodedVersion> merge_shards(std::vector<EncodedVersion> shards) {
+  if (shards.empty()) return Status::invalid_argument("no shards to merge");
+  EncodedVersion out;
+  Manifest& m = out.manifest;
+  const Manifest& first = shards.front().manifest;
+  m.version = first.version;
+  m.base_version = first.base_version;
+  m.kind = first.kind;
+  m.metadata = first.metadata;
+  std::set<std::string> names;
+  for (std::size_t s = 0; s < shards.size(); ++s) {
+    EncodedVersion& shard = shards[s];
+    const Manifest& sm = shard.manifest;
+    const std::string where = "shard " + std::to_string(s) + ": ";
+    if (sm.version != m.version || sm.base_version != m.base_version || sm.kind != m.kind)
+      return Status::mismatch(where + "describes another version (v" + std::to_string(sm.version) + ")");
+    if (shard.payloads.size() != sm.chunks.size()) return Status::invalid_argument(where + "payload count does not match its chunks");
+    const std::uint64_t shift = m.image_size;
+    for (TensorInfo t : sm.tensors) {
+      if (!names.insert(t.name).second) return Status::invalid_argument(where + "tensor '" + t.name + "' is in another shard too");
+      t.offset += shift;
+      m.tensors.push_back(std::move(t));
+    }
+    for (ChunkEntry c : sm.chunks) {
+      c.offset += shift;
+      m.chunks.push_back(c);
+    }
+    m.image_size += sm.image_size;
+    for (auto& p : shard.payloads) out.payloads.push_back(std::move(p));
+    out.stats.add(shard.stats);
+  }
+  std::vector<std::uint64_t> hashes(m.chunks.size());
+  for (std::size_t i = 0; i < hashes.size(); ++i) hashes[i] = m.chunks[i].content_hash;
+  m.version_checksum = combine_chunk_hashes(m.image_size, hashes);
+  if (m.kind == VersionKind::kDelta) {
+    for (std::size_t i = 0; i < hashes.size(); ++i) hashes[i] = m.chunks[i].base_hash;
+    m.base_checksum = combine_chunk_hashes(m.image_size, hashes);
+  }
+  return out;
 }
 
 Bytes container_prefix(const Manifest& manifest) {

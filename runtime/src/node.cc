@@ -69,7 +69,7 @@ void Node::connect_parent() {
   parent_connected_ms_ = parent_heard_ms_ = clock_.now_ms();
   Hello hello;
   hello.node_id = config_.node_id;
-  hello.role = config_.reconstruct ? Role::kWorker : Role::kRelay;
+  hello.role = config_.shard_count > 0 ? Role::kPublisher : config_.reconstruct ? Role::kWorker : Role::kRelay;
   // A relay has nothing exposed; it reports the newest version it holds completely so the
   // parent does not resend it.
   std::uint64_t have = current_version();
@@ -140,6 +140,74 @@ void Node::handle_parent(const Message& m) {
 void Node::handle_child(PeerId from, Child& child, const Message& m) {
   if (const auto* need = std::get_if<Need>(&m)) on_need(from, child, *need);
   else if (const auto* ready = std::get_if<Ready>(&m)) on_ready_message(*ready);
+  else if (child.role == Role::kPublisher && config_.expect_shards > 0) {
+    if (const auto* mm = std::get_if<ManifestMsg>(&m)) on_shard_manifest(*mm);
+    else if (const auto* c = std::get_if<ChunkMsg>(&m)) on_shard_chunk(*c);
+  }
+}
+
+void Node::on_shard_manifest(const ManifestMsg& m) {
+  if (m.shards != config_.expect_shards || m.shard >= m.shards) {
+    set_error(to_string(m.key) + ": a slice numbered " + std::to_string(m.shard) + " of " + std::to_string(m.shards) +
+              ", this origin expects " + std::to_string(config_.expect_shards));
+    return;
+  }
+  if (m.key.version <= cache_.newest_version() && cache_.find(m.key)) return;  // already merged
+  auto parsed = parse_manifest(m.manifest->span());
+  if (!parsed.is_ok() || parsed->version != m.key.version) {
+    set_error("slice " + std::to_string(m.shard) + " of " + to_string(m.key) + ": " + parsed.status().to_string());
+    return;
+  }
+  ShardSlices& s = shard_slices_[m.key];
+  if (s.slices.empty()) {
+    s.shards = m.shards;
+    s.slices.resize(m.shards);
+    s.missing_chunks.assign(m.shards, 0);
+  }
+  if (s.slices[m.shard]) return;
+  EncodedVersion ev;
+  ev.manifest = std::move(parsed).value();
+  ev.payloads.resize(ev.manifest.chunks.size());
+  s.missing_chunks[m.shard] = ev.manifest.chunks.size();
+  s.slices[m.shard] = std::move(ev);
+  // Bounded: the oldest incomplete versions go first.
+  std::uint64_t total = 0;
+  for (const auto& [k, v] : shard_slices_) total += v.bytes;
+  while (total > config_.cache_bytes_max && shard_slices_.size() > 1) {
+    total -= shard_slices_.begin()->second.bytes;
+    set_error("dropped unfinished slices of " + to_string(shard_slices_.begin()->first));
+    shard_slices_.erase(shard_slices_.begin());
+  }
+}
+
+void Node::on_shard_chunk(const ChunkMsg& m) {
+  auto it = shard_slices_.find(m.key);
+  if (it == shard_slices_.end() || m.shard >= it->second.slices.size() || !it->second.slices[m.shard]) return;
+  ShardSlices& s = it->second;
+  EncodedVersion& ev = *s.slices[m.shard];
+  if (m.index >= ev.payloads.size() || !ev.payloads[m.index].empty()) return;
+  const ChunkEntry& e = ev.manifest.chunks[m.index];
+  if (m.payload->size() != e.payload_bytes || hash64(m.payload->span()) != e.payload_hash) {
+    stats_.corrupt_chunks++;
+    set_error(to_string(m.key) + " slice " + std::to_string(m.shard) + " chunk " + std::to_string(m.index) + ": payload hash mismatch");
+    return;
+  }
+  ev.payloads[m.index].assign(m.payload->data(), m.payload->data() + m.payload->size());
+  s.bytes += m.payload->size();
+  s.missing_chunks[m.shard]--;
+  for (std::size_t k = 0; k < s.shards; ++k)
+    if (!s.slices[k] || s.missing_chunks[k] > 0) return;
+  // Every slice is here: merge them into one version and publish it.
+  std::vector<EncodedVersion> slices;
+  for (auto& sl : s.slices) slices.push_back(std::move(*sl));
+  const VersionKey key = m.key;
+  shard_slices_.erase(it);
+  auto merged = merge_shards(std::move(slices));
+  if (!merged.is_ok()) {
+    set_error(to_string(key) + ": " + merged.status().to_string());
+    return;
+  }
+  if (Status st = publish(*merged); !st.is_ok()) set_error(to_string(key) + ": " + st.to_string());
 }
 
 void Node::on_hello(PeerId from, const Hello& hello) {
@@ -161,6 +229,7 @@ void Node::on_hello(PeerId from, const Hello& hello) {
   c.last_heard_ms = clock_.now_ms();
   c.subscriptions.clear();
   send_to(from, Welcome{newest_known_version()});
+  if (hello.role == Role::kPublisher) return;  // a trainer shard sends, it does not receive
   if (!hello.resume) serve_catch_up(from, c, hello.have_version, /*want_anchor=*/false);
 }
 
@@ -197,7 +266,7 @@ void Node::send_version(PeerId child, const CachedVersion& v, const std::vector<
 
 // New deltas go to every child; anchors and old versions fetched again only to those who asked.
 bool Node::child_wants(const Child& c, const VersionKey& key) const {
-  if (!c.welcomed) return false;
+  if (!c.welcomed || c.role == Role::kPublisher) return false;
   if (c.subscriptions.count(key)) return true;
   if (key.anchor) return c.wants_anchor;
   return key.version > broadcast_newest_;
@@ -215,7 +284,7 @@ void Node::forward_manifest(const CachedVersion& v, std::uint64_t published_us) 
 
 void Node::forward_chunk(const CachedVersion& v, std::uint32_t index) {
   for (auto& [peer, c] : children_) {
-    if (!c.welcomed || !c.subscriptions.count(v.key)) continue;
+    if (!c.welcomed || c.role == Role::kPublisher || !c.subscriptions.count(v.key)) continue;
     if (send_to(peer, ChunkMsg{v.key, index, v.chunks[index]})) stats_.chunks_forwarded++;
   }
 }
@@ -325,8 +394,16 @@ void Node::on_ready_message(const Ready& r) {
 
 // ---- timers ---------------------------------------------------------------------------------
 
+void Node::flush_outbox() {
+  if (!welcomed_) return;
+  std::size_t sent = 0;
+  while (sent < outbox_.size() && send_to(parent_, outbox_[sent])) ++sent;
+  outbox_.erase(outbox_.begin(), outbox_.begin() + static_cast<std::ptrdiff_t>(sent));
+}
+
 void Node::tick() {
   const std::uint64_t now = clock_.now_ms();
+  flush_outbox();
   if (!config_.parents.empty()) {
     if (parent_ == 0 || now - parent_heard_ms_ > config_.parent_timeout_ms) {
       if (parent_ != 0) set_error("parent " + config_.parents[parent_index_ % config_.parents.size()] + " silent for " +
@@ -607,6 +684,14 @@ void Node::abandon_assembly(const std::string& why, bool want_anchor) {
 Status Node::publish(const EncodedVersion& ev) {
   const Manifest& m = ev.manifest;
   const VersionKey key{m.version, m.kind == VersionKind::kAnchor};
+  if (config_.shard_count > 0) {
+    // A trainer shard: the slice goes up to the origin, which merges the slices.
+    if (!outbox_.empty()) return Status::resource_exhausted("the previous slice is still being sent");
+    outbox_.push_back(ManifestMsg{key, share(serialize_manifest(m)), 0, config_.shard_index, config_.shard_count});
+    for (std::uint32_t i = 0; i < ev.payloads.size(); ++i) outbox_.push_back(ChunkMsg{key, i, share(ev.payloads[i]), config_.shard_index});
+    flush_outbox();
+    return Status::ok();
+  }
   const std::uint64_t now = clock_.now_ms();
   const std::uint64_t now_us = clock_.now_us();
   auto r = cache_.add_manifest(key, share(serialize_manifest(m)), now);

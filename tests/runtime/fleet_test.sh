@@ -8,6 +8,7 @@
 #   auth        CURVE everywhere; a worker without an allowed key gets nothing
 #   c-abi       a worker embedded through the C ABI (tests/runtime/c_worker_test.c)
 #   watch       the publisher watching a directory that checkpoints appear in
+#   shards      2 trainer shards publish their slices; the origin merges them
 # Every worker's every exposed version is checked against the publisher's checksum.
 # Usage: fleet_test.sh path/to/deltacast path/to/corrupting_relay path/to/c_worker_test [test...]
 set -uo pipefail
@@ -17,7 +18,7 @@ crelay=${2:?$usage}
 cworker=${3:?$usage}
 shift 3
 tests=("$@")
-[ ${#tests[@]} -gt 0 ] || tests=(steady relay-kill late-join corrupt slow auth c-abi watch)
+[ ${#tests[@]} -gt 0 ] || tests=(steady relay-kill late-join corrupt slow auth c-abi watch shards)
 tmp=$(mktemp -d)
 pids=()
 cleanup() {
@@ -208,6 +209,33 @@ test_watch() {
   check_worker "$tmp/w1.log" || ok=1
   rm -rf "$tmp/watched"
   result watch $ok
+}
+
+# The data section of a safetensors file (after its 8-byte length and JSON header).
+data_of() {
+  local n
+  n=$(od -An -tu8 -N8 "$1" | tr -d ' ')
+  tail -c +$((9 + n)) "$1"
+}
+
+test_shards() {
+  local ok=0
+  "$dc" gen -q -o "$tmp/sharded" --size 16MB --steps 3 --shards 2 >/dev/null || ok=1
+  start relay "$dc" relay --id relay --listen "$(ep 1)" --parent "$(ep 0)"
+  start w1 "$dc" worker --id w1 --parent "$(ep 1)" --exit-after-version 4 --out-dir "$tmp"
+  start origin "$dc" publish --listen "$(ep 0)" --expect-shards 2 --wait-workers 1
+  start t0 "$dc" publish --shard 0/2 --parent "$(ep 0)" --linger-ms 20000 "$tmp"/sharded/step-*.shard-0-of-2.safetensors
+  start t1 "$dc" publish --shard 1/2 --parent "$(ep 0)" --linger-ms 20000 "$tmp"/sharded/step-*.shard-1-of-2.safetensors
+  wait_for "$tmp/w1.log" "version 4 ready" 60 || { echo "  the merged version 4 never arrived"; ok=1; }
+  # The worker's version 4 is the two shards' step 3 back to back.
+  if ! cmp -s <(data_of "$tmp/w1-v4.safetensors") <(cat <(data_of "$tmp/sharded/step-000003.shard-0-of-2.safetensors") \
+      <(data_of "$tmp/sharded/step-000003.shard-1-of-2.safetensors")); then
+    echo "  merged version differs from the shards' checkpoints"
+    ok=1
+  fi
+  grep -q "merged version 4 from 2 shards" "$tmp/origin.log" || { echo "  the origin did not report the merge"; ok=1; }
+  rm -rf "$tmp/sharded" "$tmp"/w1-v*.safetensors
+  result shards $ok
 }
 
 for t in "${tests[@]}"; do

@@ -5,6 +5,7 @@
 #include "deltacast/common/thread_pool.h"
 #include "fake_net.h"
 #include "gen.h"
+#include "test_util.h"
 
 using namespace deltacast;
 using namespace deltacast::test;
@@ -358,4 +359,51 @@ TEST_CASE("in-place workers keep one image and pause readers while applying", "[
   }
   CHECK(w2.stats().images_allocated == 2);
   CHECK(w2.current()->image == more.images[4]);
+}
+
+TEST_CASE("trainer shards publish slices that the origin merges into one version", "[runtime][node]") {
+  auto la = test::make_layout({{DType::kBF16, 30000}, {DType::kF32, 64}});
+  auto lb = test::make_layout({{DType::kBF16, 40001}});
+  lb.tensors[0].name = "shard-b.weight";
+  std::vector<Bytes> a = {test::random_bytes(la.image_size, 1)}, b = {test::random_bytes(lb.image_size, 2)};
+  for (int v = 1; v < 4; ++v) {
+    a.push_back(a.back());
+    b.push_back(b.back());
+    for (std::size_t i = v; i < a.back().size(); i += 53) a.back()[i] ^= 1;
+    for (std::size_t i = v; i < b.back().size(); i += 59) b.back()[i] ^= 1;
+  }
+  InlineExecutor ex;
+  VersionEncodeOptions opt;
+  opt.chunk_bytes = 8 << 10;
+  auto slice = [&](const ModelLayout& l, const std::vector<Bytes>& imgs, std::uint64_t v) {
+    return v == 1 ? *encode_version(l, 1, 0, {}, imgs[0], opt, ex) : *encode_version(l, v, v - 1, imgs[v - 2], imgs[v - 1], opt, ex);
+  };
+  FakeNet net;
+  NodeConfig oc = origin_config();
+  oc.expect_shards = 2;
+  Node& origin = net.add(oc);
+  NodeConfig sa, sb;
+  sa.node_id = "trainer-0";
+  sa.parents = {"origin"};
+  sa.shard_index = 0;
+  sa.shard_count = 2;
+  sb = sa;
+  sb.node_id = "trainer-1";
+  sb.shard_index = 1;
+  Node& ta = net.add(sa);
+  Node& tb = net.add(sb);
+  Node& w = net.add(worker_config("w", {"origin"}));
+  net.run_for(500);
+  for (std::uint64_t v = 1; v <= 4; ++v) {
+    REQUIRE(ta.publish(slice(la, a, v)).is_ok());
+    net.run_for(100);
+    CHECK(origin.cache().newest_version() == v - 1);  // half a version is not a version
+    REQUIRE(tb.publish(slice(lb, b, v)).is_ok());
+    REQUIRE(net.run_until([&] { return w.current_version() == v; }));
+    Bytes whole = a[v - 1];
+    whole.insert(whole.end(), b[v - 1].begin(), b[v - 1].end());
+    CHECK(w.current()->image == whole);
+    CHECK(w.current()->tensors.size() == 3);
+  }
+  CHECK(ta.outbox_empty());
 }

@@ -37,11 +37,14 @@ Frames encode_message(const Message& message) {
           auto* mm = env.mutable_manifest();
           set_key(mm->mutable_key(), m.key);
           mm->set_published_us(m.published_us);
+          mm->set_shard(m.shard);
+          mm->set_shards(m.shards);
           f.payload = m.manifest;
         } else if constexpr (std::is_same_v<T, ChunkMsg>) {
           auto* c = env.mutable_chunk();
           set_key(c->mutable_key(), m.key);
           c->set_index(m.index);
+          c->set_shard(m.shard);
           f.payload = m.payload;
         } else if constexpr (std::is_same_v<T, Need>) {
           auto* n = env.mutable_need();
@@ -86,9 +89,13 @@ Result<Message> decode_message(const void* header, std::size_t header_bytes, Sha
   switch (env.body_case()) {
     case wire::Envelope::kWelcome: return Message{Welcome{env.welcome().newest_version()}};
     case wire::Envelope::kRefuse: return Message{Refuse{env.refuse().reason()}};
-    case wire::Envelope::kManifest:
-      return Message{ManifestMsg{get_key(env.manifest().key()), std::move(payload), env.manifest().published_us()}};
-    case wire::Envelope::kChunk: return Message{ChunkMsg{get_key(env.chunk().key()), env.chunk().index(), std::move(payload)}};
+    case wire::Envelope::kManifest: {
+      const auto& mm = env.manifest();
+      if (mm.shards() > kShardsMax || (mm.shards() > 1 && mm.shard() >= mm.shards())) return Status::corruption("bad shard numbers");
+      return Message{ManifestMsg{get_key(mm.key()), std::move(payload), mm.published_us(), mm.shard(), std::max<std::uint32_t>(1, mm.shards())}};
+    }
+    case wire::Envelope::kChunk:
+      return Message{ChunkMsg{get_key(env.chunk().key()), env.chunk().index(), std::move(payload), env.chunk().shard()}};
     case wire::Envelope::kNeed: {
       if (static_cast<std::size_t>(env.need().chunks_size()) > kNeedChunksMax) return Status::corruption("need lists too many chunks");
       Need n;

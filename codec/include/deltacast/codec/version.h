@@ -56,6 +56,13 @@ Status decode_chunk_verified(const Manifest& manifest, std::size_t index, ByteSp
 Status decode_version(const Manifest& manifest, std::span<const ByteSpan> payloads, ByteSpan base, MutableByteSpan out,
                       Executor& executor, const ProgressFn& progress = {});
 
+// Merges the slices of one version that several trainer shards encoded separately (each a
+// disjoint set of tensors, its own image) into one version whose image is the shards' images
+// back to back in order. Chunks and payloads are reused as they are; tensor and chunk offsets
+// move, the checksums are recomputed. Fails if the slices disagree on version, base or kind,
+// or share a tensor name.
+Result<EncodedVersion> merge_shards(std::vector<EncodedVersion> shards);
+
 // The on-disk container: header, manifest, payloads. Layout: docs/FORMAT.md, "container".
 inline constexpr std::uint32_t kContainerFormatVersion = 1;
 inline constexpr std::uint64_t kManifestBytesMax = 1ull << 32;

@@ -73,11 +73,15 @@ struct ManifestMsg {
   VersionKey key;
   SharedBytes manifest;
   std::uint64_t published_us = 0;  // when the origin published it, origin clock (us)
+  // Trainer shard -> origin only: this is slice `shard` of `shards` of the version.
+  std::uint32_t shard = 0;
+  std::uint32_t shards = 1;
 };
 struct ChunkMsg {
   VersionKey key;
   std::uint32_t index = 0;
   SharedBytes payload;
+  std::uint32_t shard = 0;  // trainer shard -> origin only
 };
 // child -> parent: send these chunks again (all of them if `chunks` is empty), or, with
 // want_anchor, the newest anchor and the deltas after it.

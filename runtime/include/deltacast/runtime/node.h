@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -42,6 +43,13 @@ struct NodeConfig {
   // Workers: apply each version into the one image instead of a second (staging) copy, for
   // hosts short of memory. Readers are paused meanwhile: see current().
   bool in_place = false;
+  // Origin: versions arrive as this many slices from trainer-shard publishers and are merged
+  // (0: the origin publishes whole versions itself).
+  std::uint32_t expect_shards = 0;
+  // Trainer-shard publisher: this node sends slice shard_index of shard_count to its parent,
+  // the origin, instead of serving children.
+  std::uint32_t shard_index = 0;
+  std::uint32_t shard_count = 0;
   std::size_t timings_versions_max = 64;    // per-version timings kept for metrics
   std::size_t ledger_workers_max = 100000;  // fleet ledger entries at the origin
 };
@@ -103,7 +111,11 @@ class Node {
 
   // Origin: adds an encoded version to the cache and forwards it. Anchors are kept for
   // catch-up and sent only to nodes that ask.
+  // Trainer-shard publisher: sends its slice of the version to the origin; ResourceExhausted
+  // while the previous slice is still waiting to be sent.
   Status publish(const EncodedVersion& version);
+  // Trainer-shard publisher: true once everything published has been handed to the transport.
+  bool outbox_empty() const { return outbox_.empty(); }
 
   // Workers: the newest verified version (null before the first); safe from any thread.
   // In in-place mode it is also null while a version is being applied: the update waits until
@@ -135,6 +147,15 @@ class Node {
     bool wants_anchor = false;
   };
   struct Assembly;
+  // Origin: slices of one version from the trainer shards, until all are here.
+  struct ShardSlices {
+    std::uint32_t shards = 0;
+    std::vector<std::optional<EncodedVersion>> slices;
+    std::vector<std::size_t> missing_chunks;  // per slice, chunks not yet received
+    std::uint64_t bytes = 0;
+  };
+  void on_shard_manifest(const ManifestMsg& m);
+  void on_shard_chunk(const ChunkMsg& m);
 
   void handle_parent(const Message& m);
   void handle_child(PeerId from, Child& child, const Message& m);
@@ -154,6 +175,7 @@ class Node {
   bool child_wants(const Child& c, const VersionKey& key) const;
   void request_missing(bool force);
   void request_anchor();
+  void flush_outbox();
   void set_error(std::string error);
 
   // Worker reconstruction.
@@ -201,6 +223,8 @@ class Node {
   std::map<std::uint64_t, VersionTiming> timings_;
   std::map<std::uint64_t, std::uint64_t> published_us_;  // version -> origin publish time (us)
   std::map<std::string, LedgerEntry> ledger_;
+  std::map<VersionKey, ShardSlices> shard_slices_;  // bounded by cache_bytes_max
+  std::vector<Message> outbox_;                      // shard publisher: not yet accepted
   std::string last_error_;
   std::function<void(std::shared_ptr<const ModelVersion>)> on_ready_;
   std::function<void()> on_anchor_wanted_;

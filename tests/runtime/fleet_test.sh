@@ -9,6 +9,7 @@
 #   c-abi       a worker embedded through the C ABI (tests/runtime/c_worker_test.c)
 #   watch       the publisher watching a directory that checkpoints appear in
 #   shards      2 trainer shards publish their slices; the origin merges them
+#   fleet-init  a fleet run from the configs deltacast fleet-init writes (CURVE on)
 # Every worker's every exposed version is checked against the publisher's checksum.
 # Usage: fleet_test.sh path/to/deltacast path/to/corrupting_relay path/to/c_worker_test [test...]
 set -uo pipefail
@@ -18,7 +19,7 @@ crelay=${2:?$usage}
 cworker=${3:?$usage}
 shift 3
 tests=("$@")
-[ ${#tests[@]} -gt 0 ] || tests=(steady relay-kill late-join corrupt slow auth c-abi watch shards)
+[ ${#tests[@]} -gt 0 ] || tests=(steady relay-kill late-join corrupt slow auth c-abi watch shards fleet-init)
 tmp=$(mktemp -d)
 pids=()
 cleanup() {
@@ -236,6 +237,24 @@ test_shards() {
   grep -q "merged version 4 from 2 shards" "$tmp/origin.log" || { echo "  the origin did not report the merge"; ok=1; }
   rm -rf "$tmp/sharded" "$tmp"/w1-v*.safetensors
   result shards $ok
+}
+
+test_fleet_init() {
+  local ok=0
+  "$dc" fleet-init -o "$tmp/fleet" --origin "$(ep 0)" --relay a="$(ep 1)" --relay b="$(ep 2)" --workers-per-relay 2 >/dev/null || ok=1
+  grep -q '"keys"' "$tmp/fleet/worker-a-0.json" && grep -q '"allow_keys"' "$tmp/fleet/relay-a.json" || { echo "  configs without CURVE"; ok=1; }
+  [ "$(stat -c %a "$tmp/fleet/origin.key")" = 600 ] || { echo "  key file readable by others"; ok=1; }
+  start relay-a "$dc" relay --config "$tmp/fleet/relay-a.json"
+  start relay-b "$dc" relay --config "$tmp/fleet/relay-b.json"
+  for w in a-0 a-1 b-0 b-1; do start "w$w" "$dc" worker --config "$tmp/fleet/worker-$w.json" --exit-after-version $versions; done
+  timeout 120 "$dc" publish --config "$tmp/fleet/origin.json" --wait-workers 4 --wait-timeout-ms 30000 --linger-ms 500 "${ckpts[@]}" \
+    >"$tmp/origin.log" 2>&1 || ok=1
+  for w in a-0 a-1 b-0 b-1; do
+    wait_for "$tmp/w$w.log" "version $versions ready" 10 || { echo "  worker-$w did not reach version $versions"; ok=1; }
+    check_worker "$tmp/w$w.log" || ok=1
+  done
+  rm -rf "$tmp/fleet"
+  result fleet-init $ok
 }
 
 for t in "${tests[@]}"; do

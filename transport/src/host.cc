@@ -92,6 +92,7 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
   std::condition_variable ready_cv;
   std::string bound;
   std::atomic<Node*> live_node{nullptr};  // for reader threads; cleared before the node goes
+  std::function<void(std::shared_ptr<const ModelVersion>)> on_version;
   std::uint64_t bad_messages = 0;
 
   Impl(NodeConfig nc, HostConfig hc) : node_config(std::move(nc)), config(std::move(hc)) {}
@@ -537,7 +538,8 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
     node = std::make_unique<Node>(node_config, *this, *this, this);
     // Readers ask the node itself (its current() is thread-safe), so in-place updates can tell
     // when the last reader let go; the callback only wakes waiters.
-    node->set_on_ready([this](std::shared_ptr<const ModelVersion>) {
+    node->set_on_ready([this](std::shared_ptr<const ModelVersion> v) {
+      if (on_version) on_version(std::move(v));
       { std::lock_guard lock(ready_mu); }
       ready_cv.notify_all();
     });
@@ -634,6 +636,10 @@ void NodeHost::post(std::function<void()> fn) {
 }
 
 runtime::Node& NodeHost::node() { return *impl_->node; }
+
+void NodeHost::set_on_version(std::function<void(std::shared_ptr<const ModelVersion>)> callback) {
+  impl_->on_version = std::move(callback);
+}
 
 std::shared_ptr<const ModelVersion> NodeHost::current() const {
   std::lock_guard lock(impl_->ready_mu);

@@ -71,6 +71,10 @@ class NodeHost {
 
   // The node; touch it only on the loop thread (inside post()).
   runtime::Node& node();
+  // Called on the loop thread each time a version becomes current (keep it short: hand the
+  // version to your own thread; in in-place mode a version held on to delays the next one).
+  // Set it before run() or start_thread().
+  void set_on_version(std::function<void(std::shared_ptr<const runtime::ModelVersion>)> callback);
   // The newest verified version, from any thread.
   std::shared_ptr<const runtime::ModelVersion> current() const;
   // Blocks until a version >= min_version is current or timeout_ms passes; returns it or null.

@@ -62,6 +62,12 @@ int run_worker(const NodeOptions& o) {
   if (cfg->node.parents.empty()) return fail("a worker needs at least one --parent");
   NodeHost host(cfg->node, cfg->host);
   stop_on_signals(host);
+  // Every version exposed is reported from the loop thread as it happens; the main thread
+  // writes out the newest one it sees (a slow disk skips versions rather than hold images).
+  host.set_on_version([id = cfg->node.node_id](std::shared_ptr<const ModelVersion> v) {
+    std::printf("%s: version %" PRIu64 " ready, checksum %016" PRIx64 "\n", id.c_str(), v->version, v->checksum);
+    std::fflush(stdout);
+  });
   Status st = host.start_thread();
   if (!st.is_ok()) return fail(st.to_string());
   std::uint64_t seen = 0;
@@ -70,8 +76,6 @@ int run_worker(const NodeOptions& o) {
     auto v = host.wait_for_version(seen + 1, 200);
     if (!v) continue;
     seen = v->version;
-    std::printf("%s: version %" PRIu64 " ready, checksum %016" PRIx64 "\n", cfg->node.node_id.c_str(), v->version, v->checksum);
-    std::fflush(stdout);
     if (!o.out_dir.empty()) {
       ModelLayout layout{v->tensors, v->metadata, v->image.size()};
       const auto path = (std::filesystem::path(o.out_dir) / (cfg->node.node_id + "-v" + std::to_string(v->version) + ".safetensors")).string();

@@ -40,7 +40,7 @@ for ((v = 1; v <= versions; v++)); do
 done
 
 # Ports: each test gets its own block so tests may run side by side.
-port_base=$((20000 + ($$ % 200) * 50))
+port_base=$((20000 + ($$ % 100) * 200))  # 200 ports per invocation; tests use 10 each
 ep() { echo "tcp://127.0.0.1:$((port_base + $1))"; }
 
 start() {  # start NAME command...  (output in $tmp/NAME.log)
@@ -228,6 +228,8 @@ test_shards() {
   start t0 "$dc" publish --shard 0/2 --parent "$(ep 0)" --linger-ms 20000 "$tmp"/sharded/step-*.shard-0-of-2.safetensors
   start t1 "$dc" publish --shard 1/2 --parent "$(ep 0)" --linger-ms 20000 "$tmp"/sharded/step-*.shard-1-of-2.safetensors
   wait_for "$tmp/w1.log" "version 4 ready" 60 || { echo "  the merged version 4 never arrived"; ok=1; }
+  # The worker exits once it has written version 4 (--exit-after-version).
+  for _ in $(seq 100); do kill -0 "$pid_w1" 2>/dev/null || break; sleep 0.1; done
   # The worker's version 4 is the two shards' step 3 back to back.
   if ! cmp -s <(data_of "$tmp/w1-v4.safetensors") <(cat <(data_of "$tmp/sharded/step-000003.shard-0-of-2.safetensors") \
       <(data_of "$tmp/sharded/step-000003.shard-1-of-2.safetensors")); then

@@ -161,7 +161,7 @@ int run_publish(PublishOptions& o) {
     if (!ev.is_ok()) return ev.status();
     auto shared = std::make_shared<EncodedVersion>(std::move(ev).value());
     for (;;) {
-      Status st = host.call([&] { return host.node().publish(*shared); });
+      Status st = host.call([&] { return host.node().publish(std::move(*shared)); });
       // A trainer shard's previous slice may still be on its way to the origin.
       if (st.code() != StatusCode::kResourceExhausted || g_publish_stop) return st;
       std::this_thread::sleep_for(std::chrono::milliseconds(5));

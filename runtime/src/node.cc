@@ -207,7 +207,7 @@ void Node::on_shard_chunk(const ChunkMsg& m) {
     set_error(to_string(key) + ": " + merged.status().to_string());
     return;
   }
-  if (Status st = publish(*merged); !st.is_ok()) set_error(to_string(key) + ": " + st.to_string());
+  if (Status st = publish(std::move(merged).value()); !st.is_ok()) set_error(to_string(key) + ": " + st.to_string());
 }
 
 void Node::on_hello(PeerId from, const Hello& hello) {
@@ -681,14 +681,15 @@ void Node::abandon_assembly(const std::string& why, bool want_anchor) {
   request_anchor();
 }
 
-Status Node::publish(const EncodedVersion& ev) {
+Status Node::publish(EncodedVersion&& ev) {
   const Manifest& m = ev.manifest;
   const VersionKey key{m.version, m.kind == VersionKind::kAnchor};
   if (config_.shard_count > 0) {
     // A trainer shard: the slice goes up to the origin, which merges the slices.
     if (!outbox_.empty()) return Status::resource_exhausted("the previous slice is still being sent");
     outbox_.push_back(ManifestMsg{key, share(serialize_manifest(m)), 0, config_.shard_index, config_.shard_count});
-    for (std::uint32_t i = 0; i < ev.payloads.size(); ++i) outbox_.push_back(ChunkMsg{key, i, share(ev.payloads[i]), config_.shard_index});
+    for (std::uint32_t i = 0; i < ev.payloads.size(); ++i)
+      outbox_.push_back(ChunkMsg{key, i, share(std::move(ev.payloads[i])), config_.shard_index});
     flush_outbox();
     return Status::ok();
   }
@@ -701,7 +702,7 @@ Status Node::publish(const EncodedVersion& ev) {
   if (!t.published_us) t.published_us = now_us;
   forward_manifest(**r, now_us);
   for (std::uint32_t i = 0; i < ev.payloads.size(); ++i) {
-    auto added = cache_.add_chunk(key, i, share(ev.payloads[i]), now);
+    auto added = cache_.add_chunk(key, i, share(std::move(ev.payloads[i])), now);
     if (!added.is_ok()) return added.status();
     forward_chunk(*cache_.find(key), i);
   }

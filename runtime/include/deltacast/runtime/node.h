@@ -113,7 +113,10 @@ class Node {
   // catch-up and sent only to nodes that ask.
   // Trainer-shard publisher: sends its slice of the version to the origin; ResourceExhausted
   // while the previous slice is still waiting to be sent.
-  Status publish(const EncodedVersion& version);
+  // The rvalue form takes the payloads over without copying them (unless it fails with
+  // ResourceExhausted, which leaves `version` as it was for a retry).
+  Status publish(EncodedVersion&& version);
+  Status publish(const EncodedVersion& version) { return publish(EncodedVersion(version)); }
   // Trainer-shard publisher: true once everything published has been handed to the transport.
   bool outbox_empty() const { return outbox_.empty(); }
 

@@ -1,5 +1,5 @@
 // deltacast fleet-init: key pairs and config files for a whole fleet, CURVE on everywhere.
-//   deltacast fleet-init -o fleet/ --origin tcp://10.0.0.1:7100 \
+//   deltacast fleet-init -o fleet/ --origin tcp://10.0.0.1:7100
 //       --relay eu=tcp://10.1.0.1:7101 --relay us=tcp://10.2.0.1:7101 --workers-per-relay 8
 // writes fleet/<node>.key (mode 0600) and fleet/<node>.json for the origin, each relay and each
 // worker; every worker gets its relay as parent and the next relay as fallback, and every

@@ -66,7 +66,7 @@ void Node::connect_parent() {
   const std::string& endpoint = config_.parents[parent_index_ % config_.parents.size()];
   parent_ = transport_.connect(endpoint);
   welcomed_ = false;
-  parent_connected_ms_ = parent_heard_ms_ = clock_.now_ms();
+  parent_heard_ms_ = clock_.now_ms();
   Hello hello;
   hello.node_id = config_.node_id;
   hello.role = config_.shard_count > 0 ? Role::kPublisher : config_.reconstruct ? Role::kWorker : Role::kRelay;
@@ -471,7 +471,6 @@ void Node::request_missing(bool force) {
     if (config_.reconstruct && !config_.serve_children && key.version <= current_version()) continue;
     auto missing = v.missing();
     stats_.retransmit_requests += missing.size();
-    need_rounds_[key]++;
     send_to_parent(Need{key, std::move(missing), false});
   }
   // Versions the parent has and we have not even seen the manifest of: a worker needs every
@@ -650,7 +649,6 @@ void Node::finish_assembly() {
   VersionTiming& t = timings_[a->key.version];
   t.ready_us = now;
   stats_.versions_ready++;
-  need_rounds_.erase(a->key);
   Ready r;
   r.node_id = config_.node_id;
   r.version = ready->version;

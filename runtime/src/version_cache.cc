@@ -6,8 +6,6 @@
 
 namespace deltacast::runtime {
 
-std::string to_string(const VersionKey& key) { return "v" + std::to_string(key.version) + (key.anchor ? "/anchor" : ""); }
-
 std::vector<std::uint32_t> CachedVersion::missing() const {
   std::vector<std::uint32_t> out;
   for (std::size_t i = 0; i < chunks.size(); ++i)

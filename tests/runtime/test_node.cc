@@ -71,6 +71,13 @@ void watch(Node& worker, const Series& s, std::vector<std::uint64_t>& seen, int&
   });
 }
 
+// True when every named node exposes version v.
+bool all_at(FakeNet& net, const std::vector<std::string>& nodes, std::uint64_t v) {
+  for (const auto& n : nodes)
+    if (net.node(n).current_version() != v) return false;
+  return true;
+}
+
 }  // namespace
 
 TEST_CASE("versions stream down origin -> relays -> workers, bit-exact", "[runtime][node]") {
@@ -87,18 +94,10 @@ TEST_CASE("versions stream down origin -> relays -> workers, bit-exact", "[runti
     Node& w = net.add(worker_config(workers[i], {i % 2 ? "relay-b" : "relay-a"}), /*deferred_tasks=*/i == 0);
     watch(w, s, seen[workers[i]], bad);
   }
-  REQUIRE(net.run_until([&] {
-    for (auto& w : workers)
-      if (net.node(w).current_version() != 1) return false;
-    return true;
-  }));
+  REQUIRE(net.run_until([&] { return all_at(net, workers, 1); }));
   for (std::uint64_t v = 2; v <= 7; ++v) {
     REQUIRE(origin.publish(s.delta(v)).is_ok());
-    REQUIRE(net.run_until([&] {
-      for (auto& w : workers)
-        if (net.node(w).current_version() != v) return false;
-      return true;
-    }));
+    REQUIRE(net.run_until([&] { return all_at(net, workers, v); }));
   }
   CHECK(bad == 0);
   for (auto& w : workers) {
@@ -144,21 +143,13 @@ TEST_CASE("a relay killed mid-version: children fail over and finish from what t
   CHECK_FALSE(net.alive("relay-a"));
   net.filter = nullptr;
   const std::uint64_t received_before = net.bytes_sent_to("w1");
-  REQUIRE(net.run_until([&] {
-    for (auto& w : workers)
-      if (net.node(w).current_version() != 3) return false;
-    return true;
-  }));
+  REQUIRE(net.run_until([&] { return all_at(net, workers, 3); }));
   // Re-attached and finished: each worker pulled only what it lacked, not the whole version.
   const std::uint64_t refetched = net.bytes_sent_to("w1") - received_before;
   CHECK(refetched < v3.manifest.payload_bytes_total() + 4096);
   for (auto& w : workers) CHECK(net.node(w).stats().parent_failovers >= 1);
   REQUIRE(origin.publish(s.delta(4)).is_ok());
-  REQUIRE(net.run_until([&] {
-    for (auto& w : workers)
-      if (net.node(w).current_version() != 4) return false;
-    return true;
-  }));
+  REQUIRE(net.run_until([&] { return all_at(net, workers, 4); }));
   CHECK(bad == 0);
   for (auto& w : workers) CHECK(seen[w] == std::vector<std::uint64_t>{1, 2, 3, 4});
 }

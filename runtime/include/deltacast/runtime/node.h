@@ -38,7 +38,6 @@ struct NodeConfig {
   std::uint64_t parent_timeout_ms = 2000;   // silence after which a parent is given up
   std::uint64_t child_timeout_ms = 10000;   // silence after which a child is dropped
   std::uint64_t need_after_ms = 400;        // re-request missing chunks after this long without progress
-  std::uint32_t need_retries_max = 25;      // per version, before a worker falls back to an anchor
   std::uint32_t decode_inflight_max = 8;    // chunks decoding at once
   // Workers: apply each version into the one image instead of a second (staging) copy, for
   // hosts short of memory. Readers are paused meanwhile: see current().
@@ -200,13 +199,11 @@ class Node {
   std::size_t parent_index_ = 0;
   bool welcomed_ = false;
   std::uint64_t parent_heard_ms_ = 0;
-  std::uint64_t parent_connected_ms_ = 0;
   std::uint64_t parent_newest_ = 0;
   std::uint64_t last_heartbeat_ms_ = 0;
   std::uint64_t last_need_ms_ = 0;
   std::uint64_t anchor_requested_ms_ = 0;
   bool anchor_requested_ = false;
-  std::map<VersionKey, std::uint32_t> need_rounds_;  // re-request rounds per version
   std::uint64_t broadcast_newest_ = 0;  // deltas up to here were forwarded to every child
 
   // Downstream.

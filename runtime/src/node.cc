@@ -119,6 +119,14 @@ void Node::handle_parent(const Message& m) {
           welcomed_ = true;
           parent_newest_ = std::max(parent_newest_, msg.newest_version);
           anchor_requested_ = false;
+          if (config_.shard_count > 0) {
+            // A new link: what was in flight on the old one may be lost. Send every slice the
+            // origin has not merged again, whole (it ignores what it already has).
+            release_merged_slices();
+            outbox_.clear();
+            for (const auto& r : retained_) queue_slice(r, nullptr);
+            flush_outbox();
+          }
           request_missing(/*force=*/true);
           advance();
         } else if constexpr (std::is_same_v<T, Refuse>) {
@@ -132,6 +140,9 @@ void Node::handle_parent(const Message& m) {
           on_chunk(msg);
         } else if constexpr (std::is_same_v<T, Heartbeat>) {
           if (msg.newest_version > parent_newest_) parent_newest_ = msg.newest_version;
+          if (config_.shard_count > 0) release_merged_slices();
+        } else if constexpr (std::is_same_v<T, Need>) {
+          if (config_.shard_count > 0) on_need_from_origin(msg);
         }
       },
       m);
@@ -141,17 +152,18 @@ void Node::handle_child(PeerId from, Child& child, const Message& m) {
   if (const auto* need = std::get_if<Need>(&m)) on_need(from, child, *need);
   else if (const auto* ready = std::get_if<Ready>(&m)) on_ready_message(*ready);
   else if (child.role == Role::kPublisher && config_.expect_shards > 0) {
-    if (const auto* mm = std::get_if<ManifestMsg>(&m)) on_shard_manifest(*mm);
-    else if (const auto* c = std::get_if<ChunkMsg>(&m)) on_shard_chunk(*c);
+    if (const auto* mm = std::get_if<ManifestMsg>(&m)) on_shard_manifest(from, *mm);
+    else if (const auto* c = std::get_if<ChunkMsg>(&m)) on_shard_chunk(from, *c);
   }
 }
 
-void Node::on_shard_manifest(const ManifestMsg& m) {
+void Node::on_shard_manifest(PeerId from, const ManifestMsg& m) {
   if (m.shards != config_.expect_shards || m.shard >= m.shards) {
     set_error(to_string(m.key) + ": a slice numbered " + std::to_string(m.shard) + " of " + std::to_string(m.shards) +
               ", this origin expects " + std::to_string(config_.expect_shards));
     return;
   }
+  shard_peers_[m.shard] = from;
   if (m.key.version <= cache_.newest_version() && cache_.find(m.key)) return;  // already merged
   auto parsed = parse_manifest(m.manifest->span());
   if (!parsed.is_ok() || parsed->version != m.key.version) {
@@ -159,6 +171,7 @@ void Node::on_shard_manifest(const ManifestMsg& m) {
     return;
   }
   ShardSlices& s = shard_slices_[m.key];
+  s.progress_ms = clock_.now_ms();
   if (s.slices.empty()) {
     s.shards = m.shards;
     s.slices.resize(m.shards);
@@ -180,10 +193,12 @@ void Node::on_shard_manifest(const ManifestMsg& m) {
   }
 }
 
-void Node::on_shard_chunk(const ChunkMsg& m) {
+void Node::on_shard_chunk(PeerId from, const ChunkMsg& m) {
   auto it = shard_slices_.find(m.key);
   if (it == shard_slices_.end() || m.shard >= it->second.slices.size() || !it->second.slices[m.shard]) return;
+  shard_peers_[m.shard] = from;
   ShardSlices& s = it->second;
+  s.progress_ms = clock_.now_ms();
   EncodedVersion& ev = *s.slices[m.shard];
   if (m.index >= ev.payloads.size() || !ev.payloads[m.index].empty()) return;
   const ChunkEntry& e = ev.manifest.chunks[m.index];
@@ -207,7 +222,74 @@ void Node::on_shard_chunk(const ChunkMsg& m) {
     set_error(to_string(key) + ": " + merged.status().to_string());
     return;
   }
-  if (Status st = publish(std::move(merged).value()); !st.is_ok()) set_error(to_string(key) + ": " + st.to_string());
+  if (Status st = publish(std::move(merged).value()); !st.is_ok()) {
+    set_error(to_string(key) + ": " + st.to_string());
+    return;
+  }
+  // Tell the shards at once, so they can let go of the slices they kept for resends.
+  const Heartbeat hb{newest_known_version()};
+  for (const auto& [peer, c] : children_)
+    if (c.welcomed && c.role == Role::kPublisher) send_to(peer, hb);
+}
+
+// Origin: a version some shards have sent and others not (yet): after need_after_ms without
+// progress, ask each shard for what is missing of its slice.
+void Node::ask_shards_for_missing(std::uint64_t now_ms) {
+  for (auto& [key, s] : shard_slices_) {
+    if (now_ms - s.progress_ms < config_.need_after_ms) continue;
+    s.progress_ms = now_ms;
+    for (std::uint32_t k = 0; k < s.shards; ++k) {
+      auto p = shard_peers_.find(k);
+      if (p == shard_peers_.end() || !children_.count(p->second)) continue;  // it resends when it reconnects
+      if (!s.slices[k]) {
+        send_to(p->second, Need{key, {}, false});
+        continue;
+      }
+      if (s.missing_chunks[k] == 0) continue;
+      std::vector<std::uint32_t> missing;
+      for (std::uint32_t i = 0; i < s.slices[k]->payloads.size(); ++i)
+        if (s.slices[k]->payloads[i].empty()) missing.push_back(i);
+      send_to(p->second, Need{key, std::move(missing), false});
+    }
+  }
+}
+
+// Trainer shard: slices the origin has merged need no resend. An anchor slice shares its
+// version with the delta before it, so it goes once a newer version is merged.
+void Node::release_merged_slices() {
+  while (!retained_.empty()) {
+    const VersionKey& k = retained_.front().key;
+    if (k.anchor ? parent_newest_ <= k.version : parent_newest_ < k.version) break;
+    retained_.pop_front();
+  }
+}
+
+void Node::queue_slice(const RetainedSlice& slice, const std::vector<std::uint32_t>* only) {
+  outbox_.push_back(ManifestMsg{slice.key, slice.manifest, 0, config_.shard_index, config_.shard_count});
+  auto chunk = [&](std::uint32_t i) {
+    if (i < slice.payloads.size()) outbox_.push_back(ChunkMsg{slice.key, i, slice.payloads[i], config_.shard_index});
+  };
+  if (only) {
+    for (auto i : *only) chunk(i);
+  } else {
+    for (std::uint32_t i = 0; i < slice.payloads.size(); ++i) chunk(i);
+  }
+}
+
+// Trainer shard: the origin asks for an anchor, or for (part of) a slice again.
+void Node::on_need_from_origin(const Need& need) {
+  if (need.want_anchor) {
+    if (on_anchor_wanted_) on_anchor_wanted_();
+    return;
+  }
+  if (!outbox_.empty()) return;  // still sending; the origin asks again if something is missing
+  for (const auto& r : retained_)
+    if (r.key == need.key) {
+      queue_slice(r, need.chunks.empty() ? nullptr : &need.chunks);
+      stats_.retransmits_served += need.chunks.empty() ? r.payloads.size() : need.chunks.size();
+      flush_outbox();
+      return;
+    }
 }
 
 void Node::on_hello(PeerId from, const Hello& hello) {
@@ -429,6 +511,7 @@ void Node::tick() {
     }
   }
   request_missing(/*force=*/false);
+  if (config_.expect_shards > 0) ask_shards_for_missing(now);
   if (assembly_) pump_decodes();  // in place: readers may have let go since
   // Bounded history: the oldest versions' timings and publish times go first.
   while (timings_.size() > config_.timings_versions_max) timings_.erase(timings_.begin());
@@ -450,6 +533,10 @@ void Node::request_anchor() {
   if (anchor_requested_ && now - anchor_requested_ms_ < config_.need_after_ms * 4) return;
   if (config_.parents.empty()) {
     if (on_anchor_wanted_) on_anchor_wanted_();
+    // Versions made of trainer shards' slices: each shard sends an anchor of its slice.
+    if (config_.expect_shards > 0)
+      for (const auto& [peer, c] : children_)
+        if (c.welcomed && c.role == Role::kPublisher) send_to(peer, Need{{}, {}, true});
   } else if (welcomed_) {
     send_to_parent(Need{{}, {}, true});
   } else {
@@ -685,9 +772,13 @@ Status Node::publish(EncodedVersion&& ev) {
   if (config_.shard_count > 0) {
     // A trainer shard: the slice goes up to the origin, which merges the slices.
     if (!outbox_.empty()) return Status::resource_exhausted("the previous slice is still being sent");
-    outbox_.push_back(ManifestMsg{key, share(serialize_manifest(m)), 0, config_.shard_index, config_.shard_count});
-    for (std::uint32_t i = 0; i < ev.payloads.size(); ++i)
-      outbox_.push_back(ChunkMsg{key, i, share(std::move(ev.payloads[i])), config_.shard_index});
+    release_merged_slices();
+    if (retained_.size() >= std::max<std::size_t>(1, config_.shard_slices_retained_max))
+      return Status::resource_exhausted("the origin has not merged the previous slices yet");
+    RetainedSlice r{key, share(serialize_manifest(m)), {}};
+    for (auto& p : ev.payloads) r.payloads.push_back(share(std::move(p)));
+    retained_.push_back(std::move(r));
+    queue_slice(retained_.back(), nullptr);
     flush_outbox();
     return Status::ok();
   }

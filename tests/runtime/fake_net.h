@@ -117,11 +117,15 @@ class FakeNet {
       run();
     }
   }
-  // Runs until pred() holds or `limit_ms` of simulated time passed. Returns pred().
+  // Runs until pred() holds or `limit_ms` of simulated time passed. Returns pred(). pred()
+  // is called once per step, so it may act (publish, say) and report whether that worked.
   bool run_until(const std::function<bool()>& pred, std::uint64_t limit_ms = 60000) {
     run();
-    for (std::uint64_t t = 0; t < limit_ms && !pred(); t += 50) run_for(50);
-    return pred();
+    for (std::uint64_t t = 0;; t += 50) {
+      if (pred()) return true;
+      if (t >= limit_ms) return false;
+      run_for(50);
+    }
   }
 
   std::uint64_t bytes_sent_to(const std::string& name) const {

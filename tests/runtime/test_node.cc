@@ -352,49 +352,154 @@ TEST_CASE("in-place workers keep one image and pause readers while applying", "[
   CHECK(w2.current()->image == more.images[4]);
 }
 
-TEST_CASE("trainer shards publish slices that the origin merges into one version", "[runtime][node]") {
-  auto la = test::make_layout({{DType::kBF16, 30000}, {DType::kF32, 64}});
-  auto lb = test::make_layout({{DType::kBF16, 40001}});
-  lb.tensors[0].name = "shard-b.weight";
-  std::vector<Bytes> a = {test::random_bytes(la.image_size, 1)}, b = {test::random_bytes(lb.image_size, 2)};
-  for (int v = 1; v < 4; ++v) {
-    a.push_back(a.back());
-    b.push_back(b.back());
-    for (std::size_t i = v; i < a.back().size(); i += 53) a.back()[i] ^= 1;
-    for (std::size_t i = v; i < b.back().size(); i += 59) b.back()[i] ^= 1;
-  }
-  InlineExecutor ex;
+// Two trainer shards, each owning a disjoint part of the model, and an origin merging them.
+struct Shards {
+  ModelLayout la = test::make_layout({{DType::kBF16, 30000}, {DType::kF32, 64}});
+  ModelLayout lb = test::make_layout({{DType::kBF16, 40001}});
+  std::vector<Bytes> a, b;  // each shard's images, version v at [v - 1]
   VersionEncodeOptions opt;
-  opt.chunk_bytes = 8 << 10;
-  auto slice = [&](const ModelLayout& l, const std::vector<Bytes>& imgs, std::uint64_t v) {
-    return v == 1 ? *encode_version(l, 1, 0, {}, imgs[0], opt, ex) : *encode_version(l, v, v - 1, imgs[v - 2], imgs[v - 1], opt, ex);
-  };
   FakeNet net;
-  NodeConfig oc = origin_config();
-  oc.expect_shards = 2;
-  Node& origin = net.add(oc);
-  NodeConfig sa, sb;
-  sa.node_id = "trainer-0";
-  sa.parents = {"origin"};
-  sa.shard_index = 0;
-  sa.shard_count = 2;
-  sb = sa;
-  sb.node_id = "trainer-1";
-  sb.shard_index = 1;
-  Node& ta = net.add(sa);
-  Node& tb = net.add(sb);
+  Node* origin = nullptr;
+  Node* ta = nullptr;
+  Node* tb = nullptr;
+
+  Shards() {
+    lb.tensors[0].name = "shard-b.weight";
+    a = {test::random_bytes(la.image_size, 1)};
+    b = {test::random_bytes(lb.image_size, 2)};
+    for (int v = 1; v < 6; ++v) {
+      a.push_back(a.back());
+      b.push_back(b.back());
+      for (std::size_t i = v; i < a.back().size(); i += 53) a.back()[i] ^= 1;
+      for (std::size_t i = v; i < b.back().size(); i += 59) b.back()[i] ^= 1;
+    }
+    opt.chunk_bytes = 8 << 10;
+    NodeConfig oc = origin_config();
+    oc.expect_shards = 2;
+    origin = &net.add(oc);
+    NodeConfig sa;
+    sa.node_id = "trainer-0";
+    sa.parents = {"origin"};
+    sa.shard_index = 0;
+    sa.shard_count = 2;
+    NodeConfig sb = sa;
+    sb.node_id = "trainer-1";
+    sb.shard_index = 1;
+    ta = &net.add(sa);
+    tb = &net.add(sb);
+  }
+  static EncodedVersion encode(const ModelLayout& l, const std::vector<Bytes>& imgs, std::uint64_t v, bool anchor, const VersionEncodeOptions& o) {
+    InlineExecutor ex;
+    return anchor || v == 1 ? *encode_version(l, v, 0, {}, imgs[v - 1], o, ex) : *encode_version(l, v, v - 1, imgs[v - 2], imgs[v - 1], o, ex);
+  }
+  EncodedVersion slice_a(std::uint64_t v, bool anchor = false) const { return encode(la, a, v, anchor, opt); }
+  EncodedVersion slice_b(std::uint64_t v, bool anchor = false) const { return encode(lb, b, v, anchor, opt); }
+  Bytes whole(std::uint64_t v) const {
+    Bytes w = a[v - 1];
+    w.insert(w.end(), b[v - 1].begin(), b[v - 1].end());
+    return w;
+  }
+};
+
+TEST_CASE("trainer shards publish slices that the origin merges into one version", "[runtime][node]") {
+  Shards sh;
+  FakeNet& net = sh.net;
   Node& w = net.add(worker_config("w", {"origin"}));
   net.run_for(500);
   for (std::uint64_t v = 1; v <= 4; ++v) {
-    REQUIRE(ta.publish(slice(la, a, v)).is_ok());
+    REQUIRE(sh.ta->publish(sh.slice_a(v)).is_ok());
     net.run_for(100);
-    CHECK(origin.cache().newest_version() == v - 1);  // half a version is not a version
-    REQUIRE(tb.publish(slice(lb, b, v)).is_ok());
+    CHECK(sh.origin->cache().newest_version() == v - 1);  // half a version is not a version
+    REQUIRE(sh.tb->publish(sh.slice_b(v)).is_ok());
     REQUIRE(net.run_until([&] { return w.current_version() == v; }));
-    Bytes whole = a[v - 1];
-    whole.insert(whole.end(), b[v - 1].begin(), b[v - 1].end());
-    CHECK(w.current()->image == whole);
+    CHECK(w.current()->image == sh.whole(v));
     CHECK(w.current()->tensors.size() == 3);
   }
-  CHECK(ta.outbox_empty());
+  CHECK(sh.ta->outbox_empty());
+  // Merged slices are let go of once the origin says so.
+  net.run_for(500);
+  CHECK(sh.ta->slices_retained() == 0);
+  CHECK(sh.tb->slices_retained() == 0);
+}
+
+TEST_CASE("a trainer shard's lost chunks are asked for and sent again", "[runtime][node]") {
+  Shards sh;
+  FakeNet& net = sh.net;
+  Node& w = net.add(worker_config("w", {"origin"}));
+  net.run_for(500);
+  // Version 2: shard 1 loses chunk 1 of its slice on the way; version 3: its whole slice,
+  // manifest included.
+  int dropped = 0;
+  net.filter = [&](const std::string& from, const std::string& to, Message& m) {
+    if (from != "trainer-1" || to != "origin") return true;
+    if (auto* c = std::get_if<ChunkMsg>(&m); c && c->key.version == 2 && c->index == 1 && dropped == 0) return ++dropped, false;
+    if (auto* c = std::get_if<ChunkMsg>(&m); c && c->key.version == 3 && dropped < 100) return ++dropped, false;
+    if (auto* mm = std::get_if<ManifestMsg>(&m); mm && mm->key.version == 3 && dropped < 100) return dropped = 100, false;
+    return true;
+  };
+  for (std::uint64_t v = 1; v <= 4; ++v) {
+    INFO("version " << v << ", origin has " << sh.origin->cache().newest_version() << ", shard 1 keeps " << sh.tb->slices_retained());
+    REQUIRE(sh.ta->publish(sh.slice_a(v)).is_ok());
+    // The shard waits while the origin has not merged its older slices.
+    REQUIRE(net.run_until([&] { return sh.tb->publish(sh.slice_b(v)).is_ok(); }));
+    REQUIRE(net.run_until([&] { return w.current_version() == v; }));
+    CHECK(w.current()->image == sh.whole(v));
+  }
+  CHECK(dropped == 100);
+  CHECK(sh.tb->stats().retransmits_served > 0);
+}
+
+TEST_CASE("a trainer shard whose link breaks mid-slice sends the slice again on reconnect", "[runtime][node]") {
+  Shards sh;
+  FakeNet& net = sh.net;
+  Node& w = net.add(worker_config("w", {"origin"}));
+  net.run_for(500);
+  REQUIRE(sh.ta->publish(sh.slice_a(1)).is_ok());
+  REQUIRE(sh.tb->publish(sh.slice_b(1)).is_ok());
+  REQUIRE(net.run_until([&] { return w.current_version() == 1; }));
+  // Shard 0's link goes dark after the manifest and two chunks of version 2, both ways, for
+  // longer than the parent timeout: it reconnects.
+  bool down = false;
+  int passed = 0;
+  net.filter = [&](const std::string& from, const std::string& to, Message&) {
+    const bool link = (from == "trainer-0" && to == "origin") || (from == "origin" && to == "trainer-0");
+    if (!link || !down) return true;
+    return from == "trainer-0" && passed++ < 3;
+  };
+  down = true;
+  REQUIRE(sh.ta->publish(sh.slice_a(2)).is_ok());
+  REQUIRE(sh.tb->publish(sh.slice_b(2)).is_ok());
+  net.run_for(3000);
+  CHECK(w.current_version() == 1);
+  CHECK(sh.ta->stats().parent_failovers > 0);
+  down = false;
+  REQUIRE(net.run_until([&] { return w.current_version() == 2; }));
+  CHECK(w.current()->image == sh.whole(2));
+}
+
+TEST_CASE("an origin merging shards gets an anchor on demand from every shard", "[runtime][node]") {
+  Shards sh;
+  FakeNet& net = sh.net;
+  int wanted_a = 0, wanted_b = 0;
+  sh.ta->set_on_anchor_wanted([&] { wanted_a++; });
+  sh.tb->set_on_anchor_wanted([&] { wanted_b++; });
+  net.run_for(500);
+  // The origin starts mid-run (say it was restarted): its first versions are deltas.
+  for (std::uint64_t v = 2; v <= 3; ++v) {
+    REQUIRE(net.run_until([&] { return sh.ta->publish(sh.slice_a(v)).is_ok(); }));
+    REQUIRE(net.run_until([&] { return sh.tb->publish(sh.slice_b(v)).is_ok(); }));
+    REQUIRE(net.run_until([&] { return sh.origin->cache().newest_version() == v; }));
+  }
+  CHECK(wanted_a == 0);
+  // A worker holding nothing needs an anchor: the origin asks the shards for one.
+  Node& w = net.add(worker_config("w", {"origin"}));
+  REQUIRE(net.run_until([&] { return wanted_a > 0 && wanted_b > 0; }));
+  REQUIRE(net.run_until([&] { return sh.ta->publish(sh.slice_a(3, true)).is_ok(); }));
+  REQUIRE(net.run_until([&] { return sh.tb->publish(sh.slice_b(3, true)).is_ok(); }));
+  REQUIRE(net.run_until([&] { return w.current_version() == 3; }));
+  CHECK(w.current()->image == sh.whole(3));
+  REQUIRE(net.run_until([&] { return sh.ta->publish(sh.slice_a(4)).is_ok(); }));
+  REQUIRE(net.run_until([&] { return sh.tb->publish(sh.slice_b(4)).is_ok(); }));
+  REQUIRE(net.run_until([&] { return w.current_version() == 4; }));
+  CHECK(w.current()->image == sh.whole(4));
 }

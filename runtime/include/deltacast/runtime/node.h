@@ -13,6 +13,7 @@
 //     expose a version only when every chunk verified.
 #pragma once
 
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -49,6 +50,10 @@ struct NodeConfig {
   // the origin, instead of serving children.
   std::uint32_t shard_index = 0;
   std::uint32_t shard_count = 0;
+  // Trainer-shard publisher: slices kept until the origin has merged them, so a slice cut
+  // off by a broken link or lost on the way is sent again (whole after a reconnect, or the
+  // chunks the origin asks for). publish() waits (ResourceExhausted) while this many are kept.
+  std::size_t shard_slices_retained_max = 2;
   std::size_t timings_versions_max = 64;    // per-version timings kept for metrics
   std::size_t ledger_workers_max = 100000;  // fleet ledger entries at the origin
 };
@@ -118,6 +123,8 @@ class Node {
   Status publish(const EncodedVersion& version) { return publish(EncodedVersion(version)); }
   // Trainer-shard publisher: true once everything published has been handed to the transport.
   bool outbox_empty() const { return outbox_.empty(); }
+  // Trainer-shard publisher: slices not yet known to be merged at the origin.
+  std::size_t slices_retained() const { return retained_.size(); }
 
   // Workers: the newest verified version (null before the first); safe from any thread.
   // In in-place mode it is also null while a version is being applied: the update waits until
@@ -125,7 +132,9 @@ class Node {
   std::shared_ptr<const ModelVersion> current() const;
   // Workers: called on the loop thread each time a version becomes current.
   void set_on_ready(std::function<void(std::shared_ptr<const ModelVersion>)> callback) { on_ready_ = std::move(callback); }
-  // Origin: called when a child wants an anchor the cache does not hold.
+  // Origin: called when a child wants an anchor the cache does not hold (an origin merging
+  // trainer shards also asks every shard, whose own callback fires).
+  // Trainer-shard publisher: called when the origin wants an anchor.
   void set_on_anchor_wanted(std::function<void()> callback) { on_anchor_wanted_ = std::move(callback); }
 
   const NodeConfig& config() const { return config_; }
@@ -155,9 +164,20 @@ class Node {
     std::vector<std::optional<EncodedVersion>> slices;
     std::vector<std::size_t> missing_chunks;  // per slice, chunks not yet received
     std::uint64_t bytes = 0;
+    std::uint64_t progress_ms = 0;  // last slice message, or last request for what is missing
   };
-  void on_shard_manifest(const ManifestMsg& m);
-  void on_shard_chunk(const ChunkMsg& m);
+  // Trainer-shard publisher: a slice sent, kept for resends until merged.
+  struct RetainedSlice {
+    VersionKey key;
+    SharedBytes manifest;
+    std::vector<SharedBytes> payloads;
+  };
+  void on_shard_manifest(PeerId from, const ManifestMsg& m);
+  void on_shard_chunk(PeerId from, const ChunkMsg& m);
+  void ask_shards_for_missing(std::uint64_t now_ms);
+  void release_merged_slices();
+  void queue_slice(const RetainedSlice& slice, const std::vector<std::uint32_t>* only);
+  void on_need_from_origin(const Need& need);
 
   void handle_parent(const Message& m);
   void handle_child(PeerId from, Child& child, const Message& m);
@@ -224,7 +244,9 @@ class Node {
   std::map<std::uint64_t, std::uint64_t> published_us_;  // version -> origin publish time (us)
   std::map<std::string, LedgerEntry> ledger_;
   std::map<VersionKey, ShardSlices> shard_slices_;  // bounded by cache_bytes_max
+  std::map<std::uint32_t, PeerId> shard_peers_;      // origin: the link each shard last sent on
   std::vector<Message> outbox_;                      // shard publisher: not yet accepted
+  std::deque<RetainedSlice> retained_;               // shard publisher: bounded by shard_slices_retained_max
   std::string last_error_;
   std::function<void(std::shared_ptr<const ModelVersion>)> on_ready_;
   std::function<void()> on_anchor_wanted_;

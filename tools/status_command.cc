@@ -172,13 +172,16 @@ int run_status(const std::string& address) {
   }
   auto [eb, ee] = m.equal_range("deltacast_worker_last_error");
   for (auto it = eb; it != ee; ++it) ledger[it->second.labels["worker"]]["error"] = it->second.labels["error"];
+  auto [lb, le] = m.equal_range("deltacast_worker_left");
+  for (auto it = lb; it != le; ++it) ledger[it->second.labels["worker"]]["state"] = "left";
   if (!ledger.empty()) {
     const double newest = one("deltacast_newest_known_version");
-    std::printf("\n  fleet ledger: %zu workers\n  %-24s %8s %8s %16s  %s\n", ledger.size(), "worker", "version", "behind", "publish->ready", "last error");
+    std::printf("\n  fleet ledger: %zu workers\n  %-24s %-6s %8s %8s %16s  %s\n", ledger.size(), "worker", "state", "version", "behind",
+                "publish->ready", "last error");
     for (auto& [w, f] : ledger) {
       const double v = f.count("deltacast_worker_version") ? std::stod(f["deltacast_worker_version"]) : 0;
-      std::printf("  %-24s %8.0f %8.0f %13s ms  %s\n", w.c_str(), v, newest > v ? newest - v : 0.0, f["deltacast_worker_publish_to_ready_ms"].c_str(),
-                  f["error"].c_str());
+      std::printf("  %-24s %-6s %8.0f %8.0f %13s ms  %s\n", w.c_str(), f.count("state") ? "left" : "live", v, newest > v ? newest - v : 0.0,
+                  f["deltacast_worker_publish_to_ready_ms"].c_str(), f["error"].c_str());
     }
   }
   return 0;

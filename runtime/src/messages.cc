@@ -5,7 +5,7 @@ namespace deltacast::runtime {
 std::string to_string(const VersionKey& key) { return "v" + std::to_string(key.version) + (key.anchor ? "/anchor" : ""); }
 
 const char* message_name(const Message& m) {
-  static constexpr const char* kNames[] = {"hello", "welcome", "refuse", "manifest", "chunk", "need", "ready", "heartbeat"};
+  static constexpr const char* kNames[] = {"hello", "welcome", "refuse", "manifest", "chunk", "need", "ready", "heartbeat", "leave"};
   return kNames[m.index()];
 }
 

@@ -124,6 +124,9 @@ std::string render_prometheus(const Node& node) {
       w.sample("deltacast_worker_publish_to_ready_ms", e.publish_to_ready_ms, "worker=\"" + escape_label(id) + "\"");
     w.family("deltacast_worker_updated_ms", "gauge", "Fleet ledger: when each worker last reported (origin clock).");
     for (const auto& [id, e] : node.ledger()) w.sample("deltacast_worker_updated_ms", e.updated_ms, "worker=\"" + escape_label(id) + "\"");
+    w.family("deltacast_worker_left", "gauge", "Fleet ledger: 1 for a worker that stopped on purpose (Leave) and has not reported since.");
+    for (const auto& [id, e] : node.ledger())
+      if (e.left) w.sample("deltacast_worker_left", 1, "worker=\"" + escape_label(id) + "\"");
     w.family("deltacast_worker_last_error", "gauge", "Fleet ledger: each worker's last error (1 if any).");
     for (const auto& [id, e] : node.ledger())
       if (!e.last_error.empty())

@@ -143,13 +143,19 @@ void Node::handle_parent(const Message& m) {
           if (config_.shard_count > 0) release_merged_slices();
         } else if constexpr (std::is_same_v<T, Need>) {
           if (config_.shard_count > 0) on_need_from_origin(msg);
+        } else if constexpr (std::is_same_v<T, Leave>) {
+          // The parent is going away: move to the next one now, keeping what is here.
+          set_error("parent " + msg.node_id + " left: " + msg.reason);
+          parent_index_++;
+          connect_parent();
         }
       },
       m);
 }
 
 void Node::handle_child(PeerId from, Child& child, const Message& m) {
-  if (const auto* need = std::get_if<Need>(&m)) on_need(from, child, *need);
+  if (const auto* leave = std::get_if<Leave>(&m)) on_leave_message(from, *leave);  // may drop `child`
+  else if (const auto* need = std::get_if<Need>(&m)) on_need(from, child, *need);
   else if (const auto* ready = std::get_if<Ready>(&m)) on_ready_message(*ready);
   else if (child.role == Role::kPublisher && config_.expect_shards > 0) {
     if (const auto* mm = std::get_if<ManifestMsg>(&m)) on_shard_manifest(from, *mm);
@@ -459,6 +465,7 @@ void Node::on_ready_message(const Ready& r) {
   if (config_.parents.empty()) {
     if (!ledger_.count(r.node_id) && ledger_.size() >= config_.ledger_workers_max) return;
     LedgerEntry& e = ledger_[r.node_id];
+    e.left = false;
     if (r.version >= e.version) {
       e.version = r.version;
       e.checksum = r.checksum;
@@ -472,6 +479,29 @@ void Node::on_ready_message(const Ready& r) {
   } else {
     send_to_parent(r);
   }
+}
+
+// A child leaving, or (passed up by a relay) a node further down: dropped here at once, and
+// marked in the origin's ledger.
+void Node::on_leave_message(PeerId from, const Leave& l) {
+  auto it = children_.find(from);
+  if (it != children_.end() && it->second.node_id == l.node_id) {
+    transport_.disconnect(from);
+    children_.erase(it);
+  }
+  if (!config_.parents.empty()) {
+    send_to_parent(l);
+  } else if (auto e = ledger_.find(l.node_id); e != ledger_.end()) {
+    e->second.left = true;
+    e->second.updated_ms = clock_.now_ms();
+  }
+}
+
+void Node::leave(const std::string& reason) {
+  const Leave l{config_.node_id, reason};
+  if (parent_ != 0 && welcomed_) send_to(parent_, l);
+  for (const auto& [peer, c] : children_)
+    if (c.welcomed) send_to(peer, l);
 }
 
 // ---- timers ---------------------------------------------------------------------------------

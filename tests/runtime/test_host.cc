@@ -53,7 +53,14 @@ TEST_CASE("a worker host announces versions by callback and by blocking wait", "
   CHECK(worker.wait_for_version(3, 100) == nullptr);  // times out, returns nothing
   const std::string metrics = origin.call([&] { return render_prometheus(origin.node()); });
   CHECK(metrics.find("deltacast_worker_version{node=\"origin\",worker=\"w\"} 2") != std::string::npos);
+  // A worker that stops says Leave: the origin lets go of it well before the child timeout.
+  REQUIRE(origin.call([&] { return origin.node().child_count(); }) == 1);
+  const auto stopped = std::chrono::steady_clock::now();
   worker.stop();
+  while (origin.call([&] { return origin.node().child_count(); }) != 0 && std::chrono::steady_clock::now() - stopped < std::chrono::seconds(5))
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  CHECK(origin.call([&] { return origin.node().child_count(); }) == 0);
+  CHECK(origin.call([&] { return origin.node().ledger().at("w").left; }));
   origin.stop();
 }
 

@@ -265,6 +265,39 @@ TEST_CASE("a restarted worker resumes from its relay", "[runtime][node]") {
   REQUIRE(net.run_until([&] { return again.current_version() == 4; }));
 }
 
+TEST_CASE("nodes that stop on purpose say so: children move on and parents let go at once", "[runtime][node]") {
+  Series s(3);
+  FakeNet net;
+  Node& origin = net.add(origin_config());
+  REQUIRE(origin.publish(s.anchor(1)).is_ok());
+  Node& ra = net.add(relay_config("relay-a", {"origin"}));
+  Node& rb = net.add(relay_config("relay-b", {"origin"}));
+  Node& w = net.add(worker_config("w", {"relay-a", "relay-b"}));
+  Node& x = net.add(worker_config("x", {"relay-a"}));
+  REQUIRE(net.run_until([&] { return all_at(net, {"w", "x"}, 1); }));
+  REQUIRE(ra.child_count() == 2);
+  REQUIRE(rb.child_count() == 0);
+  // No time passes below: nothing here waits for a timeout. (A node's Leave goes out before
+  // it goes away.)
+  x.leave("rollout finished");
+  net.run();
+  net.kill("x");
+  CHECK(ra.child_count() == 1);
+  REQUIRE(origin.ledger().count("x"));
+  CHECK(origin.ledger().at("x").left);
+  CHECK_FALSE(origin.ledger().at("w").left);
+  ra.leave("maintenance");
+  net.run();
+  net.kill("relay-a");
+  CHECK(rb.child_count() == 1);
+  CHECK(w.connected());
+  CHECK(origin.child_count() == 1);
+  REQUIRE(origin.publish(s.delta(2)).is_ok());
+  net.run();
+  CHECK(w.current_version() == 2);
+  CHECK(w.current()->image == s.images[1]);
+}
+
 TEST_CASE("worker-relays build a tree from rollout hosts alone", "[runtime][node]") {
   Series s(3);
   FakeNet net;

@@ -507,6 +507,14 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
 
   void shutdown() {
     stopping = true;
+    // Tell parent and children we are going (Leave), and give that a moment to go out.
+    if (node) {
+      node->leave("stopped");
+      flush_all();
+      const int linger = static_cast<int>(config.leave_linger_ms);
+      for (auto& [id, s] : parents) zmq_setsockopt(s.zsock, ZMQ_LINGER, &linger, sizeof linger);
+      if (router.zsock) zmq_setsockopt(router.zsock, ZMQ_LINGER, &linger, sizeof linger);
+    }
     if (http_open) {
       uv_close(reinterpret_cast<uv_handle_t*>(&http), nullptr);
       http_open = false;

@@ -60,6 +60,9 @@ Frames encode_message(const Message& message) {
           r->set_error(m.error);
         } else if constexpr (std::is_same_v<T, Heartbeat>) {
           env.mutable_heartbeat()->set_newest_version(m.newest_version);
+        } else if constexpr (std::is_same_v<T, Leave>) {
+          env.mutable_leave()->set_node_id(m.node_id);
+          env.mutable_leave()->set_reason(m.reason);
         }
       },
       message);
@@ -109,6 +112,7 @@ Result<Message> decode_message(const void* header, std::size_t header_bytes, Sha
       return Message{Ready{r.node_id(), r.version(), r.checksum(), r.publish_to_ready_ms(), r.error()}};
     }
     case wire::Envelope::kHeartbeat: return Message{Heartbeat{env.heartbeat().newest_version()}};
+    case wire::Envelope::kLeave: return Message{Leave{env.leave().node_id(), env.leave().reason()}};
     default: return Status::corruption("message has no body");
   }
 }

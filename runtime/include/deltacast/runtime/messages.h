@@ -102,8 +102,15 @@ struct Ready {
 struct Heartbeat {
   std::uint64_t newest_version = 0;
 };
+// both ways, when a node stops on purpose: its children move to their next parent at once and
+// its parent drops it at once, neither waiting for a timeout. Relays pass a child's Leave up
+// to the origin, whose fleet ledger marks the node as gone.
+struct Leave {
+  std::string node_id;
+  std::string reason;
+};
 
-using Message = std::variant<Hello, Welcome, Refuse, ManifestMsg, ChunkMsg, Need, Ready, Heartbeat>;
+using Message = std::variant<Hello, Welcome, Refuse, ManifestMsg, ChunkMsg, Need, Ready, Heartbeat, Leave>;
 const char* message_name(const Message& m);
 // Bytes a message occupies on a link (payloads and manifests; headers count as 64).
 std::uint64_t message_bytes(const Message& m);

@@ -97,6 +97,7 @@ struct LedgerEntry {
   std::uint64_t publish_to_ready_ms = 0;
   std::uint64_t updated_ms = 0;
   std::string last_error;
+  bool left = false;  // it said Leave (stopped on purpose) and has not reported since
 };
 
 class Node {
@@ -112,6 +113,9 @@ class Node {
   void on_peer_down(PeerId peer);
   // Call every few milliseconds: heartbeats, timeouts, failover, re-requests.
   void tick();
+  // The node is stopping on purpose: tells its parent and children (Leave) so they react now
+  // rather than after a timeout. Send nothing else afterwards.
+  void leave(const std::string& reason);
 
   // Origin: adds an encoded version to the cache and forwards it. Anchors are kept for
   // catch-up and sent only to nodes that ask.
@@ -186,6 +190,7 @@ class Node {
   void on_chunk(const ChunkMsg& m);
   void on_need(PeerId from, Child& child, const Need& need);
   void on_ready_message(const Ready& r);
+  void on_leave_message(PeerId from, const Leave& l);
 
   void connect_parent();
   void send_to_parent(const Message& m);

@@ -35,6 +35,7 @@ struct HostConfig {
   std::uint64_t message_bytes_max = 1ull << 30;     // larger incoming messages are refused by ZeroMQ
   std::uint64_t tick_ms = 10;
   int send_hwm_messages = 64;                        // ZeroMQ's own per-peer queue, in messages
+  std::uint64_t leave_linger_ms = 200;              // on stop(): time the Leave messages get to go out
   // CURVE: when set, every link is encrypted and authenticated. A server accepts only clients
   // whose public key is in allowed_client_keys (empty: any client that knows the server key).
   std::optional<CurveKeys> curve;

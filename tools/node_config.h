@@ -26,6 +26,8 @@ struct NodeOptions {
   bool in_place = false;                  // workers: one image, readers paused during updates
   // worker command
   std::string out_dir;
+  std::size_t keep_versions = 2;          // files kept in out_dir
+  bool no_resume = false;                 // ignore the versions saved in out_dir
   std::uint64_t exit_after_version = 0;
 };
 

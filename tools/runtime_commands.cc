@@ -12,6 +12,7 @@
 #include "deltacast/common/thread_pool.h"
 #include "deltacast/io/safetensors.h"
 #include "deltacast/transport/host.h"
+#include "deltacast/transport/version_store.h"
 #include "gen.h"
 #include "node_config.h"
 
@@ -62,6 +63,21 @@ int run_worker(const NodeOptions& o) {
   if (cfg->node.parents.empty()) return fail("a worker needs at least one --parent");
   NodeHost host(cfg->node, cfg->host);
   stop_on_signals(host);
+  std::optional<transport::VersionStore> store;
+  if (!o.out_dir.empty()) store.emplace(o.out_dir, cfg->node.node_id, o.keep_versions);
+  if (store && !o.no_resume) {
+    // A restarted worker starts from the newest version it saved, and fetches only the deltas
+    // after it (an anchor only if its parents no longer have them).
+    std::vector<std::string> skipped;
+    auto saved = store->load_newest(&skipped);
+    for (const auto& why : skipped) spdlog::warn("not resuming from {}", why);
+    if (saved.is_ok()) {
+      spdlog::info("resuming from version {} saved in {}", (*saved)->version, o.out_dir);
+      std::printf("%s: resumed version %" PRIu64 ", checksum %016" PRIx64 "\n", cfg->node.node_id.c_str(), (*saved)->version, (*saved)->checksum);
+      std::fflush(stdout);
+      host.restore(std::move(saved).value());
+    }
+  }
   // Every version exposed is reported from the loop thread as it happens; the main thread
   // writes out the newest one it sees (a slow disk skips versions rather than hold images).
   host.set_on_version([id = cfg->node.node_id](std::shared_ptr<const ModelVersion> v) {
@@ -70,16 +86,14 @@ int run_worker(const NodeOptions& o) {
   });
   Status st = host.start_thread();
   if (!st.is_ok()) return fail(st.to_string());
-  std::uint64_t seen = 0;
+  std::uint64_t seen = host.current() ? host.current()->version : 0;
   int rc = 0;
-  while (!g_stop) {
+  while (!g_stop && !(o.exit_after_version && seen >= o.exit_after_version)) {
     auto v = host.wait_for_version(seen + 1, 200);
     if (!v) continue;
     seen = v->version;
-    if (!o.out_dir.empty()) {
-      ModelLayout layout{v->tensors, v->metadata, v->image.size()};
-      const auto path = (std::filesystem::path(o.out_dir) / (cfg->node.node_id + "-v" + std::to_string(v->version) + ".safetensors")).string();
-      if (Status ws = write_safetensors(path, layout, v->image); !ws.is_ok()) {
+    if (store) {
+      if (Status ws = store->save(*v); !ws.is_ok()) {
         rc = fail(ws.to_string());
         break;
       }
@@ -104,7 +118,10 @@ Command add_worker_command(CLI::App& app) {
   auto o = std::make_shared<NodeOptions>();
   CLI::App* sub = app.add_subcommand("worker", "Run a worker: rebuild and verify every version, optionally relay to other workers");
   add_node_options(sub, *o, /*worker=*/true);
-  sub->add_option("--out-dir", o->out_dir, "Write each verified version here as safetensors");
+  sub->add_option("--out-dir", o->out_dir,
+                  "Write each verified version here as safetensors (plus a small .json record); on restart, resume from the newest");
+  sub->add_option("--keep-versions", o->keep_versions, "Versions kept in --out-dir")->capture_default_str()->check(CLI::Range(1, 1000000));
+  sub->add_flag("--no-resume", o->no_resume, "Start from nothing even if --out-dir holds a saved version");
   sub->add_option("--exit-after-version", o->exit_after_version, "Exit once this version is ready");
   return {sub, [o] { return run_worker(*o); }};
 }

@@ -26,6 +26,23 @@ Node::Node(NodeConfig config, Transport& transport, Clock& clock, TaskRunner* ta
 
 Node::~Node() { *alive_ = false; }
 
+Status Node::restore(std::shared_ptr<ModelVersion> version) {
+  if (!config_.reconstruct) return Status::invalid_argument("only a worker holds a version to restore");
+  if (parent_ != 0 || assembly_) return Status::invalid_argument("restore() comes before start()");
+  if (!version || version->version == 0) return Status::invalid_argument("no version to restore");
+  std::uint64_t tensor_bytes = 0;
+  for (const auto& t : version->tensors) {
+    if (t.offset + t.nbytes > version->image.size() || t.offset + t.nbytes < t.offset)
+      return Status::invalid_argument("tensor " + t.name + " lies outside the restored image");
+    tensor_bytes += t.nbytes;
+  }
+  if (tensor_bytes != version->image.size()) return Status::invalid_argument("the restored tensors do not cover the image");
+  held_version_ = version->version;
+  std::lock_guard lock(current_mu_);
+  current_ = std::move(version);
+  return Status::ok();
+}
+
 void Node::start() {
   if (!config_.parents.empty()) connect_parent();
 }
@@ -324,12 +341,13 @@ void Node::on_hello(PeerId from, const Hello& hello) {
 void Node::serve_catch_up(PeerId child, Child& c, std::uint64_t have, bool want_anchor) {
   // A worker holding nothing can only start from an anchor.
   const bool needs_anchor = want_anchor || (have == 0 && c.role == Role::kWorker);
-  auto plan = cache_.catch_up_plan(needs_anchor ? 0 : have);
+  auto plan = cache_.catch_up_plan(have, needs_anchor);
   if (!plan || (needs_anchor && (plan->empty() || !plan->front().anchor))) {
-    // Nothing here reaches the newest version from what the child has: get an anchor, which
-    // is forwarded to the child when it arrives.
+    // Nothing here reaches the newest version from what the child has: get an anchor newer
+    // than that, which is forwarded to the child when it arrives.
     c.wants_anchor = true;
-    request_anchor();
+    c.anchor_after = have;
+    request_anchor(have);
     return;
   }
   if (!plan->empty() && plan->front().anchor) c.wants_anchor = false;
@@ -356,7 +374,7 @@ void Node::send_version(PeerId child, const CachedVersion& v, const std::vector<
 bool Node::child_wants(const Child& c, const VersionKey& key) const {
   if (!c.welcomed || c.role == Role::kPublisher) return false;
   if (c.subscriptions.count(key)) return true;
-  if (key.anchor) return c.wants_anchor;
+  if (key.anchor) return c.wants_anchor && key.version > c.anchor_after;
   return key.version > broadcast_newest_;
 }
 
@@ -426,7 +444,8 @@ void Node::on_chunk(const ChunkMsg& m) {
 
 void Node::on_need(PeerId from, Child& child, const Need& need) {
   if (need.want_anchor) {
-    serve_catch_up(from, child, 0, /*want_anchor=*/true);
+    // key.version: what the child holds; an older anchor is of no use to it.
+    serve_catch_up(from, child, need.key.version, /*want_anchor=*/true);
     return;
   }
   child.subscriptions.insert(need.key);
@@ -435,7 +454,8 @@ void Node::on_need(PeerId from, Child& child, const Need& need) {
     // Not here (evicted or never seen): fetch it from upstream; it is forwarded on arrival.
     if (need.key.anchor) {
       child.wants_anchor = true;
-      request_anchor();
+      child.anchor_after = 0;
+      request_anchor(0);
     } else {
       send_to_parent(need);
     }
@@ -547,18 +567,17 @@ void Node::tick() {
   while (timings_.size() > config_.timings_versions_max) timings_.erase(timings_.begin());
   while (published_us_.size() > config_.timings_versions_max) published_us_.erase(published_us_.begin());
   // Children waiting for an anchor keep the request alive upstream.
+  std::optional<std::uint64_t> anchor_after;
   for (const auto& [peer, c] : children_)
-    if (c.welcomed && c.wants_anchor) {
-      request_anchor();
-      break;
-    }
+    if (c.welcomed && c.wants_anchor) anchor_after = std::min(anchor_after.value_or(c.anchor_after), c.anchor_after);
+  if (anchor_after) request_anchor(*anchor_after);
   advance();
   std::vector<VersionKey> pinned;
   if (assembly_) pinned.push_back(assembly_->key);
   cache_.evict(pinned);
 }
 
-void Node::request_anchor() {
+void Node::request_anchor(std::uint64_t newer_than) {
   const std::uint64_t now = clock_.now_ms();
   if (anchor_requested_ && now - anchor_requested_ms_ < config_.need_after_ms * 4) return;
   if (config_.parents.empty()) {
@@ -566,9 +585,9 @@ void Node::request_anchor() {
     // Versions made of trainer shards' slices: each shard sends an anchor of its slice.
     if (config_.expect_shards > 0)
       for (const auto& [peer, c] : children_)
-        if (c.welcomed && c.role == Role::kPublisher) send_to(peer, Need{{}, {}, true});
+        if (c.welcomed && c.role == Role::kPublisher) send_to(peer, Need{{newer_than, true}, {}, true});
   } else if (welcomed_) {
-    send_to_parent(Need{{}, {}, true});
+    send_to_parent(Need{{newer_than, true}, {}, true});
   } else {
     return;  // asked again once a parent welcomes us
   }
@@ -599,7 +618,7 @@ void Node::request_missing(bool force) {
     for (std::uint64_t v = from + 1; v <= parent_newest_; ++v)
       if (!cache_.find({v, false})) send_to_parent(Need{{v, false}, {}, false});
   }
-  if (need_anchor_ || (config_.reconstruct && current_version() == 0 && parent_newest_ > 0 && !assembly_)) request_anchor();
+  if (need_anchor_ || (config_.reconstruct && current_version() == 0 && parent_newest_ > 0 && !assembly_)) request_anchor(current_version());
 }
 
 // ---- reconstruction (workers) ---------------------------------------------------------------
@@ -618,7 +637,7 @@ void Node::advance() {
     start_assembly(*cache_.find(*a));
     return;
   }
-  if (have == 0 || need_anchor_) request_anchor();
+  if (have == 0 || need_anchor_) request_anchor(have);
 }
 
 void Node::start_assembly(const CachedVersion& v) {
@@ -793,7 +812,7 @@ void Node::abandon_assembly(const std::string& why, bool want_anchor) {
   }
   assembly_.reset();
   if (want_anchor) need_anchor_ = true;
-  request_anchor();
+  request_anchor(current_version());
 }
 
 Status Node::publish(EncodedVersion&& ev) {

@@ -84,7 +84,7 @@ std::optional<VersionKey> VersionCache::newest_anchor() const {
   return std::nullopt;
 }
 
-std::optional<std::vector<VersionKey>> VersionCache::catch_up_plan(std::uint64_t have) const {
+std::optional<std::vector<VersionKey>> VersionCache::catch_up_plan(std::uint64_t have, bool anchor_only) const {
   const std::uint64_t newest = newest_version();
   std::vector<VersionKey> plan;
   if (have >= newest) return plan;
@@ -95,7 +95,7 @@ std::optional<std::vector<VersionKey>> VersionCache::catch_up_plan(std::uint64_t
     }
     return true;
   };
-  if (have > 0 && deltas_from(have, plan)) return plan;
+  if (have > 0 && !anchor_only && deltas_from(have, plan)) return plan;
   // From the newest anchor whose delta chain reaches the newest version.
   for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
     if (!it->first.anchor || it->first.version <= have) continue;

@@ -60,7 +60,8 @@ class FakeNet {
   // Called on every delivery; return false to drop the message (fault injection).
   std::function<bool(const std::string& from, const std::string& to, Message&)> filter;
 
-  Node& add(NodeConfig config, bool deferred_tasks = false) {
+  // `restored`: a version the node holds before it starts (Node::restore).
+  Node& add(NodeConfig config, bool deferred_tasks = false, std::shared_ptr<ModelVersion> restored = nullptr) {
     const std::string name = config.node_id;
     auto& slot = nodes_[name];
     slot.transport = std::make_unique<FakeTransport>(*this, name);
@@ -69,6 +70,7 @@ class FakeNet {
     slot.deferred = deferred_tasks;
     slot.node = std::make_unique<Node>(config, *slot.transport, clock, deferred_tasks ? slot.tasks.get() : nullptr);
     slot.alive = true;
+    if (restored && !slot.node->restore(std::move(restored)).is_ok()) throw std::runtime_error("restore failed");
     slot.node->start();
     return *slot.node;
   }

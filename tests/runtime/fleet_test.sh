@@ -3,6 +3,7 @@
 #   steady      origin -> 2 relays -> 4 workers, 7 versions
 #   relay-kill  a relay SIGKILLed while versions stream; its workers fail over
 #   late-join   a worker that starts after the last version: anchor + deltas
+#   restart     a worker SIGKILLed and restarted resumes from the version it saved: deltas only
 #   corrupt     a relay that corrupts every 3rd chunk; the worker refetches, never applies
 #   slow        a stopped worker does not delay its siblings, and catches up when resumed
 #   auth        CURVE everywhere; a worker without an allowed key gets nothing
@@ -19,7 +20,7 @@ crelay=${2:?$usage}
 cworker=${3:?$usage}
 shift 3
 tests=("$@")
-[ ${#tests[@]} -gt 0 ] || tests=(steady relay-kill late-join corrupt slow auth c-abi watch shards fleet-init)
+[ ${#tests[@]} -gt 0 ] || tests=(steady relay-kill late-join restart corrupt slow auth c-abi watch shards fleet-init)
 tmp=$(mktemp -d)
 pids=()
 cleanup() {
@@ -138,6 +139,34 @@ test_late_join() {
   first=$(sed -n 's/.*version \([0-9]*\) ready.*/\1/p' "$tmp/late.log" | head -1)
   [ "$first" = 6 ] || { echo "  late joiner started from version ${first:-none}, expected anchor 6"; ok=1; }
   result late-join $ok
+}
+
+test_restart() {
+  local ok=0 state="$tmp/state"
+  start origin "$dc" publish --listen "$(ep 0)" --interval-ms 300 --linger-ms 30000 "${ckpts[@]}"
+  start w1 "$dc" worker --id w1 --parent "$(ep 0)" --out-dir "$state"
+  wait_for "$tmp/w1.log" "version 3 ready" 30 || { echo "  w1 never reached version 3"; ok=1; }
+  kill -9 "$pid_w1"
+  wait_for "$tmp/origin.log" "published version $versions" 60 || { echo "  the publisher did not finish"; ok=1; }
+  start again "$dc" worker --id w1 --parent "$(ep 0)" --out-dir "$state" --exit-after-version $versions
+  wait_for "$tmp/again.log" "version $versions ready" 30 || { echo "  the restarted worker did not reach version $versions"; ok=1; }
+  check_worker "$tmp/again.log" || ok=1
+  # It resumed from the newest version it had saved (3 or later), with that version's checksum,
+  # and was sent only the deltas after it: the next version it exposed is the one after.
+  read -r resumed sum < <(sed -n 's/.*resumed version \([0-9]*\), checksum \([0-9a-f]*\).*/\1 \2/p' "$tmp/again.log")
+  if [ -z "${resumed:-}" ] || [ "$resumed" -lt 3 ]; then
+    echo "  the restarted worker did not resume (resumed: ${resumed:-nothing})"
+    ok=1
+  else
+    [ "$sum" = "${expected[$resumed]}" ] || { echo "  resumed version $resumed has checksum $sum, publisher's ${expected[$resumed]}"; ok=1; }
+    first=$(sed -n 's/.*version \([0-9]*\) ready.*/\1/p' "$tmp/again.log" | head -1)
+    [ "$resumed" = "$versions" ] || [ "$first" = $((resumed + 1)) ] || { echo "  after resuming $resumed it exposed ${first:-nothing} first"; ok=1; }
+  fi
+  for _ in $(seq 100); do kill -0 "$pid_again" 2>/dev/null || break; sleep 0.1; done
+  cmp -s "$state/w1-v$versions.safetensors" "${ckpts[$((versions - 1))]}" || { echo "  the saved version $versions differs from its checkpoint"; ok=1; }
+  [ "$(ls "$state"/w1-v*.safetensors | wc -l)" = 2 ] || { echo "  kept $(ls "$state"/w1-v*.safetensors | wc -l) versions, not 2"; ok=1; }
+  rm -rf "$state"
+  result restart $ok
 }
 
 test_corrupt() {

@@ -298,6 +298,76 @@ TEST_CASE("nodes that stop on purpose say so: children move on and parents let g
   CHECK(w.current()->image == s.images[1]);
 }
 
+// A worker restarted with the version it saved on disk (here: version 3 of the series, or a
+// wrong image claiming to be it).
+std::shared_ptr<ModelVersion> saved(const Series& s, std::uint64_t v, const Bytes& image) {
+  auto m = std::make_shared<ModelVersion>();
+  m->version = v;
+  m->checksum = s.checksum(v);
+  m->tensors = s.layout.tensors;
+  m->image = image;
+  return m;
+}
+
+TEST_CASE("a worker restarted from its saved version fetches only the deltas after it", "[runtime][node]") {
+  Series s(5);
+  FakeNet net;
+  Node& origin = net.add(origin_config());
+  REQUIRE(origin.publish(s.anchor(1)).is_ok());
+  for (std::uint64_t v = 2; v <= 5; ++v) REQUIRE(origin.publish(s.delta(v)).is_ok());
+  int anchors = 0;
+  std::set<std::uint64_t> deltas;
+  net.filter = [&](const std::string&, const std::string& to, Message& m) {
+    if (auto* mm = std::get_if<ManifestMsg>(&m); mm && to == "w") mm->key.anchor ? ++anchors : (deltas.insert(mm->key.version), 0);
+    return true;
+  };
+  Node& w = net.add(worker_config("w", {"origin"}), false, saved(s, 3, s.images[2]));
+  CHECK(w.current_version() == 3);
+  std::vector<std::uint64_t> seen;
+  int bad = 0;
+  watch(w, s, seen, bad);
+  REQUIRE(net.run_until([&] { return w.current_version() == 5; }));
+  CHECK(bad == 0);
+  CHECK(anchors == 0);
+  CHECK(deltas == std::set<std::uint64_t>{4, 5});
+  CHECK(seen == std::vector<std::uint64_t>{4, 5});
+}
+
+TEST_CASE("a worker restored with a wrong image notices and rebuilds from an anchor", "[runtime][node]") {
+  Series s(5);
+  FakeNet net;
+  Node& origin = net.add(origin_config());
+  REQUIRE(origin.publish(s.anchor(1)).is_ok());
+  for (std::uint64_t v = 2; v <= 5; ++v) REQUIRE(origin.publish(s.delta(v)).is_ok());
+  // The publisher makes an anchor of its newest version when asked (as deltacast publish does).
+  bool wanted = false;
+  origin.set_on_anchor_wanted([&] { wanted = true; });
+  // Claims version 3, holds version 1's bytes: the first delta's base hashes do not match, and
+  // the only anchor cached (1) is older than what it holds.
+  Node& w = net.add(worker_config("w", {"origin"}), false, saved(s, 3, s.images[0]));
+  std::vector<std::uint64_t> seen;
+  int bad = 0;
+  watch(w, s, seen, bad);
+  REQUIRE(net.run_until([&] {
+    if (wanted && !origin.cache().find({5, true})) REQUIRE(origin.publish(s.anchor(5)).is_ok());
+    return w.current_version() == 5;
+  }));
+  CHECK(bad == 0);
+  CHECK(w.current()->image == s.images[4]);
+  CHECK(seen == std::vector<std::uint64_t>{5});
+}
+
+TEST_CASE("restore() refuses what a worker cannot hold", "[runtime][node]") {
+  Series s(2);
+  FakeNet net;
+  auto v = saved(s, 2, s.images[1]);
+  v->image.pop_back();
+  Node& w = net.add(worker_config("w", {}));
+  CHECK(w.restore(v).code() == StatusCode::kInvalidArgument);
+  Node& relay = net.add(relay_config("r", {}));
+  CHECK(relay.restore(saved(s, 2, s.images[1])).code() == StatusCode::kInvalidArgument);
+}
+
 TEST_CASE("worker-relays build a tree from rollout hosts alone", "[runtime][node]") {
   Series s(3);
   FakeNet net;

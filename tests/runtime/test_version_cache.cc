@@ -52,6 +52,9 @@ TEST_CASE("catch-up plans prefer deltas and fall back to the newest anchor", "[r
   CHECK(*c.catch_up_plan(3) == std::vector<K>{{4, false}, {5, false}, {6, false}, {7, false}});
   CHECK(*c.catch_up_plan(0) == std::vector<K>{{6, true}, {7, false}});
   CHECK(*c.catch_up_plan(1) == std::vector<K>{{6, true}, {7, false}});  // delta 2 is not here
+  // An anchor asked for: only one newer than what the asker holds will do.
+  CHECK(*c.catch_up_plan(5, true) == std::vector<K>{{6, true}, {7, false}});
+  CHECK_FALSE(c.catch_up_plan(6, true).has_value());
   VersionCache empty(1 << 20);
   CHECK(empty.catch_up_plan(0)->empty());
   VersionCache no_anchor(1 << 20);

@@ -95,6 +95,7 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
   std::string bound;
   std::atomic<Node*> live_node{nullptr};  // for reader threads; cleared before the node goes
   std::function<void(std::shared_ptr<const ModelVersion>)> on_version;
+  std::shared_ptr<ModelVersion> restored;  // handed to the node before it starts
   std::uint64_t bad_messages = 0;
 
   Impl(NodeConfig nc, HostConfig hc) : node_config(std::move(nc)), config(std::move(hc)) {}
@@ -570,6 +571,12 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
       shutdown();
       return st;
     }
+    if (restored) {
+      if (Status rs = node->restore(std::move(restored)); !rs.is_ok()) {
+        shutdown();
+        return rs;
+      }
+    }
     uv_prepare_start(&prepare, [](uv_prepare_t* p) {
       auto* self = static_cast<Impl*>(p->data);
       self->run_posted();
@@ -648,6 +655,8 @@ void NodeHost::post(std::function<void()> fn) {
 }
 
 runtime::Node& NodeHost::node() { return *impl_->node; }
+
+void NodeHost::restore(std::shared_ptr<runtime::ModelVersion> version) { impl_->restored = std::move(version); }
 
 void NodeHost::set_on_version(std::function<void(std::shared_ptr<const ModelVersion>)> callback) {
   impl_->on_version = std::move(callback);

@@ -107,6 +107,11 @@ class Node {
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
 
+  // Workers, before start(): hold `version` as the current version, as a restarted worker
+  // does with the copy it kept on disk, so it asks its parent only for the deltas after it.
+  // The caller vouches for the image (checked against its own hash, say); a wrong one is
+  // caught when the next delta's base hashes do not match, and replaced from an anchor.
+  Status restore(std::shared_ptr<ModelVersion> version);
   // Connects to the first parent, if any.
   void start();
   void on_message(PeerId from, const Message& message);
@@ -160,6 +165,7 @@ class Node {
     std::uint64_t last_heard_ms = 0;
     std::set<VersionKey> subscriptions;  // anchors (and versions) asked for explicitly
     bool wants_anchor = false;
+    std::uint64_t anchor_after = 0;  // the anchor it wants must be newer than this
   };
   struct Assembly;
   // Origin: slices of one version from the trainer shards, until all are here.
@@ -201,7 +207,8 @@ class Node {
   void forward_chunk(const CachedVersion& v, std::uint32_t index);
   bool child_wants(const Child& c, const VersionKey& key) const;
   void request_missing(bool force);
-  void request_anchor();
+  // Asks for an anchor newer than `newer_than` (what the asker holds; it cannot use older ones).
+  void request_anchor(std::uint64_t newer_than);
   void flush_outbox();
   void set_error(std::string error);
 

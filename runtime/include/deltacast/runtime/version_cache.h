@@ -44,7 +44,7 @@ class VersionCache {
   // The versions someone holding `have` (0: nothing) needs to reach the newest cached version,
   // in order: the deltas after `have` if all are cached, else the newest anchor and the deltas
   // after it. nullopt if neither chain is cached; empty if `have` is already newest.
-  std::optional<std::vector<VersionKey>> catch_up_plan(std::uint64_t have) const;
+  std::optional<std::vector<VersionKey>> catch_up_plan(std::uint64_t have, bool anchor_only = false) const;
 
   // Drops the oldest versions until the cache fits its bound, never the newest version or
   // anything in `pinned`. Returns the keys it dropped.

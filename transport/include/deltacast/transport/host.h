@@ -70,6 +70,9 @@ class NodeHost {
     return future.get();
   }
 
+  // Workers, before run() or start_thread(): start from this version (Node::restore), e.g.
+  // the copy a restarted worker kept on disk.
+  void restore(std::shared_ptr<runtime::ModelVersion> version);
   // The node; touch it only on the loop thread (inside post()).
   runtime::Node& node();
   // Called on the loop thread each time a version becomes current (keep it short: hand the

@@ -68,14 +68,9 @@ int run_worker(const NodeOptions& o) {
   if (store && !o.no_resume) {
     // A restarted worker starts from the newest version it saved, and fetches only the deltas
     // after it (an anchor only if its parents no longer have them).
-    std::vector<std::string> skipped;
-    auto saved = store->load_newest(&skipped);
-    for (const auto& why : skipped) spdlog::warn("not resuming from {}", why);
-    if (saved.is_ok()) {
-      spdlog::info("resuming from version {} saved in {}", (*saved)->version, o.out_dir);
-      std::printf("%s: resumed version %" PRIu64 ", checksum %016" PRIx64 "\n", cfg->node.node_id.c_str(), (*saved)->version, (*saved)->checksum);
+    if (auto saved = store->resume(host)) {
+      std::printf("%s: resumed version %" PRIu64 ", checksum %016" PRIx64 "\n", cfg->node.node_id.c_str(), saved->version, saved->checksum);
       std::fflush(stdout);
-      host.restore(std::move(saved).value());
     }
   }
   // Every version exposed is reported from the loop thread as it happens; the main thread

@@ -1,18 +1,22 @@
 /* Uses the worker library through its C ABI only: join a publisher, wait for versions,
  * read the image and the tensor table, check the version against an expected checksum.
- * Usage: c_worker_test PARENT_ENDPOINT VERSION EXPECTED_CHECKSUM_HEX */
+ * With STATE_DIR: the worker saves its versions there; a second worker started on the same
+ * directory must hold the saved version at once, before hearing from its parent.
+ * Usage: c_worker_test PARENT_ENDPOINT VERSION EXPECTED_CHECKSUM_HEX [STATE_DIR] */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "deltacast/c/worker.h"
 
 int main(int argc, char** argv) {
-  if (argc != 4) {
-    fprintf(stderr, "usage: c_worker_test PARENT VERSION CHECKSUM\n");
+  if (argc != 4 && argc != 5) {
+    fprintf(stderr, "usage: c_worker_test PARENT VERSION CHECKSUM [STATE_DIR]\n");
     return 2;
   }
+  const char* state_dir = argc == 5 ? argv[4] : NULL;
   const uint64_t want = strtoull(argv[2], NULL, 10);
   const uint64_t checksum = strtoull(argv[3], NULL, 16);
   char err[256];
@@ -26,6 +30,7 @@ int main(int argc, char** argv) {
   o.node_id = "c-worker";
   o.parents = parents;
   o.parent_count = 1;
+  o.state_dir = state_dir;
   dc_worker* w = dc_worker_start(&o, err, sizeof err);
   if (!w) {
     fprintf(stderr, "start: %s\n", err);
@@ -50,7 +55,40 @@ int main(int argc, char** argv) {
            dc_version_tensor(v, dc_version_tensor_count(v), &name, &dtype, &offset, &nbytes) == -1;
   printf("version %" PRIu64 ", %zu bytes, %zu tensors, checksum %016" PRIx64 ": %s\n", dc_version_number(v), size,
          dc_version_tensor_count(v), dc_version_checksum(v), ok ? "ok" : "WRONG");
+  const uint64_t got = dc_version_number(v);
   dc_version_release(v);
-  dc_worker_stop(w);
+  if (ok && state_dir) {
+    /* Wait until the background saver has written the version, then restart on the directory. */
+    char record[4096];
+    snprintf(record, sizeof record, "%s/c-worker-v%" PRIu64 ".json", state_dir, got);
+    int saved = 0;
+    for (int i = 0; i < 300 && !saved; ++i) {
+      FILE* f = fopen(record, "r");
+      if (f) {
+        fclose(f);
+        saved = 1;
+      } else {
+        struct timespec ts = {0, 100 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+      }
+    }
+    dc_worker_stop(w);
+    w = NULL;
+    if (!saved) {
+      fprintf(stderr, "version %" PRIu64 " was never saved to %s\n", got, state_dir);
+      return 1;
+    }
+    dc_worker* again = dc_worker_start(&o, err, sizeof err);
+    if (!again) {
+      fprintf(stderr, "restart: %s\n", err);
+      return 1;
+    }
+    dc_version* r = dc_worker_current(again);
+    ok = r != NULL && dc_version_number(r) == got && (got != want || dc_version_checksum(r) == checksum);
+    printf("restarted: holds version %" PRIu64 " at once: %s\n", r ? dc_version_number(r) : 0, ok ? "ok" : "WRONG");
+    if (r) dc_version_release(r);
+    dc_worker_stop(again);
+  }
+  if (w) dc_worker_stop(w);
   return ok ? 0 : 1;
 }

@@ -7,7 +7,8 @@
 #   corrupt     a relay that corrupts every 3rd chunk; the worker refetches, never applies
 #   slow        a stopped worker does not delay its siblings, and catches up when resumed
 #   auth        CURVE everywhere; a worker without an allowed key gets nothing
-#   c-abi       a worker embedded through the C ABI (tests/runtime/c_worker_test.c)
+#   c-abi       a worker embedded through the C ABI (tests/runtime/c_worker_test.c), restarted
+#               on its state directory
 #   watch       the publisher watching a directory that checkpoints appear in
 #   shards      2 trainer shards publish their slices; the origin merges them
 #   fleet-init  a fleet run from the configs deltacast fleet-init writes (CURVE on)
@@ -220,8 +221,10 @@ test_auth() {
 test_c_abi() {
   local ok=0
   start origin "$dc" publish --listen "$(ep 0)" --linger-ms 30000 "${ckpts[@]}"
-  timeout 90 "$cworker" "$(ep 0)" $versions "${expected[$versions]}" >"$tmp/c.log" 2>&1 || ok=1
-  grep -q ": ok" "$tmp/c.log" || ok=1
+  timeout 90 "$cworker" "$(ep 0)" $versions "${expected[$versions]}" "$tmp/cstate" >"$tmp/c.log" 2>&1 || ok=1
+  grep -q "checksum.*: ok" "$tmp/c.log" || ok=1
+  grep -q "restarted: holds version $versions at once: ok" "$tmp/c.log" || { echo "  the C worker did not resume from its state dir"; ok=1; }
+  rm -rf "$tmp/cstate"
   result c-abi $ok
 }
 

@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include <spdlog/spdlog.h>
+
 #include "deltacast/codec/hash.h"
 #include "deltacast/io/mapped_file.h"
 #include "deltacast/io/safetensors.h"
@@ -113,6 +115,17 @@ Result<std::shared_ptr<ModelVersion>> VersionStore::load_newest(std::vector<std:
     if (skipped) skipped->push_back(v.is_ok() ? path + ": its metadata says version " + std::to_string((*v)->version) : v.status().to_string());
   }
   return Status::not_found("no saved version of " + node_id_ + " in " + dir_);
+}
+
+std::shared_ptr<const ModelVersion> VersionStore::resume(NodeHost& host) const {
+  std::vector<std::string> skipped;
+  auto saved = load_newest(&skipped);
+  for (const auto& why : skipped) spdlog::warn("{}: not resuming from {}", node_id_, why);
+  if (!saved.is_ok()) return nullptr;
+  spdlog::info("{}: resuming from version {} saved in {}", node_id_, (*saved)->version, dir_);
+  std::shared_ptr<ModelVersion> v = std::move(saved).value();
+  host.restore(v);
+  return v;
 }
 
 }  // namespace deltacast::transport

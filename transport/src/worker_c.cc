@@ -5,12 +5,26 @@
 #include <memory>
 #include <string>
 
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <optional>
+#include <thread>
+
 #include "deltacast/transport/host.h"
+#include "deltacast/transport/version_store.h"
 
 using namespace deltacast;
 
 struct dc_worker {
   std::unique_ptr<transport::NodeHost> host;
+  std::optional<transport::VersionStore> store;
+  std::thread saver;  // saves the newest version to `store`
+  std::atomic<bool> stopping{false};
+  ~dc_worker() {
+    stopping = true;
+    if (saver.joinable()) saver.join();
+  }
 };
 
 struct dc_version {
@@ -59,11 +73,27 @@ dc_worker* dc_worker_start(const dc_worker_options* o, char* err, size_t err_len
   if (nc.serve_children) hc.bind_endpoint = o->listen;
   if (o->metrics) hc.metrics_listen = o->metrics;
   auto w = std::make_unique<dc_worker>();
+  const std::string id = nc.node_id;
   w->host = std::make_unique<transport::NodeHost>(std::move(nc), std::move(hc));
+  std::uint64_t saved = 0;
+  if (o->state_dir && *o->state_dir) {
+    w->store.emplace(o->state_dir, id, o->keep_versions ? o->keep_versions : 2);
+    if (auto v = w->store->resume(*w->host)) saved = v->version;
+  }
   Status st = w->host->start_thread();
   if (!st.is_ok()) {
     set_err(err, err_len, st.to_string());
     return nullptr;
+  }
+  if (w->store) {
+    w->saver = std::thread([w = w.get(), saved]() mutable {
+      while (!w->stopping) {
+        auto v = w->host->wait_for_version(saved + 1, 100);
+        if (!v) continue;
+        saved = v->version;
+        if (Status ss = w->store->save(*v); !ss.is_ok()) spdlog::error("saving version {}: {}", v->version, ss.to_string());
+      }
+    });
   }
   return w.release();
 }

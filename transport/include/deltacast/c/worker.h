@@ -30,6 +30,12 @@ typedef struct dc_worker_options {
   uint64_t cache_bytes_max;     /* 0: default */
   int in_place;                 /* nonzero: one image; dc_worker_current returns NULL while a
                                    version is applied, which waits until every view is released */
+  const char* state_dir;        /* or NULL. Each verified version is saved here (safetensors + a
+                                   small JSON record, written by a background thread that skips
+                                   versions arriving while it writes), and a restarted worker
+                                   resumes from the newest saved one: dc_worker_current returns
+                                   it at once and only the deltas after it are fetched */
+  size_t keep_versions;         /* versions kept in state_dir; 0: 2 */
 } dc_worker_options;
 
 /* Starts a worker. Returns NULL on failure and writes the reason to err (if not NULL). */

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "deltacast/runtime/node.h"
+#include "deltacast/transport/host.h"
 
 namespace deltacast::transport {
 
@@ -29,6 +30,9 @@ class VersionStore {
   Result<std::shared_ptr<runtime::ModelVersion>> load_newest(std::vector<std::string>* skipped = nullptr) const;
   // Loads and verifies one file.
   static Result<std::shared_ptr<runtime::ModelVersion>> load(const std::string& path);
+  // Hands the newest good saved version to `host` (NodeHost::restore, before it starts),
+  // logging the files skipped. Returns it, or null when there is none.
+  std::shared_ptr<const runtime::ModelVersion> resume(NodeHost& host) const;
 
   std::string path_of(std::uint64_t version) const;
   // This node's files, newest version first.

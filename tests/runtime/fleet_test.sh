@@ -147,6 +147,7 @@ test_restart() {
   start origin "$dc" publish --listen "$(ep 0)" --interval-ms 300 --linger-ms 30000 "${ckpts[@]}"
   start w1 "$dc" worker --id w1 --parent "$(ep 0)" --out-dir "$state"
   wait_for "$tmp/w1.log" "version 3 ready" 30 || { echo "  w1 never reached version 3"; ok=1; }
+  for _ in $(seq 100); do [ -f "$state/w1-v3.json" ] && break; sleep 0.1; done  # saved after it is announced
   kill -9 "$pid_w1"
   wait_for "$tmp/origin.log" "published version $versions" 60 || { echo "  the publisher did not finish"; ok=1; }
   start again "$dc" worker --id w1 --parent "$(ep 0)" --out-dir "$state" --exit-after-version $versions

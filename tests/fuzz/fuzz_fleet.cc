@@ -1,0 +1,33 @@
+// Fuzzes the fleet-description parser and the planner: any bytes give a fleet or an error;
+// any fleet small enough to plan quickly gives a tree in which every node reaches the origin
+// and no fallback parent lies below its node, whatever the shape.
+#include <cstdint>
+#include <string_view>
+
+#include "deltacast/topology/plan.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  using namespace deltacast::topology;
+  auto spec = parse_fleet_or_scenario(std::string_view(reinterpret_cast<const char*>(data), size));
+  if (!spec.is_ok() || spec->worker_count() > 2000 || spec->regions.size() > 64) return 0;
+  std::uint64_t relays = 0;
+  for (const auto& r : spec->regions) relays += r.relays;
+  if (relays > 2000) return 0;
+  for (Shape shape : {Shape::kTree, Shape::kWorkerRelayTree, Shape::kStar}) {
+    auto plan = plan_fleet(*spec, shape);
+    if (!plan.is_ok()) continue;
+    const auto& nodes = plan->nodes;
+    for (std::size_t i = 1; i < nodes.size(); ++i) {
+      std::size_t hops = 0;
+      for (int p = static_cast<int>(i); p != 0; p = nodes[p].parent)
+        if (p < 0 || ++hops > nodes.size()) __builtin_trap();
+      if (nodes[i].fallback >= 0) {
+        for (int d : plan->descendants(static_cast<int>(i)))
+          if (d == nodes[i].fallback) __builtin_trap();
+      }
+    }
+    (void)plan_to_svg(*plan);
+    (void)plan_to_dot(*plan);
+  }
+  return 0;
+}

@@ -1,0 +1,194 @@
+// Fleet descriptions and the planner: parsing with errors that name the field, and the tree's
+// properties (every node reaches the origin, WAN boundaries crossed once, fan-out within the
+// uplink, a fallback for every node that is not below it).
+#include <catch2/catch.hpp>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "deltacast/topology/plan.h"
+
+using namespace deltacast;
+using namespace deltacast::topology;
+
+namespace {
+
+std::string fleet_json(const std::string& regions, const std::string& wan, const std::string& extra = "") {
+  return R"({"origin": {"region": "a", "uplink": "100Gbit"}, )" + extra +
+         R"("defaults": {"lan": {"latency_ms": 0.1, "bandwidth": "25Gbit"},
+                          "worker_nic": {"uplink": "25Gbit", "downlink": "25Gbit"},
+                          "relay_nic": {"uplink": "100Gbit", "downlink": "100Gbit"}},
+             "regions": [)" + regions + R"(], "wan": [)" + wan + "]}";
+}
+
+FleetSpec parse(const std::string& text) {
+  auto s = parse_fleet_spec(text);
+  INFO(s.status().to_string());
+  REQUIRE(s.is_ok());
+  return *s;
+}
+
+std::string error_of(const std::string& text) {
+  auto s = parse_fleet_spec(text);
+  REQUIRE_FALSE(s.is_ok());
+  return s.status().message();
+}
+
+// The properties every tree plan must have.
+void check_tree(const FleetSpec& spec, const Plan& plan) {
+  REQUIRE(plan.nodes[0].kind == NodeKind::kOrigin);
+  for (std::size_t i = 1; i < plan.nodes.size(); ++i) {
+    const PlannedNode& n = plan.nodes[i];
+    // Reaches the origin, with depth counting the hops.
+    int hops = 0;
+    for (int p = static_cast<int>(i); p != 0; p = plan.nodes[p].parent) {
+      REQUIRE(plan.nodes[p].parent >= 0);
+      REQUIRE(++hops <= static_cast<int>(plan.nodes.size()));
+    }
+    CHECK(hops == n.depth);
+    CHECK(plan.nodes[n.parent].forwards);
+    // A fallback that is not the node, its parent, or below it.
+    if (n.fallback >= 0) {
+      CHECK(n.fallback != static_cast<int>(i));
+      CHECK(n.fallback != n.parent);
+      CHECK(plan.nodes[n.fallback].forwards);
+      const auto below = plan.descendants(static_cast<int>(i));
+      CHECK(std::find(below.begin(), below.end(), n.fallback) == below.end());
+    }
+  }
+  // Each non-origin region is entered over the WAN exactly once.
+  for (const auto& r : spec.regions) {
+    int entries = 0;
+    for (std::size_t i = 1; i < plan.nodes.size(); ++i)
+      if (plan.nodes[i].region == r.name && plan.nodes[plan.nodes[i].parent].region != r.name) entries++;
+    CHECK(entries == (r.name == spec.origin_region ? 0 : 1));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("rates parse in bits or bytes per second", "[topology]") {
+  CHECK(*parse_rate("10Gbit") == Approx(1.25e9));
+  CHECK(*parse_rate("25 Gbit/s") == Approx(3.125e9));
+  CHECK(*parse_rate("200Mbit") == Approx(25e6));
+  CHECK(*parse_rate("1.5GB/s") == Approx(1.5e9));
+  CHECK_FALSE(parse_rate("fast").is_ok());
+  CHECK_FALSE(parse_rate("10 parsecs").is_ok());
+  CHECK_FALSE(parse_rate("0Gbit").is_ok());
+}
+
+TEST_CASE("bad fleet descriptions are refused with the field named", "[topology]") {
+  const std::string ok_regions = R"({"name": "a", "workers": 4, "relays": 1}, {"name": "b", "workers": 4})";
+  const std::string ok_wan = R"({"between": ["a", "b"], "latency_ms": 30, "bandwidth": "10Gbit"})";
+  parse(fleet_json(ok_regions, ok_wan));
+  CHECK(error_of("{not json") .find("not valid JSON") != std::string::npos);
+  CHECK(error_of(fleet_json(ok_regions, ok_wan, R"("colour": "blue", )")).find("unknown field 'colour'") != std::string::npos);
+  CHECK(error_of(fleet_json(R"({"name": "a", "workers": -1})", "")).find("fleet.regions[0].workers") != std::string::npos);
+  CHECK(error_of(fleet_json(R"({"name": "a", "workers": 2}, {"name": "a"})", "")).find("appears twice") != std::string::npos);
+  CHECK(error_of(fleet_json(R"({"name": "a<b>"})", "")).find("letters, digits") != std::string::npos);
+  CHECK(error_of(fleet_json(ok_regions, "")).find("region b has no WAN path") != std::string::npos);
+  CHECK(error_of(fleet_json(ok_regions, R"({"between": ["a", "c"], "bandwidth": "1Gbit"})")).find("fleet.wan[0].between") != std::string::npos);
+  CHECK(error_of(fleet_json(ok_regions, R"({"between": ["a", "b"], "bandwidth": "fast"})")).find("fleet.wan[0].bandwidth") != std::string::npos);
+  CHECK(error_of(fleet_json(ok_regions, R"({"between": ["a", "b"], "bandwidth": "1Gbit", "loss": 2})")).find("fleet.wan[0].loss") != std::string::npos);
+  CHECK(error_of(R"({"origin": {"region": "x", "uplink": "1Gbit"}, "regions": [{"name": "a", "lan": {"bandwidth": "1Gbit"}}]})")
+            .find("no region named 'x'") != std::string::npos);
+  CHECK(error_of(R"({"origin": {"region": "a", "uplink": "1Gbit"}, "regions": [{"name": "a", "workers": 3, "lan": {"bandwidth": "1Gbit"}}]})")
+            .find("worker_nic.uplink is missing") != std::string::npos);
+}
+
+TEST_CASE("the bundled four-region fleet plans into a region-aware tree", "[topology]") {
+  std::ifstream f(std::string(DELTACAST_SCENARIO_DIR) + "/four-regions.json");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  auto parsed = parse_fleet_or_scenario(ss.str());
+  INFO(parsed.status().to_string());
+  REQUIRE(parsed.is_ok());
+  const FleetSpec spec = *parsed;
+  auto plan = plan_fleet(spec);
+  REQUIRE(plan.is_ok());
+  check_tree(spec, *plan);
+  CHECK(plan->nodes.size() == 1 + 4 * 257);
+  CHECK(plan->warnings.empty());
+  // The origin feeds one relay per region, nothing else.
+  REQUIRE(plan->nodes[0].children.size() == 4);
+  for (int c : plan->nodes[0].children) CHECK(plan->nodes[c].kind == NodeKind::kRelay);
+  // Fan-out within uplink / incoming rate: relays 100/10 -> 8 (the bound), workers 25/10 -> 2.
+  for (const auto& n : plan->nodes) {
+    if (n.kind == NodeKind::kRelay) CHECK(n.children.size() <= 8);
+    if (n.kind == NodeKind::kWorker) CHECK(n.children.size() <= 2);
+  }
+  // Every node but the region heads falls back inside its region.
+  for (std::size_t i = 1; i < plan->nodes.size(); ++i) {
+    const auto& n = plan->nodes[i];
+    REQUIRE(n.fallback >= 0);
+    if (n.parent != 0) CHECK(plan->nodes[n.fallback].region == n.region);
+  }
+  // Links: LAN inside a region, the region's WAN link across.
+  const int head_b = plan->nodes[0].children[1];
+  CHECK(link_between(spec, *plan, 0, head_b).latency_ms >= 30);
+  CHECK(link_between(spec, *plan, head_b, plan->nodes[head_b].children[0]).latency_ms == Approx(0.1));
+}
+
+TEST_CASE("a region with no WAN link to the origin's is fed by the region before it", "[topology]") {
+  const FleetSpec spec = parse(fleet_json(R"({"name": "a", "workers": 2}, {"name": "b", "workers": 3, "relays": 1}, {"name": "c", "workers": 3})",
+                                          R"({"between": ["a", "b"], "latency_ms": 20, "bandwidth": "10Gbit"},
+                                             {"between": ["b", "c"], "latency_ms": 40, "bandwidth": "5Gbit"})"));
+  auto plan = plan_fleet(spec);
+  REQUIRE(plan.is_ok());
+  check_tree(spec, *plan);
+  const int head_b = plan->find("b/relay-0"), head_c = plan->find("c/w0");
+  REQUIRE(head_b > 0);
+  REQUIRE(head_c > 0);
+  CHECK(plan->nodes[head_b].parent == 0);
+  CHECK(plan->nodes[head_c].parent == head_b);
+  // Origin to c: both links, the narrower capacity.
+  const Link l = link_between(spec, *plan, 0, head_c);
+  CHECK(l.latency_ms == Approx(60));
+  CHECK(l.bytes_per_s == Approx(5e9 / 8));
+}
+
+TEST_CASE("without worker relays a relay takes every worker, and the plan says the bound is broken", "[topology]") {
+  const FleetSpec spec = parse(fleet_json(R"({"name": "a", "workers": 20, "relays": 1, "worker_relays": false})", ""));
+  auto plan = plan_fleet(spec);
+  REQUIRE(plan.is_ok());
+  check_tree(spec, *plan);
+  const int relay = plan->find("a/relay-0");
+  CHECK(plan->nodes[relay].children.size() == 20);
+  CHECK_FALSE(plan->warnings.empty());
+}
+
+TEST_CASE("other shapes: a star, and a tree of rollout hosts only", "[topology]") {
+  const FleetSpec spec = parse(fleet_json(R"({"name": "a", "workers": 5, "relays": 2}, {"name": "b", "workers": 6, "relays": 1})",
+                                          R"({"between": ["a", "b"], "latency_ms": 30, "bandwidth": "10Gbit"})"));
+  auto star = plan_fleet(spec, Shape::kStar);
+  REQUIRE(star.is_ok());
+  CHECK(star->nodes.size() == 1 + 11);
+  for (std::size_t i = 1; i < star->nodes.size(); ++i) {
+    CHECK(star->nodes[i].parent == 0);
+    CHECK(star->nodes[i].kind == NodeKind::kWorker);
+  }
+  auto peers = plan_fleet(spec, Shape::kWorkerRelayTree);
+  REQUIRE(peers.is_ok());
+  check_tree(spec, *peers);
+  for (const auto& n : peers->nodes) CHECK(n.kind != NodeKind::kRelay);
+}
+
+TEST_CASE("plans draw as DOT and SVG", "[topology]") {
+  const FleetSpec spec = parse(fleet_json(R"({"name": "a", "workers": 6, "relays": 1}, {"name": "b", "workers": 7})",
+                                          R"({"between": ["a", "b"], "latency_ms": 30, "bandwidth": "10Gbit"})"));
+  auto plan = plan_fleet(spec);
+  REQUIRE(plan.is_ok());
+  const std::string dot = plan_to_dot(*plan);
+  CHECK(dot.rfind("digraph fleet {", 0) == 0);
+  CHECK(dot.find("subgraph \"cluster_b\"") != std::string::npos);
+  CHECK(dot.find("\"origin\" -> \"a/relay-0\"") != std::string::npos);
+  CHECK(dot.find("style=dashed") != std::string::npos);
+  const std::string svg = plan_to_svg(*plan);
+  CHECK(svg.rfind("<svg", 0) == 0);
+  CHECK(svg.find("</svg>") != std::string::npos);
+  std::size_t circles = 0;
+  for (std::size_t p = svg.find("<circle"); p != std::string::npos; p = svg.find("<circle", p + 1)) circles++;
+  CHECK(circles == 13);
+  CHECK(plan_summary(spec, *plan).find("region b") != std::string::npos);
+}

@@ -1,0 +1,67 @@
+// The planner: who feeds whom. From a FleetSpec it builds the broadcast tree:
+//   - the origin feeds one head per region; a region that has no WAN link to the origin's
+//     region is fed by the head of the region before it on the lowest-latency WAN path, so
+//     each WAN boundary is crossed once;
+//   - inside a region, the head (a dedicated relay if there is one, else a rollout host) feeds
+//     the other relays first and then the workers, breadth first; a node feeds at most as many
+//     children as its uplink can serve at the rate the region receives at (and at most
+//     fanout_max), so forwarding never becomes the bottleneck; rollout hosts forward too unless
+//     the region says otherwise;
+//   - every node gets a fallback parent that is not one of its descendants: another forwarding
+//     node of its region if there is one, else the nearest other region's head.
+// Other shapes for comparison: a star (the origin feeds every worker) and a tree of rollout
+// hosts only (dedicated relays left out).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "deltacast/topology/fleet.h"
+
+namespace deltacast::topology {
+
+enum class NodeKind : std::uint8_t { kOrigin, kRelay, kWorker };
+const char* kind_name(NodeKind kind);
+
+struct PlannedNode {
+  std::string id;           // "origin", "eu-west/relay-0", "eu-west/w17"
+  NodeKind kind = NodeKind::kWorker;
+  std::string region;
+  int parent = -1;          // index in Plan::nodes; -1 for the origin
+  int fallback = -1;        // -1: none (the origin)
+  bool forwards = false;    // serves children (origin, relays, worker-relays)
+  int depth = 0;            // hops from the origin
+  std::vector<int> children;
+  Nic nic;
+};
+
+enum class Shape : std::uint8_t {
+  kTree,             // region-aware tree, dedicated relays and worker-relays as the spec says
+  kWorkerRelayTree,  // the same without dedicated relays: rollout hosts forward
+  kStar,             // the origin sends to every worker
+};
+const char* shape_name(Shape shape);
+
+struct Plan {
+  Shape shape = Shape::kTree;
+  std::vector<PlannedNode> nodes;    // nodes[0] is the origin
+  std::vector<std::string> warnings; // e.g. a fan-out bound that could not be kept
+  int find(std::string_view id) const;
+  // Children of `node`, recursively (not the node itself).
+  std::vector<int> descendants(int node) const;
+  int max_depth() const;
+};
+
+Result<Plan> plan_fleet(const FleetSpec& spec, Shape shape = Shape::kTree);
+
+// The link a message from node a to node b crosses: the region's LAN, or the WAN link between
+// their regions (for regions without a direct link: latencies added, the narrowest capacity).
+Link link_between(const FleetSpec& spec, const Plan& plan, int a, int b);
+
+// A human summary: per region its head, forwarding nodes, depth and fan-out.
+std::string plan_summary(const FleetSpec& spec, const Plan& plan);
+// Graphviz DOT (regions as clusters, fallback parents dashed) and a self-drawn SVG of the tree.
+std::string plan_to_dot(const Plan& plan, bool with_fallbacks = true);
+std::string plan_to_svg(const Plan& plan);
+
+}  // namespace deltacast::topology

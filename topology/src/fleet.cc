@@ -1,0 +1,265 @@
+#include "deltacast/topology/fleet.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+namespace deltacast::topology {
+
+using nlohmann::json;
+
+const RegionSpec* FleetSpec::region(std::string_view name) const {
+  for (const auto& r : regions)
+    if (r.name == name) return &r;
+  return nullptr;
+}
+
+const WanSpec* FleetSpec::wan_between(std::string_view a, std::string_view b) const {
+  for (const auto& w : wan)
+    if ((w.a == a && w.b == b) || (w.a == b && w.b == a)) return &w;
+  return nullptr;
+}
+
+std::uint64_t FleetSpec::worker_count() const {
+  std::uint64_t n = 0;
+  for (const auto& r : regions) n += r.workers;
+  return n;
+}
+
+Result<double> parse_rate(std::string_view text) {
+  std::size_t i = 0;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
+  if (i == 0) return Status::invalid_argument("rate '" + std::string(text) + "': want a number and a unit, e.g. 10Gbit or 1.2GB/s");
+  double value = 0;
+  try {
+    value = std::stod(std::string(text.substr(0, i)));
+  } catch (...) {
+    return Status::invalid_argument("rate '" + std::string(text) + "': bad number");
+  }
+  std::string unit;
+  for (char c : text.substr(i))
+    if (c != ' ') unit += c;
+  if (unit.size() > 2 && unit.compare(unit.size() - 2, 2, "/s") == 0) unit.resize(unit.size() - 2);
+  static const std::map<std::string, double> kUnits = {
+      {"bit", 1.0 / 8}, {"Kbit", 1e3 / 8}, {"Mbit", 1e6 / 8}, {"Gbit", 1e9 / 8}, {"Tbit", 1e12 / 8},
+      {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+  };
+  auto it = kUnits.find(unit);
+  if (it == kUnits.end()) return Status::invalid_argument("rate '" + std::string(text) + "': unknown unit '" + unit + "' (bit, Kbit, Mbit, Gbit, Tbit, B, KB, MB, GB, TB, optionally /s)");
+  const double rate = value * it->second;
+  if (!(rate > 0) || !std::isfinite(rate)) return Status::invalid_argument("rate '" + std::string(text) + "' must be positive");
+  return rate;
+}
+
+namespace {
+
+// Reads the fields of one JSON object, refusing any it does not know.
+class Fields {
+ public:
+  Fields(const json& j, std::string where) : j_(j), where_(std::move(where)) {}
+
+  Status check(std::initializer_list<const char*> known) const {
+    if (!j_.is_object()) return Status::invalid_argument(where_ + ": want an object");
+    std::set<std::string> k(known.begin(), known.end());
+    for (const auto& [key, v] : j_.items())
+      if (!k.count(key)) return Status::invalid_argument(where_ + ": unknown field '" + key + "'");
+    return Status::ok();
+  }
+  bool has(const char* key) const { return j_.contains(key); }
+  const json& at(const char* key) const { return j_.at(key); }
+  std::string where(const char* key) const { return where_ + "." + key; }
+
+  Status number(const char* key, double& out, double lo, double hi) const {
+    if (!has(key)) return Status::ok();
+    const json& v = j_.at(key);
+    if (!v.is_number() || !(v.get<double>() >= lo) || !(v.get<double>() <= hi))
+      return Status::invalid_argument(where(key) + ": want a number in [" + fmt(lo) + ", " + fmt(hi) + "]");
+    out = v.get<double>();
+    return Status::ok();
+  }
+  Status count(const char* key, std::uint32_t& out, std::uint32_t hi) const {
+    if (!has(key)) return Status::ok();
+    const json& v = j_.at(key);
+    if (!v.is_number_unsigned() || v.get<std::uint64_t>() > hi) return Status::invalid_argument(where(key) + ": want a whole number up to " + std::to_string(hi));
+    out = static_cast<std::uint32_t>(v.get<std::uint64_t>());
+    return Status::ok();
+  }
+  Status flag(const char* key, bool& out) const {
+    if (!has(key)) return Status::ok();
+    if (!j_.at(key).is_boolean()) return Status::invalid_argument(where(key) + ": want true or false");
+    out = j_.at(key).get<bool>();
+    return Status::ok();
+  }
+  Status string(const char* key, std::string& out) const {
+    if (!has(key)) return Status::ok();
+    if (!j_.at(key).is_string() || j_.at(key).get<std::string>().empty()) return Status::invalid_argument(where(key) + ": want a name");
+    out = j_.at(key).get<std::string>();
+    return Status::ok();
+  }
+  Status rate(const char* key, double& out) const {
+    if (!has(key)) return Status::ok();
+    if (!j_.at(key).is_string()) return Status::invalid_argument(where(key) + ": want a rate such as \"10Gbit\"");
+    auto r = parse_rate(j_.at(key).get<std::string>());
+    if (!r.is_ok()) return Status::invalid_argument(where(key) + ": " + r.status().message());
+    out = *r;
+    return Status::ok();
+  }
+
+ private:
+  static std::string fmt(double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", v);
+    return buf;
+  }
+  const json& j_;
+  std::string where_;
+};
+
+constexpr double kLatencyMsMax = 10000;
+constexpr std::uint32_t kWorkersPerRegionMax = 10'000'000;
+
+Status read_link(const json& j, const std::string& where, Link& link) {
+  Fields f(j, where);
+  DC_RETURN_IF_ERROR(f.check({"latency_ms", "bandwidth", "loss", "jitter_ms"}));
+  DC_RETURN_IF_ERROR(f.number("latency_ms", link.latency_ms, 0, kLatencyMsMax));
+  DC_RETURN_IF_ERROR(f.rate("bandwidth", link.bytes_per_s));
+  DC_RETURN_IF_ERROR(f.number("loss", link.loss, 0, 0.5));
+  DC_RETURN_IF_ERROR(f.number("jitter_ms", link.jitter_ms, 0, kLatencyMsMax));
+  return Status::ok();
+}
+
+Status read_nic(const json& j, const std::string& where, Nic& nic) {
+  Fields f(j, where);
+  DC_RETURN_IF_ERROR(f.check({"uplink", "downlink"}));
+  DC_RETURN_IF_ERROR(f.rate("uplink", nic.uplink_bytes_per_s));
+  DC_RETURN_IF_ERROR(f.rate("downlink", nic.downlink_bytes_per_s));
+  return Status::ok();
+}
+
+// A region's settings: the defaults, then the region's own.
+Status read_region_settings(const Fields& f, RegionSpec& r) {
+  if (f.has("lan")) DC_RETURN_IF_ERROR(read_link(f.at("lan"), f.where("lan"), r.lan));
+  if (f.has("worker_nic")) DC_RETURN_IF_ERROR(read_nic(f.at("worker_nic"), f.where("worker_nic"), r.worker_nic));
+  if (f.has("relay_nic")) DC_RETURN_IF_ERROR(read_nic(f.at("relay_nic"), f.where("relay_nic"), r.relay_nic));
+  DC_RETURN_IF_ERROR(f.flag("worker_relays", r.worker_relays));
+  return Status::ok();
+}
+
+Status require_positive(double v, const std::string& what) {
+  if (!(v > 0)) return Status::invalid_argument(what + " is missing (give it in the region or in \"defaults\")");
+  return Status::ok();
+}
+
+}  // namespace
+
+namespace {
+Result<FleetSpec> fleet_from_json(const json& j);
+}  // namespace
+
+Result<FleetSpec> parse_fleet_spec(std::string_view text) {
+  json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Status::invalid_argument("the fleet description is not valid JSON");
+  return fleet_from_json(j);
+}
+
+Result<FleetSpec> parse_fleet_or_scenario(std::string_view text) {
+  json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Status::invalid_argument("the file is not valid JSON");
+  if (j.is_object() && j.contains("fleet")) return fleet_from_json(j["fleet"]);
+  return fleet_from_json(j);
+}
+
+namespace {
+Result<FleetSpec> fleet_from_json(const json& j) {
+  Fields top(j, "fleet");
+  DC_RETURN_IF_ERROR(top.check({"origin", "defaults", "regions", "wan", "fanout_max"}));
+  FleetSpec spec;
+  DC_RETURN_IF_ERROR(top.count("fanout_max", spec.fanout_max, 10000));
+  if (spec.fanout_max == 0) return Status::invalid_argument("fleet.fanout_max must be at least 1");
+
+  if (!top.has("origin")) return Status::invalid_argument("fleet.origin is missing");
+  Fields origin(top.at("origin"), "fleet.origin");
+  DC_RETURN_IF_ERROR(origin.check({"region", "uplink", "downlink"}));
+  DC_RETURN_IF_ERROR(origin.string("region", spec.origin_region));
+  DC_RETURN_IF_ERROR(origin.rate("uplink", spec.origin_nic.uplink_bytes_per_s));
+  DC_RETURN_IF_ERROR(origin.rate("downlink", spec.origin_nic.downlink_bytes_per_s));
+  DC_RETURN_IF_ERROR(require_positive(spec.origin_nic.uplink_bytes_per_s, "fleet.origin.uplink"));
+  if (spec.origin_nic.downlink_bytes_per_s == 0) spec.origin_nic.downlink_bytes_per_s = spec.origin_nic.uplink_bytes_per_s;
+
+  RegionSpec defaults;
+  if (top.has("defaults")) {
+    Fields d(top.at("defaults"), "fleet.defaults");
+    DC_RETURN_IF_ERROR(d.check({"lan", "worker_nic", "relay_nic", "worker_relays"}));
+    DC_RETURN_IF_ERROR(read_region_settings(d, defaults));
+  }
+  if (!top.has("regions") || !top.at("regions").is_array() || top.at("regions").empty())
+    return Status::invalid_argument("fleet.regions: want a list of regions");
+  for (std::size_t i = 0; i < top.at("regions").size(); ++i) {
+    Fields f(top.at("regions")[i], "fleet.regions[" + std::to_string(i) + "]");
+    DC_RETURN_IF_ERROR(f.check({"name", "workers", "relays", "lan", "worker_nic", "relay_nic", "worker_relays"}));
+    RegionSpec r = defaults;
+    DC_RETURN_IF_ERROR(f.string("name", r.name));
+    if (r.name.empty()) return Status::invalid_argument(f.where("name") + " is missing");
+    if (r.name.size() > 64 || !std::all_of(r.name.begin(), r.name.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.'; }))
+      return Status::invalid_argument(f.where("name") + ": letters, digits, '-', '_' and '.' only, at most 64");
+    if (spec.region(r.name)) return Status::invalid_argument(f.where("name") + ": region '" + r.name + "' appears twice");
+    DC_RETURN_IF_ERROR(f.count("workers", r.workers, kWorkersPerRegionMax));
+    DC_RETURN_IF_ERROR(f.count("relays", r.relays, 100000));
+    DC_RETURN_IF_ERROR(read_region_settings(f, r));
+    const std::string where = "region " + r.name + ": ";
+    DC_RETURN_IF_ERROR(require_positive(r.lan.bytes_per_s, where + "lan.bandwidth"));
+    if (r.workers > 0) {
+      DC_RETURN_IF_ERROR(require_positive(r.worker_nic.uplink_bytes_per_s, where + "worker_nic.uplink"));
+      DC_RETURN_IF_ERROR(require_positive(r.worker_nic.downlink_bytes_per_s, where + "worker_nic.downlink"));
+    }
+    if (r.relays > 0) {
+      DC_RETURN_IF_ERROR(require_positive(r.relay_nic.uplink_bytes_per_s, where + "relay_nic.uplink"));
+      DC_RETURN_IF_ERROR(require_positive(r.relay_nic.downlink_bytes_per_s, where + "relay_nic.downlink"));
+    }
+    spec.regions.push_back(std::move(r));
+  }
+  if (!spec.region(spec.origin_region)) return Status::invalid_argument("fleet.origin.region: no region named '" + spec.origin_region + "'");
+
+  if (top.has("wan")) {
+    if (!top.at("wan").is_array()) return Status::invalid_argument("fleet.wan: want a list of links");
+    for (std::size_t i = 0; i < top.at("wan").size(); ++i) {
+      const std::string where = "fleet.wan[" + std::to_string(i) + "]";
+      const json& w = top.at("wan")[i];
+      if (!w.is_object()) return Status::invalid_argument(where + ": want an object");
+      json link = w;
+      link.erase("between");
+      WanSpec ws;
+      const json between = w.contains("between") ? w.at("between") : json();
+      if (!between.is_array() || between.size() != 2 || !between[0].is_string() || !between[1].is_string())
+        return Status::invalid_argument(where + ".between: want two region names");
+      ws.a = between[0].get<std::string>();
+      ws.b = between[1].get<std::string>();
+      if (!spec.region(ws.a) || !spec.region(ws.b) || ws.a == ws.b)
+        return Status::invalid_argument(where + ".between: want two different regions of this fleet, got '" + ws.a + "' and '" + ws.b + "'");
+      if (spec.wan_between(ws.a, ws.b)) return Status::invalid_argument(where + ": a second link between " + ws.a + " and " + ws.b);
+      DC_RETURN_IF_ERROR(read_link(link, where, ws.link));
+      DC_RETURN_IF_ERROR(require_positive(ws.link.bytes_per_s, where + ".bandwidth"));
+      spec.wan.push_back(std::move(ws));
+    }
+  }
+  // Every region must be reachable from the origin's over WAN links.
+  std::set<std::string> reached = {spec.origin_region};
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (const auto& w : spec.wan)
+      if (reached.count(w.a) != reached.count(w.b)) {
+        reached.insert(w.a);
+        reached.insert(w.b);
+        grew = true;
+      }
+  }
+  for (const auto& r : spec.regions)
+    if (!reached.count(r.name)) return Status::invalid_argument("region " + r.name + " has no WAN path from the origin's region " + spec.origin_region);
+  return spec;
+}
+}  // namespace
+
+}  // namespace deltacast::topology

@@ -1,0 +1,413 @@
+#include "deltacast/topology/plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <deque>
+#include <limits>
+#include <map>
+#include <queue>
+#include <set>
+
+namespace deltacast::topology {
+
+const char* kind_name(NodeKind kind) {
+  switch (kind) {
+    case NodeKind::kOrigin: return "origin";
+    case NodeKind::kRelay: return "relay";
+    case NodeKind::kWorker: return "worker";
+  }
+  return "?";
+}
+
+const char* shape_name(Shape shape) {
+  switch (shape) {
+    case Shape::kTree: return "relay tree";
+    case Shape::kWorkerRelayTree: return "worker-relay tree";
+    case Shape::kStar: return "star";
+  }
+  return "?";
+}
+
+int Plan::find(std::string_view id) const {
+  for (std::size_t i = 0; i < nodes.size(); ++i)
+    if (nodes[i].id == id) return static_cast<int>(i);
+  return -1;
+}
+
+std::vector<int> Plan::descendants(int node) const {
+  std::vector<int> out;
+  std::vector<int> stack(nodes[node].children.begin(), nodes[node].children.end());
+  while (!stack.empty()) {
+    int n = stack.back();
+    stack.pop_back();
+    out.push_back(n);
+    stack.insert(stack.end(), nodes[n].children.begin(), nodes[n].children.end());
+  }
+  return out;
+}
+
+int Plan::max_depth() const {
+  int d = 0;
+  for (const auto& n : nodes) d = std::max(d, n.depth);
+  return d;
+}
+
+namespace {
+
+constexpr std::uint32_t kFanoutMin = 2;
+
+// Lowest-latency WAN paths from the origin's region: for each region, the region before it.
+std::map<std::string, std::string> region_paths(const FleetSpec& spec, std::vector<std::string>& order) {
+  std::map<std::string, double> dist;
+  std::map<std::string, std::string> prev;
+  using Item = std::pair<double, std::string>;
+  std::priority_queue<Item, std::vector<Item>, std::greater<>> q;
+  dist[spec.origin_region] = 0;
+  q.push({0, spec.origin_region});
+  while (!q.empty()) {
+    auto [d, r] = q.top();
+    q.pop();
+    if (d > dist[r]) continue;
+    order.push_back(r);
+    for (const auto& w : spec.wan) {
+      if (w.a != r && w.b != r) continue;
+      const std::string& other = w.a == r ? w.b : w.a;
+      const double nd = d + w.link.latency_ms;
+      if (!dist.count(other) || nd < dist[other]) {
+        dist[other] = nd;
+        prev[other] = r;
+        q.push({nd, other});
+      }
+    }
+  }
+  return prev;
+}
+
+Link combine(const Link& a, const Link& b) {
+  Link l;
+  l.latency_ms = a.latency_ms + b.latency_ms;
+  l.bytes_per_s = std::min(a.bytes_per_s, b.bytes_per_s);
+  l.loss = 1 - (1 - a.loss) * (1 - b.loss);
+  l.jitter_ms = a.jitter_ms + b.jitter_ms;
+  return l;
+}
+
+// Ancestor tests in O(1): DFS entry and exit times.
+struct Intervals {
+  std::vector<int> in, out;
+  explicit Intervals(const Plan& p) : in(p.nodes.size()), out(p.nodes.size()) {
+    int t = 0;
+    std::vector<std::pair<int, bool>> stack = {{0, false}};
+    while (!stack.empty()) {
+      auto [n, done] = stack.back();
+      stack.pop_back();
+      if (done) {
+        out[n] = t;
+        continue;
+      }
+      in[n] = ++t;
+      stack.push_back({n, true});
+      for (auto it = p.nodes[n].children.rbegin(); it != p.nodes[n].children.rend(); ++it) stack.push_back({*it, false});
+    }
+  }
+  bool descends(int a, int ancestor) const { return in[ancestor] < in[a] && in[a] <= out[ancestor]; }
+};
+
+std::string gbit(double bytes_per_s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g Gbit/s", bytes_per_s * 8 / 1e9);
+  return buf;
+}
+
+}  // namespace
+
+Link link_between(const FleetSpec& spec, const Plan& plan, int a, int b) {
+  const std::string& ra = plan.nodes[a].region;
+  const std::string& rb = plan.nodes[b].region;
+  if (ra == rb) return spec.region(ra)->lan;
+  if (const WanSpec* w = spec.wan_between(ra, rb)) return w->link;
+  // No direct link: along the lowest-latency path between the two regions.
+  FleetSpec from_a = spec;
+  from_a.origin_region = ra;
+  std::vector<std::string> order;
+  auto prev = region_paths(from_a, order);
+  Link total;
+  total.bytes_per_s = std::numeric_limits<double>::infinity();
+  for (std::string r = rb; r != ra;) {
+    const std::string& p = prev.at(r);
+    total = combine(total, spec.wan_between(p, r)->link);
+    r = p;
+  }
+  return total;
+}
+
+Result<Plan> plan_fleet(const FleetSpec& spec, Shape shape) {
+  Plan plan;
+  plan.shape = shape;
+  PlannedNode origin;
+  origin.id = "origin";
+  origin.kind = NodeKind::kOrigin;
+  origin.region = spec.origin_region;
+  origin.forwards = true;
+  origin.nic = spec.origin_nic;
+  plan.nodes.push_back(origin);
+
+  auto attach = [&](int child, int parent) {
+    plan.nodes[child].parent = parent;
+    plan.nodes[child].depth = plan.nodes[parent].depth + 1;
+    plan.nodes[parent].children.push_back(child);
+  };
+  auto add = [&](std::string id, NodeKind kind, const RegionSpec& r) {
+    PlannedNode n;
+    n.id = std::move(id);
+    n.kind = kind;
+    n.region = r.name;
+    n.nic = kind == NodeKind::kRelay ? r.relay_nic : r.worker_nic;
+    plan.nodes.push_back(std::move(n));
+    return static_cast<int>(plan.nodes.size() - 1);
+  };
+
+  std::vector<std::string> order;
+  const auto prev = region_paths(spec, order);
+  std::map<std::string, int> head_of;
+  std::map<std::string, std::vector<int>> forwarders_of;  // per region, in BFS order
+  bool overflow_warned = false;
+
+  for (const std::string& name : order) {
+    const RegionSpec& r = *spec.region(name);
+    if (shape == Shape::kStar) {
+      for (std::uint32_t i = 0; i < r.workers; ++i) attach(add(name + "/w" + std::to_string(i), NodeKind::kWorker, r), 0);
+      continue;
+    }
+    std::vector<int> members;
+    if (shape == Shape::kTree)
+      for (std::uint32_t i = 0; i < r.relays; ++i) members.push_back(add(name + "/relay-" + std::to_string(i), NodeKind::kRelay, r));
+    for (std::uint32_t i = 0; i < r.workers; ++i) members.push_back(add(name + "/w" + std::to_string(i), NodeKind::kWorker, r));
+    if (members.empty()) continue;
+    const bool workers_forward = r.worker_relays || shape == Shape::kWorkerRelayTree;
+
+    // Who feeds the region: the origin for its own region and its WAN neighbours, else the
+    // head of the nearest region before it on the path that has nodes.
+    int feeder = 0;
+    for (std::string p = name; p != spec.origin_region;) {
+      p = prev.at(p);
+      if (p == spec.origin_region) break;
+      if (head_of.count(p)) {
+        feeder = head_of[p];
+        break;
+      }
+    }
+    const int head = members.front();
+    attach(head, feeder);
+    plan.nodes[head].forwards = true;
+    head_of[name] = head;
+    if (plan.nodes[head].kind == NodeKind::kWorker && !workers_forward && members.size() > 1)
+      plan.warnings.push_back("region " + name + " has no relay and its workers do not relay: its first worker forwards to the others");
+
+    // The rate the region receives at bounds what each forwarder must sustain per child.
+    const Link in = link_between(spec, plan, feeder, head);
+    const double rate_in = std::min({in.bytes_per_s, plan.nodes[head].nic.downlink_bytes_per_s, plan.nodes[feeder].nic.uplink_bytes_per_s});
+    // At least 2 even when that halves a child's rate: a chain of single children would make
+    // the depth, and so the latency and what one failure cuts off, grow with the region.
+    auto slots = [&](int n) {
+      const double k = std::floor(plan.nodes[n].nic.uplink_bytes_per_s / rate_in);
+      return static_cast<std::size_t>(std::clamp<double>(k, std::min<double>(kFanoutMin, spec.fanout_max), spec.fanout_max));
+    };
+    std::deque<int> open = {head};
+    std::vector<int>& fwd = forwarders_of[name];
+    fwd.push_back(head);
+    for (std::size_t i = 1; i < members.size(); ++i) {
+      const int m = members[i];
+      while (!open.empty() && plan.nodes[open.front()].children.size() >= slots(open.front())) open.pop_front();
+      int parent;
+      if (!open.empty()) {
+        parent = open.front();
+      } else {
+        // Nobody has a free slot (workers do not relay and relays are few): the least loaded
+        // forwarder takes one more than its uplink allows.
+        parent = *std::min_element(fwd.begin(), fwd.end(), [&](int a, int b) { return plan.nodes[a].children.size() < plan.nodes[b].children.size(); });
+        if (!overflow_warned) plan.warnings.push_back("region " + name + ": not enough forwarding capacity to keep every fan-out within its uplink");
+        overflow_warned = true;
+      }
+      attach(m, parent);
+      if (plan.nodes[m].kind == NodeKind::kRelay || workers_forward) {
+        plan.nodes[m].forwards = true;
+        open.push_back(m);
+        fwd.push_back(m);
+      }
+    }
+  }
+
+  // Fallback parents: a forwarder of the same region that is neither the node, its parent nor
+  // below it (a sibling will do), as close to the parent's depth as possible and the least used
+  // as a fallback; else the nearest other region's head; else the origin.
+  const Intervals iv(plan);
+  std::vector<std::size_t> fallback_load(plan.nodes.size(), 0);
+  for (std::size_t i = 1; i < plan.nodes.size(); ++i) {
+    PlannedNode& n = plan.nodes[i];
+    const int self = static_cast<int>(i);
+    auto usable = [&](int c) { return c != self && c != n.parent && !iv.descends(c, self); };
+    int best = -1;
+    std::pair<int, std::size_t> best_key{std::numeric_limits<int>::max(), 0};
+    if (auto it = forwarders_of.find(n.region); it != forwarders_of.end()) {
+      const int parent_depth = plan.nodes[n.parent].depth;
+      for (int c : it->second) {
+        if (plan.nodes[c].depth > n.depth || !usable(c)) continue;
+        const std::pair<int, std::size_t> key{std::abs(parent_depth - plan.nodes[c].depth), fallback_load[c]};
+        if (best < 0 || key < best_key) best = c, best_key = key;
+      }
+    }
+    if (best < 0) {
+      double best_ms = std::numeric_limits<double>::infinity();
+      for (const auto& [region, h] : head_of) {
+        if (region == n.region || !usable(h)) continue;
+        const double ms = link_between(spec, plan, self, h).latency_ms;
+        if (ms < best_ms) best = h, best_ms = ms;
+      }
+    }
+    if (best < 0 && n.parent != 0) best = 0;
+    n.fallback = best;
+    if (best >= 0) fallback_load[best]++;
+  }
+  return plan;
+}
+
+std::string plan_summary(const FleetSpec& spec, const Plan& plan) {
+  std::string out;
+  char line[512];
+  const PlannedNode& o = plan.nodes[0];
+  std::snprintf(line, sizeof line, "%s: %zu nodes, %llu workers, depth %d\n", shape_name(plan.shape), plan.nodes.size(),
+                static_cast<unsigned long long>(spec.worker_count()), plan.max_depth());
+  out += line;
+  std::snprintf(line, sizeof line, "origin (%s, uplink %s) feeds %zu:", o.region.c_str(), gbit(o.nic.uplink_bytes_per_s).c_str(), o.children.size());
+  out += line;
+  for (std::size_t i = 0; i < o.children.size() && i < 8; ++i) out += " " + plan.nodes[o.children[i]].id;
+  if (o.children.size() > 8) out += " ...";
+  out += "\n";
+  for (const auto& r : spec.regions) {
+    std::size_t nodes = 0, forwarders = 0, fanout = 0, no_fallback = 0;
+    int depth = 0, head = -1;
+    for (std::size_t i = 1; i < plan.nodes.size(); ++i) {
+      const PlannedNode& n = plan.nodes[i];
+      if (n.region != r.name) continue;
+      nodes++;
+      if (!n.children.empty()) forwarders++;
+      fanout = std::max(fanout, n.children.size());
+      depth = std::max(depth, n.depth);
+      if (n.fallback < 0) no_fallback++;
+      if (head < 0) head = static_cast<int>(i);  // a region's first node is its head
+    }
+    if (nodes == 0) continue;
+    const PlannedNode& h = plan.nodes[head];
+    const Link in = link_between(spec, plan, h.parent, head);
+    std::snprintf(line, sizeof line,
+                  "region %-14s %6zu nodes, head %s fed by %s (%.1f ms, %s); %zu feed others, fan-out <= %zu, depth %d; %zu without a fallback\n",
+                  r.name.c_str(), nodes, h.id.c_str(), plan.nodes[h.parent].id.c_str(), in.latency_ms, gbit(in.bytes_per_s).c_str(), forwarders,
+                  fanout, depth, no_fallback);
+    out += line;
+  }
+  for (const auto& w : plan.warnings) out += "warning: " + w + "\n";
+  return out;
+}
+
+std::string plan_to_dot(const Plan& plan, bool with_fallbacks) {
+  std::string out = "digraph fleet {\n  rankdir=TB;\n  node [fontsize=9, width=0.3, height=0.3];\n";
+  std::map<std::string, std::vector<int>> by_region;
+  for (std::size_t i = 1; i < plan.nodes.size(); ++i) by_region[plan.nodes[i].region].push_back(static_cast<int>(i));
+  out += "  \"origin\" [shape=doublecircle, label=\"origin\"];\n";
+  for (const auto& [region, ids] : by_region) {
+    out += "  subgraph \"cluster_" + region + "\" {\n    label=\"" + region + "\";\n";
+    for (int i : ids) {
+      const PlannedNode& n = plan.nodes[i];
+      const std::string label = n.id.substr(n.id.find('/') + 1);
+      out += "    \"" + n.id + "\" [shape=" + (n.kind == NodeKind::kRelay ? "box" : "circle") + ", label=\"" + label + "\"" +
+             (n.forwards ? ", style=bold" : "") + "];\n";
+    }
+    out += "  }\n";
+  }
+  for (std::size_t i = 1; i < plan.nodes.size(); ++i)
+    out += "  \"" + plan.nodes[plan.nodes[i].parent].id + "\" -> \"" + plan.nodes[i].id + "\";\n";
+  if (with_fallbacks)
+    for (std::size_t i = 1; i < plan.nodes.size(); ++i)
+      if (plan.nodes[i].fallback >= 0)
+        out += "  \"" + plan.nodes[plan.nodes[i].fallback].id + "\" -> \"" + plan.nodes[i].id + "\" [style=dashed, color=gray60, constraint=false];\n";
+  out += "}\n";
+  return out;
+}
+
+std::string plan_to_svg(const Plan& plan) {
+  // Layered drawing: leaves spread evenly in depth-first order, a parent centred over its
+  // children, one row per depth; colours by region.
+  static const char* kColors[] = {"#2f6db5", "#e08a2c", "#4a9d5b", "#b0413e", "#7b5ea7", "#8c6d31", "#d4669a", "#5f9ea0"};
+  const std::size_t n = plan.nodes.size();
+  std::vector<double> x(n, 0);
+  std::size_t leaves = 0;
+  for (const auto& node : plan.nodes)
+    if (node.children.empty()) leaves++;
+  const double width_max = 2400, margin = 40, row = 70;
+  const double spacing = std::clamp(width_max / static_cast<double>(std::max<std::size_t>(leaves, 1)), 1.0, 18.0);
+  double next_leaf = margin;
+  // Post-order without recursion (trees may be thousands deep in a worst case).
+  std::vector<std::pair<int, bool>> stack = {{0, false}};
+  while (!stack.empty()) {
+    auto [i, done] = stack.back();
+    stack.pop_back();
+    const auto& c = plan.nodes[i].children;
+    if (c.empty()) {
+      x[i] = next_leaf;
+      next_leaf += spacing;
+    } else if (done) {
+      x[i] = (x[c.front()] + x[c.back()]) / 2;
+    } else {
+      stack.push_back({i, true});
+      for (auto it = c.rbegin(); it != c.rend(); ++it) stack.push_back({*it, false});
+    }
+  }
+  std::map<std::string, const char*> color;
+  for (const auto& node : plan.nodes)
+    if (!color.count(node.region)) color[node.region] = kColors[color.size() % (sizeof kColors / sizeof *kColors)];
+  const double width = next_leaf + margin, height = margin * 2 + row * plan.max_depth() + 40 + 20 * static_cast<double>(color.size());
+  auto y = [&](int i) { return margin + 20 + row * plan.nodes[i].depth; };
+  const double r = std::clamp(spacing / 2.5, 1.5, 6.0);
+  std::string out;
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" font-size=\"12\">\n"
+                "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n<text x=\"%.0f\" y=\"20\" font-size=\"14\">deltacast fleet plan: %s, %zu nodes, depth %d</text>\n",
+                width, height, margin, shape_name(plan.shape), n, plan.max_depth());
+  out += buf;
+  out += "<g stroke=\"#999\" stroke-width=\"0.6\">\n";
+  for (std::size_t i = 1; i < n; ++i) {
+    const int p = plan.nodes[i].parent;
+    std::snprintf(buf, sizeof buf, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", x[p], y(p), x[i], y(static_cast<int>(i)));
+    out += buf;
+  }
+  out += "</g>\n";
+  for (std::size_t i = 0; i < n; ++i) {
+    const PlannedNode& node = plan.nodes[i];
+    const char* fill = i == 0 ? "black" : color[node.region];
+    if (node.kind == NodeKind::kWorker) {
+      std::snprintf(buf, sizeof buf, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"%.1f\" fill=\"%s\"%s><title>%s</title></circle>\n", x[i], y(static_cast<int>(i)), r, fill,
+                    node.forwards ? " stroke=\"black\" stroke-width=\"0.8\"" : "", node.id.c_str());
+    } else {
+      const double s = i == 0 ? 10 : std::max(r * 2.2, 6.0);
+      std::snprintf(buf, sizeof buf, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\"><title>%s</title></rect>\n", x[i] - s / 2,
+                    y(static_cast<int>(i)) - s / 2, s, s, fill, node.id.c_str());
+    }
+    out += buf;
+  }
+  double ly = margin + 20 + row * plan.max_depth() + 40;
+  out += "<text x=\"" + std::to_string(static_cast<int>(margin)) + "\" y=\"" + std::to_string(static_cast<int>(ly - 14)) +
+         "\">squares: origin (black) and relays; circles: workers, outlined if they forward; rows: hops from the origin</text>\n";
+  for (const auto& [region, c] : color) {
+    std::snprintf(buf, sizeof buf, "<rect x=\"%.0f\" y=\"%.0f\" width=\"10\" height=\"10\" fill=\"%s\"/><text x=\"%.0f\" y=\"%.0f\">%s</text>\n", margin, ly, c,
+                  margin + 16, ly + 9, region.c_str());
+    out += buf;
+    ly += 20;
+  }
+  out += "</svg>\n";
+  return out;
+}
+
+}  // namespace deltacast::topology

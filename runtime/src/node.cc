@@ -22,7 +22,11 @@ struct Node::Assembly {
 };
 
 Node::Node(NodeConfig config, Transport& transport, Clock& clock, TaskRunner* tasks)
-    : config_(std::move(config)), transport_(transport), clock_(clock), tasks_(tasks), cache_(config_.cache_bytes_max) {}
+    : config_(std::move(config)),
+      transport_(transport),
+      clock_(clock),
+      tasks_(tasks),
+      cache_(config_.cache_bytes_max, /*verify_payloads=*/!config_.virtual_payloads) {}
 
 Node::~Node() { *alive_ = false; }
 
@@ -30,13 +34,15 @@ Status Node::restore(std::shared_ptr<ModelVersion> version) {
   if (!config_.reconstruct) return Status::invalid_argument("only a worker holds a version to restore");
   if (parent_ != 0 || assembly_) return Status::invalid_argument("restore() comes before start()");
   if (!version || version->version == 0) return Status::invalid_argument("no version to restore");
-  std::uint64_t tensor_bytes = 0;
-  for (const auto& t : version->tensors) {
-    if (t.offset + t.nbytes > version->image.size() || t.offset + t.nbytes < t.offset)
-      return Status::invalid_argument("tensor " + t.name + " lies outside the restored image");
-    tensor_bytes += t.nbytes;
+  if (!config_.virtual_payloads) {  // virtual versions have no image to check
+    std::uint64_t tensor_bytes = 0;
+    for (const auto& t : version->tensors) {
+      if (t.offset + t.nbytes > version->image.size() || t.offset + t.nbytes < t.offset)
+        return Status::invalid_argument("tensor " + t.name + " lies outside the restored image");
+      tensor_bytes += t.nbytes;
+    }
+    if (tensor_bytes != version->image.size()) return Status::invalid_argument("the restored tensors do not cover the image");
   }
-  if (tensor_bytes != version->image.size()) return Status::invalid_argument("the restored tensors do not cover the image");
   held_version_ = version->version;
   std::lock_guard lock(current_mu_);
   current_ = std::move(version);
@@ -339,6 +345,10 @@ void Node::on_hello(PeerId from, const Hello& hello) {
 }
 
 void Node::serve_catch_up(PeerId child, Child& c, std::uint64_t have, bool want_anchor) {
+  // A relay holding nothing is sent nothing old unasked (new versions reach it as they come):
+  // its children pull what they need through it, so a relay that joins or restarts does not
+  // fetch a whole anchor nobody may want.
+  if (have == 0 && !want_anchor && c.role == Role::kRelay) return;
   // A worker holding nothing can only start from an anchor.
   const bool needs_anchor = want_anchor || (have == 0 && c.role == Role::kWorker);
   auto plan = cache_.catch_up_plan(have, needs_anchor);
@@ -437,7 +447,13 @@ void Node::on_chunk(const ChunkMsg& m) {
   if (!t.first_chunk_us) t.first_chunk_us = now_us;
   CachedVersion* v = cache_.find(m.key);
   if (v->complete()) t.last_chunk_us = now_us;
-  if (config_.serve_children) forward_chunk(*v, m.index);
+  if (config_.serve_children) {
+    if (!config_.store_and_forward) {
+      forward_chunk(*v, m.index);
+    } else if (v->complete()) {
+      for (std::uint32_t i = 0; i < v->chunks.size(); ++i) forward_chunk(*v, i);
+    }
+  }
   if (assembly_ && assembly_->key == m.key) pump_decodes();
   else advance();
 }
@@ -646,11 +662,11 @@ void Node::start_assembly(const CachedVersion& v) {
   a->manifest = std::make_shared<const Manifest>(v.manifest);
   std::shared_ptr<const ModelVersion> live = current();
   if (!v.key.anchor && (!live || live->version != v.manifest.base_version)) return;
-  if (live && !v.key.anchor && live->image.size() != v.manifest.image_size) {
+  if (live && !v.key.anchor && !config_.virtual_payloads && live->image.size() != v.manifest.image_size) {
     abandon_assembly("layout changed", true);
     return;
   }
-  if (config_.in_place && live && live->image.size() == v.manifest.image_size) {
+  if (config_.in_place && !config_.virtual_payloads && live && live->image.size() == v.manifest.image_size) {
     // Pause readers: nobody gets this image until the new version verified in it.
     {
       std::lock_guard lock(current_mu_);
@@ -673,7 +689,7 @@ void Node::start_assembly(const CachedVersion& v) {
     a->staging->checksum = v.manifest.version_checksum;
     a->staging->tensors = v.manifest.tensors;
     a->staging->metadata = v.manifest.metadata;
-    a->staging->image.resize(v.manifest.image_size);
+    if (!config_.virtual_payloads) a->staging->image.resize(v.manifest.image_size);
   }
   live.reset();
   a->state.assign(v.manifest.chunks.size(), Assembly::ChunkState::kWaiting);
@@ -715,7 +731,9 @@ void Node::pump_decodes() {
     auto status = std::make_shared<Status>();
     auto alive = alive_;
     const std::uint64_t gen = a->generation;
+    const bool virtual_payloads = config_.virtual_payloads;
     auto work = [=] {
+      if (virtual_payloads) return;  // the time it takes is all there is to it
       ByteSpan b = base ? ByteSpan(base->image).subspan(e.offset, e.length) : ByteSpan();
       *status = decode_chunk_verified(*manifest, i, *payload, b, MutableByteSpan(staging->image).subspan(e.offset, e.length));
     };
@@ -751,7 +769,7 @@ void Node::pump_decodes() {
         pump_decodes();
       }
     };
-    if (tasks_) tasks_->run(std::move(work), std::move(done));
+    if (tasks_) tasks_->run(std::move(work), std::move(done), e.length);
     else {
       work();
       done();
@@ -815,17 +833,30 @@ void Node::abandon_assembly(const std::string& why, bool want_anchor) {
   request_anchor(current_version());
 }
 
+Status Node::shard_ready_to_publish() {
+  if (!outbox_.empty()) return Status::resource_exhausted("the previous slice is still being sent");
+  release_merged_slices();
+  if (retained_.size() >= std::max<std::size_t>(1, config_.shard_slices_retained_max))
+    return Status::resource_exhausted("the origin has not merged the previous slices yet");
+  return Status::ok();
+}
+
 Status Node::publish(EncodedVersion&& ev) {
-  const Manifest& m = ev.manifest;
+  // Checked before the payloads are taken, so a refused version is left as it was.
+  if (config_.shard_count > 0) DC_RETURN_IF_ERROR(shard_ready_to_publish());
+  std::vector<SharedBytes> payloads;
+  payloads.reserve(ev.payloads.size());
+  for (auto& p : ev.payloads) payloads.push_back(share(std::move(p)));
+  return publish(ev.manifest, std::move(payloads));
+}
+
+Status Node::publish(const Manifest& m, std::vector<SharedBytes> payloads) {
   const VersionKey key{m.version, m.kind == VersionKind::kAnchor};
+  if (payloads.size() != m.chunks.size()) return Status::invalid_argument("a version needs one payload per chunk of its manifest");
   if (config_.shard_count > 0) {
     // A trainer shard: the slice goes up to the origin, which merges the slices.
-    if (!outbox_.empty()) return Status::resource_exhausted("the previous slice is still being sent");
-    release_merged_slices();
-    if (retained_.size() >= std::max<std::size_t>(1, config_.shard_slices_retained_max))
-      return Status::resource_exhausted("the origin has not merged the previous slices yet");
-    RetainedSlice r{key, share(serialize_manifest(m)), {}};
-    for (auto& p : ev.payloads) r.payloads.push_back(share(std::move(p)));
+    DC_RETURN_IF_ERROR(shard_ready_to_publish());
+    RetainedSlice r{key, share(serialize_manifest(m)), std::move(payloads)};
     retained_.push_back(std::move(r));
     queue_slice(retained_.back(), nullptr);
     flush_outbox();
@@ -839,8 +870,8 @@ Status Node::publish(EncodedVersion&& ev) {
   VersionTiming& t = timings_[key.version];
   if (!t.published_us) t.published_us = now_us;
   forward_manifest(**r, now_us);
-  for (std::uint32_t i = 0; i < ev.payloads.size(); ++i) {
-    auto added = cache_.add_chunk(key, i, share(std::move(ev.payloads[i])), now);
+  for (std::uint32_t i = 0; i < payloads.size(); ++i) {
+    auto added = cache_.add_chunk(key, i, std::move(payloads[i]), now);
     if (!added.is_ok()) return added.status();
     forward_chunk(*cache_.find(key), i);
   }

@@ -140,7 +140,7 @@ class FakeNet {
 
   class DeferredTasks final : public TaskRunner {
    public:
-    void run(std::function<void()> work, std::function<void()> done) override { q_.emplace_back(std::move(work), std::move(done)); }
+    void run(std::function<void()> work, std::function<void()> done, std::uint64_t) override { q_.emplace_back(std::move(work), std::move(done)); }
     bool run_one() {
       if (q_.empty()) return false;
       auto [w, d] = std::move(q_.front());

@@ -123,10 +123,17 @@ std::string gbit(double bytes_per_s) {
 }  // namespace
 
 Link link_between(const FleetSpec& spec, const Plan& plan, int a, int b) {
-  const std::string& ra = plan.nodes[a].region;
-  const std::string& rb = plan.nodes[b].region;
+  return link_between_regions(spec, plan.nodes[a].region, plan.nodes[b].region);
+}
+
+Link link_between_regions(const FleetSpec& spec, const std::string& ra, const std::string& rb,
+                          std::vector<std::pair<std::string, std::string>>* path) {
+  if (path) path->clear();
   if (ra == rb) return spec.region(ra)->lan;
-  if (const WanSpec* w = spec.wan_between(ra, rb)) return w->link;
+  if (const WanSpec* w = spec.wan_between(ra, rb)) {
+    if (path) path->emplace_back(ra, rb);
+    return w->link;
+  }
   // No direct link: along the lowest-latency path between the two regions.
   FleetSpec from_a = spec;
   from_a.origin_region = ra;
@@ -134,11 +141,14 @@ Link link_between(const FleetSpec& spec, const Plan& plan, int a, int b) {
   auto prev = region_paths(from_a, order);
   Link total;
   total.bytes_per_s = std::numeric_limits<double>::infinity();
+  std::vector<std::pair<std::string, std::string>> hops;
   for (std::string r = rb; r != ra;) {
     const std::string& p = prev.at(r);
     total = combine(total, spec.wan_between(p, r)->link);
+    hops.emplace_back(p, r);
     r = p;
   }
+  if (path) path->assign(hops.rbegin(), hops.rend());
   return total;
 }
 

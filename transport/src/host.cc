@@ -115,7 +115,7 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
     uv_work_t req{};
     std::function<void()> work, done;
   };
-  void run(std::function<void()> work, std::function<void()> done) override {
+  void run(std::function<void()> work, std::function<void()> done, std::uint64_t) override {
     auto* w = new Work;
     w->req.data = w;
     w->work = std::move(work);

@@ -35,11 +35,13 @@ class Clock {
 };
 
 // Runs `work` off the event loop (on a pool) and then `done` back on the loop thread.
-// `done` is always called, in some order, unless the node is destroyed first.
+// `done` is always called, in some order, unless the node is destroyed first. `cost_bytes` is
+// how many bytes of model image the work covers: real runners ignore it, the simulator turns it
+// into time.
 class TaskRunner {
  public:
   virtual ~TaskRunner() = default;
-  virtual void run(std::function<void()> work, std::function<void()> done) = 0;
+  virtual void run(std::function<void()> work, std::function<void()> done, std::uint64_t cost_bytes) = 0;
 };
 
 }  // namespace deltacast::runtime

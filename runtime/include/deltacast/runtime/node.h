@@ -54,6 +54,12 @@ struct NodeConfig {
   // off by a broken link or lost on the way is sent again (whole after a reconnect, or the
   // chunks the origin asks for). publish() waits (ResourceExhausted) while this many are kept.
   std::size_t shard_slices_retained_max = 2;
+  // Relays: forward a version only once all of it is here (store-and-forward), instead of
+  // each chunk as it arrives. Only for comparisons in the simulator.
+  bool store_and_forward = false;
+  // Simulator only: payloads are sizes without bytes (a Blob whose data() is null); nothing is
+  // hashed or decoded, decoding takes the time the TaskRunner gives it, images stay empty.
+  bool virtual_payloads = false;
   std::size_t timings_versions_max = 64;    // per-version timings kept for metrics
   std::size_t ledger_workers_max = 100000;  // fleet ledger entries at the origin
 };
@@ -130,6 +136,8 @@ class Node {
   // ResourceExhausted, which leaves `version` as it was for a retry).
   Status publish(EncodedVersion&& version);
   Status publish(const EncodedVersion& version) { return publish(EncodedVersion(version)); }
+  // The same from a manifest and shared payloads (one per chunk), which may be virtual.
+  Status publish(const Manifest& manifest, std::vector<SharedBytes> payloads);
   // Trainer-shard publisher: true once everything published has been handed to the transport.
   bool outbox_empty() const { return outbox_.empty(); }
   // Trainer-shard publisher: slices not yet known to be merged at the origin.
@@ -188,6 +196,7 @@ class Node {
   void release_merged_slices();
   void queue_slice(const RetainedSlice& slice, const std::vector<std::uint32_t>* only);
   void on_need_from_origin(const Need& need);
+  Status shard_ready_to_publish();
 
   void handle_parent(const Message& m);
   void handle_child(PeerId from, Child& child, const Message& m);

@@ -25,7 +25,9 @@ struct CachedVersion {
 
 class VersionCache {
  public:
-  explicit VersionCache(std::uint64_t cache_bytes_max) : cache_bytes_max_(cache_bytes_max) {}
+  // verify_payloads = false only for the simulator's virtual payloads (sizes without bytes).
+  explicit VersionCache(std::uint64_t cache_bytes_max, bool verify_payloads = true)
+      : cache_bytes_max_(cache_bytes_max), verify_payloads_(verify_payloads) {}
 
   // Parses and validates a manifest. Returns the entry (existing or new), or the parse error.
   Result<CachedVersion*> add_manifest(const VersionKey& key, SharedBytes manifest, std::uint64_t now_ms);
@@ -56,6 +58,7 @@ class VersionCache {
 
  private:
   std::uint64_t cache_bytes_max_;
+  bool verify_payloads_;
   std::uint64_t bytes_ = 0;
   std::map<VersionKey, CachedVersion> entries_;
 };

@@ -57,6 +57,10 @@ Result<Plan> plan_fleet(const FleetSpec& spec, Shape shape = Shape::kTree);
 // The link a message from node a to node b crosses: the region's LAN, or the WAN link between
 // their regions (for regions without a direct link: latencies added, the narrowest capacity).
 Link link_between(const FleetSpec& spec, const Plan& plan, int a, int b);
+// The same for two regions (the LAN if they are one); `path`, if given, receives the WAN links
+// crossed, in order, as pairs of region names.
+Link link_between_regions(const FleetSpec& spec, const std::string& a, const std::string& b,
+                          std::vector<std::pair<std::string, std::string>>* path = nullptr);
 
 // A human summary: per region its head, forwarding nodes, depth and fan-out.
 std::string plan_summary(const FleetSpec& spec, const Plan& plan);

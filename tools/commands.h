@@ -28,6 +28,7 @@ Runner add_status_command(CLI::App& app);
 Runner add_net_bench_command(CLI::App& app);
 Runner add_fleet_init_command(CLI::App& app);
 Runner add_plan_command(CLI::App& app);
+Runner add_sim_command(CLI::App& app);
 
 // Prints "deltacast: error: <message>" on stderr and returns the exit status for failures.
 int fail(const std::string& message);

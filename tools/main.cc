@@ -10,7 +10,7 @@ int main(int argc, char** argv) {
                                          add_inspect_command(app), add_bench_command(app),   add_publish_command(app),
                                          add_relay_command(app),   add_worker_command(app),  add_keygen_command(app),
                                          add_status_command(app),  add_net_bench_command(app), add_fleet_init_command(app),
-                                         add_plan_command(app)};
+                                         add_plan_command(app), add_sim_command(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

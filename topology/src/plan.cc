@@ -249,25 +249,28 @@ Result<Plan> plan_fleet(const FleetSpec& spec, Shape shape) {
     }
   }
 
-  // Fallback parents: a forwarder of the same region that is neither the node, its parent nor
-  // below it (a sibling will do), as close to the parent's depth as possible and the least used
-  // as a fallback; else the nearest other region's head; else the origin.
+  // Fallback parents: a node moves to its fallback when its parent dies, and so does every
+  // other node below that parent; a fallback inside the parent's subtree would leave them all
+  // cut off together. So: a forwarder of the same region outside the parent's subtree (an
+  // uncle, say), as close to the parent's depth as possible and the least used as a fallback;
+  // else the grandparent; else the nearest other region's head outside the parent's subtree.
   const Intervals iv(plan);
   std::vector<std::size_t> fallback_load(plan.nodes.size(), 0);
   for (std::size_t i = 1; i < plan.nodes.size(); ++i) {
     PlannedNode& n = plan.nodes[i];
     const int self = static_cast<int>(i);
-    auto usable = [&](int c) { return c != self && c != n.parent && !iv.descends(c, self); };
+    auto usable = [&](int c) { return c != self && c != n.parent && !iv.descends(c, n.parent); };
     int best = -1;
     std::pair<int, std::size_t> best_key{std::numeric_limits<int>::max(), 0};
     if (auto it = forwarders_of.find(n.region); it != forwarders_of.end()) {
       const int parent_depth = plan.nodes[n.parent].depth;
       for (int c : it->second) {
-        if (plan.nodes[c].depth > n.depth || !usable(c)) continue;
+        if (plan.nodes[c].depth > parent_depth || !usable(c)) continue;
         const std::pair<int, std::size_t> key{std::abs(parent_depth - plan.nodes[c].depth), fallback_load[c]};
         if (best < 0 || key < best_key) best = c, best_key = key;
       }
     }
+    if (best < 0 && n.parent != 0) best = plan.nodes[n.parent].parent;
     if (best < 0) {
       double best_ms = std::numeric_limits<double>::infinity();
       for (const auto& [region, h] : head_of) {
@@ -276,7 +279,6 @@ Result<Plan> plan_fleet(const FleetSpec& spec, Shape shape) {
         if (ms < best_ms) best = h, best_ms = ms;
       }
     }
-    if (best < 0 && n.parent != 0) best = 0;
     n.fallback = best;
     if (best >= 0) fallback_load[best]++;
   }

@@ -7,8 +7,9 @@
 //     children as its uplink can serve at the rate the region receives at (and at most
 //     fanout_max), so forwarding never becomes the bottleneck; rollout hosts forward too unless
 //     the region says otherwise;
-//   - every node gets a fallback parent that is not one of its descendants: another forwarding
-//     node of its region if there is one, else the nearest other region's head.
+//   - every node gets a fallback parent outside its parent's subtree (when the parent dies, all
+//     of that subtree is looking for a new parent at once): an uncle in its region if there is
+//     one, else its grandparent, else the nearest other region's head.
 // Other shapes for comparison: a star (the origin feeds every worker) and a tree of rollout
 // hosts only (dedicated relays left out).
 #pragma once

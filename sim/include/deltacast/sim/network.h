@@ -1,0 +1,128 @@
+// The simulated network: real runtime::Node state machines on a discrete-event clock, talking
+// through a simulated Transport. Deterministic from its seed: the same seed, the same run.
+//
+// Link model, per message (a chunk, a manifest, a control message):
+//   - it leaves when the sender's uplink, every WAN link on its way and the receiver's downlink
+//     are free (each a FIFO resource: a relay's children share its uplink, all the hosts behind
+//     a WAN link share it), and takes size / (narrowest of them, and the LAN's per-host rate);
+//   - it arrives one-way latency later, plus jitter (uniform), never before an earlier
+//     message on the same link (TCP keeps order);
+//   - a loss rate p makes a message of n packets need a retransmission with probability
+//     1 - (1 - p)^n, which costs one round trip (fast retransmit);
+//   - a partitioned WAN link drops what crosses it (the connection breaks; the runtime asks
+//     again or fails over); a crashed node loses its state and its links.
+// Decoding takes cost_bytes / decode rate on each worker, one chunk after another.
+// Every send goes through a per-peer queue bounded like the production host's: a message that
+// would overflow it is refused (the runtime fetches it again later).
+#pragma once
+
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <queue>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "deltacast/runtime/node.h"
+#include "deltacast/topology/fleet.h"
+
+namespace deltacast::sim {
+
+// Simulated time in microseconds, and the events scheduled on it.
+class EventQueue final : public runtime::Clock {
+ public:
+  using Fn = std::function<void()>;
+  void at(std::uint64_t t_us, Fn fn);
+  void after(std::uint64_t dt_us, Fn fn) { at(now_ + dt_us, std::move(fn)); }
+  // Runs every event due at or before t_us, in time order (ties in scheduling order); the
+  // clock then reads t_us. Returns false if `stop` said so between two events.
+  bool run_until(std::uint64_t t_us, const std::function<bool()>& stop = {});
+  std::uint64_t now_ms() const override { return now_ / 1000; }
+  std::uint64_t now_us() const override { return now_; }
+  std::size_t pending() const { return queue_.size(); }
+  std::uint64_t executed() const { return executed_; }
+
+ private:
+  struct Event {
+    std::uint64_t t, seq;
+    Fn fn;
+    bool operator>(const Event& o) const { return t != o.t ? t > o.t : seq > o.seq; }
+  };
+  std::priority_queue<Event, std::vector<Event>, std::greater<>> queue_;
+  std::uint64_t now_ = 0, seq_ = 0, executed_ = 0;
+};
+
+// Bytes that are only a size: payloads of models too large to hold.
+class VirtualBlob final : public runtime::Blob {
+ public:
+  explicit VirtualBlob(std::size_t size) : size_(size) {}
+  const std::uint8_t* data() const override { return nullptr; }
+  std::size_t size() const override { return size_; }
+
+ private:
+  std::size_t size_;
+};
+
+struct NetworkOptions {
+  std::uint64_t seed = 1;
+  std::uint64_t queue_bytes_max = 256ull << 20;  // per peer, as transport::HostConfig
+  std::uint64_t tick_ms = 50;                    // how often each node's tick() runs
+  double decode_bytes_per_s = 100e9;             // a worker's decode and apply rate (of image)
+  std::uint32_t packet_bytes = 1448;             // for loss: packets per message
+};
+
+class Network {
+ public:
+  Network(topology::FleetSpec fleet, NetworkOptions options);
+  ~Network();
+  Network(const Network&) = delete;
+  Network& operator=(const Network&) = delete;
+
+  // Adds a node in `region` and starts it (it connects to its first parent), holding
+  // `restored` if given (Node::restore). Its endpoint, for other nodes' NodeConfig::parents, is
+  // its node_id. `ingress_delay_ms` is added to everything it receives (a worker polling an
+  // object store notices a new object half a polling period late on average).
+  int add(runtime::NodeConfig config, const std::string& region, topology::Nic nic,
+          std::shared_ptr<runtime::ModelVersion> restored = nullptr, double ingress_delay_ms = 0);
+  runtime::Node& node(int i);
+  const runtime::NodeConfig& config(int i) const;
+  const std::string& region(int i) const;
+  int find(const std::string& node_id) const;
+  std::size_t size() const;
+  bool alive(int i) const;
+
+  // The node stops: its state is gone, its links close; peers notice by their timeouts.
+  void crash(int i);
+  // A fresh process with the same config (and `restored`, the version it kept on disk, if any).
+  void restart(int i, std::shared_ptr<runtime::ModelVersion> restored = nullptr);
+  // Cuts (or heals) the WAN link between two regions: what crosses it meanwhile is lost.
+  void set_partition(const std::string& a, const std::string& b, bool cut);
+
+  EventQueue& events() { return events_; }
+  const topology::FleetSpec& fleet() const { return fleet_; }
+
+  // Called on every node's version ready (node index, the version).
+  std::function<void(int, const std::shared_ptr<const runtime::ModelVersion>&)> on_ready;
+
+  struct Stats {
+    std::uint64_t messages = 0;
+    std::uint64_t messages_refused_full_queue = 0;
+    std::uint64_t messages_lost = 0;            // to partitions and closed links
+    std::uint64_t retransmissions = 0;          // messages that paid a round trip for loss
+    std::uint64_t queue_bytes_high = 0;         // the fullest per-peer queue seen
+    bool queue_bound_held = true;               // no queue past its bound (but for one oversized message)
+    std::map<std::pair<std::string, std::string>, std::uint64_t> bytes_between;  // region -> region
+  };
+  const Stats& stats() const { return stats_; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  topology::FleetSpec fleet_;
+  EventQueue events_;
+  Stats stats_;
+};
+
+}  // namespace deltacast::sim

@@ -1,0 +1,109 @@
+// Scenarios: a fleet, a model, how often versions come, faults; run under a broadcast strategy
+// on the simulated network, measured as users see it (docs/SIM.md).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "deltacast/topology/fleet.h"
+
+namespace deltacast::sim {
+
+struct ModelSpec {
+  double parameters = 1e9;           // BF16 parameters: the image is 2 bytes each
+  double delta_fraction = 0.01109;   // a delta's encoded size over the BF16 size (codec v1, docs/BENCHMARKS.md)
+  double anchor_fraction = 0.6635;   // the same for an anchor
+  std::uint32_t chunks = 256;        // per version: coarser than production's 4 MiB chunks, see docs/SIM.md
+  // > 0: a small model of this many bytes whose versions are generated and encoded for real,
+  // so that workers decode and verify real bytes (fault tests); 0: virtual payloads (sizes).
+  std::uint64_t real_bytes = 0;
+};
+
+struct RunSpec {
+  std::uint32_t versions = 10;
+  double step_period_s = 60;         // the trainer publishes a version this often
+  std::uint32_t anchor_every = 25;
+  double decode_bytes_per_s = 100e9; // a worker's decode and apply rate, of image bytes
+  std::uint64_t tick_ms = 50;
+  double settle_s = 600;             // after the last version, how long the run may go on
+  std::uint64_t relay_cache_versions = 4;  // caches hold about this many versions' payloads
+};
+
+struct ObjectStoreSpec {
+  double egress_bytes_per_s = 400e9 / 8;  // a bucket serves everyone at most this fast
+  double poll_ms = 1000;                  // workers look for a new object this often
+  bool regional = true;                   // a bucket per region, replicated from the origin's
+};
+
+struct FaultSpec {
+  enum class Kind { kCrash, kPartition } kind = Kind::kCrash;
+  double at_s = 0;
+  double for_s = 0;      // crash: restart after this long (0: never); partition: heal after
+  std::string node;      // crash: a node id of the plan ("us-west/relay-0")
+  std::string a, b;      // partition: two regions
+};
+
+struct Scenario {
+  std::string name;
+  topology::FleetSpec fleet;
+  ModelSpec model;
+  RunSpec run;
+  ObjectStoreSpec object_store;
+  std::vector<FaultSpec> faults;
+};
+
+// {"name", "fleet": {docs/TOPOLOGY.md}, "model": {...}, "run": {...}, "object_store": {...},
+//  "faults": [...]}; every error names its field.
+Result<Scenario> parse_scenario(std::string_view json_text);
+
+enum class Strategy : std::uint8_t {
+  kCutThrough,              // relay tree, each chunk forwarded as it arrives (deltacast)
+  kCutThroughWorkerRelays,  // the same with rollout hosts as the only relays
+  kStoreAndForward,         // relay tree, each relay waits for the whole version
+  kStar,                    // the origin sends to every worker
+  kObjectStore,             // upload to a bucket, workers poll and download
+};
+const char* strategy_name(Strategy s);
+std::vector<Strategy> all_strategies();
+
+struct RunOptions {
+  Strategy strategy = Strategy::kCutThrough;
+  bool compressed = true;   // false: every version is the raw BF16 image
+  std::uint64_t seed = 1;
+  double staleness_sample_s = 0;  // 0: step_period / 20
+};
+
+inline constexpr std::size_t kViolationsMax = 20;
+
+struct Report {
+  std::string name;               // "cut-through relay tree, compressed"
+  std::uint64_t seed = 0;
+  std::uint64_t workers = 0;
+  std::uint32_t versions = 0;
+  double version_bytes = 0;       // a delta's payload
+  std::vector<double> ready_s;    // publish to ready, every (version, worker) that got there
+  std::uint64_t missed = 0;       // (version, worker) pairs never ready (skipped or still behind)
+  double lower_bound_s = 0;       // version bytes / bottleneck rate + longest one-way latency
+  double p50_s = 0, p99_s = 0, max_s = 0;
+  struct Sample {
+    double t_s, mean_behind, max_behind, mean_lag_steps;
+  };
+  std::vector<Sample> staleness;  // fleet staleness over time
+  std::uint64_t wan_bytes = 0;    // bytes that crossed a region boundary
+  std::vector<std::pair<std::string, std::uint64_t>> bytes_by_link;  // "us-east -> eu-west"
+  std::vector<std::string> violations;  // invariants that failed, at most kViolationsMax
+  std::uint64_t violations_total = 0;
+  std::vector<std::string> node_errors; // distinct last errors of live nodes at the end, at most 10
+  std::uint64_t events = 0;
+  double wall_s = 0;
+};
+
+Result<Report> run_scenario(const Scenario& scenario, const RunOptions& options);
+
+// Text table and an SVG (CDF of ready times, staleness over time) comparing runs.
+std::string render_table(const std::vector<Report>& reports);
+std::string render_svg(const std::string& title, const std::vector<Report>& reports);
+
+}  // namespace deltacast::sim

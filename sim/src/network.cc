@@ -1,0 +1,300 @@
+#include "deltacast/sim/network.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "deltacast/topology/plan.h"
+
+namespace deltacast::sim {
+
+using runtime::Message;
+using runtime::PeerId;
+
+void EventQueue::at(std::uint64_t t_us, Fn fn) { queue_.push(Event{std::max(t_us, now_), seq_++, std::move(fn)}); }
+
+bool EventQueue::run_until(std::uint64_t t_us, const std::function<bool()>& stop) {
+  while (!queue_.empty() && queue_.top().t <= t_us) {
+    // The handle is moved out before it runs: it may schedule more events.
+    Event e = std::move(const_cast<Event&>(queue_.top()));
+    queue_.pop();
+    now_ = e.t;
+    e.fn();
+    executed_++;
+    if (stop && stop()) return false;
+  }
+  now_ = std::max(now_, t_us);
+  return true;
+}
+
+struct Network::Impl {
+  Network& net;
+  NetworkOptions opt;
+  std::mt19937_64 rng;
+
+  struct SimTransport final : runtime::Transport {
+    Impl& impl;
+    int self;
+    SimTransport(Impl& i, int s) : impl(i), self(s) {}
+    bool send(PeerId peer, const Message& m) override { return impl.send(self, peer, m); }
+    PeerId connect(const std::string& endpoint) override { return impl.connect(self, endpoint); }
+    void disconnect(PeerId peer) override { impl.disconnect(peer); }
+  };
+  // Decoding on a worker: one chunk after another at the decode rate.
+  struct SimTasks final : runtime::TaskRunner {
+    Impl& impl;
+    int self;
+    double free_us = 0;
+    SimTasks(Impl& i, int s) : impl(i), self(s) {}
+    void run(std::function<void()> work, std::function<void()> done, std::uint64_t cost_bytes) override {
+      const double start = std::max(free_us, static_cast<double>(impl.net.events_.now_us()));
+      free_us = start + static_cast<double>(cost_bytes) / impl.opt.decode_bytes_per_s * 1e6;
+      const std::uint64_t gen = impl.hosts[self].generation;
+      impl.net.events_.at(static_cast<std::uint64_t>(std::ceil(free_us)), [this, gen, work = std::move(work), done = std::move(done)] {
+        if (!impl.current(self, gen)) return;
+        work();
+        done();
+      });
+    }
+  };
+  struct Host {
+    runtime::NodeConfig config;
+    std::string region;
+    topology::Nic nic;
+    std::unique_ptr<SimTransport> transport;
+    std::unique_ptr<SimTasks> tasks;
+    std::unique_ptr<runtime::Node> node;
+    bool alive = false;
+    std::uint64_t generation = 0;
+    double uplink_free_us = 0, downlink_free_us = 0;
+    double ingress_delay_ms = 0;
+  };
+  struct Link {
+    int from = 0, to = -1;
+    PeerId reverse = 0;
+    bool open = true;
+    std::deque<std::pair<double, std::uint64_t>> pending;  // (leaves at, bytes) not yet left
+    std::uint64_t queued = 0;
+    double last_arrival_us = 0;
+    double link_free_us = 0;
+    topology::Link spec;
+    std::vector<int> pipes;  // WAN links crossed
+  };
+  struct Pipe {
+    double bytes_per_s = 0;
+    double free_us = 0;
+    bool cut = false;
+  };
+
+  std::vector<Host> hosts;
+  std::map<std::string, int> by_id;
+  std::map<PeerId, Link> links;
+  PeerId next_id = 1;
+  std::vector<Pipe> pipes;
+  std::map<std::pair<std::string, std::string>, int> pipe_of;  // directed WAN link -> pipe
+  struct Route {
+    topology::Link link;
+    std::vector<int> pipes;
+  };
+  std::map<std::pair<std::string, std::string>, Route> routes;
+
+  Impl(Network& n, NetworkOptions o) : net(n), opt(o), rng(o.seed) {}
+
+  bool current(int i, std::uint64_t gen) const { return hosts[i].alive && hosts[i].generation == gen; }
+
+  const Route& route(const std::string& a, const std::string& b) {
+    auto key = std::make_pair(a, b);
+    auto it = routes.find(key);
+    if (it != routes.end()) return it->second;
+    Route r;
+    std::vector<std::pair<std::string, std::string>> path;
+    r.link = topology::link_between_regions(net.fleet_, a, b, &path);
+    for (const auto& hop : path) {
+      auto [pit, inserted] = pipe_of.emplace(hop, static_cast<int>(pipes.size()));
+      if (inserted) pipes.push_back(Pipe{net.fleet_.wan_between(hop.first, hop.second)->link.bytes_per_s});
+      r.pipes.push_back(pit->second);
+    }
+    return routes.emplace(key, std::move(r)).first->second;
+  }
+
+  void start(int i, std::shared_ptr<runtime::ModelVersion> restored) {
+    Host& h = hosts[i];
+    h.generation++;
+    h.alive = true;
+    h.transport = std::make_unique<SimTransport>(*this, i);
+    h.tasks = std::make_unique<SimTasks>(*this, i);
+    h.node = std::make_unique<runtime::Node>(h.config, *h.transport, net.events_, h.tasks.get());
+    h.node->set_on_ready([this, i](std::shared_ptr<const runtime::ModelVersion> v) {
+      if (net.on_ready) net.on_ready(i, v);
+    });
+    if (restored) (void)h.node->restore(std::move(restored));
+    h.node->start();
+    // Ticks at a random phase, so that nodes do not act in lockstep.
+    const std::uint64_t period = opt.tick_ms * 1000;
+    schedule_tick(i, h.generation, net.events_.now_us() + std::uniform_int_distribution<std::uint64_t>(1, period)(rng));
+  }
+
+  void schedule_tick(int i, std::uint64_t gen, std::uint64_t t) {
+    net.events_.at(t, [this, i, gen] {
+      if (!current(i, gen)) return;
+      hosts[i].node->tick();
+      schedule_tick(i, gen, net.events_.now_us() + opt.tick_ms * 1000);
+    });
+  }
+
+  PeerId connect(int self, const std::string& endpoint) {
+    const PeerId up = next_id++, down = next_id++;
+    auto it = by_id.find(endpoint);
+    const int to = it == by_id.end() ? -1 : it->second;
+    Link a, b;
+    a.from = self;
+    a.to = to;
+    a.reverse = down;
+    b.from = to;
+    b.to = self;
+    b.reverse = up;
+    if (to >= 0) {
+      const Route& r = route(hosts[self].region, hosts[to].region);
+      a.spec = r.link;
+      a.pipes = r.pipes;
+      const Route& back = route(hosts[to].region, hosts[self].region);
+      b.spec = back.link;
+      b.pipes = back.pipes;
+    } else {
+      a.open = b.open = false;  // nobody there: what is sent vanishes, as into a dead endpoint
+    }
+    links.emplace(up, std::move(a));
+    links.emplace(down, std::move(b));
+    return up;
+  }
+
+  void disconnect(PeerId peer) {
+    auto it = links.find(peer);
+    if (it == links.end()) return;
+    it->second.open = false;
+    if (auto r = links.find(it->second.reverse); r != links.end()) r->second.open = false;
+  }
+
+  bool send(int self, PeerId peer, const Message& m) {
+    auto it = links.find(peer);
+    if (it == links.end() || it->second.from != self || !it->second.open) return false;
+    Link& l = it->second;
+    Host& src = hosts[self];
+    Host& dst = hosts[l.to];
+    const double now = static_cast<double>(net.events_.now_us());
+    while (!l.pending.empty() && l.pending.front().first <= now) {
+      l.queued -= l.pending.front().second;
+      l.pending.pop_front();
+    }
+    const std::uint64_t size = runtime::message_bytes(m);
+    if (l.queued > 0 && l.queued + size > opt.queue_bytes_max) {
+      net.stats_.messages_refused_full_queue++;
+      return false;
+    }
+    net.stats_.messages++;
+    // Every resource on the way (sender's uplink, the link itself, each WAN link crossed, the
+    // receiver's downlink) serves its messages in order at its own rate; the message is through
+    // when the last of them is done with it. Flows to different children thus share the
+    // sender's uplink without queueing behind each other's slower links.
+    const double bytes = static_cast<double>(size);
+    auto serve = [&](double& free_us, double rate) {
+      free_us = std::max(free_us, now) + bytes / rate * 1e6;
+      return free_us;
+    };
+    const double leaves = std::max(now, src.uplink_free_us);
+    double through = serve(src.uplink_free_us, src.nic.uplink_bytes_per_s);
+    through = std::max(through, serve(l.link_free_us, l.spec.bytes_per_s));
+    bool cut = false;
+    for (int p : l.pipes) {
+      through = std::max(through, serve(pipes[p].free_us, pipes[p].bytes_per_s));
+      cut |= pipes[p].cut;
+    }
+    through = std::max(through, serve(dst.downlink_free_us, dst.nic.downlink_bytes_per_s));
+    double arrival = through + (l.spec.latency_ms + dst.ingress_delay_ms) * 1e3;
+    if (l.spec.jitter_ms > 0) arrival += std::uniform_real_distribution<double>(0, l.spec.jitter_ms * 1e3)(rng);
+    if (l.spec.loss > 0) {
+      const double packets = std::ceil(bytes / opt.packet_bytes);
+      if (std::uniform_real_distribution<double>(0, 1)(rng) < 1 - std::pow(1 - l.spec.loss, packets)) {
+        arrival += 2 * l.spec.latency_ms * 1e3;
+        net.stats_.retransmissions++;
+      }
+    }
+    arrival = std::max(arrival, l.last_arrival_us);
+    l.last_arrival_us = arrival;
+    l.pending.emplace_back(leaves, size);
+    l.queued += size;
+    net.stats_.queue_bytes_high = std::max(net.stats_.queue_bytes_high, l.queued);
+    if (l.queued > opt.queue_bytes_max && l.pending.size() > 1) net.stats_.queue_bound_held = false;
+    net.stats_.bytes_between[{src.region, dst.region}] += size;
+    if (cut) {
+      net.stats_.messages_lost++;
+      return true;  // accepted, never delivered: the connection broke under it
+    }
+    const std::uint64_t gen = dst.generation;
+    net.events_.at(static_cast<std::uint64_t>(std::ceil(arrival)), [this, peer, gen, m] {
+      auto lit = links.find(peer);
+      if (lit == links.end() || !lit->second.open || !current(lit->second.to, gen)) {
+        net.stats_.messages_lost++;
+        return;
+      }
+      hosts[lit->second.to].node->on_message(lit->second.reverse, m);
+    });
+    return true;
+  }
+
+  void crash(int i) {
+    Host& h = hosts[i];
+    if (!h.alive) return;
+    h.alive = false;
+    for (auto& [id, l] : links)
+      if (l.from == i || l.to == i) l.open = false;
+    h.node.reset();
+  }
+};
+
+Network::Network(topology::FleetSpec fleet, NetworkOptions options)
+    : impl_(std::make_unique<Impl>(*this, options)), fleet_(std::move(fleet)) {}
+
+Network::~Network() = default;
+
+int Network::add(runtime::NodeConfig config, const std::string& region, topology::Nic nic,
+                 std::shared_ptr<runtime::ModelVersion> restored, double ingress_delay_ms) {
+  const int i = static_cast<int>(impl_->hosts.size());
+  impl_->by_id[config.node_id] = i;
+  Impl::Host h;
+  h.config = std::move(config);
+  h.region = region;
+  h.nic = nic;
+  h.ingress_delay_ms = ingress_delay_ms;
+  impl_->hosts.push_back(std::move(h));
+  impl_->start(i, std::move(restored));
+  return i;
+}
+
+runtime::Node& Network::node(int i) { return *impl_->hosts.at(i).node; }
+const runtime::NodeConfig& Network::config(int i) const { return impl_->hosts.at(i).config; }
+const std::string& Network::region(int i) const { return impl_->hosts.at(i).region; }
+int Network::find(const std::string& id) const {
+  auto it = impl_->by_id.find(id);
+  return it == impl_->by_id.end() ? -1 : it->second;
+}
+std::size_t Network::size() const { return impl_->hosts.size(); }
+bool Network::alive(int i) const { return impl_->hosts.at(i).alive; }
+void Network::crash(int i) { impl_->crash(i); }
+void Network::restart(int i, std::shared_ptr<runtime::ModelVersion> restored) {
+  impl_->crash(i);
+  impl_->start(i, std::move(restored));
+}
+
+void Network::set_partition(const std::string& a, const std::string& b, bool cut) {
+  for (const auto& dir : {std::make_pair(a, b), std::make_pair(b, a)}) {
+    auto it = impl_->pipe_of.find(dir);
+    if (it == impl_->pipe_of.end()) {
+      if (!fleet_.wan_between(dir.first, dir.second)) continue;
+      it = impl_->pipe_of.emplace(dir, static_cast<int>(impl_->pipes.size())).first;
+      impl_->pipes.push_back(Impl::Pipe{fleet_.wan_between(dir.first, dir.second)->link.bytes_per_s});
+    }
+    impl_->pipes[it->second].cut = cut;
+  }
+}
+
+}  // namespace deltacast::sim

@@ -1,0 +1,153 @@
+// Reports of simulated runs: a table for the terminal and an SVG for people.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "deltacast/sim/scenario.h"
+
+namespace deltacast::sim {
+
+std::string render_table(const std::vector<Report>& reports) {
+  std::string out;
+  char line[512];
+  std::snprintf(line, sizeof line, "%-46s %9s %9s %9s %9s %9s %7s %9s %8s %10s %7s\n", "strategy", "p50 s", "p99 s", "max s", "bound s", "max/bound",
+                "missed", "WAN GB", "behind", "events", "wall s");
+  out += line;
+  for (const auto& r : reports) {
+    double behind = 0;
+    for (const auto& s : r.staleness) behind += s.mean_behind;
+    if (!r.staleness.empty()) behind /= static_cast<double>(r.staleness.size());
+    std::snprintf(line, sizeof line, "%-46s %9.2f %9.2f %9.2f %9.2f %9.3f %7llu %9.1f %8.3f %10llu %7.1f\n", r.name.c_str(), r.p50_s, r.p99_s, r.max_s,
+                  r.lower_bound_s, r.lower_bound_s > 0 ? r.max_s / r.lower_bound_s : 0, static_cast<unsigned long long>(r.missed),
+                  static_cast<double>(r.wan_bytes) / 1e9, behind, static_cast<unsigned long long>(r.events), r.wall_s);
+    out += line;
+  }
+  return out;
+}
+
+namespace {
+
+constexpr const char* kColors[] = {"#2f6db5", "#e08a2c", "#4a9d5b", "#b0413e", "#7b5ea7", "#8c6d31", "#d4669a", "#5f9ea0", "#444444", "#c7a400"};
+
+struct Series {
+  std::string label;
+  std::vector<std::pair<double, double>> points;
+};
+
+// One line chart; x may be logarithmic.
+std::string chart(double x0, double y0, double w, double h, const std::string& title, const std::string& xlabel, const std::string& ylabel,
+                  const std::vector<Series>& series, bool log_x) {
+  double xmin = INFINITY, xmax = -INFINITY, ymax = 0;
+  for (const auto& s : series)
+    for (auto [x, y] : s.points) {
+      if (log_x && x <= 0) continue;
+      xmin = std::min(xmin, x);
+      xmax = std::max(xmax, x);
+      ymax = std::max(ymax, y);
+    }
+  if (!(xmax > xmin)) xmin = 0, xmax = 1;
+  // Linear axes end on a round number and tick at 1, 2 or 5 times a power of ten.
+  auto nice_step = [](double range) {
+    const double raw = range / 5, p = std::pow(10, std::floor(std::log10(raw)));
+    return raw <= p ? p : raw <= 2 * p ? 2 * p : raw <= 5 * p ? 5 * p : 10 * p;
+  };
+  double xstep = 0, ystep = 0;
+  if (log_x) {
+    xmin = std::pow(10, std::floor(std::log10(xmin)));
+    xmax = std::pow(10, std::ceil(std::log10(xmax)));
+  } else {
+    xmin = 0;
+    xstep = nice_step(xmax);
+    xmax = std::ceil(xmax / xstep) * xstep;
+  }
+  ymax = ymax > 0 ? ymax : 1;
+  ystep = nice_step(ymax);
+  ymax = std::ceil(ymax * 1.02 / ystep) * ystep;
+  auto px = [&](double x) { return x0 + w * (log_x ? (std::log10(x) - std::log10(xmin)) / (std::log10(xmax) - std::log10(xmin)) : (x - xmin) / (xmax - xmin)); };
+  auto py = [&](double y) { return y0 + h - h * y / ymax; };
+  std::string out;
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "<text x=\"%.0f\" y=\"%.0f\" font-size=\"13\">%s</text>\n", x0, y0 - 10, title.c_str());
+  out += buf;
+  std::snprintf(buf, sizeof buf, "<rect x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" fill=\"none\" stroke=\"#bbb\"/>\n", x0, y0, w, h);
+  out += buf;
+  // Ticks.
+  std::vector<double> xt;
+  if (log_x)
+    for (double t = xmin; t <= xmax * 1.001; t *= 10) xt.push_back(t);
+  else
+    for (double t = 0; t <= xmax * 1.0001; t += xstep) xt.push_back(t);
+  for (double t : xt) {
+    std::snprintf(buf, sizeof buf, "<line x1=\"%.1f\" y1=\"%.0f\" x2=\"%.1f\" y2=\"%.0f\" stroke=\"#eee\"/><text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\">%g</text>\n",
+                  px(t), y0, px(t), y0 + h, px(t), y0 + h + 15, t);
+    out += buf;
+  }
+  for (double t = 0; t <= ymax * 1.0001; t += ystep) {
+    std::snprintf(buf, sizeof buf, "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"#eee\"/><text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">%.3g</text>\n",
+                  x0, py(t), x0 + w, py(t), x0 - 5, py(t) + 4, t);
+    out += buf;
+  }
+  std::snprintf(buf, sizeof buf, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">%s</text>\n", x0 + w / 2, y0 + h + 32, xlabel.c_str());
+  out += buf;
+  std::snprintf(buf, sizeof buf, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\" transform=\"rotate(-90 %.0f %.0f)\">%s</text>\n", x0 - 45, y0 + h / 2,
+                x0 - 45, y0 + h / 2, ylabel.c_str());
+  out += buf;
+  for (std::size_t k = 0; k < series.size(); ++k) {
+    std::string pts;
+    for (auto [x, y] : series[k].points) {
+      if (log_x && x <= 0) continue;
+      std::snprintf(buf, sizeof buf, "%.1f,%.1f ", px(x), py(y));
+      pts += buf;
+    }
+    out += "<polyline fill=\"none\" stroke-width=\"1.8\" stroke=\"" + std::string(kColors[k % 10]) + "\" points=\"" + pts + "\"/>\n";
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string render_svg(const std::string& title, const std::vector<Report>& reports) {
+  const double width = 1100, chart_w = 760, chart_h = 260, left = 80;
+  std::vector<Series> cdf, stale;
+  for (const auto& r : reports) {
+    Series c{r.name, {}};
+    std::vector<double> t = r.ready_s;
+    std::sort(t.begin(), t.end());
+    const double total = static_cast<double>(t.size() + r.missed);
+    for (std::size_t i = 0; i < t.size(); ++i) {
+      if (i + 1 < t.size() && t.size() > 400 && i % (t.size() / 400) != 0) continue;  // thin large runs
+      c.points.emplace_back(t[i], static_cast<double>(i + 1) / total);
+    }
+    cdf.push_back(std::move(c));
+    Series s{r.name, {}};
+    for (const auto& p : r.staleness) s.points.emplace_back(p.t_s, p.mean_behind);
+    stale.push_back(std::move(s));
+  }
+  double lo = INFINITY, hi = 0;
+  for (const auto& r : reports)
+    for (double t : r.ready_s) lo = std::min(lo, t), hi = std::max(hi, t);
+  const bool log_x = hi > 0 && lo > 0 && hi / lo > 20;
+  const double height = 60 + 2 * (chart_h + 80) + 20 * static_cast<double>(reports.size()) + 20;
+  std::string out;
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" font-size=\"11\">\n"
+                "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n<text x=\"%.0f\" y=\"24\" font-size=\"15\">%s</text>\n",
+                width, height, left, title.c_str());
+  out += buf;
+  out += chart(left, 60, chart_w, chart_h, "Publish to ready: fraction of (version, worker) pairs ready within t", "seconds after publish", "fraction", cdf, log_x);
+  out += chart(left, 60 + chart_h + 80, chart_w, chart_h, "Fleet staleness: mean versions behind the newest published", "simulated time, s", "versions behind", stale,
+               false);
+  double ly = 60 + 2 * (chart_h + 80);
+  for (std::size_t k = 0; k < reports.size(); ++k) {
+    std::snprintf(buf, sizeof buf, "<rect x=\"%.0f\" y=\"%.0f\" width=\"14\" height=\"4\" fill=\"%s\"/><text x=\"%.0f\" y=\"%.0f\">%s (max %.2f s, %.2fx the lower bound)</text>\n",
+                  left, ly - 4, kColors[k % 10], left + 20, ly, reports[k].name.c_str(), reports[k].max_s,
+                  reports[k].lower_bound_s > 0 ? reports[k].max_s / reports[k].lower_bound_s : 0);
+    out += buf;
+    ly += 20;
+  }
+  out += "</svg>\n";
+  return out;
+}
+
+}  // namespace deltacast::sim

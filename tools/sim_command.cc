@@ -1,0 +1,89 @@
+// deltacast sim: run a scenario on the simulated network under one or every strategy; print a
+// table and write an SVG (ready-time CDF, staleness over time).
+#include <cstdio>
+
+#include "commands.h"
+#include "deltacast/io/mapped_file.h"
+#include "deltacast/sim/scenario.h"
+
+namespace deltacast::tools {
+namespace {
+
+struct SimOptions {
+  std::string scenario;
+  std::uint64_t seed = 1;
+  std::vector<std::string> strategies = {"cut-through"};
+  bool raw_too = false;
+  std::string svg = "sim.svg";
+};
+
+const std::pair<const char*, sim::Strategy> kStrategies[] = {
+    {"cut-through", sim::Strategy::kCutThrough},          {"worker-relays", sim::Strategy::kCutThroughWorkerRelays},
+    {"store-and-forward", sim::Strategy::kStoreAndForward}, {"star", sim::Strategy::kStar},
+    {"object-store", sim::Strategy::kObjectStore},
+};
+
+int run_sim(const SimOptions& o) {
+  auto text = read_file(o.scenario);
+  if (!text.is_ok()) return fail(text.status().to_string());
+  auto sc = sim::parse_scenario(std::string_view(reinterpret_cast<const char*>(text->data()), text->size()));
+  if (!sc.is_ok()) return fail(o.scenario + ": " + sc.status().message());
+  std::vector<sim::Strategy> chosen;
+  for (const auto& name : o.strategies) {
+    if (name == "all") {
+      chosen = sim::all_strategies();
+      break;
+    }
+    for (const auto& [n, s] : kStrategies)
+      if (name == n) chosen.push_back(s);
+  }
+  std::vector<sim::Report> reports;
+  int rc = 0;
+  for (bool compressed : o.raw_too ? std::vector<bool>{true, false} : std::vector<bool>{true}) {
+    for (sim::Strategy s : chosen) {
+      sim::RunOptions ro;
+      ro.strategy = s;
+      ro.compressed = compressed;
+      ro.seed = o.seed;
+      std::fprintf(stderr, "running %s%s (seed %llu) ...\n", sim::strategy_name(s), compressed ? "" : ", raw BF16", static_cast<unsigned long long>(o.seed));
+      auto r = sim::run_scenario(*sc, ro);
+      if (!r.is_ok()) return fail(r.status().to_string());
+      for (const auto& v : r->violations) {
+        std::fprintf(stderr, "deltacast: invariant broken (%s, seed %llu): %s\n", r->name.c_str(), static_cast<unsigned long long>(o.seed), v.c_str());
+        rc = 1;
+      }
+      if (r->violations_total > r->violations.size())
+        std::fprintf(stderr, "deltacast: ... and %llu more\n", static_cast<unsigned long long>(r->violations_total - r->violations.size()));
+      for (const auto& e : r->node_errors) std::fprintf(stderr, "  node error: %s\n", e.c_str());
+      reports.push_back(std::move(r).value());
+    }
+  }
+  const std::string title = (sc->name.empty() ? o.scenario : sc->name) + ", seed " + std::to_string(o.seed);
+  std::printf("%s: %llu workers, %u versions every %.0f s, %.3g GB per version compressed\n\n", title.c_str(),
+              static_cast<unsigned long long>(reports.front().workers), sc->run.versions, sc->run.step_period_s, reports.front().version_bytes / 1e9);
+  std::printf("%s", sim::render_table(reports).c_str());
+  const double cut = reports.front().max_s;
+  for (const auto& r : reports)
+    if (&r != &reports.front() && cut > 0) std::printf("speedup of %s over %s: %.1fx (slowest worker)\n", reports.front().name.c_str(), r.name.c_str(), r.max_s / cut);
+  const std::string svg = sim::render_svg(title, reports);
+  if (Status st = write_file_atomic(o.svg, ByteSpan(reinterpret_cast<const std::uint8_t*>(svg.data()), svg.size())); !st.is_ok()) return fail(st.to_string());
+  std::printf("wrote %s\n", o.svg.c_str());
+  return rc;
+}
+
+}  // namespace
+
+Command add_sim_command(CLI::App& app) {
+  auto o = std::make_shared<SimOptions>();
+  CLI::App* sub = app.add_subcommand("sim", "Simulate a fleet receiving versions: delivery times, staleness, strategies compared (docs/SIM.md)");
+  sub->add_option("scenario", o->scenario, "Scenario file (JSON), e.g. sim/scenarios/four-regions.json")->required()->check(CLI::ExistingFile);
+  sub->add_option("--seed", o->seed, "Random seed: the same seed replays the same run")->capture_default_str();
+  sub->add_option("--strategy", o->strategies, "cut-through, worker-relays, store-and-forward, star, object-store, or all")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cut-through", "worker-relays", "store-and-forward", "star", "object-store", "all"}));
+  sub->add_flag("--uncompressed-too", o->raw_too, "Also run each strategy with raw BF16 versions (no compression)");
+  sub->add_option("--svg", o->svg, "Write the plot here")->capture_default_str();
+  return {sub, [o] { return run_sim(*o); }};
+}
+
+}  // namespace deltacast::tools

@@ -477,24 +477,24 @@ void Node::on_need(PeerId from, Child& child, const Need& need) {
     }
     return;
   }
-  std::vector<std::uint32_t> missing_here;
+  // A store-and-forward relay sends all of a version once it has all of it (the child is
+  // subscribed to it now).
+  if (config_.store_and_forward && !v->complete()) return;
+  // Chunks missing here too are on their way, or this node's own request_missing() fetches
+  // them once the version stalls here; passing every child's request upstream would multiply
+  // the traffic by the number of children while a version is still arriving.
   if (need.chunks.empty()) {
     send_version(from, *v);
     stats_.retransmits_served += v->present;
-    missing_here = v->missing();
   } else {
     send_to(from, ManifestMsg{v->key, v->manifest_bytes, published_us_.count(v->key.version) ? published_us_[v->key.version] : 0});
     for (auto i : need.chunks) {
-      if (i >= v->chunks.size()) continue;
-      if (v->chunks[i]) {
+      if (i < v->chunks.size() && v->chunks[i]) {
         send_to(from, ChunkMsg{v->key, i, v->chunks[i]});
         stats_.retransmits_served++;
-      } else {
-        missing_here.push_back(i);
       }
     }
   }
-  if (!missing_here.empty()) send_to_parent(Need{need.key, missing_here, false});
 }
 
 void Node::on_ready_message(const Ready& r) {

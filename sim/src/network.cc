@@ -200,15 +200,25 @@ struct Network::Impl {
       free_us = std::max(free_us, now) + bytes / rate * 1e6;
       return free_us;
     };
-    const double leaves = std::max(now, src.uplink_free_us);
-    double through = serve(src.uplink_free_us, src.nic.uplink_bytes_per_s);
-    through = std::max(through, serve(l.link_free_us, l.spec.bytes_per_s));
+    // Small messages (control, manifests) go between the packets of bulk transfers on other
+    // connections rather than behind them, as TCP flows share a card; they still wait for
+    // what went before them on their own connection (below).
+    const bool small = size <= opt.small_message_bytes;
+    const double leaves = small ? now : std::max(now, src.uplink_free_us);
     bool cut = false;
-    for (int p : l.pipes) {
-      through = std::max(through, serve(pipes[p].free_us, pipes[p].bytes_per_s));
-      cut |= pipes[p].cut;
+    double through = now;
+    if (small) {
+      through = now + bytes / std::min({src.nic.uplink_bytes_per_s, l.spec.bytes_per_s, dst.nic.downlink_bytes_per_s}) * 1e6;
+      for (int p : l.pipes) cut |= pipes[p].cut;
+    } else {
+      through = serve(src.uplink_free_us, src.nic.uplink_bytes_per_s);
+      through = std::max(through, serve(l.link_free_us, l.spec.bytes_per_s));
+      for (int p : l.pipes) {
+        through = std::max(through, serve(pipes[p].free_us, pipes[p].bytes_per_s));
+        cut |= pipes[p].cut;
+      }
+      through = std::max(through, serve(dst.downlink_free_us, dst.nic.downlink_bytes_per_s));
     }
-    through = std::max(through, serve(dst.downlink_free_us, dst.nic.downlink_bytes_per_s));
     double arrival = through + (l.spec.latency_ms + dst.ingress_delay_ms) * 1e3;
     if (l.spec.jitter_ms > 0) arrival += std::uniform_real_distribution<double>(0, l.spec.jitter_ms * 1e3)(rng);
     if (l.spec.loss > 0) {

@@ -2,9 +2,10 @@
 // through a simulated Transport. Deterministic from its seed: the same seed, the same run.
 //
 // Link model, per message (a chunk, a manifest, a control message):
-//   - it leaves when the sender's uplink, every WAN link on its way and the receiver's downlink
-//     are free (each a FIFO resource: a relay's children share its uplink, all the hosts behind
-//     a WAN link share it), and takes size / (narrowest of them, and the LAN's per-host rate);
+//   - the sender's uplink, the link, every WAN link on its way and the receiver's downlink each
+//     serve messages in order at their own rate (a relay's children share its uplink, all the
+//     hosts behind a WAN link share it); the message is through when the last is done with it;
+//     small messages (control, manifests) slip between other connections' bulk transfers;
 //   - it arrives one-way latency later, plus jitter (uniform), never before an earlier
 //     message on the same link (TCP keeps order);
 //   - a loss rate p makes a message of n packets need a retransmission with probability
@@ -71,6 +72,7 @@ struct NetworkOptions {
   std::uint64_t tick_ms = 50;                    // how often each node's tick() runs
   double decode_bytes_per_s = 100e9;             // a worker's decode and apply rate (of image)
   std::uint32_t packet_bytes = 1448;             // for loss: packets per message
+  std::uint64_t small_message_bytes = 64 << 10;  // at most this: interleaved with bulk transfers
 };
 
 class Network {

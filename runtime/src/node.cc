@@ -69,11 +69,21 @@ void Node::set_error(std::string error) { last_error_ = std::move(error); }
 // ---- links ----------------------------------------------------------------------------------
 
 bool Node::send_to(PeerId peer, const Message& m) {
+  const auto* chunk = std::get_if<ChunkMsg>(&m);
   if (!transport_.send(peer, m)) {
-    if (std::holds_alternative<ChunkMsg>(m)) stats_.chunks_dropped_full_queue++;
+    if (chunk) stats_.chunks_dropped_full_queue++;
     return false;
   }
   stats_.bytes_out += message_bytes(m);
+  if (chunk) {
+    if (auto it = children_.find(peer); it != children_.end()) {
+      if (const CachedVersion* v = cache_.find(chunk->key); v && chunk->index < v->chunks.size()) {
+        auto& bits = it->second.sent[chunk->key];
+        bits.resize(v->chunks.size());
+        bits[chunk->index] = true;
+      }
+    }
+  }
   return true;
 }
 
@@ -437,7 +447,7 @@ void Node::on_chunk(const ChunkMsg& m) {
       stats_.corrupt_chunks++;
       stats_.retransmit_requests++;
       set_error(r.status().to_string());
-      send_to_parent(Need{m.key, {m.index}, false});
+      send_to_parent(Need{m.key, {m.index}, false, /*again=*/true});
     }
     return;
   }
@@ -482,18 +492,18 @@ void Node::on_need(PeerId from, Child& child, const Need& need) {
   if (config_.store_and_forward && !v->complete()) return;
   // Chunks missing here too are on their way, or this node's own request_missing() fetches
   // them once the version stalls here; passing every child's request upstream would multiply
-  // the traffic by the number of children while a version is still arriving.
-  if (need.chunks.empty()) {
-    send_version(from, *v);
-    stats_.retransmits_served += v->present;
-  } else {
-    send_to(from, ManifestMsg{v->key, v->manifest_bytes, published_us_.count(v->key.version) ? published_us_[v->key.version] : 0});
-    for (auto i : need.chunks) {
-      if (i < v->chunks.size() && v->chunks[i]) {
-        send_to(from, ChunkMsg{v->key, i, v->chunks[i]});
-        stats_.retransmits_served++;
-      }
-    }
+  // the traffic by the number of children while a version is still arriving. Chunks already
+  // on the link to the child are not sent twice (a slow link would otherwise carry each one
+  // twice, exactly when bandwidth is short), unless the child got them damaged.
+  std::vector<std::uint32_t> wanted = need.chunks;
+  if (wanted.empty())
+    for (std::uint32_t i = 0; i < v->chunks.size(); ++i) wanted.push_back(i);
+  const auto sent = child.sent.find(v->key);
+  send_to(from, ManifestMsg{v->key, v->manifest_bytes, published_us_.count(v->key.version) ? published_us_[v->key.version] : 0});
+  for (auto i : wanted) {
+    if (i >= v->chunks.size() || !v->chunks[i]) continue;
+    if (!need.again && sent != child.sent.end() && i < sent->second.size() && sent->second[i]) continue;
+    if (send_to(from, ChunkMsg{v->key, i, v->chunks[i]})) stats_.retransmits_served++;
   }
 }
 
@@ -567,6 +577,9 @@ void Node::tick() {
     for (auto& [peer, c] : children_)
       if (c.welcomed) send_to(peer, hb);
   }
+  // What was sent to each child is remembered only for versions still cached.
+  for (auto& [peer, c] : children_)
+    for (auto it = c.sent.begin(); it != c.sent.end();) it = cache_.find(it->first) ? std::next(it) : c.sent.erase(it);
   // Children that went silent are dropped (a restarted one says Hello again).
   for (auto it = children_.begin(); it != children_.end();) {
     if (now - it->second.last_heard_ms > config_.child_timeout_ms) {
@@ -761,7 +774,7 @@ void Node::pump_decodes() {
         stats_.corrupt_chunks++;
         stats_.retransmit_requests++;
         cache_.drop_chunk(as.key, i);
-        send_to_parent(Need{as.key, {i}, false});
+        send_to_parent(Need{as.key, {i}, false, /*again=*/true});
       }
       if (as.done == as.state.size()) {
         if (!pumping_) finish_assembly();

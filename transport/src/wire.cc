@@ -51,6 +51,7 @@ Frames encode_message(const Message& message) {
           set_key(n->mutable_key(), m.key);
           for (auto i : m.chunks) n->add_chunks(i);
           n->set_want_anchor(m.want_anchor);
+          n->set_again(m.again);
         } else if constexpr (std::is_same_v<T, Ready>) {
           auto* r = env.mutable_ready();
           r->set_node_id(m.node_id);
@@ -105,6 +106,7 @@ Result<Message> decode_message(const void* header, std::size_t header_bytes, Sha
       n.key = get_key(env.need().key());
       n.chunks.assign(env.need().chunks().begin(), env.need().chunks().end());
       n.want_anchor = env.need().want_anchor();
+      n.again = env.need().again();
       return Message{std::move(n)};
     }
     case wire::Envelope::kReady: {

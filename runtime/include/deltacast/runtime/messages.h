@@ -85,10 +85,14 @@ struct ChunkMsg {
 };
 // child -> parent: send these chunks again (all of them if `chunks` is empty), or, with
 // want_anchor, the newest anchor and the deltas after it.
+// A parent does not send a chunk again that it already handed to the link to this child (it is
+// on its way: TCP delivers it or the connection breaks, and a new connection starts afresh),
+// unless `again` says the copy that came was damaged.
 struct Need {
   VersionKey key;
   std::vector<std::uint32_t> chunks;
   bool want_anchor = false;
+  bool again = false;
 };
 // worker -> origin, forwarded up the tree: a version verified and exposed, or an error.
 struct Ready {

@@ -174,6 +174,9 @@ class Node {
     std::set<VersionKey> subscriptions;  // anchors (and versions) asked for explicitly
     bool wants_anchor = false;
     std::uint64_t anchor_after = 0;  // the anchor it wants must be newer than this
+    // Chunks handed to the link to this child, per cached version: not sent again on a Need
+    // unless it says `again`. Bounded by the cache (pruned in tick()).
+    std::map<VersionKey, std::vector<bool>> sent;
   };
   struct Assembly;
   // Origin: slices of one version from the trainer shards, until all are here.

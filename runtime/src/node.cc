@@ -1,6 +1,7 @@
 #include "deltacast/runtime/node.h"
 
 #include <algorithm>
+#include <deque>
 
 #include "deltacast/codec/hash.h"
 
@@ -14,6 +15,10 @@ struct Node::Assembly {
   std::shared_ptr<ModelVersion> staging;
   enum class ChunkState : std::uint8_t { kWaiting, kDecoding, kDone };
   std::vector<ChunkState> state;
+  // Chunks that arrived and may be decodable, in arrival order: pump_decodes() takes from here
+  // instead of scanning every chunk each time (a 2 TB model has half a million). Bounded: a
+  // chunk is queued once per arrival.
+  std::deque<std::uint32_t> arrived;
   std::size_t done = 0;
   std::size_t inflight = 0;
   std::uint64_t generation = 0;
@@ -464,8 +469,12 @@ void Node::on_chunk(const ChunkMsg& m) {
       for (std::uint32_t i = 0; i < v->chunks.size(); ++i) forward_chunk(*v, i);
     }
   }
-  if (assembly_ && assembly_->key == m.key) pump_decodes();
-  else advance();
+  if (assembly_ && assembly_->key == m.key) {
+    assembly_->arrived.push_back(m.index);
+    pump_decodes();
+  } else {
+    advance();
+  }
 }
 
 void Node::on_need(PeerId from, Child& child, const Need& need) {
@@ -706,6 +715,8 @@ void Node::start_assembly(const CachedVersion& v) {
   }
   live.reset();
   a->state.assign(v.manifest.chunks.size(), Assembly::ChunkState::kWaiting);
+  for (std::uint32_t i = 0; i < v.chunks.size(); ++i)
+    if (v.chunks[i]) a->arrived.push_back(i);
   a->generation = ++generation_;
   assembly_ = std::move(a);
   need_anchor_ = false;
@@ -732,8 +743,10 @@ void Node::pump_decodes() {
     abandon_assembly("version " + to_string(a->key) + " left the cache", false);
     return;
   }
-  for (std::uint32_t i = 0; i < a->state.size() && a->inflight < config_.decode_inflight_max; ++i) {
-    if (a->state[i] != Assembly::ChunkState::kWaiting || !v->chunks[i]) continue;
+  while (!a->arrived.empty() && a->inflight < config_.decode_inflight_max) {
+    const std::uint32_t i = a->arrived.front();
+    a->arrived.pop_front();
+    if (i >= a->state.size() || a->state[i] != Assembly::ChunkState::kWaiting || !v->chunks[i]) continue;
     a->state[i] = Assembly::ChunkState::kDecoding;
     a->inflight++;
     const ChunkEntry& e = a->manifest->chunks[i];

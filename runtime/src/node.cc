@@ -508,7 +508,10 @@ void Node::on_need(PeerId from, Child& child, const Need& need) {
   if (wanted.empty())
     for (std::uint32_t i = 0; i < v->chunks.size(); ++i) wanted.push_back(i);
   const auto sent = child.sent.find(v->key);
-  send_to(from, ManifestMsg{v->key, v->manifest_bytes, published_us_.count(v->key.version) ? published_us_[v->key.version] : 0});
+  // A child that names chunks has the manifest (for a 2 TB model it is tens of MB); one that
+  // asks for a whole version may not.
+  if (need.chunks.empty())
+    send_to(from, ManifestMsg{v->key, v->manifest_bytes, published_us_.count(v->key.version) ? published_us_[v->key.version] : 0});
   for (auto i : wanted) {
     if (i >= v->chunks.size() || !v->chunks[i]) continue;
     if (!need.again && sent != child.sent.end() && i < sent->second.size() && sent->second[i]) continue;

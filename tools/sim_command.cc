@@ -63,8 +63,14 @@ int run_sim(const SimOptions& o) {
               static_cast<unsigned long long>(reports.front().workers), sc->run.versions, sc->run.step_period_s, reports.front().version_bytes / 1e9);
   std::printf("%s", sim::render_table(reports).c_str());
   const double cut = reports.front().max_s;
-  for (const auto& r : reports)
-    if (&r != &reports.front() && cut > 0) std::printf("speedup of %s over %s: %.1fx (slowest worker)\n", reports.front().name.c_str(), r.name.c_str(), r.max_s / cut);
+  for (const auto& r : reports) {
+    if (&r == &reports.front() || cut <= 0) continue;
+    if (r.ready_s.empty())
+      std::printf("%s: no worker got any version within the run; %s: %.2f s\n", r.name.c_str(), reports.front().name.c_str(), cut);
+    else
+      std::printf("speedup of %s over %s: %.1fx (slowest worker, %llu of its pairs never ready)\n", reports.front().name.c_str(), r.name.c_str(), r.max_s / cut,
+                  static_cast<unsigned long long>(r.missed));
+  }
   const std::string svg = sim::render_svg(title, reports);
   if (Status st = write_file_atomic(o.svg, ByteSpan(reinterpret_cast<const std::uint8_t*>(svg.data()), svg.size())); !st.is_ok()) return fail(st.to_string());
   std::printf("wrote %s\n", o.svg.c_str());

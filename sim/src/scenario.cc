@@ -96,7 +96,9 @@ Result<Scenario> parse_scenario(std::string_view text) {
   }
   if (j.contains("run")) {
     const json& r = j["run"];
-    DC_RETURN_IF_ERROR(check_fields(r, "scenario.run", {"versions", "step_period_s", "anchor_every", "decode", "tick_ms", "settle_s", "relay_cache_versions"}));
+    DC_RETURN_IF_ERROR(check_fields(r, "scenario.run",
+                                    {"versions", "step_period_s", "anchor_every", "decode", "tick_ms", "settle_s", "relay_cache_versions", "parent_timeout_ms"}));
+    DC_RETURN_IF_ERROR(number(r, "scenario.run", "parent_timeout_ms", s.run.parent_timeout_ms, 100, 1e7));
     DC_RETURN_IF_ERROR(number(r, "scenario.run", "versions", s.run.versions, 1, 100000));
     DC_RETURN_IF_ERROR(number(r, "scenario.run", "step_period_s", s.run.step_period_s, 0.001, 1e6));
     DC_RETURN_IF_ERROR(number(r, "scenario.run", "anchor_every", s.run.anchor_every, 1, 1e6));
@@ -331,6 +333,8 @@ Result<Report> run_scenario(const Scenario& sc, const RunOptions& o) {
     c.node_id = id;
     c.cache_bytes_max = cache_bytes;
     c.virtual_payloads = !vs.real;
+    c.parent_timeout_ms = sc.run.parent_timeout_ms;
+    c.child_timeout_ms = std::max(c.child_timeout_ms, 5 * sc.run.parent_timeout_ms);
     return c;
   };
   auto initial = held_version(vs, 1);

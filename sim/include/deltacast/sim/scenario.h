@@ -29,6 +29,9 @@ struct RunSpec {
   std::uint64_t tick_ms = 50;
   double settle_s = 600;             // after the last version, how long the run may go on
   std::uint64_t relay_cache_versions = 4;  // caches hold about this many versions' payloads
+  // NodeConfig::parent_timeout_ms. Simulated chunks are coarse: on a wide fan-out (a star of a
+  // thousand workers) one can take seconds to reach each child, longer than production's 2 s.
+  std::uint64_t parent_timeout_ms = 2000;
 };
 
 struct ObjectStoreSpec {

@@ -87,8 +87,8 @@ struct Network::Impl {
 
   std::vector<Host> hosts;
   std::map<std::string, int> by_id;
-  std::map<PeerId, Link> links;
-  PeerId next_id = 1;
+  std::vector<Link> links = std::vector<Link>(1);  // by PeerId (ids are handed out in order; 0 unused)
+  Link* link(PeerId id) { return id > 0 && id < links.size() ? &links[id] : nullptr; }
   std::vector<Pipe> pipes;
   std::map<std::pair<std::string, std::string>, int> pipe_of;  // directed WAN link -> pipe
   struct Route {
@@ -142,7 +142,7 @@ struct Network::Impl {
   }
 
   PeerId connect(int self, const std::string& endpoint) {
-    const PeerId up = next_id++, down = next_id++;
+    const PeerId up = links.size(), down = up + 1;
     auto it = by_id.find(endpoint);
     const int to = it == by_id.end() ? -1 : it->second;
     Link a, b;
@@ -162,22 +162,22 @@ struct Network::Impl {
     } else {
       a.open = b.open = false;  // nobody there: what is sent vanishes, as into a dead endpoint
     }
-    links.emplace(up, std::move(a));
-    links.emplace(down, std::move(b));
+    links.push_back(std::move(a));
+    links.push_back(std::move(b));
     return up;
   }
 
   void disconnect(PeerId peer) {
-    auto it = links.find(peer);
-    if (it == links.end()) return;
-    it->second.open = false;
-    if (auto r = links.find(it->second.reverse); r != links.end()) r->second.open = false;
+    Link* l = link(peer);
+    if (!l) return;
+    l->open = false;
+    if (Link* r = link(l->reverse)) r->open = false;
   }
 
   bool send(int self, PeerId peer, const Message& m) {
-    auto it = links.find(peer);
-    if (it == links.end() || it->second.from != self || !it->second.open) return false;
-    Link& l = it->second;
+    Link* found = link(peer);
+    if (!found || found->from != self || !found->open) return false;
+    Link& l = *found;
     Host& src = hosts[self];
     Host& dst = hosts[l.to];
     const double now = static_cast<double>(net.events_.now_us());
@@ -241,12 +241,12 @@ struct Network::Impl {
     }
     const std::uint64_t gen = dst.generation;
     net.events_.at(static_cast<std::uint64_t>(std::ceil(arrival)), [this, peer, gen, m] {
-      auto lit = links.find(peer);
-      if (lit == links.end() || !lit->second.open || !current(lit->second.to, gen)) {
+      Link* dl = link(peer);
+      if (!dl || !dl->open || !current(dl->to, gen)) {
         net.stats_.messages_lost++;
         return;
       }
-      hosts[lit->second.to].node->on_message(lit->second.reverse, m);
+      hosts[dl->to].node->on_message(dl->reverse, m);
     });
     return true;
   }
@@ -255,7 +255,7 @@ struct Network::Impl {
     Host& h = hosts[i];
     if (!h.alive) return;
     h.alive = false;
-    for (auto& [id, l] : links)
+    for (auto& l : links)
       if (l.from == i || l.to == i) l.open = false;
     h.node.reset();
   }

@@ -93,6 +93,11 @@ Result<Scenario> parse_scenario(std::string_view text) {
     DC_RETURN_IF_ERROR(number(m, "scenario.model", "anchor_fraction", s.model.anchor_fraction, 1e-6, 2));
     DC_RETURN_IF_ERROR(number(m, "scenario.model", "chunks", s.model.chunks, 1, 65536));
     DC_RETURN_IF_ERROR(number(m, "scenario.model", "real_bytes", s.model.real_bytes, 0, 1 << 30));
+    const double image = s.model.real_bytes > 0 ? static_cast<double>(s.model.real_bytes) : 2 * s.model.parameters;
+    if (image / s.model.chunks > static_cast<double>(kChunkBytesMax))
+      return field_error("scenario.model.chunks", "each chunk would cover " + std::to_string(static_cast<std::uint64_t>(image / s.model.chunks)) +
+                                                      " bytes of image, over the codec's limit of 2 GiB: use at least " +
+                                                      std::to_string(static_cast<std::uint64_t>(std::ceil(image / static_cast<double>(kChunkBytesMax)))));
   }
   if (j.contains("run")) {
     const json& r = j["run"];

@@ -82,11 +82,9 @@ bool Node::send_to(PeerId peer, const Message& m) {
   stats_.bytes_out += message_bytes(m);
   if (chunk) {
     if (auto it = children_.find(peer); it != children_.end()) {
-      if (const CachedVersion* v = cache_.find(chunk->key); v && chunk->index < v->chunks.size()) {
-        auto& bits = it->second.sent[chunk->key];
-        bits.resize(v->chunks.size());
-        bits[chunk->index] = true;
-      }
+      auto& bits = it->second.sent[chunk->key];
+      if (bits.size() <= chunk->index) bits.resize(chunk->index + 1);
+      bits[chunk->index] = true;
     }
   }
   return true;
@@ -589,9 +587,13 @@ void Node::tick() {
     for (auto& [peer, c] : children_)
       if (c.welcomed) send_to(peer, hb);
   }
-  // What was sent to each child is remembered only for versions still cached.
-  for (auto& [peer, c] : children_)
-    for (auto it = c.sent.begin(); it != c.sent.end();) it = cache_.find(it->first) ? std::next(it) : c.sent.erase(it);
+  // What was sent to each child is remembered only for versions still cached (checked now and
+  // then: versions leave the cache slowly).
+  if (now - sent_pruned_ms_ >= 1000) {
+    sent_pruned_ms_ = now;
+    for (auto& [peer, c] : children_)
+      for (auto it = c.sent.begin(); it != c.sent.end();) it = cache_.find(it->first) ? std::next(it) : c.sent.erase(it);
+  }
   // Children that went silent are dropped (a restarted one says Hello again).
   for (auto it = children_.begin(); it != children_.end();) {
     if (now - it->second.last_heard_ms > config_.child_timeout_ms) {

@@ -140,9 +140,13 @@ std::string render_svg(const std::string& title, const std::vector<Report>& repo
                false);
   double ly = 60 + 2 * (chart_h + 80);
   for (std::size_t k = 0; k < reports.size(); ++k) {
-    std::snprintf(buf, sizeof buf, "<rect x=\"%.0f\" y=\"%.0f\" width=\"14\" height=\"4\" fill=\"%s\"/><text x=\"%.0f\" y=\"%.0f\">%s (max %.2f s, %.2fx the lower bound)</text>\n",
-                  left, ly - 4, kColors[k % 10], left + 20, ly, reports[k].name.c_str(), reports[k].max_s,
-                  reports[k].lower_bound_s > 0 ? reports[k].max_s / reports[k].lower_bound_s : 0);
+    const Report& r = reports[k];
+    char what[160];
+    if (r.ready_s.empty()) std::snprintf(what, sizeof what, "no version ready within the run");
+    else std::snprintf(what, sizeof what, "slowest %.2f s, %.2fx the lower bound%s", r.max_s, r.lower_bound_s > 0 ? r.max_s / r.lower_bound_s : 0,
+                       r.missed ? ", some versions never ready" : "");
+    std::snprintf(buf, sizeof buf, "<rect x=\"%.0f\" y=\"%.0f\" width=\"14\" height=\"4\" fill=\"%s\"/><text x=\"%.0f\" y=\"%.0f\">%s (%s)</text>\n", left, ly - 4,
+                  kColors[k % 10], left + 20, ly, r.name.c_str(), what);
     out += buf;
     ly += 20;
   }

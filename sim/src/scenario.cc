@@ -45,9 +45,11 @@ Status field_error(const std::string& where, const std::string& what) { return S
 
 Status check_fields(const json& j, const std::string& where, std::initializer_list<const char*> known) {
   if (!j.is_object()) return field_error(where, "want an object");
-  for (const auto& [k, v] : j.items())
-    if (std::find_if(known.begin(), known.end(), [&](const char* n) { return k == n; }) == known.end())
-      return field_error(where, "unknown field '" + k + "'");
+  for (const auto& item : j.items()) {
+    const std::string& key = item.key();
+    if (std::find_if(known.begin(), known.end(), [&key](const char* n) { return key == n; }) == known.end())
+      return field_error(where, "unknown field '" + key + "'");
+  }
   return Status::ok();
 }
 
@@ -102,7 +104,9 @@ Result<Scenario> parse_scenario(std::string_view text) {
   if (j.contains("run")) {
     const json& r = j["run"];
     DC_RETURN_IF_ERROR(check_fields(r, "scenario.run",
-                                    {"versions", "step_period_s", "anchor_every", "decode", "tick_ms", "settle_s", "relay_cache_versions", "parent_timeout_ms"}));
+                                    {"versions", "step_period_s", "anchor_every", "decode", "tick_ms", "settle_s", "relay_cache_versions", "parent_timeout_ms",
+                                     "heartbeat_ms"}));
+    DC_RETURN_IF_ERROR(number(r, "scenario.run", "heartbeat_ms", s.run.heartbeat_ms, 10, 1e6));
     DC_RETURN_IF_ERROR(number(r, "scenario.run", "parent_timeout_ms", s.run.parent_timeout_ms, 100, 1e7));
     DC_RETURN_IF_ERROR(number(r, "scenario.run", "versions", s.run.versions, 1, 100000));
     DC_RETURN_IF_ERROR(number(r, "scenario.run", "step_period_s", s.run.step_period_s, 0.001, 1e6));
@@ -339,6 +343,7 @@ Result<Report> run_scenario(const Scenario& sc, const RunOptions& o) {
     c.cache_bytes_max = cache_bytes;
     c.virtual_payloads = !vs.real;
     c.parent_timeout_ms = sc.run.parent_timeout_ms;
+    c.heartbeat_ms = sc.run.heartbeat_ms;
     c.child_timeout_ms = std::max(c.child_timeout_ms, 5 * sc.run.parent_timeout_ms);
     return c;
   };

@@ -249,6 +249,7 @@ class Node {
   std::uint64_t anchor_requested_ms_ = 0;
   bool anchor_requested_ = false;
   std::uint64_t broadcast_newest_ = 0;  // deltas up to here were forwarded to every child
+  std::uint64_t sent_pruned_ms_ = 0;
 
   // Downstream.
   std::map<PeerId, Child> children_;

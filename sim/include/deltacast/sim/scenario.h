@@ -32,6 +32,7 @@ struct RunSpec {
   // NodeConfig::parent_timeout_ms. Simulated chunks are coarse: on a wide fan-out (a star of a
   // thousand workers) one can take seconds to reach each child, longer than production's 2 s.
   std::uint64_t parent_timeout_ms = 2000;
+  std::uint64_t heartbeat_ms = 250;  // NodeConfig::heartbeat_ms
 };
 
 struct ObjectStoreSpec {

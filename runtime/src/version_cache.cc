@@ -64,17 +64,20 @@ void VersionCache::erase(const VersionKey& key) {
   auto it = entries_.find(key);
   if (it == entries_.end()) return;
   bytes_ -= it->second.bytes;
+  if (last_found_ == &it->second) last_found_ = nullptr;
   entries_.erase(it);
 }
 
+// Most lookups ask for the version being transferred, again and again: the last entry found is
+// tried first (map entries stay put until erased, which forgets it).
 CachedVersion* VersionCache::find(const VersionKey& key) {
+  if (last_found_ && last_found_->key == key) return last_found_;
   auto it = entries_.find(key);
-  return it == entries_.end() ? nullptr : &it->second;
+  if (it == entries_.end()) return nullptr;
+  last_found_ = &it->second;
+  return last_found_;
 }
-const CachedVersion* VersionCache::find(const VersionKey& key) const {
-  auto it = entries_.find(key);
-  return it == entries_.end() ? nullptr : &it->second;
-}
+const CachedVersion* VersionCache::find(const VersionKey& key) const { return const_cast<VersionCache*>(this)->find(key); }
 
 std::uint64_t VersionCache::newest_version() const { return entries_.empty() ? 0 : entries_.rbegin()->first.version; }
 

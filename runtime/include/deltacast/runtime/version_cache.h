@@ -28,6 +28,26 @@ class VersionCache {
   // verify_payloads = false only for the simulator's virtual payloads (sizes without bytes).
   explicit VersionCache(std::uint64_t cache_bytes_max, bool verify_payloads = true)
       : cache_bytes_max_(cache_bytes_max), verify_payloads_(verify_payloads) {}
+  // Copies and moves forget the lookup memo, which points into the map it came from.
+  VersionCache(const VersionCache& o)
+      : cache_bytes_max_(o.cache_bytes_max_), verify_payloads_(o.verify_payloads_), bytes_(o.bytes_), entries_(o.entries_) {}
+  VersionCache& operator=(const VersionCache& o) {
+    VersionCache copy(o);
+    swap(copy);
+    return *this;
+  }
+  VersionCache(VersionCache&& o) noexcept { swap(o); }
+  VersionCache& operator=(VersionCache&& o) noexcept {
+    swap(o);
+    return *this;
+  }
+  void swap(VersionCache& o) noexcept {
+    std::swap(cache_bytes_max_, o.cache_bytes_max_);
+    std::swap(verify_payloads_, o.verify_payloads_);
+    std::swap(bytes_, o.bytes_);
+    entries_.swap(o.entries_);
+    last_found_ = o.last_found_ = nullptr;
+  }
 
   // Parses and validates a manifest. Returns the entry (existing or new), or the parse error.
   Result<CachedVersion*> add_manifest(const VersionKey& key, SharedBytes manifest, std::uint64_t now_ms);
@@ -57,9 +77,10 @@ class VersionCache {
   const std::map<VersionKey, CachedVersion>& entries() const { return entries_; }
 
  private:
-  std::uint64_t cache_bytes_max_;
-  bool verify_payloads_;
+  std::uint64_t cache_bytes_max_ = 0;
+  bool verify_payloads_ = true;
   std::uint64_t bytes_ = 0;
+  CachedVersion* last_found_ = nullptr;  // see find()
   std::map<VersionKey, CachedVersion> entries_;
 };
 

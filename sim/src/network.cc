@@ -242,7 +242,10 @@ struct Network::Impl {
     const std::uint64_t gen = dst.generation;
     net.events_.at(static_cast<std::uint64_t>(std::ceil(arrival)), [this, peer, gen, m] {
       Link* dl = link(peer);
-      if (!dl || !dl->open || !current(dl->to, gen)) {
+      bool cut = false;  // a partition that began while it was on its way
+      if (dl)
+        for (int p : dl->pipes) cut |= pipes[p].cut;
+      if (!dl || !dl->open || cut || !current(dl->to, gen)) {
         net.stats_.messages_lost++;
         return;
       }

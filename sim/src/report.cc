@@ -10,16 +10,18 @@ namespace deltacast::sim {
 std::string render_table(const std::vector<Report>& reports) {
   std::string out;
   char line[512];
-  std::snprintf(line, sizeof line, "%-46s %9s %9s %9s %9s %9s %7s %9s %8s %10s %7s\n", "strategy", "p50 s", "p99 s", "max s", "bound s", "max/bound",
-                "missed", "WAN GB", "behind", "events", "wall s");
+  std::snprintf(line, sizeof line, "%-46s %9s %9s %9s %9s %9s %7s %9s %8s %9s %10s %7s\n", "strategy", "p50 s", "p99 s", "max s", "bound s", "max/bound",
+                "missed", "WAN GB", "behind", "lag steps", "events", "wall s");
   out += line;
   for (const auto& r : reports) {
-    double behind = 0;
-    for (const auto& s : r.staleness) behind += s.mean_behind;
-    if (!r.staleness.empty()) behind /= static_cast<double>(r.staleness.size());
-    std::snprintf(line, sizeof line, "%-46s %9.2f %9.2f %9.2f %9.2f %9.3f %7llu %9.1f %8.3f %10llu %7.1f\n", r.name.c_str(), r.p50_s, r.p99_s, r.max_s,
+    // Averaged over the run: versions behind the newest, and policy lag (time since the held
+    // version was published, in training steps).
+    double behind = 0, lag = 0;
+    for (const auto& s : r.staleness) behind += s.mean_behind, lag += s.mean_lag_steps;
+    if (!r.staleness.empty()) behind /= static_cast<double>(r.staleness.size()), lag /= static_cast<double>(r.staleness.size());
+    std::snprintf(line, sizeof line, "%-46s %9.2f %9.2f %9.2f %9.2f %9.3f %7llu %9.1f %8.3f %9.3f %10llu %7.1f\n", r.name.c_str(), r.p50_s, r.p99_s, r.max_s,
                   r.lower_bound_s, r.lower_bound_s > 0 ? r.max_s / r.lower_bound_s : 0, static_cast<unsigned long long>(r.missed),
-                  static_cast<double>(r.wan_bytes) / 1e9, behind, static_cast<unsigned long long>(r.events), r.wall_s);
+                  static_cast<double>(r.wan_bytes) / 1e9, behind, lag, static_cast<unsigned long long>(r.events), r.wall_s);
     out += line;
   }
   return out;

@@ -334,7 +334,7 @@ int run_bench(const BenchOptions& o) {
   }
   if (!o.svg_path.empty()) {
     const std::string svg = render_bar_panels("deltacast bench: " + s.description, panels);
-    if (Status st = write_file_atomic(o.svg_path, ByteSpan(reinterpret_cast<const std::uint8_t*>(svg.data()), svg.size())); !st.is_ok())
+    if (Status st = write_file_atomic(o.svg_path, std::string_view(svg)); !st.is_ok())
       return fail(st.to_string());
     std::printf("\nplot written to %s\n", o.svg_path.c_str());
   }

@@ -34,7 +34,7 @@ struct PlannedNode {
 };
 
 Status write_text(const std::string& path, const std::string& text, mode_t mode) {
-  DC_RETURN_IF_ERROR(write_file_atomic(path, ByteSpan(reinterpret_cast<const std::uint8_t*>(text.data()), text.size())));
+  DC_RETURN_IF_ERROR(write_file_atomic(path, std::string_view(text)));
   ::chmod(path.c_str(), mode);
   return Status::ok();
 }

@@ -45,7 +45,7 @@ int run_plan(const PlanOptions& o) {
   }
   const std::string dot = topology::plan_to_dot(*plan), svg = topology::plan_to_svg(*plan);
   for (const auto& [path, text] : {std::pair{o.out + ".dot", dot}, std::pair{o.out + ".svg", svg}}) {
-    if (Status st = write_file_atomic(path, ByteSpan(reinterpret_cast<const std::uint8_t*>(text.data()), text.size())); !st.is_ok())
+    if (Status st = write_file_atomic(path, std::string_view(text)); !st.is_ok())
       return fail(st.to_string());
   }
   std::printf("\nwrote %s.dot (Graphviz: dot -Tsvg %s.dot) and %s.svg\n", o.out.c_str(), o.out.c_str(), o.out.c_str());

@@ -246,7 +246,7 @@ int run_keygen(const std::string& out) {
   if (!keys.is_ok()) return fail(keys.status().to_string());
   nlohmann::json j = {{"public_key", keys->public_key}, {"secret_key", keys->secret_key}};
   const std::string text = j.dump(2) + "\n";
-  if (Status st = write_file_atomic(out, ByteSpan(reinterpret_cast<const std::uint8_t*>(text.data()), text.size())); !st.is_ok())
+  if (Status st = write_file_atomic(out, std::string_view(text)); !st.is_ok())
     return fail(st.to_string());
   ::chmod(out.c_str(), 0600);
   std::printf("%s\n", keys->public_key.c_str());

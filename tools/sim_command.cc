@@ -72,7 +72,7 @@ int run_sim(const SimOptions& o) {
                   static_cast<unsigned long long>(r.missed));
   }
   const std::string svg = sim::render_svg(title, reports);
-  if (Status st = write_file_atomic(o.svg, ByteSpan(reinterpret_cast<const std::uint8_t*>(svg.data()), svg.size())); !st.is_ok()) return fail(st.to_string());
+  if (Status st = write_file_atomic(o.svg, std::string_view(svg)); !st.is_ok()) return fail(st.to_string());
   std::printf("wrote %s\n", o.svg.c_str());
   return rc;
 }

@@ -114,6 +114,10 @@ Result<Bytes> read_file(const std::string& path) {
   return Bytes(f.bytes().begin(), f.bytes().end());
 }
 
+Status write_file_atomic(const std::string& path, std::string_view text) {
+  return write_file_atomic(path, ByteSpan(reinterpret_cast<const std::uint8_t*>(text.data()), text.size()));
+}
+
 Status write_file_atomic(const std::string& path, ByteSpan data) {
   DC_ASSIGN_OR_RETURN(OutputFile f, OutputFile::create(path, data.size()));
   if (!data.empty()) std::memcpy(f.bytes().data(), data.data(), data.size());

@@ -101,6 +101,13 @@ struct Network::Impl {
 
   bool current(int i, std::uint64_t gen) const { return hosts[i].alive && hosts[i].generation == gen; }
 
+  // The pipe of the WAN link from region a to region b (which must exist), made on first use.
+  int pipe(const std::pair<std::string, std::string>& hop) {
+    auto [it, inserted] = pipe_of.emplace(hop, static_cast<int>(pipes.size()));
+    if (inserted) pipes.push_back(Pipe{net.fleet_.wan_between(hop.first, hop.second)->link.bytes_per_s});
+    return it->second;
+  }
+
   const Route& route(const std::string& a, const std::string& b) {
     auto key = std::make_pair(a, b);
     auto it = routes.find(key);
@@ -108,11 +115,7 @@ struct Network::Impl {
     Route r;
     std::vector<std::pair<std::string, std::string>> path;
     r.link = topology::link_between_regions(net.fleet_, a, b, &path);
-    for (const auto& hop : path) {
-      auto [pit, inserted] = pipe_of.emplace(hop, static_cast<int>(pipes.size()));
-      if (inserted) pipes.push_back(Pipe{net.fleet_.wan_between(hop.first, hop.second)->link.bytes_per_s});
-      r.pipes.push_back(pit->second);
-    }
+    for (const auto& hop : path) r.pipes.push_back(pipe(hop));
     return routes.emplace(key, std::move(r)).first->second;
   }
 
@@ -299,15 +302,8 @@ void Network::restart(int i, std::shared_ptr<runtime::ModelVersion> restored) {
 }
 
 void Network::set_partition(const std::string& a, const std::string& b, bool cut) {
-  for (const auto& dir : {std::make_pair(a, b), std::make_pair(b, a)}) {
-    auto it = impl_->pipe_of.find(dir);
-    if (it == impl_->pipe_of.end()) {
-      if (!fleet_.wan_between(dir.first, dir.second)) continue;
-      it = impl_->pipe_of.emplace(dir, static_cast<int>(impl_->pipes.size())).first;
-      impl_->pipes.push_back(Impl::Pipe{fleet_.wan_between(dir.first, dir.second)->link.bytes_per_s});
-    }
-    impl_->pipes[it->second].cut = cut;
-  }
+  if (!fleet_.wan_between(a, b)) return;
+  for (const auto& dir : {std::make_pair(a, b), std::make_pair(b, a)}) impl_->pipes[impl_->pipe(dir)].cut = cut;
 }
 
 }  // namespace deltacast::sim

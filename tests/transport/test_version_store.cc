@@ -97,9 +97,9 @@ TEST_CASE("a damaged or incomplete saved version is skipped for an older good on
     CHECK(skipped.size() == 1);
   }
   SECTION("record malformed or naming another version") {
-    REQUIRE(write_file_atomic((dir.path / "w-v3.json").string(), ByteSpan(reinterpret_cast<const std::uint8_t*>("{\"version\": \"x\"}"), 16)).is_ok());
+    REQUIRE(write_file_atomic((dir.path / "w-v3.json").string(), std::string_view("{\"version\": \"x\"}")).is_ok());
     const std::string wrong = "{\"version\": 7, \"checksum\": \"0000000000000001\", \"image_xxh3\": \"0000000000000002\"}";
-    REQUIRE(write_file_atomic((dir.path / "w-v2.json").string(), ByteSpan(reinterpret_cast<const std::uint8_t*>(wrong.data()), wrong.size())).is_ok());
+    REQUIRE(write_file_atomic((dir.path / "w-v2.json").string(), std::string_view(wrong)).is_ok());
     auto got = store.load_newest(&skipped);
     REQUIRE(got.is_ok());
     CHECK((*got)->version == 1);

@@ -74,7 +74,7 @@ Status VersionStore::save(const ModelVersion& version) const {
   DC_RETURN_IF_ERROR(write_safetensors(path, ModelLayout{version.tensors, version.metadata, version.image.size()}, version.image));
   const nlohmann::json j = {{"version", version.version}, {"checksum", hex64(version.checksum)}, {"image_xxh3", hex64(hash64(version.image))}};
   const std::string text = j.dump(2) + "\n";
-  DC_RETURN_IF_ERROR(write_file_atomic(sidecar_of(path), ByteSpan(reinterpret_cast<const std::uint8_t*>(text.data()), text.size())));
+  DC_RETURN_IF_ERROR(write_file_atomic(sidecar_of(path), std::string_view(text)));
   const auto all = files();
   for (std::size_t i = keep_versions_; i < all.size(); ++i) {  // best effort
     fs::remove(sidecar_of(all[i].second), ec);

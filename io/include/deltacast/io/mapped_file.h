@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "deltacast/codec/bytes.h"
 #include "deltacast/common/status.h"
@@ -52,5 +53,7 @@ class OutputFile {
 // Reads or writes a whole small file.
 Result<Bytes> read_file(const std::string& path);
 Status write_file_atomic(const std::string& path, ByteSpan data);
+// The same for text (reports, configs, keys).
+Status write_file_atomic(const std::string& path, std::string_view text);
 
 }  // namespace deltacast

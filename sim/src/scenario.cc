@@ -299,6 +299,8 @@ Result<Report> run_scenario(const Scenario& sc, const RunOptions& o) {
   const std::uint32_t first = 2, last = sc.run.versions + 1;  // deltas 2..last; everyone starts at 1
 
   Versions vs;
+  if (sc.model.real_bytes > 0 && !o.compressed)
+    return Status::invalid_argument("uncompressed runs need virtual payloads: drop model.real_bytes (real payloads are encoded for real)");
   if (sc.model.real_bytes > 0) {
     // The model's bytes do not depend on the run's seed: runs of one scenario over many seeds
     // (fault tests) encode it once. One series is kept.
@@ -319,7 +321,6 @@ Result<Report> run_scenario(const Scenario& sc, const RunOptions& o) {
   double delta_bytes = 0, anchor_bytes = 0;
   for (const auto& [v, m] : vs.deltas) delta_bytes = std::max(delta_bytes, static_cast<double>(m.payload_bytes_total()));
   for (const auto& [v, m] : vs.anchors) anchor_bytes = std::max(anchor_bytes, static_cast<double>(m.payload_bytes_total()));
-  if (!o.compressed && vs.real) delta_bytes = anchor_bytes = static_cast<double>(vs.image_bytes);  // reported only
   rep.version_bytes = delta_bytes;
   double chunk_bytes = 0;
   for (const auto& [v, m] : vs.anchors)

@@ -25,8 +25,11 @@ Result<topology::FleetSpec> load_fleet(const std::string& path) {
 
 void print_tree(const topology::Plan& plan, int node, int indent) {
   const auto& n = plan.nodes[node];
-  std::printf("%*s%s (%s%s)%s%s\n", indent * 2, "", n.id.c_str(), topology::kind_name(n.kind), n.forwards && n.kind == topology::NodeKind::kWorker ? ", relays" : "",
-              n.fallback >= 0 ? "  fallback " : "", n.fallback >= 0 ? plan.nodes[n.fallback].id.c_str() : "");
+  std::string fallbacks;
+  if (n.fallback >= 0) fallbacks = "  fallback " + plan.nodes[n.fallback].id;
+  if (n.last_resort >= 0) fallbacks += ", then " + plan.nodes[n.last_resort].id;
+  std::printf("%*s%s (%s%s)%s\n", indent * 2, "", n.id.c_str(), topology::kind_name(n.kind), n.forwards && n.kind == topology::NodeKind::kWorker ? ", relays" : "",
+              fallbacks.c_str());
   for (int c : n.children) print_tree(plan, c, indent + 1);
 }
 

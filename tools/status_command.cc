@@ -145,9 +145,9 @@ int run_status(const std::string& address) {
   if (m.count("deltacast_staleness_versions")) std::printf(", %.0f behind", one("deltacast_staleness_versions"));
   std::printf("\n  children %.0f, cache %.1f of %.1f MB\n", one("deltacast_children"), one("deltacast_cache_bytes") / 1e6,
               one("deltacast_cache_bytes_max") / 1e6);
-  std::printf("  in %.1f MB, out %.1f MB; chunks in %.0f, forwarded %.0f, dropped (full queue) %.0f\n", one("deltacast_bytes_in_total") / 1e6,
+  std::printf("  in %.1f MB, out %.1f MB; chunks in %.0f, forwarded %.0f, deferred (full queue) %.0f\n", one("deltacast_bytes_in_total") / 1e6,
               one("deltacast_bytes_out_total") / 1e6, one("deltacast_chunks_in_total"), one("deltacast_chunks_forwarded_total"),
-              one("deltacast_chunks_dropped_full_queue_total"));
+              one("deltacast_sends_deferred_full_queue_total"));
   std::printf("  corrupt chunks %.0f, retransmits asked %.0f / served %.0f, parent failovers %.0f\n", one("deltacast_corrupt_chunks_total"),
               one("deltacast_retransmit_requests_total"), one("deltacast_retransmits_served_total"), one("deltacast_parent_failovers_total"));
   if (auto it = m.find("deltacast_last_error"); it != m.end()) std::printf("  last error: %s\n", it->second.labels["error"].c_str());

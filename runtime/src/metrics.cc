@@ -70,7 +70,7 @@ std::string render_prometheus(const Node& node) {
       {"deltacast_bytes_out_total", "Bytes sent.", s.bytes_out},
       {"deltacast_chunks_in_total", "Chunks received.", s.chunks_in},
       {"deltacast_chunks_forwarded_total", "Chunks forwarded to children.", s.chunks_forwarded},
-      {"deltacast_chunks_dropped_full_queue_total", "Messages dropped because a peer's send queue was full.", s.chunks_dropped_full_queue},
+      {"deltacast_sends_deferred_full_queue_total", "Manifests and chunks held back because a peer's send queue was full (sent as it drains).", s.sends_deferred_full_queue},
       {"deltacast_corrupt_chunks_total", "Chunks rejected on a failed checksum.", s.corrupt_chunks},
       {"deltacast_retransmit_requests_total", "Chunks this node asked for again.", s.retransmit_requests},
       {"deltacast_retransmits_served_total", "Chunks this node sent again on request.", s.retransmits_served},

@@ -74,13 +74,9 @@ void Node::set_error(std::string error) { last_error_ = std::move(error); }
 // ---- links ----------------------------------------------------------------------------------
 
 bool Node::send_to(PeerId peer, const Message& m) {
-  const auto* chunk = std::get_if<ChunkMsg>(&m);
-  if (!transport_.send(peer, m)) {
-    if (chunk) stats_.chunks_dropped_full_queue++;
-    return false;
-  }
+  if (!transport_.send(peer, m)) return false;
   stats_.bytes_out += message_bytes(m);
-  if (chunk) {
+  if (const auto* chunk = std::get_if<ChunkMsg>(&m)) {
     if (auto it = children_.find(peer); it != children_.end()) {
       auto& bits = it->second.sent[chunk->key];
       if (bits.size() <= chunk->index) bits.resize(chunk->index + 1);
@@ -88,6 +84,55 @@ bool Node::send_to(PeerId peer, const Message& m) {
     }
   }
   return true;
+}
+
+std::uint64_t Node::published_us_of(std::uint64_t version) const {
+  auto it = published_us_.find(version);
+  return it == published_us_.end() ? 0 : it->second;
+}
+
+bool Node::offer_manifest(PeerId peer, Child& c, const CachedVersion& v) {
+  if (c.backlog.empty() && send_to(peer, ManifestMsg{v.key, v.manifest_bytes, published_us_of(v.key.version)})) return true;
+  c.backlog[v.key].manifest = true;
+  stats_.sends_deferred_full_queue++;
+  return false;
+}
+
+bool Node::offer_chunk(PeerId peer, Child& c, const CachedVersion& v, std::uint32_t index) {
+  if (c.backlog.empty() && send_to(peer, ChunkMsg{v.key, index, v.chunks[index]})) return true;
+  c.backlog[v.key].chunks.insert(index);
+  stats_.sends_deferred_full_queue++;
+  return false;
+}
+
+void Node::drain_backlog(PeerId peer, Child& c) {
+  while (!c.backlog.empty()) {
+    auto it = c.backlog.begin();
+    const CachedVersion* v = cache_.find(it->first);
+    if (!v) {  // evicted meanwhile: the child asks again if it still needs it
+      c.backlog.erase(it);
+      continue;
+    }
+    Backlog& b = it->second;
+    if (b.manifest) {
+      if (!send_to(peer, ManifestMsg{v->key, v->manifest_bytes, published_us_of(v->key.version)})) return;
+      b.manifest = false;
+    }
+    while (!b.chunks.empty()) {
+      const std::uint32_t i = *b.chunks.begin();
+      if (i < v->chunks.size() && v->chunks[i] && !send_to(peer, ChunkMsg{v->key, i, v->chunks[i]})) return;
+      b.chunks.erase(b.chunks.begin());
+    }
+    c.backlog.erase(it);
+  }
+}
+
+void Node::on_writable(PeerId peer) {
+  if (peer == parent_ && parent_ != 0) {
+    flush_outbox();
+    return;
+  }
+  if (auto it = children_.find(peer); it != children_.end()) drain_backlog(peer, it->second);
 }
 
 void Node::send_to_parent(const Message& m) {
@@ -99,10 +144,19 @@ void Node::connect_parent() {
     transport_.disconnect(parent_);
     stats_.parent_failovers++;
   }
+  if (probe_ != 0) {
+    transport_.disconnect(probe_);
+    probe_ = 0;
+  }
   const std::string& endpoint = config_.parents[parent_index_ % config_.parents.size()];
   parent_ = transport_.connect(endpoint);
   welcomed_ = false;
   parent_heard_ms_ = clock_.now_ms();
+  probe_ms_ = parent_heard_ms_;
+  send_to(parent_, make_hello());
+}
+
+Hello Node::make_hello() const {
   Hello hello;
   hello.node_id = config_.node_id;
   hello.role = config_.shard_count > 0 ? Role::kPublisher : config_.reconstruct ? Role::kWorker : Role::kRelay;
@@ -115,10 +169,55 @@ void Node::connect_parent() {
   }
   hello.have_version = have;
   hello.resume = !cache_.entries().empty();
-  send_to(parent_, hello);
+  return hello;
+}
+
+void Node::probe_preferred_parent(std::uint64_t now) {
+  const std::size_t n = config_.parents.size();
+  if (n < 2 || config_.parent_return_ms == 0 || parent_index_ % n == 0 || !welcomed_) return;
+  if (probe_ != 0) {
+    if (now - probe_ms_ <= config_.parent_timeout_ms) return;
+    transport_.disconnect(probe_);  // no answer: try again later
+    probe_ = 0;
+  }
+  if (now - probe_ms_ < config_.parent_return_ms) return;
+  probe_ms_ = now;
+  probe_ = transport_.connect(config_.parents[0]);
+  send_to(probe_, make_hello());
+}
+
+// The preferred parent answered the probe: a Welcome makes it the parent again (what is here
+// stays, the rest comes from it), anything else ends the try.
+void Node::on_probe_message(const Message& m) {
+  if (std::holds_alternative<Heartbeat>(m)) return;
+  const PeerId probe = probe_;
+  probe_ = 0;
+  if (!std::holds_alternative<Welcome>(m)) {
+    transport_.disconnect(probe);
+    return;
+  }
+  if (parent_ != 0) {
+    // Closed once the Leave had time to go out (closing at once could drop it).
+    send_to(parent_, Leave{config_.node_id, "moving back to " + config_.parents[0], /*moved=*/true});
+    if (left_parent_ != 0) transport_.disconnect(left_parent_);
+    left_parent_ = parent_;
+    left_parent_ms_ = clock_.now_ms();
+  }
+  parent_ = probe;
+  parent_index_ = 0;
+  parent_heard_ms_ = clock_.now_ms();
+  handle_parent(m);
 }
 
 void Node::on_peer_down(PeerId peer) {
+  if (peer == probe_ && probe_ != 0) {
+    probe_ = 0;
+    return;
+  }
+  if (peer == left_parent_ && left_parent_ != 0) {
+    left_parent_ = 0;
+    return;
+  }
   if (peer == parent_) {
     // Try the next parent right away; the chunks already here stay and are not fetched again.
     parent_index_++;
@@ -132,6 +231,11 @@ void Node::on_peer_down(PeerId peer) {
 
 void Node::on_message(PeerId from, const Message& m) {
   stats_.bytes_in += message_bytes(m);
+  if (from == probe_ && probe_ != 0) {
+    on_probe_message(m);
+    return;
+  }
+  if (from == left_parent_ && left_parent_ != 0) return;
   if (from == parent_ && parent_ != 0) {
     parent_heard_ms_ = clock_.now_ms();
     handle_parent(m);
@@ -352,6 +456,8 @@ void Node::on_hello(PeerId from, const Hello& hello) {
   c.welcomed = true;
   c.last_heard_ms = clock_.now_ms();
   c.subscriptions.clear();
+  c.sent.clear();  // a new session on this link: what the last one carried may be lost
+  c.backlog.clear();
   send_to(from, Welcome{newest_known_version()});
   if (hello.role == Role::kPublisher) return;  // a trainer shard sends, it does not receive
   if (!hello.resume) serve_catch_up(from, c, hello.have_version, /*want_anchor=*/false);
@@ -381,10 +487,12 @@ void Node::serve_catch_up(PeerId child, Child& c, std::uint64_t have, bool want_
 }
 
 void Node::send_version(PeerId child, const CachedVersion& v, const std::vector<std::uint32_t>* only) {
-  auto pub = published_us_.find(v.key.version);
-  if (!only) send_to(child, ManifestMsg{v.key, v.manifest_bytes, pub == published_us_.end() ? 0 : pub->second});
+  auto it = children_.find(child);
+  if (it == children_.end()) return;
+  Child& c = it->second;
+  if (!only) offer_manifest(child, c, v);
   auto send_chunk = [&](std::uint32_t i) {
-    if (i < v.chunks.size() && v.chunks[i]) send_to(child, ChunkMsg{v.key, i, v.chunks[i]});
+    if (i < v.chunks.size() && v.chunks[i]) offer_chunk(child, c, v, i);
   };
   if (only) {
     for (auto i : *only) send_chunk(i);
@@ -401,12 +509,12 @@ bool Node::child_wants(const Child& c, const VersionKey& key) const {
   return key.version > broadcast_newest_;
 }
 
-void Node::forward_manifest(const CachedVersion& v, std::uint64_t published_us) {
+void Node::forward_manifest(const CachedVersion& v) {
   for (auto& [peer, c] : children_) {
     if (!child_wants(c, v.key)) continue;
     c.subscriptions.insert(v.key);  // its chunks follow it to this child
     if (v.key.anchor) c.wants_anchor = false;
-    send_to(peer, ManifestMsg{v.key, v.manifest_bytes, published_us});
+    offer_manifest(peer, c, v);
   }
   if (!v.key.anchor) broadcast_newest_ = std::max(broadcast_newest_, v.key.version);
 }
@@ -414,7 +522,8 @@ void Node::forward_manifest(const CachedVersion& v, std::uint64_t published_us) 
 void Node::forward_chunk(const CachedVersion& v, std::uint32_t index) {
   for (auto& [peer, c] : children_) {
     if (!c.welcomed || c.role == Role::kPublisher || !c.subscriptions.count(v.key)) continue;
-    if (send_to(peer, ChunkMsg{v.key, index, v.chunks[index]})) stats_.chunks_forwarded++;
+    offer_chunk(peer, c, v, index);
+    stats_.chunks_forwarded++;
   }
 }
 
@@ -436,7 +545,7 @@ void Node::on_manifest(const ManifestMsg& m, bool) {
   }
   parent_newest_ = std::max(parent_newest_, m.key.version);
   if (m.key.anchor) anchor_requested_ = false;
-  if (config_.serve_children) forward_manifest(*v, m.published_us);
+  if (config_.serve_children) forward_manifest(*v);
   advance();
 }
 
@@ -505,15 +614,17 @@ void Node::on_need(PeerId from, Child& child, const Need& need) {
   std::vector<std::uint32_t> wanted = need.chunks;
   if (wanted.empty())
     for (std::uint32_t i = 0; i < v->chunks.size(); ++i) wanted.push_back(i);
-  const auto sent = child.sent.find(v->key);
   // A child that names chunks has the manifest (for a 2 TB model it is tens of MB); one that
   // asks for a whole version may not.
-  if (need.chunks.empty())
-    send_to(from, ManifestMsg{v->key, v->manifest_bytes, published_us_.count(v->key.version) ? published_us_[v->key.version] : 0});
+  if (need.chunks.empty()) offer_manifest(from, child, *v);
+  const auto sent = child.sent.find(v->key);
+  const auto queued = child.backlog.find(v->key);
   for (auto i : wanted) {
     if (i >= v->chunks.size() || !v->chunks[i]) continue;
+    if (queued != child.backlog.end() && queued->second.chunks.count(i)) continue;  // goes out as the link drains
     if (!need.again && sent != child.sent.end() && i < sent->second.size() && sent->second[i]) continue;
-    if (send_to(from, ChunkMsg{v->key, i, v->chunks[i]})) stats_.retransmits_served++;
+    offer_chunk(from, child, *v, i);
+    stats_.retransmits_served++;
   }
 }
 
@@ -545,6 +656,7 @@ void Node::on_leave_message(PeerId from, const Leave& l) {
     transport_.disconnect(from);
     children_.erase(it);
   }
+  if (l.moved) return;  // still in the fleet, under another parent
   if (!config_.parents.empty()) {
     send_to_parent(l);
   } else if (auto e = ledger_.find(l.node_id); e != ledger_.end()) {
@@ -579,6 +691,11 @@ void Node::tick() {
       parent_index_++;
       connect_parent();
     }
+    probe_preferred_parent(now);
+    if (left_parent_ != 0 && now - left_parent_ms_ >= kLeaveLingerMs) {
+      transport_.disconnect(left_parent_);
+      left_parent_ = 0;
+    }
   }
   if (now - last_heartbeat_ms_ >= config_.heartbeat_ms) {
     last_heartbeat_ms_ = now;
@@ -591,9 +708,13 @@ void Node::tick() {
   // then: versions leave the cache slowly).
   if (now - sent_pruned_ms_ >= 1000) {
     sent_pruned_ms_ = now;
-    for (auto& [peer, c] : children_)
+    for (auto& [peer, c] : children_) {
       for (auto it = c.sent.begin(); it != c.sent.end();) it = cache_.find(it->first) ? std::next(it) : c.sent.erase(it);
+      for (auto it = c.backlog.begin(); it != c.backlog.end();) it = cache_.find(it->first) ? std::next(it) : c.backlog.erase(it);
+    }
   }
+  for (auto& [peer, c] : children_)
+    if (!c.backlog.empty()) drain_backlog(peer, c);
   // Children that went silent are dropped (a restarted one says Hello again).
   for (auto it = children_.begin(); it != children_.end();) {
     if (now - it->second.last_heard_ms > config_.child_timeout_ms) {
@@ -900,7 +1021,7 @@ Status Node::publish(const Manifest& m, std::vector<SharedBytes> payloads) {
   published_us_[key.version] = now_us;
   VersionTiming& t = timings_[key.version];
   if (!t.published_us) t.published_us = now_us;
-  forward_manifest(**r, now_us);
+  forward_manifest(**r);
   for (std::uint32_t i = 0; i < payloads.size(); ++i) {
     auto added = cache_.add_chunk(key, i, std::move(payloads[i]), now);
     if (!added.is_ok()) return added.status();

@@ -74,6 +74,7 @@ struct Network::Impl {
     bool open = true;
     std::deque<std::pair<double, std::uint64_t>> pending;  // (leaves at, bytes) not yet left
     std::uint64_t queued = 0;
+    bool refused = false;  // refused a message; the sender is told when the queue is half empty
     double last_arrival_us = 0;
     double link_free_us = 0;
     topology::Link spec;
@@ -191,6 +192,10 @@ struct Network::Impl {
     const std::uint64_t size = runtime::message_bytes(m);
     if (l.queued > 0 && l.queued + size > opt.queue_bytes_max) {
       net.stats_.messages_refused_full_queue++;
+      if (!l.refused) {
+        l.refused = true;
+        schedule_writable(self, peer, l);
+      }
       return false;
     }
     net.stats_.messages++;
@@ -207,11 +212,12 @@ struct Network::Impl {
     // connections rather than behind them, as TCP flows share a card; they still wait for
     // what went before them on their own connection (below).
     const bool small = size <= opt.small_message_bytes;
-    const double leaves = small ? now : std::max(now, src.uplink_free_us);
+    double bottleneck = std::min({src.nic.uplink_bytes_per_s, l.spec.bytes_per_s, dst.nic.downlink_bytes_per_s});
+    for (int p : l.pipes) bottleneck = std::min(bottleneck, pipes[p].bytes_per_s);
     bool cut = false;
     double through = now;
     if (small) {
-      through = now + bytes / std::min({src.nic.uplink_bytes_per_s, l.spec.bytes_per_s, dst.nic.downlink_bytes_per_s}) * 1e6;
+      through = now + bytes / bottleneck * 1e6;
       for (int p : l.pipes) cut |= pipes[p].cut;
     } else {
       through = serve(src.uplink_free_us, src.nic.uplink_bytes_per_s);
@@ -231,6 +237,11 @@ struct Network::Impl {
         net.stats_.retransmissions++;
       }
     }
+    // It leaves the sender's queue when the slowest resource on the way starts on it: TCP's
+    // window keeps the rest of a slow path's backlog in the sender's queue, where it counts
+    // against the bound (and not in the network, where nothing would bound it).
+    double leaves = small ? now : std::max(now, through - bytes / bottleneck * 1e6);
+    if (!l.pending.empty()) leaves = std::max(leaves, l.pending.back().first);  // one queue, in order
     arrival = std::max(arrival, l.last_arrival_us);
     l.last_arrival_us = arrival;
     l.pending.emplace_back(leaves, size);
@@ -255,6 +266,24 @@ struct Network::Impl {
       hosts[dl->to].node->on_message(dl->reverse, m);
     });
     return true;
+  }
+
+  // Tells the sender once the queue it filled is half empty (Transport::send's contract).
+  void schedule_writable(int self, PeerId peer, const Link& l) {
+    std::uint64_t left = l.queued;
+    double when = static_cast<double>(net.events_.now_us());
+    for (const auto& [leaves, bytes] : l.pending) {
+      if (left <= opt.queue_bytes_max / 2) break;
+      left -= bytes;
+      when = leaves;
+    }
+    const std::uint64_t gen = hosts[self].generation;
+    net.events_.at(static_cast<std::uint64_t>(std::ceil(when)), [this, self, peer, gen] {
+      Link* l = link(peer);
+      if (!l) return;
+      l->refused = false;
+      if (l->open && current(self, gen)) hosts[self].node->on_writable(peer);
+    });
   }
 
   void crash(int i) {

@@ -384,6 +384,7 @@ Result<Report> run_scenario(const Scenario& sc, const RunOptions& o) {
       NodeConfig c = base_config(n.id);
       if (n.parent >= 0) c.parents.push_back(plan.nodes[n.parent].id);
       if (n.fallback >= 0) c.parents.push_back(plan.nodes[n.fallback].id);
+      if (n.last_resort >= 0) c.parents.push_back(plan.nodes[n.last_resort].id);
       c.serve_children = n.forwards;
       c.reconstruct = n.kind == topology::NodeKind::kWorker;
       c.store_and_forward = o.strategy == Strategy::kStoreAndForward && n.kind != topology::NodeKind::kOrigin;

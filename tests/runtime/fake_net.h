@@ -1,7 +1,8 @@
 // An in-memory network for runtime tests: every node gets a Transport whose links deliver
 // through one global FIFO, a shared manual clock, and either inline or deferred decode tasks.
 // Deterministic: the same calls give the same interleaving. Links can be bounded (per-link
-// queue bytes), and nodes can be killed (their messages vanish, nobody is told) or restarted.
+// queue bytes; a sender whose message was refused is told when the queue is half empty
+// again), and nodes can be killed (their messages vanish, nobody is told) or restarted.
 #pragma once
 
 #include <deque>
@@ -48,6 +49,7 @@ class FakeNet {
     bool open = true;
     std::uint64_t queued_bytes = 0;
     std::uint64_t queue_bytes_max = ~0ull;
+    bool refused = false;  // refused a message since it last had room: the sender is told when it drains
   };
   struct Delivery {
     PeerId link;  // sender's id; delivered to the other side as link.reverse
@@ -165,6 +167,10 @@ class FakeNet {
   void deliver(Delivery& d) {
     Link& link = links_.at(d.link);
     link.queued_bytes -= message_bytes(d.message);
+    if (link.refused && link.queued_bytes <= link.queue_bytes_max / 2) {
+      link.refused = false;
+      if (auto from = nodes_.find(link.from); from != nodes_.end() && from->second.alive && link.open) from->second.node->on_writable(d.link);
+    }
     if (!link.open) return;
     auto it = nodes_.find(link.to);
     if (it == nodes_.end() || !it->second.alive) return;
@@ -184,7 +190,10 @@ inline bool FakeTransport::send(PeerId peer, const Message& message) {
   auto it = net_.links_.find(peer);
   if (it == net_.links_.end() || !it->second.open || it->second.from != name_) return false;
   const std::uint64_t bytes = message_bytes(message);
-  if (it->second.queued_bytes > 0 && it->second.queued_bytes + bytes > it->second.queue_bytes_max) return false;
+  if (it->second.queued_bytes > 0 && it->second.queued_bytes + bytes > it->second.queue_bytes_max) {
+    it->second.refused = true;
+    return false;
+  }
   it->second.queued_bytes += bytes;
   net_.queue_.push_back({peer, message});
   return true;

@@ -154,6 +154,45 @@ TEST_CASE("a relay killed mid-version: children fail over and finish from what t
   for (auto& w : workers) CHECK(seen[w] == std::vector<std::uint64_t>{1, 2, 3, 4});
 }
 
+TEST_CASE("a worker on its fallback moves back to its preferred parent once it returns", "[runtime][node]") {
+  Series s(5);
+  FakeNet net;
+  Node& origin = net.add(origin_config());
+  REQUIRE(origin.publish(s.anchor(1)).is_ok());
+  net.add(relay_config("relay", {"origin"}));
+  NodeConfig wc = worker_config("w", {"relay", "origin"});
+  wc.parent_return_ms = 5000;
+  Node& w = net.add(wc);
+  std::vector<std::uint64_t> seen;
+  int bad = 0;
+  watch(w, s, seen, bad);
+  REQUIRE(origin.publish(s.delta(2)).is_ok());
+  REQUIRE(net.run_until([&] { return w.current_version() == 2; }));
+  CHECK(origin.child_count() == 1);  // the relay
+
+  net.kill("relay");
+  REQUIRE(net.run_until([&] { return origin.child_count() == 2; }));  // the worker moved to the origin
+  REQUIRE(origin.publish(s.delta(3)).is_ok());
+  REQUIRE(net.run_until([&] { return w.current_version() == 3; }));
+
+  // Back within a try period (plus one try that may have timed out on the dead relay), and
+  // the origin drops it at once (no child timeout).
+  net.restart("relay");
+  const std::uint64_t back_from = net.clock.now_ms();
+  const bool moved_back = net.run_until([&] { return net.node("relay").child_count() == 1 && origin.child_count() == 1; }, 10000);
+  INFO("relay children " << net.node("relay").child_count() << ", origin children " << origin.child_count() << ", w failovers "
+       << w.stats().parent_failovers << ", w error " << w.last_error());
+  REQUIRE(moved_back);
+  CHECK(net.clock.now_ms() - back_from <= wc.parent_return_ms + wc.parent_timeout_ms + 1000);
+  CHECK_FALSE(origin.ledger().at("w").left);  // it moved, it did not leave the fleet
+  REQUIRE(origin.publish(s.delta(4)).is_ok());
+  REQUIRE(origin.publish(s.delta(5)).is_ok());
+  REQUIRE(net.run_until([&] { return w.current_version() == 5; }));
+  CHECK(w.stats().parent_failovers == 1);
+  CHECK(bad == 0);
+  CHECK(seen == std::vector<std::uint64_t>{1, 2, 3, 4, 5});
+}
+
 TEST_CASE("a late joiner gets the newest anchor and the deltas after it", "[runtime][node]") {
   Series s(7);
   FakeNet net;
@@ -205,24 +244,27 @@ TEST_CASE("a corrupt chunk is rejected, fetched again and never applied", "[runt
   CHECK(seen == std::vector<std::uint64_t>{1, 2});
 }
 
-TEST_CASE("a slow child does not hold back its siblings and catches up by itself", "[runtime][node]") {
+TEST_CASE("a slow child does not hold back its siblings and gets everything as its link drains", "[runtime][node]") {
   Series s(4);
   FakeNet net;
   net.inbound_queue_bytes_max["slow"] = 20000;  // a few chunks at most in flight to it
   Node& origin = net.add(origin_config());
   REQUIRE(origin.publish(s.anchor(1)).is_ok());
-  net.add(relay_config("relay", {"origin"}));
+  Node& relay = net.add(relay_config("relay", {"origin"}));
   Node& fast = net.add(worker_config("fast", {"relay"}));
   Node& slow = net.add(worker_config("slow", {"relay"}));
-  REQUIRE(net.run_until([&] { return fast.current_version() == 1; }));
+  REQUIRE(net.run_until([&] { return fast.current_version() == 1 && slow.current_version() == 1; }));
+  const std::uint64_t asked_before = slow.stats().retransmit_requests;
   for (std::uint64_t v = 2; v <= 5; ++v) {
     REQUIRE(origin.publish(s.delta(v)).is_ok());
-    net.run();  // no timers: what arrives without re-requests
+    net.run();  // no timers: no heartbeats, no re-requests, only the links draining
     CHECK(fast.current_version() == v);
+    CHECK(slow.current_version() == v);
   }
-  CHECK(net.node("relay").stats().chunks_dropped_full_queue > 0);
-  REQUIRE(net.run_until([&] { return slow.current_version() == 5; }));
+  CHECK(relay.stats().sends_deferred_full_queue > 0);  // the queue to the slow child did fill up
+  CHECK(slow.stats().retransmit_requests == asked_before);
   CHECK(slow.current()->image == s.images[4]);
+  CHECK(fast.current()->image == s.images[4]);
 }
 
 TEST_CASE("peers speaking another protocol version are refused with a reason", "[runtime][node]") {

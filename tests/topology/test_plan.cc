@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -48,13 +49,21 @@ void check_tree(const FleetSpec& spec, const Plan& plan) {
     }
     CHECK(hops == n.depth);
     CHECK(plan.nodes[n.parent].forwards);
-    // A fallback outside the parent's subtree: the parent's death leaves it reachable.
+    // Fallbacks that lead out of the parent's subtree: the parent's death leaves it reachable.
     if (n.fallback >= 0) {
       CHECK(n.fallback != static_cast<int>(i));
       CHECK(n.fallback != n.parent);
       CHECK(plan.nodes[n.fallback].forwards);
+      const int exit = plan.fallback_exit(static_cast<int>(i));
+      REQUIRE(exit >= 0);
       const auto below = plan.descendants(n.parent);
-      CHECK(std::find(below.begin(), below.end(), n.fallback) == below.end());
+      CHECK(std::find(below.begin(), below.end(), exit) == below.end());
+      // Inside the subtree only as a chain of siblings, with a last resort outside it.
+      if (std::find(below.begin(), below.end(), n.fallback) != below.end()) {
+        CHECK(plan.nodes[n.fallback].parent == n.parent);
+        REQUIRE(n.last_resort >= 0);
+        CHECK(std::find(below.begin(), below.end(), n.last_resort) == below.end());
+      }
     }
   }
   // Each non-origin region is entered over the WAN exactly once.
@@ -119,13 +128,23 @@ TEST_CASE("the bundled four-region fleet plans into a region-aware tree", "[topo
     if (n.kind == NodeKind::kWorker) CHECK(n.children.size() <= 2);
   }
   // Every node but those the origin feeds (whose parent's death ends the broadcast anyway)
-  // has a fallback; below the heads' children it stays inside the region.
+  // has a fallback, inside its region but for one child of each remote head: when a head
+  // dies, its region still crosses the WAN once.
+  std::map<std::string, int> across_wan;
   for (std::size_t i = 1; i < plan->nodes.size(); ++i) {
     const auto& n = plan->nodes[i];
     CHECK((n.parent == 0) == (n.fallback < 0));
     if (n.fallback < 0) continue;
-    if (n.depth > 2) CHECK(plan->nodes[n.fallback].region == n.region);
+    if (plan->nodes[n.fallback].region != n.region) {
+      CHECK(n.depth == 2);
+      across_wan[n.region]++;
+    }
   }
+  for (const auto& [region, count] : across_wan) {
+    INFO(region);
+    CHECK(count == 1);
+  }
+  CHECK(across_wan.size() == 3);  // the three regions the origin reaches over the WAN
   // Links: LAN inside a region, the region's WAN link across.
   const int head_b = plan->nodes[0].children[1];
   CHECK(link_between(spec, *plan, 0, head_b).latency_ms >= 30);

@@ -47,6 +47,25 @@ std::vector<int> Plan::descendants(int node) const {
   return out;
 }
 
+int Plan::fallback_exit(int node) const {
+  const int parent = nodes[node].parent;
+  if (parent < 0) return -1;
+  auto below = [&](int x) {
+    for (int p = nodes[x].parent; p >= 0; p = nodes[p].parent)
+      if (p == parent) return true;
+    return false;
+  };
+  // Each step must move to a sibling fed by the same dying parent; at most every node once.
+  int x = nodes[node].fallback;
+  for (std::size_t steps = 0; x >= 0 && steps <= nodes.size(); ++steps) {
+    if (x == parent) return -1;
+    if (!below(x)) return x;
+    if (nodes[x].parent != parent) return -1;
+    x = nodes[x].fallback;
+  }
+  return -1;
+}
+
 int Plan::max_depth() const {
   int d = 0;
   for (const auto& n : nodes) d = std::max(d, n.depth);
@@ -253,7 +272,8 @@ Result<Plan> plan_fleet(const FleetSpec& spec, Shape shape) {
   // other node below that parent; a fallback inside the parent's subtree would leave them all
   // cut off together. So: a forwarder of the same region outside the parent's subtree (an
   // uncle, say), as close to the parent's depth as possible and the least used as a fallback;
-  // else the grandparent; else the nearest other region's head outside the parent's subtree.
+  // else, below a region's head, a sibling chain (below); else the grandparent; else the
+  // nearest other region's head outside the parent's subtree.
   const Intervals iv(plan);
   std::vector<std::size_t> fallback_load(plan.nodes.size(), 0);
   for (std::size_t i = 1; i < plan.nodes.size(); ++i) {
@@ -270,7 +290,29 @@ Result<Plan> plan_fleet(const FleetSpec& spec, Shape shape) {
         if (best < 0 || key < best_key) best = c, best_key = key;
       }
     }
-    if (best < 0 && n.parent != 0) best = plan.nodes[n.parent].parent;
+    const int grandparent = n.parent != 0 ? plan.nodes[n.parent].parent : -1;
+    if (best < 0 && grandparent >= 0 && plan.nodes[grandparent].region != n.region) {
+      // The parent is the region's head and only the WAN is outside its subtree: if all its
+      // children fell back across the WAN, the region would pull every version over it once
+      // per child. Instead its forwarding children form a chain (each falls back to the one
+      // before it, the first to the grandparent), so the region still crosses the WAN once;
+      // the rest fall back to the least used of them. The WAN stays the last resort.
+      const auto& siblings = plan.nodes[n.parent].children;
+      int previous = -1;
+      for (int sib : siblings) {
+        if (sib == self) break;
+        if (plan.nodes[sib].forwards) previous = sib;
+      }
+      if (!n.forwards) {
+        for (int sib : siblings)
+          if (sib != self && plan.nodes[sib].forwards && (previous < 0 || fallback_load[sib] < fallback_load[previous])) previous = sib;
+      }
+      if (previous >= 0) {
+        best = previous;
+        n.last_resort = grandparent;
+      }
+    }
+    if (best < 0 && n.parent != 0) best = grandparent;
     if (best < 0) {
       double best_ms = std::numeric_limits<double>::infinity();
       for (const auto& [region, h] : head_of) {

@@ -79,9 +79,11 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
   struct Queue {
     std::deque<Out> items;
     std::uint64_t bytes = 0;
+    bool refused = false;  // refused a message: the node is told when it is half empty again
   };
   std::map<PeerId, Queue> queues;
   std::vector<PeerId> peers_down;  // reported to the node outside of send()
+  std::vector<PeerId> peers_writable;  // likewise
   PeerId next_peer = 1;
   std::unique_ptr<Node> node;
 
@@ -231,7 +233,10 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
     o.bytes = o.frames.header.size() + (o.frames.payload ? o.frames.payload->size() : 0);
     Queue& q = queues[peer];
     // The bound holds except for a single message larger than it, which may wait alone.
-    if (!q.items.empty() && q.bytes + o.bytes > config.queue_bytes_max) return false;
+    if (!q.items.empty() && q.bytes + o.bytes > config.queue_bytes_max) {
+      q.refused = true;
+      return false;
+    }
     q.bytes += o.bytes;
     q.items.push_back(std::move(o));
     flush(peer);
@@ -283,6 +288,10 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
       }
       q.bytes -= q.items.front().bytes;
       q.items.pop_front();
+      if (q.refused && q.bytes <= config.queue_bytes_max / 2) {
+        q.refused = false;
+        peers_writable.push_back(peer);
+      }
     }
   }
 
@@ -419,6 +428,12 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
       }
       node->on_peer_down(p);
     }
+    // Sending what was held back may fill a queue and refuse again: that peer comes back
+    // here on a later pass, once its queue drains.
+    std::vector<PeerId> writable;
+    writable.swap(peers_writable);
+    for (PeerId p : writable)
+      if (queues.count(p)) node->on_writable(p);
   }
 
   void run_posted() {

@@ -64,6 +64,7 @@ Frames encode_message(const Message& message) {
         } else if constexpr (std::is_same_v<T, Leave>) {
           env.mutable_leave()->set_node_id(m.node_id);
           env.mutable_leave()->set_reason(m.reason);
+          env.mutable_leave()->set_moved(m.moved);
         }
       },
       message);
@@ -114,7 +115,7 @@ Result<Message> decode_message(const void* header, std::size_t header_bytes, Sha
       return Message{Ready{r.node_id(), r.version(), r.checksum(), r.publish_to_ready_ms(), r.error()}};
     }
     case wire::Envelope::kHeartbeat: return Message{Heartbeat{env.heartbeat().newest_version()}};
-    case wire::Envelope::kLeave: return Message{Leave{env.leave().node_id(), env.leave().reason()}};
+    case wire::Envelope::kLeave: return Message{Leave{env.leave().node_id(), env.leave().reason(), env.leave().moved()}};
     default: return Status::corruption("message has no body");
   }
 }

@@ -18,7 +18,9 @@ class Transport {
  public:
   virtual ~Transport() = default;
   // Queues a message for a peer. Returns false if the peer is gone or its send queue is at
-  // its bound; the message is then dropped, and the receiver asks for it again later.
+  // its bound; the message is then not sent. After a refusal the transport calls
+  // Node::on_writable(peer) once the queue has room again (half empty), and the node sends
+  // what it held back.
   virtual bool send(PeerId peer, const Message& message) = 0;
   // Opens a link to a parent at `endpoint`; messages from it arrive with the returned id.
   virtual PeerId connect(const std::string& endpoint) = 0;

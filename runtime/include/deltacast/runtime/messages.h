@@ -108,10 +108,12 @@ struct Heartbeat {
 };
 // both ways, when a node stops on purpose: its children move to their next parent at once and
 // its parent drops it at once, neither waiting for a timeout. Relays pass a child's Leave up
-// to the origin, whose fleet ledger marks the node as gone.
+// to the origin, whose fleet ledger marks the node as gone. A child moving back to its
+// preferred parent says Leave with `moved` to the one it leaves: dropped there, not passed up.
 struct Leave {
   std::string node_id;
   std::string reason;
+  bool moved = false;
 };
 
 using Message = std::variant<Hello, Welcome, Refuse, ManifestMsg, ChunkMsg, Need, Ready, Heartbeat, Leave>;

@@ -39,6 +39,9 @@ struct NodeConfig {
   std::uint64_t parent_timeout_ms = 2000;   // silence after which a parent is given up
   std::uint64_t child_timeout_ms = 10000;   // silence after which a child is dropped
   std::uint64_t need_after_ms = 400;        // re-request missing chunks after this long without progress
+  // On a fallback parent: how often to try the first (preferred) parent again; the node moves
+  // back once it answers. 0: stay on the fallback until it fails.
+  std::uint64_t parent_return_ms = 30000;
   std::uint32_t decode_inflight_max = 8;    // chunks decoding at once
   // Workers: apply each version into the one image instead of a second (staging) copy, for
   // hosts short of memory. Readers are paused meanwhile: see current().
@@ -87,7 +90,7 @@ struct NodeStats {
   std::uint64_t bytes_out = 0;
   std::uint64_t chunks_in = 0;
   std::uint64_t chunks_forwarded = 0;
-  std::uint64_t chunks_dropped_full_queue = 0;
+  std::uint64_t sends_deferred_full_queue = 0;  // manifests and chunks a full send queue refused (sent later)
   std::uint64_t corrupt_chunks = 0;
   std::uint64_t retransmit_requests = 0;   // chunks this node asked for again
   std::uint64_t retransmits_served = 0;    // chunks this node sent again on request
@@ -122,6 +125,9 @@ class Node {
   void start();
   void on_message(PeerId from, const Message& message);
   void on_peer_down(PeerId peer);
+  // The transport's queue to `peer`, which refused a message, has room again: what was held
+  // back for it goes out now (tick() also tries, for transports that do not say).
+  void on_writable(PeerId peer);
   // Call every few milliseconds: heartbeats, timeouts, failover, re-requests.
   void tick();
   // The node is stopping on purpose: tells its parent and children (Leave) so they react now
@@ -166,6 +172,10 @@ class Node {
   const std::string& last_error() const { return last_error_; }
 
  private:
+  struct Backlog {
+    bool manifest = false;
+    std::set<std::uint32_t> chunks;
+  };
   struct Child {
     std::string node_id;
     Role role = Role::kWorker;
@@ -177,6 +187,11 @@ class Node {
     // Chunks handed to the link to this child, per cached version: not sent again on a Need
     // unless it says `again`. Bounded by the cache (pruned in tick()).
     std::map<VersionKey, std::vector<bool>> sent;
+    // The send cursor: manifests and chunks due to this child that its full send queue
+    // refused, sent in version and chunk order as the queue drains. New ones queue behind them
+    // so the child sees each version's manifest before its chunks. Entries name cached
+    // versions (no payload copies); a version leaving the cache leaves the backlog.
+    std::map<VersionKey, Backlog> backlog;
   };
   struct Assembly;
   // Origin: slices of one version from the trainer shards, until all are here.
@@ -211,11 +226,21 @@ class Node {
   void on_leave_message(PeerId from, const Leave& l);
 
   void connect_parent();
+  Hello make_hello() const;
+  // On a fallback parent: a link to the preferred parent, opened every parent_return_ms.
+  void probe_preferred_parent(std::uint64_t now_ms);
+  void on_probe_message(const Message& m);
   void send_to_parent(const Message& m);
   bool send_to(PeerId peer, const Message& m);
   void send_version(PeerId child, const CachedVersion& v, const std::vector<std::uint32_t>* only = nullptr);
+  // Sends a version's manifest or one of its chunks to a child now, or as soon as its queue
+  // has room (the child's backlog). Returns false if it had to wait.
+  bool offer_manifest(PeerId peer, Child& c, const CachedVersion& v);
+  bool offer_chunk(PeerId peer, Child& c, const CachedVersion& v, std::uint32_t index);
+  void drain_backlog(PeerId peer, Child& c);
+  std::uint64_t published_us_of(std::uint64_t version) const;
   void serve_catch_up(PeerId child, Child& c, std::uint64_t have, bool want_anchor);
-  void forward_manifest(const CachedVersion& v, std::uint64_t published_us);
+  void forward_manifest(const CachedVersion& v);
   void forward_chunk(const CachedVersion& v, std::uint32_t index);
   bool child_wants(const Child& c, const VersionKey& key) const;
   void request_missing(bool force);
@@ -250,6 +275,11 @@ class Node {
   bool anchor_requested_ = false;
   std::uint64_t broadcast_newest_ = 0;  // deltas up to here were forwarded to every child
   std::uint64_t sent_pruned_ms_ = 0;
+  PeerId probe_ = 0;                 // link to the preferred parent while trying it
+  PeerId left_parent_ = 0;           // the fallback just left, closed after kLeaveLingerMs
+  std::uint64_t left_parent_ms_ = 0;
+  static constexpr std::uint64_t kLeaveLingerMs = 1000;
+  std::uint64_t probe_ms_ = 0;       // when the last try began (or the move to a fallback)
 
   // Downstream.
   std::map<PeerId, Child> children_;

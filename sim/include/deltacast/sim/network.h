@@ -14,7 +14,9 @@
 //     again or fails over); a crashed node loses its state and its links.
 // Decoding takes cost_bytes / decode rate on each worker, one chunk after another.
 // Every send goes through a per-peer queue bounded like the production host's: a message that
-// would overflow it is refused (the runtime fetches it again later).
+// would overflow it is refused, and the sender is told when the queue is half empty again. A
+// message leaves that queue when the slowest resource on its way starts on it (TCP's window
+// keeps a slow path's backlog at the sender).
 #pragma once
 
 #include <deque>

@@ -9,7 +9,10 @@
 //     the region says otherwise;
 //   - every node gets a fallback parent outside its parent's subtree (when the parent dies, all
 //     of that subtree is looking for a new parent at once): an uncle in its region if there is
-//     one, else its grandparent, else the nearest other region's head.
+//     one, else its grandparent, else the nearest other region's head. The children of a
+//     region's head are the exception: outside the head's subtree there is only the WAN, so
+//     they chain to each other (the first to the grandparent, the others to a sibling, with
+//     the grandparent as the last resort) and the region keeps crossing the WAN once.
 // Other shapes for comparison: a star (the origin feeds every worker) and a tree of rollout
 // hosts only (dedicated relays left out).
 #pragma once
@@ -30,6 +33,7 @@ struct PlannedNode {
   std::string region;
   int parent = -1;          // index in Plan::nodes; -1 for the origin
   int fallback = -1;        // -1: none (the origin)
+  int last_resort = -1;     // tried when the fallback is gone too (-1: none)
   bool forwards = false;    // serves children (origin, relays, worker-relays)
   int depth = 0;            // hops from the origin
   std::vector<int> children;
@@ -51,6 +55,10 @@ struct Plan {
   // Children of `node`, recursively (not the node itself).
   std::vector<int> descendants(int node) const;
   int max_depth() const;
+  // Where `node` ends up when its parent dies: the first node outside the parent's subtree
+  // along its fallbacks (through siblings that fall back themselves), or -1 if the chain
+  // loops, leads into the parent's subtree other than through siblings, or ends.
+  int fallback_exit(int node) const;
 };
 
 Result<Plan> plan_fleet(const FleetSpec& spec, Shape shape = Shape::kTree);

@@ -167,7 +167,9 @@ int run_publish(PublishOptions& o) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
   };
+  // Any anchor published answers the requests made before it.
   auto publish_anchor = [&]() -> Status {
+    anchor_wanted = false;
     return publish_encoded(encode_version(prev->layout(), version, 0, {}, prev->image(), vopt, pool));
   };
   // An anchor someone asked for; a failure is logged, the next request tries again.
@@ -206,6 +208,7 @@ int run_publish(PublishOptions& o) {
     Status st;
     if (!same_layout) {
       // First checkpoint, or the model changed shape: start a new chain with an anchor.
+      anchor_wanted = false;
       st = publish_encoded(encode_version(next->layout(), version, 0, {}, next->image(), vopt, pool));
     } else {
       st = publish_encoded(encode_version(next->layout(), version, version - 1, prev->image(), next->image(), vopt, pool));

@@ -75,8 +75,14 @@ int run_worker(const NodeOptions& o) {
   }
   // Every version exposed is reported from the loop thread as it happens; the main thread
   // writes out the newest one it sees (a slow disk skips versions rather than hold images).
-  host.set_on_version([id = cfg->node.node_id](std::shared_ptr<const ModelVersion> v) {
-    std::printf("%s: version %" PRIu64 " ready, checksum %016" PRIx64 "\n", id.c_str(), v->version, v->checksum);
+  // With the time from publish to ready, measured here (the origin's own figure also counts
+  // the Ready's way back up the tree).
+  host.set_on_version([id = cfg->node.node_id, &host](std::shared_ptr<const ModelVersion> v) {
+    std::string timing;
+    const auto& timings = host.node().timings();
+    if (auto t = timings.find(v->version); t != timings.end() && t->second.published_us && t->second.ready_us >= t->second.published_us)
+      timing = ", " + std::to_string((t->second.ready_us - t->second.published_us) / 1000) + " ms after publish";
+    std::printf("%s: version %" PRIu64 " ready, checksum %016" PRIx64 "%s\n", id.c_str(), v->version, v->checksum, timing.c_str());
     std::fflush(stdout);
   });
   Status st = host.start_thread();

@@ -491,8 +491,13 @@ void Node::send_version(PeerId child, const CachedVersion& v, const std::vector<
   if (it == children_.end()) return;
   Child& c = it->second;
   if (!only) offer_manifest(child, c, v);
+  // Chunks already handed to this child's link are not sent twice (Need with `again` is the
+  // way to get one again).
+  const auto sent = c.sent.find(v.key);
   auto send_chunk = [&](std::uint32_t i) {
-    if (i < v.chunks.size() && v.chunks[i]) offer_chunk(child, c, v, i);
+    if (i >= v.chunks.size() || !v.chunks[i]) return;
+    if (sent != c.sent.end() && i < sent->second.size() && sent->second[i]) return;
+    offer_chunk(child, c, v, i);
   };
   if (only) {
     for (auto i : *only) send_chunk(i);
@@ -1016,9 +1021,20 @@ Status Node::publish(const Manifest& m, std::vector<SharedBytes> payloads) {
   }
   const std::uint64_t now = clock_.now_ms();
   const std::uint64_t now_us = clock_.now_us();
+  if (const CachedVersion* existing = cache_.find(key); existing && existing->complete()) {
+    // Published before (an anchor made again on request, say): only children that want it
+    // now and were not sent it get it.
+    for (auto& [peer, c] : children_) {
+      if (c.subscriptions.count(key) || !child_wants(c, key)) continue;
+      c.subscriptions.insert(key);
+      if (key.anchor) c.wants_anchor = false;
+      send_version(peer, *existing);
+    }
+    return Status::ok();
+  }
   auto r = cache_.add_manifest(key, share(serialize_manifest(m)), now);
   if (!r.is_ok()) return r.status();
-  published_us_[key.version] = now_us;
+  published_us_.emplace(key.version, now_us);  // an anchor made later keeps the version's first time
   VersionTiming& t = timings_[key.version];
   if (!t.published_us) t.published_us = now_us;
   forward_manifest(**r);

@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# The simulator against reality (docs/SIM.md, "Validation"): real processes on loopback, every
+# link shaped by the test-only shaper (tests/tools/shaper.h) to DELAY one way and RATE per
+# direction, then the same fleet, model sizes and decode rate in the simulator; prints the
+# measured and predicted publish-to-ready times and their ratio, per round and the median.
+#
+#   origin --- relay-a --- worker-1, worker-2
+#          \-- relay-b --- worker-3, worker-4      (every link: 20 ms, 200 Mbit/s)
+#
+# (--per-relay 1: one worker per relay, for a machine short of cores; see docs/SIM.md.)
+#
+# Usage: tools/validate_sim.sh [--rounds 3] [--deltas 5] [--size 256MB] [--lr 1e-4]
+#                              [--delay-ms 20] [--rate 200Mbit] [--per-relay 2] [--build DIR]
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+rounds=3 deltas=5 size=256MB lr=1e-4 delay_ms=20 rate=200Mbit per_relay=2 build="$root/build"
+while [ $# -gt 0 ]; do
+  case $1 in
+    --rounds) rounds=$2; shift 2 ;;
+    --deltas) deltas=$2; shift 2 ;;
+    --size) size=$2; shift 2 ;;
+    --lr) lr=$2; shift 2 ;;
+    --delay-ms) delay_ms=$2; shift 2 ;;
+    --rate) rate=$2; shift 2 ;;
+    --per-relay) per_relay=$2; shift 2 ;;
+    --build) build=$2; shift 2 ;;
+    *) echo "usage: tools/validate_sim.sh [--rounds N] [--deltas N] [--size SIZE] [--lr LR] [--delay-ms MS] [--rate RATE] [--per-relay N] [--build DIR]" >&2; exit 2 ;;
+  esac
+done
+bash "$root/tools/build.sh" "$build" -DDELTACAST_TESTS=ON >/dev/null
+dc="$build/tools/deltacast"
+shaper="$build/tests/shaper"
+work=$(mktemp -d)
+pids=()
+stop_all() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  pids=()
+}
+trap 'stop_all; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
+
+echo "== model: $size, lr $lr: an anchor, a warm-up delta, then $deltas deltas measured"
+"$dc" gen -o "$work/ckpt" --size "$size" --steps $((deltas + 1)) --lr "$lr" -q >/dev/null
+ckpts=("$work"/ckpt/step-*.safetensors)
+image_bytes=$(stat -c %s "${ckpts[0]}")
+# What the simulator needs from the real data: compressed delta size, chunks, decode rate.
+delta_bytes=0 chunks=0
+for i in $(seq 2 $((deltas + 1))); do
+  line=$("$dc" encode "${ckpts[$((i - 1))]}" "${ckpts[$i]}" -o "$work/d.dcd" -q)
+  delta_bytes=$((delta_bytes + $(stat -c %s "$work/d.dcd")))
+  chunks=$(echo "$line" | sed -E 's/.*: ([0-9]+) chunks.*/\1/')
+done
+delta_bytes=$((delta_bytes / deltas))
+calc() { awk "BEGIN { printf \"%.6f\", $1 }"; }
+workers=$((2 * per_relay))
+# Decode and apply, in memory, one core (the codec benchmark); the workers decode at the same
+# time on this machine's cores, so each gets at most cores / workers of them.
+single=$("$dc" bench "${ckpts[$((deltas - 1))]}" "${ckpts[$deltas]}" --runs 3 --no-anchor -q | awk -F'|' '/^\| deltacast v1 / {gsub(/ /, "", $6); print $6}')
+cores=$(nproc)
+decode_rate=$(calc "$single * 1e9 * ($cores < $workers ? $cores / $workers : 1)")
+printf "   image %.1f MB, delta %.1f MB compressed in %d chunks; decode %.2f GB/s of image on one core, %.2f GB/s per worker with %d on %d cores\n" \
+  "$(calc "$image_bytes / 1e6")" "$(calc "$delta_bytes / 1e6")" "$chunks" "$single" "$(calc "$decode_rate / 1e9")" "$workers" "$cores"
+
+# The simulated twin: two regions so that each relay has its own link from the origin; every
+# NIC fast, so the per-link shaping is the only limit, as through the shaper.
+cat >"$work/scenario.json" <<EOF
+{
+  "name": "shaper validation: origin, 2 relays, $workers workers, $delay_ms ms / $rate links",
+  "fleet": {
+    "origin": {"region": "a", "uplink": "100Gbit"},
+    "defaults": {
+      "lan": {"latency_ms": $delay_ms, "bandwidth": "$rate"},
+      "worker_nic": {"uplink": "100Gbit", "downlink": "100Gbit"},
+      "relay_nic": {"uplink": "100Gbit", "downlink": "100Gbit"},
+      "worker_relays": false
+    },
+    "regions": [{"name": "a", "workers": $per_relay, "relays": 1}, {"name": "b", "workers": $per_relay, "relays": 1}],
+    "wan": [{"between": ["a", "b"], "latency_ms": $delay_ms, "bandwidth": "$rate"}]
+  },
+  "model": {"parameters": $((image_bytes / 2)), "delta_fraction": $(calc "$delta_bytes / $image_bytes"),
+            "chunks": $chunks},
+  "run": {"versions": $((deltas + 1)), "step_period_s": 30, "decode": "$(calc "$decode_rate / 1e6")MB/s", "settle_s": 60}
+}
+EOF
+sim_line=$("$dc" sim "$work/scenario.json" --seed 1 --svg "$work/sim.svg" | grep "^cut-through relay tree")
+sim_p50=$(echo "$sim_line" | awk '{print $(NF-10)}')
+sim_max=$(echo "$sim_line" | awk '{print $(NF-8)}')
+sim_bound=$(echo "$sim_line" | awk '{print $(NF-7)}')
+echo "== simulator: publish to ready median ${sim_p50} s, slowest ${sim_max} s"
+
+port_base=$((20000 + RANDOM % 20000))
+med() { sort -g | awk '{a[NR]=$1} END {print a[int((NR + 1) / 2)]}'; }
+measured_max=() measured_p50=()
+last=$((deltas + 2))
+for round in $(seq 1 "$rounds"); do
+  p=$((port_base + round * 10))
+  origin="127.0.0.1:$p" relay_a="127.0.0.1:$((p + 1))" relay_b="127.0.0.1:$((p + 2))"
+  "$shaper" --delay-ms "$delay_ms" --rate "$rate" --map "127.0.0.1:$((p + 3))=$origin" --map "127.0.0.1:$((p + 4))=$relay_a" \
+    --map "127.0.0.1:$((p + 5))=$relay_b" >"$work/shaper.log" 2>&1 &
+  pids+=($!)
+  until grep -q ready "$work/shaper.log"; do sleep 0.05; done
+  via_origin="tcp://127.0.0.1:$((p + 3))" via_a="tcp://127.0.0.1:$((p + 4))" via_b="tcp://127.0.0.1:$((p + 5))"
+  for r in a b; do
+    listen=$relay_a
+    [ "$r" = b ] && listen=$relay_b
+    "$dc" relay --id "relay-$r" --listen "tcp://$listen" --parent "$via_origin" --log-level "${LOG_LEVEL:-warn}" >"$work/relay-$r.log" 2>&1 &
+    pids+=($!)
+  done
+  for i in $(seq 1 "$workers"); do
+    parent=$via_a
+    [ "$i" -gt "$per_relay" ] && parent=$via_b
+    "$dc" worker --id "worker-$i" --parent "$parent" --exit-after-version "$last" --log-level "${LOG_LEVEL:-warn}" >"$work/worker-$i.log" 2>&1 &
+    pids+=($!)
+  done
+  "$dc" publish --listen "tcp://$origin" --wait-workers "$workers" --wait-timeout-ms 120000 --log-level "${LOG_LEVEL:-warn}" "${ckpts[@]}" \
+    >"$work/publish.log" 2>&1 || {
+    for f in "$work"/*.log; do echo "-- $f" >&2; tail -20 "$f" >&2; done
+    exit 1
+  }
+  stop_all
+  # Publish to ready as each worker measured it. Version 1 is the anchor every worker starts
+  # from (the simulated ones hold it already) and version 2 the first delta, for which each
+  # worker allocates its second image: both are left out, as the steady state is compared.
+  v_p50=() v_max=()
+  for v in $(seq 3 "$last"); do
+    times=$(sed -n "s/.*: version $v ready, .*, \([0-9]*\) ms after publish/\1/p" "$work"/worker-*.log)
+    [ "$(echo "$times" | grep -c .)" = "$workers" ] || { echo "version $v: not every worker reported it" >&2; exit 1; }
+    v_p50+=("$(echo "$times" | med)")
+    v_max+=("$(echo "$times" | sort -g | tail -1)")
+  done
+  round_p50=$(calc "$(printf "%s\n" "${v_p50[@]}" | med) / 1000")
+  round_max=$(calc "$(printf "%s\n" "${v_max[@]}" | med) / 1000")
+  measured_p50+=("$round_p50")
+  measured_max+=("$round_max")
+  printf "   round %d: versions 3-%d, median worker %s ms, slowest %s ms; medians %.2f s, %.2f s; simulated / measured %.3f, %.3f\n" \
+    "$round" "$last" "$(IFS=/; echo "${v_p50[*]}")" "$(IFS=/; echo "${v_max[*]}")" "$round_p50" "$round_max" \
+    "$(calc "$sim_p50 / $round_p50")" "$(calc "$sim_max / $round_max")"
+done
+m_p50=$(printf "%s\n" "${measured_p50[@]}" | med)
+m_max=$(printf "%s\n" "${measured_max[@]}" | med)
+echo
+printf "%-28s %10s %10s %10s\n" "publish to ready" "measured" "simulated" "sim/meas"
+printf "%-28s %9.2fs %9.2fs %10.3f\n" "median worker" "$m_p50" "$sim_p50" "$(calc "$sim_p50 / $m_p50")"
+printf "%-28s %9.2fs %9.2fs %10.3f\n" "slowest worker" "$m_max" "$sim_max" "$(calc "$sim_max / $m_max")"
+printf "(medians of %d rounds x %d deltas; the simulator's lower bound: %.2f s)\n" "$rounds" "$deltas" "$sim_bound"

@@ -76,13 +76,15 @@ void Node::set_error(std::string error) { last_error_ = std::move(error); }
 bool Node::send_to(PeerId peer, const Message& m) {
   if (!transport_.send(peer, m)) return false;
   stats_.bytes_out += message_bytes(m);
-  if (const auto* chunk = std::get_if<ChunkMsg>(&m)) {
-    if (auto it = children_.find(peer); it != children_.end()) {
-      auto& bits = it->second.sent[chunk->key];
-      if (bits.size() <= chunk->index) bits.resize(chunk->index + 1);
-      bits[chunk->index] = true;
-    }
-  }
+  return true;
+}
+
+// Sends a chunk to a child and remembers it went (Child::sent).
+bool Node::send_chunk_to(PeerId peer, Child& c, const CachedVersion& v, std::uint32_t index) {
+  if (!send_to(peer, ChunkMsg{v.key, index, v.chunks[index]})) return false;
+  auto& bits = c.sent[v.key];
+  if (bits.size() < v.chunks.size()) bits.resize(v.chunks.size());
+  bits[index] = true;
   return true;
 }
 
@@ -99,7 +101,7 @@ bool Node::offer_manifest(PeerId peer, Child& c, const CachedVersion& v) {
 }
 
 bool Node::offer_chunk(PeerId peer, Child& c, const CachedVersion& v, std::uint32_t index) {
-  if (c.backlog.empty() && send_to(peer, ChunkMsg{v.key, index, v.chunks[index]})) return true;
+  if (c.backlog.empty() && send_chunk_to(peer, c, v, index)) return true;
   c.backlog[v.key].chunks.insert(index);
   stats_.sends_deferred_full_queue++;
   return false;
@@ -120,7 +122,7 @@ void Node::drain_backlog(PeerId peer, Child& c) {
     }
     while (!b.chunks.empty()) {
       const std::uint32_t i = *b.chunks.begin();
-      if (i < v->chunks.size() && v->chunks[i] && !send_to(peer, ChunkMsg{v->key, i, v->chunks[i]})) return;
+      if (i < v->chunks.size() && v->chunks[i] && !send_chunk_to(peer, c, *v, i)) return;
       b.chunks.erase(b.chunks.begin());
     }
     c.backlog.erase(it);
@@ -744,6 +746,33 @@ void Node::tick() {
   std::vector<VersionKey> pinned;
   if (assembly_) pinned.push_back(assembly_->key);
   cache_.evict(pinned);
+}
+
+bool Node::quiet() const {
+  if (!outbox_.empty() || assembly_ || need_anchor_ || probe_ != 0 || !shard_slices_.empty()) return false;
+  if (!config_.parents.empty() && (parent_ == 0 || !welcomed_)) return false;
+  if (cache_.bytes() > cache_.bytes_max()) return false;
+  for (const auto& [key, v] : cache_.entries())
+    if (!v.complete()) return false;
+  // Versions the parent has that request_missing() would ask for.
+  const std::uint64_t have = config_.reconstruct ? current_version() : cache_.newest_version();
+  if (!config_.parents.empty() && parent_newest_ > have && (have > 0 || config_.reconstruct)) return false;
+  for (const auto& [peer, c] : children_)
+    if (!c.backlog.empty() || (c.welcomed && c.wants_anchor)) return false;
+  return true;
+}
+
+std::uint64_t Node::next_duty_ms() const {
+  std::uint64_t due = last_heartbeat_ms_ + config_.heartbeat_ms;
+  if (!children_.empty()) due = std::min(due, sent_pruned_ms_ + 1000);
+  if (!config_.parents.empty()) {
+    due = std::min(due, parent_heard_ms_ + config_.parent_timeout_ms + 1);
+    const std::size_t n = config_.parents.size();
+    if (n > 1 && config_.parent_return_ms > 0 && parent_index_ % n != 0) due = std::min(due, probe_ms_ + config_.parent_return_ms);
+    if (left_parent_ != 0) due = std::min(due, left_parent_ms_ + kLeaveLingerMs);
+  }
+  for (const auto& [peer, c] : children_) due = std::min(due, c.last_heard_ms + config_.child_timeout_ms + 1);
+  return due;
 }
 
 void Node::request_anchor(std::uint64_t newer_than) {

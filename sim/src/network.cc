@@ -39,23 +39,38 @@ struct Network::Impl {
     PeerId connect(const std::string& endpoint) override { return impl.connect(self, endpoint); }
     void disconnect(PeerId peer) override { impl.disconnect(peer); }
   };
-  // Decoding on a worker: one chunk after another at the decode rate.
+  // Events carry (node, generation) packed in one word, so that with the Impl pointer their
+  // closure fits std::function's inline storage (no allocation per event).
+  static std::uint64_t pack(int i, std::uint64_t gen) { return static_cast<std::uint64_t>(i) << 32 | (gen & 0xffffffffu); }
+  bool current(std::uint64_t packed) const {
+    const auto i = static_cast<std::size_t>(packed >> 32);
+    return i < hosts.size() && hosts[i].alive && (hosts[i].generation & 0xffffffffu) == (packed & 0xffffffffu);
+  }
+  // Decoding on a worker: one chunk after another at the decode rate, so tasks finish in the
+  // order they were given (a FIFO; each event finishes the oldest).
   struct SimTasks final : runtime::TaskRunner {
     Impl& impl;
     int self;
     double free_us = 0;
+    std::deque<std::pair<std::function<void()>, std::function<void()>>> running;
     SimTasks(Impl& i, int s) : impl(i), self(s) {}
     void run(std::function<void()> work, std::function<void()> done, std::uint64_t cost_bytes) override {
       const double start = std::max(free_us, static_cast<double>(impl.net.events_.now_us()));
       free_us = start + static_cast<double>(cost_bytes) / impl.opt.decode_bytes_per_s * 1e6;
-      const std::uint64_t gen = impl.hosts[self].generation;
-      impl.net.events_.at(static_cast<std::uint64_t>(std::ceil(free_us)), [this, gen, work = std::move(work), done = std::move(done)] {
-        if (!impl.current(self, gen)) return;
-        work();
-        done();
-      });
+      running.emplace_back(std::move(work), std::move(done));
+      impl.net.events_.at(static_cast<std::uint64_t>(std::ceil(free_us)),
+                          [ip = &impl, key = pack(self, impl.hosts[self].generation)] { ip->finish_task(key); });
     }
   };
+  void finish_task(std::uint64_t key) {
+    if (!current(key)) return;  // a node that crashed meanwhile: its runner is gone with it
+    const int i = static_cast<int>(key >> 32);
+    auto task = std::move(hosts[i].tasks->running.front());
+    hosts[i].tasks->running.pop_front();
+    task.first();
+    task.second();
+    wake(i);
+  }
   struct Host {
     runtime::NodeConfig config;
     std::string region;
@@ -67,12 +82,17 @@ struct Network::Impl {
     std::uint64_t generation = 0;
     double uplink_free_us = 0, downlink_free_us = 0;
     double ingress_delay_ms = 0;
+    std::uint64_t tick_seq = 0;      // the scheduled tick; an earlier one replaces it
+    std::uint64_t next_tick_us = 0;
   };
   struct Link {
     int from = 0, to = -1;
     PeerId reverse = 0;
     bool open = true;
     std::deque<std::pair<double, std::uint64_t>> pending;  // (leaves at, bytes) not yet left
+    // Messages on their way, in arrival order (a link never reorders), with the receiver's
+    // generation when sent; each delivery event takes the oldest.
+    std::deque<std::pair<std::uint64_t, Message>> in_flight;
     std::uint64_t queued = 0;
     bool refused = false;  // refused a message; the sender is told when the queue is half empty
     double last_arrival_us = 0;
@@ -138,11 +158,28 @@ struct Network::Impl {
   }
 
   void schedule_tick(int i, std::uint64_t gen, std::uint64_t t) {
-    net.events_.at(t, [this, i, gen] {
-      if (!current(i, gen)) return;
-      hosts[i].node->tick();
-      schedule_tick(i, gen, net.events_.now_us() + opt.tick_ms * 1000);
+    Host& h = hosts[i];
+    const std::uint64_t seq = ++h.tick_seq;
+    h.next_tick_us = t;
+    net.events_.at(t, [this, i, gen, seq] {
+      if (!current(i, gen) || hosts[i].tick_seq != seq) return;
+      runtime::Node& node = *hosts[i].node;
+      node.tick();
+      // A node with only timed duties left sleeps until the first is due (wake() below ends
+      // the sleep early when something arrives).
+      std::uint64_t next = net.events_.now_us() + opt.tick_ms * 1000;
+      if (opt.skip_quiet_ticks && node.quiet()) next = std::max(next, node.next_duty_ms() * 1000);
+      schedule_tick(i, gen, next);
     });
+  }
+
+  // Something happened to node i (a message, a finished task, a publish): if it is busy now
+  // and asleep past its next regular tick, it ticks at that tick instead.
+  void wake(int i) {
+    Host& h = hosts[i];
+    if (!h.alive) return;
+    const std::uint64_t soon = net.events_.now_us() + opt.tick_ms * 1000;
+    if (h.next_tick_us > soon && !h.node->quiet()) schedule_tick(i, h.generation, soon);
   }
 
   PeerId connect(int self, const std::string& endpoint) {
@@ -253,19 +290,23 @@ struct Network::Impl {
       net.stats_.messages_lost++;
       return true;  // accepted, never delivered: the connection broke under it
     }
-    const std::uint64_t gen = dst.generation;
-    net.events_.at(static_cast<std::uint64_t>(std::ceil(arrival)), [this, peer, gen, m] {
-      Link* dl = link(peer);
-      bool cut = false;  // a partition that began while it was on its way
-      if (dl)
-        for (int p : dl->pipes) cut |= pipes[p].cut;
-      if (!dl || !dl->open || cut || !current(dl->to, gen)) {
-        net.stats_.messages_lost++;
-        return;
-      }
-      hosts[dl->to].node->on_message(dl->reverse, m);
-    });
+    l.in_flight.emplace_back(dst.generation, m);
+    net.events_.at(static_cast<std::uint64_t>(std::ceil(arrival)), [this, peer] { deliver(peer); });
     return true;
+  }
+
+  void deliver(PeerId peer) {
+    Link& dl = links[peer];
+    const auto [gen, m] = std::move(dl.in_flight.front());
+    dl.in_flight.pop_front();
+    bool cut = false;  // a partition that began while it was on its way
+    for (int p : dl.pipes) cut |= pipes[p].cut;
+    if (!dl.open || cut || !current(dl.to, gen)) {
+      net.stats_.messages_lost++;
+      return;
+    }
+    hosts[dl.to].node->on_message(dl.reverse, m);
+    wake(dl.to);
   }
 
   // Tells the sender once the queue it filled is half empty (Transport::send's contract).
@@ -282,7 +323,10 @@ struct Network::Impl {
       Link* l = link(peer);
       if (!l) return;
       l->refused = false;
-      if (l->open && current(self, gen)) hosts[self].node->on_writable(peer);
+      if (l->open && current(self, gen)) {
+        hosts[self].node->on_writable(peer);
+        wake(self);
+      }
     });
   }
 
@@ -325,6 +369,7 @@ int Network::find(const std::string& id) const {
 std::size_t Network::size() const { return impl_->hosts.size(); }
 bool Network::alive(int i) const { return impl_->hosts.at(i).alive; }
 void Network::crash(int i) { impl_->crash(i); }
+void Network::wake(int i) { impl_->wake(i); }
 void Network::restart(int i, std::shared_ptr<runtime::ModelVersion> restored) {
   impl_->crash(i);
   impl_->start(i, std::move(restored));

@@ -409,6 +409,7 @@ Result<Report> run_scenario(const Scenario& sc, const RunOptions& o) {
     auto payloads = anchor ? vs.anchor_payloads.at(v) : vs.delta_payloads.at(v);
     if (Status st = net.node(origin).publish(m, std::move(payloads)); !st.is_ok())
       violation("the origin could not publish version " + std::to_string(v) + (anchor ? " (anchor)" : "") + ": " + st.to_string());
+    net.wake(origin);
   };
   net.node(origin).set_on_anchor_wanted([&] { net.events().after(0, [&, v = newest] { publish(v, true); }); });
   publish(1, true);

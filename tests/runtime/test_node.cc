@@ -193,6 +193,28 @@ TEST_CASE("a worker on its fallback moves back to its preferred parent once it r
   CHECK(seen == std::vector<std::uint64_t>{1, 2, 3, 4, 5});
 }
 
+TEST_CASE("publishing a version again sends it only to children that want it and lack it", "[runtime][node]") {
+  Series s(3);
+  FakeNet net;
+  Node& origin = net.add(origin_config());
+  net.add(relay_config("relay", {"origin"}));
+  Node& w = net.add(worker_config("w", {"relay"}));
+  net.run_for(200);  // the worker asks for an anchor before there is any
+  REQUIRE(origin.publish(s.anchor(1)).is_ok());
+  REQUIRE(net.run_until([&] { return w.current_version() == 1; }));
+  const std::uint64_t before = net.bytes_sent_to("relay");
+  // The publisher answers that early request with the same anchor again: nothing moves.
+  REQUIRE(origin.publish(s.anchor(1)).is_ok());
+  net.run_for(1000);
+  CHECK(net.bytes_sent_to("relay") - before < 4096);  // heartbeats only
+  // A newcomer that wants it gets it from the relay's cache, once.
+  Node& late = net.add(worker_config("late", {"relay"}));
+  REQUIRE(net.run_until([&] { return late.current_version() == 1; }));
+  REQUIRE(origin.publish(s.delta(2)).is_ok());
+  REQUIRE(net.run_until([&] { return w.current_version() == 2 && late.current_version() == 2; }));
+  CHECK(late.current()->image == s.images[1]);
+}
+
 TEST_CASE("a late joiner gets the newest anchor and the deltas after it", "[runtime][node]") {
   Series s(7);
   FakeNet net;

@@ -130,6 +130,13 @@ class Node {
   void on_writable(PeerId peer);
   // Call every few milliseconds: heartbeats, timeouts, failover, re-requests.
   void tick();
+  // For drivers that tick sparsely (the simulator, with thousands of idle nodes): true when
+  // tick() has only timed duties left (heartbeats, timeouts, trying the preferred parent),
+  // nothing in progress; next_duty_ms() says when the first of those is due. A driver may
+  // then skip ticks until that time, and must tick again soon once quiet() turns false
+  // (after a message, a publish, a finished task).
+  bool quiet() const;
+  std::uint64_t next_duty_ms() const;
   // The node is stopping on purpose: tells its parent and children (Leave) so they react now
   // rather than after a timeout. Send nothing else afterwards.
   void leave(const std::string& reason);
@@ -232,6 +239,7 @@ class Node {
   void on_probe_message(const Message& m);
   void send_to_parent(const Message& m);
   bool send_to(PeerId peer, const Message& m);
+  bool send_chunk_to(PeerId peer, Child& c, const CachedVersion& v, std::uint32_t index);
   void send_version(PeerId child, const CachedVersion& v, const std::vector<std::uint32_t>* only = nullptr);
   // Sends a version's manifest or one of its chunks to a child now, or as soon as its queue
   // has room (the child's backlog). Returns false if it had to wait.

@@ -75,6 +75,9 @@ struct NetworkOptions {
   double decode_bytes_per_s = 100e9;             // a worker's decode and apply rate (of image)
   std::uint32_t packet_bytes = 1448;             // for loss: packets per message
   std::uint64_t small_message_bytes = 64 << 10;  // at most this: interleaved with bulk transfers
+  // A node with nothing in progress (Node::quiet) is not ticked until its next timed duty
+  // (heartbeat, timeout): the same behaviour, far fewer events in a large idle fleet.
+  bool skip_quiet_ticks = true;
 };
 
 class Network {
@@ -99,6 +102,9 @@ class Network {
 
   // The node stops: its state is gone, its links close; peers notice by their timeouts.
   void crash(int i);
+  // Call after acting on a node from outside the network (publish): it ticks again soon if
+  // that gave it work.
+  void wake(int i);
   // A fresh process with the same config (and `restored`, the version it kept on disk, if any).
   void restart(int i, std::shared_ptr<runtime::ModelVersion> restored = nullptr);
   // Cuts (or heals) the WAN link between two regions: what crosses it meanwhile is lost.

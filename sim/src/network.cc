@@ -39,8 +39,8 @@ struct Network::Impl {
     PeerId connect(const std::string& endpoint) override { return impl.connect(self, endpoint); }
     void disconnect(PeerId peer) override { impl.disconnect(peer); }
   };
-  // Events carry (node, generation) packed in one word, so that with the Impl pointer their
-  // closure fits std::function's inline storage (no allocation per event).
+  // Events carry (node, generation or tick number) packed in one word, so that with the Impl
+  // pointer their closure fits std::function's inline storage (no allocation per event).
   static std::uint64_t pack(int i, std::uint64_t gen) { return static_cast<std::uint64_t>(i) << 32 | (gen & 0xffffffffu); }
   bool current(std::uint64_t packed) const {
     const auto i = static_cast<std::size_t>(packed >> 32);
@@ -154,22 +154,23 @@ struct Network::Impl {
     h.node->start();
     // Ticks at a random phase, so that nodes do not act in lockstep.
     const std::uint64_t period = opt.tick_ms * 1000;
-    schedule_tick(i, h.generation, net.events_.now_us() + std::uniform_int_distribution<std::uint64_t>(1, period)(rng));
+    schedule_tick(i, net.events_.now_us() + std::uniform_int_distribution<std::uint64_t>(1, period)(rng));
   }
 
-  void schedule_tick(int i, std::uint64_t gen, std::uint64_t t) {
+  void schedule_tick(int i, std::uint64_t t) {
     Host& h = hosts[i];
-    const std::uint64_t seq = ++h.tick_seq;
+    const std::uint64_t seq = ++h.tick_seq;  // never reset: a restarted node's old ticks no longer match
     h.next_tick_us = t;
-    net.events_.at(t, [this, i, gen, seq] {
-      if (!current(i, gen) || hosts[i].tick_seq != seq) return;
-      runtime::Node& node = *hosts[i].node;
+    net.events_.at(t, [this, key = pack(i, seq)] {
+      const int n = static_cast<int>(key >> 32);
+      if (!hosts[n].alive || (hosts[n].tick_seq & 0xffffffffu) != (key & 0xffffffffu)) return;
+      runtime::Node& node = *hosts[n].node;
       node.tick();
       // A node with only timed duties left sleeps until the first is due (wake() below ends
       // the sleep early when something arrives).
       std::uint64_t next = net.events_.now_us() + opt.tick_ms * 1000;
       if (opt.skip_quiet_ticks && node.quiet()) next = std::max(next, node.next_duty_ms() * 1000);
-      schedule_tick(i, gen, next);
+      schedule_tick(n, next);
     });
   }
 
@@ -179,7 +180,7 @@ struct Network::Impl {
     Host& h = hosts[i];
     if (!h.alive) return;
     const std::uint64_t soon = net.events_.now_us() + opt.tick_ms * 1000;
-    if (h.next_tick_us > soon && !h.node->quiet()) schedule_tick(i, h.generation, soon);
+    if (h.next_tick_us > soon && !h.node->quiet()) schedule_tick(i, soon);
   }
 
   PeerId connect(int self, const std::string& endpoint) {

@@ -88,13 +88,13 @@ bool Node::send_chunk_to(PeerId peer, Child& c, const CachedVersion& v, std::uin
   return true;
 }
 
-std::uint64_t Node::published_us_of(std::uint64_t version) const {
-  auto it = published_us_.find(version);
-  return it == published_us_.end() ? 0 : it->second;
+ManifestMsg Node::manifest_msg(const CachedVersion& v) const {
+  auto it = published_us_.find(v.key.version);
+  return ManifestMsg{v.key, v.manifest_bytes, it == published_us_.end() ? 0 : it->second};
 }
 
 bool Node::offer_manifest(PeerId peer, Child& c, const CachedVersion& v) {
-  if (c.backlog.empty() && send_to(peer, ManifestMsg{v.key, v.manifest_bytes, published_us_of(v.key.version)})) return true;
+  if (c.backlog.empty() && send_to(peer, manifest_msg(v))) return true;
   c.backlog[v.key].manifest = true;
   stats_.sends_deferred_full_queue++;
   return false;
@@ -117,7 +117,7 @@ void Node::drain_backlog(PeerId peer, Child& c) {
     }
     Backlog& b = it->second;
     if (b.manifest) {
-      if (!send_to(peer, ManifestMsg{v->key, v->manifest_bytes, published_us_of(v->key.version)})) return;
+      if (!send_to(peer, manifest_msg(*v))) return;
       b.manifest = false;
     }
     while (!b.chunks.empty()) {
@@ -484,28 +484,16 @@ void Node::serve_catch_up(PeerId child, Child& c, std::uint64_t have, bool want_
   if (!plan->empty() && plan->front().anchor) c.wants_anchor = false;
   for (const auto& key : *plan) {
     c.subscriptions.insert(key);
-    if (const CachedVersion* v = cache_.find(key)) send_version(child, *v);
+    if (const CachedVersion* v = cache_.find(key)) send_version(child, c, *v);
   }
 }
 
-void Node::send_version(PeerId child, const CachedVersion& v, const std::vector<std::uint32_t>* only) {
-  auto it = children_.find(child);
-  if (it == children_.end()) return;
-  Child& c = it->second;
-  if (!only) offer_manifest(child, c, v);
-  // Chunks already handed to this child's link are not sent twice (Need with `again` is the
-  // way to get one again).
-  const auto sent = c.sent.find(v.key);
-  auto send_chunk = [&](std::uint32_t i) {
-    if (i >= v.chunks.size() || !v.chunks[i]) return;
-    if (sent != c.sent.end() && i < sent->second.size() && sent->second[i]) return;
-    offer_chunk(child, c, v, i);
-  };
-  if (only) {
-    for (auto i : *only) send_chunk(i);
-  } else {
-    for (std::uint32_t i = 0; i < v.chunks.size(); ++i) send_chunk(i);
-  }
+// A whole version to a child, but for the chunks already handed to its link (Need with
+// `again` is the way to get one again).
+void Node::send_version(PeerId peer, Child& c, const CachedVersion& v) {
+  offer_manifest(peer, c, v);
+  for (std::uint32_t i = 0; i < v.chunks.size(); ++i)
+    if (v.chunks[i] && !c.was_sent(v.key, i)) offer_chunk(peer, c, v, i);
 }
 
 // New deltas go to every child; anchors and old versions fetched again only to those who asked.
@@ -624,12 +612,11 @@ void Node::on_need(PeerId from, Child& child, const Need& need) {
   // A child that names chunks has the manifest (for a 2 TB model it is tens of MB); one that
   // asks for a whole version may not.
   if (need.chunks.empty()) offer_manifest(from, child, *v);
-  const auto sent = child.sent.find(v->key);
   const auto queued = child.backlog.find(v->key);
   for (auto i : wanted) {
     if (i >= v->chunks.size() || !v->chunks[i]) continue;
     if (queued != child.backlog.end() && queued->second.chunks.count(i)) continue;  // goes out as the link drains
-    if (!need.again && sent != child.sent.end() && i < sent->second.size() && sent->second[i]) continue;
+    if (!need.again && child.was_sent(v->key, i)) continue;
     offer_chunk(from, child, *v, i);
     stats_.retransmits_served++;
   }
@@ -1057,7 +1044,7 @@ Status Node::publish(const Manifest& m, std::vector<SharedBytes> payloads) {
       if (c.subscriptions.count(key) || !child_wants(c, key)) continue;
       c.subscriptions.insert(key);
       if (key.anchor) c.wants_anchor = false;
-      send_version(peer, *existing);
+      send_version(peer, c, *existing);
     }
     return Status::ok();
   }

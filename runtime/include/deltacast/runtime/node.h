@@ -199,6 +199,10 @@ class Node {
     // so the child sees each version's manifest before its chunks. Entries name cached
     // versions (no payload copies); a version leaving the cache leaves the backlog.
     std::map<VersionKey, Backlog> backlog;
+    bool was_sent(const VersionKey& key, std::uint32_t index) const {
+      auto it = sent.find(key);
+      return it != sent.end() && index < it->second.size() && it->second[index];
+    }
   };
   struct Assembly;
   // Origin: slices of one version from the trainer shards, until all are here.
@@ -240,13 +244,13 @@ class Node {
   void send_to_parent(const Message& m);
   bool send_to(PeerId peer, const Message& m);
   bool send_chunk_to(PeerId peer, Child& c, const CachedVersion& v, std::uint32_t index);
-  void send_version(PeerId child, const CachedVersion& v, const std::vector<std::uint32_t>* only = nullptr);
+  void send_version(PeerId peer, Child& c, const CachedVersion& v);
   // Sends a version's manifest or one of its chunks to a child now, or as soon as its queue
   // has room (the child's backlog). Returns false if it had to wait.
   bool offer_manifest(PeerId peer, Child& c, const CachedVersion& v);
   bool offer_chunk(PeerId peer, Child& c, const CachedVersion& v, std::uint32_t index);
   void drain_backlog(PeerId peer, Child& c);
-  std::uint64_t published_us_of(std::uint64_t version) const;
+  ManifestMsg manifest_msg(const CachedVersion& v) const;
   void serve_catch_up(PeerId child, Child& c, std::uint64_t have, bool want_anchor);
   void forward_manifest(const CachedVersion& v);
   void forward_chunk(const CachedVersion& v, std::uint32_t index);

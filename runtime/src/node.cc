@@ -69,6 +69,12 @@ std::size_t Node::child_count() const {
   return static_cast<std::size_t>(std::count_if(children_.begin(), children_.end(), [](const auto& kv) { return kv.second.welcomed; }));
 }
 
+std::size_t Node::child_records() const {
+  std::size_t n = 0;
+  for (const auto& [peer, c] : children_) n += c.subscriptions.size() + c.sent.size() + c.backlog.size();
+  return n;
+}
+
 void Node::set_error(std::string error) { last_error_ = std::move(error); }
 
 // ---- links ----------------------------------------------------------------------------------
@@ -82,15 +88,44 @@ bool Node::send_to(PeerId peer, const Message& m) {
 // Sends a chunk to a child and remembers it went (Child::sent).
 bool Node::send_chunk_to(PeerId peer, Child& c, const CachedVersion& v, std::uint32_t index) {
   if (!send_to(peer, ChunkMsg{v.key, index, v.chunks[index]})) return false;
-  auto& bits = c.sent[v.key];
-  if (bits.size() < v.chunks.size()) bits.resize(v.chunks.size());
-  bits[index] = true;
+  c.mark_sent(v.key, index, v.chunks.size());
   return true;
+}
+
+// A child's per-version records are few (bounded by the cache) and the version in transfer is
+// nearly always the newest: flat vectors searched from the back.
+template <typename Records>
+static auto* find_record(Records& records, const VersionKey& key) {
+  for (auto it = records.rbegin(); it != records.rend(); ++it)
+    if (it->first == key) return &*it;
+  return static_cast<decltype(&*records.rbegin())>(nullptr);
+}
+
+bool Node::Child::subscribed(const VersionKey& key) const { return find_record(subscriptions, key) != nullptr; }
+
+void Node::Child::subscribe(const VersionKey& key, std::uint64_t now_ms) {
+  if (subscribed(key)) return;
+  if (subscriptions.size() >= kSubscriptionsPerChildMax) subscriptions.erase(subscriptions.begin());
+  subscriptions.emplace_back(key, now_ms);
+}
+
+bool Node::Child::was_sent(const VersionKey& key, std::uint32_t index) const {
+  const auto* r = find_record(sent, key);
+  return r && index < r->second.size() && r->second[index];
+}
+
+void Node::Child::mark_sent(const VersionKey& key, std::uint32_t index, std::size_t chunks) {
+  auto* r = find_record(sent, key);
+  if (!r) r = &sent.emplace_back(key, std::vector<bool>(chunks));
+  if (r->second.size() <= index) r->second.resize(std::max<std::size_t>(chunks, index + 1));
+  r->second[index] = true;
 }
 
 ManifestMsg Node::manifest_msg(const CachedVersion& v) const {
   auto it = published_us_.find(v.key.version);
-  return ManifestMsg{v.key, v.manifest_bytes, it == published_us_.end() ? 0 : it->second};
+  ManifestMsg m{v.key, v.manifest_bytes, it == published_us_.end() ? 0 : it->second};
+  m.parsed = v.manifest;
+  return m;
 }
 
 bool Node::offer_manifest(PeerId peer, Child& c, const CachedVersion& v) {
@@ -483,7 +518,7 @@ void Node::serve_catch_up(PeerId child, Child& c, std::uint64_t have, bool want_
   }
   if (!plan->empty() && plan->front().anchor) c.wants_anchor = false;
   for (const auto& key : *plan) {
-    c.subscriptions.insert(key);
+    c.subscribe(key, clock_.now_ms());
     if (const CachedVersion* v = cache_.find(key)) send_version(child, c, *v);
   }
 }
@@ -499,7 +534,7 @@ void Node::send_version(PeerId peer, Child& c, const CachedVersion& v) {
 // New deltas go to every child; anchors and old versions fetched again only to those who asked.
 bool Node::child_wants(const Child& c, const VersionKey& key) const {
   if (!c.welcomed || c.role == Role::kPublisher) return false;
-  if (c.subscriptions.count(key)) return true;
+  if (c.subscribed(key)) return true;
   if (key.anchor) return c.wants_anchor && key.version > c.anchor_after;
   return key.version > broadcast_newest_;
 }
@@ -507,7 +542,7 @@ bool Node::child_wants(const Child& c, const VersionKey& key) const {
 void Node::forward_manifest(const CachedVersion& v) {
   for (auto& [peer, c] : children_) {
     if (!child_wants(c, v.key)) continue;
-    c.subscriptions.insert(v.key);  // its chunks follow it to this child
+    c.subscribe(v.key, clock_.now_ms());  // its chunks follow it to this child
     if (v.key.anchor) c.wants_anchor = false;
     offer_manifest(peer, c, v);
   }
@@ -516,7 +551,7 @@ void Node::forward_manifest(const CachedVersion& v) {
 
 void Node::forward_chunk(const CachedVersion& v, std::uint32_t index) {
   for (auto& [peer, c] : children_) {
-    if (!c.welcomed || c.role == Role::kPublisher || !c.subscriptions.count(v.key)) continue;
+    if (!c.welcomed || c.role == Role::kPublisher || !c.subscribed(v.key)) continue;
     offer_chunk(peer, c, v, index);
     stats_.chunks_forwarded++;
   }
@@ -526,7 +561,7 @@ void Node::on_manifest(const ManifestMsg& m, bool) {
   const std::uint64_t now = clock_.now_ms();
   // A worker that does not relay has no use for versions it has moved past.
   if (config_.reconstruct && !config_.serve_children && m.key.version <= current_version()) return;
-  auto r = cache_.add_manifest(m.key, m.manifest, now);
+  auto r = cache_.add_manifest(m.key, m.manifest, now, m.parsed);
   if (!r.is_ok()) {
     set_error(r.status().to_string());
     return;
@@ -585,7 +620,7 @@ void Node::on_need(PeerId from, Child& child, const Need& need) {
     serve_catch_up(from, child, need.key.version, /*want_anchor=*/true);
     return;
   }
-  child.subscriptions.insert(need.key);
+  child.subscribe(need.key, clock_.now_ms());
   const CachedVersion* v = cache_.find(need.key);
   if (!v) {
     // Not here (evicted or never seen): fetch it from upstream; it is forwarded on arrival.
@@ -698,12 +733,14 @@ void Node::tick() {
     for (auto& [peer, c] : children_)
       if (c.welcomed) send_to(peer, hb);
   }
-  // What was sent to each child is remembered only for versions still cached (checked now and
-  // then: versions leave the cache slowly).
+  // What was sent to each child, and what it is subscribed to, is remembered only for versions
+  // still cached (checked now and then: versions leave the cache slowly), or for a while for
+  // versions asked for but not here yet.
   if (now - sent_pruned_ms_ >= 1000) {
     sent_pruned_ms_ = now;
     for (auto& [peer, c] : children_) {
-      for (auto it = c.sent.begin(); it != c.sent.end();) it = cache_.find(it->first) ? std::next(it) : c.sent.erase(it);
+      std::erase_if(c.sent, [&](const auto& s) { return !cache_.find(s.first); });
+      std::erase_if(c.subscriptions, [&](const auto& s) { return now - s.second > config_.parent_timeout_ms && !cache_.find(s.first); });
       for (auto it = c.backlog.begin(); it != c.backlog.end();) it = cache_.find(it->first) ? std::next(it) : c.backlog.erase(it);
     }
   }
@@ -828,14 +865,14 @@ void Node::advance() {
 void Node::start_assembly(const CachedVersion& v) {
   auto a = std::make_unique<Assembly>();
   a->key = v.key;
-  a->manifest = std::make_shared<const Manifest>(v.manifest);
+  a->manifest = v.manifest;
   std::shared_ptr<const ModelVersion> live = current();
-  if (!v.key.anchor && (!live || live->version != v.manifest.base_version)) return;
-  if (live && !v.key.anchor && !config_.virtual_payloads && live->image.size() != v.manifest.image_size) {
+  if (!v.key.anchor && (!live || live->version != v.manifest->base_version)) return;
+  if (live && !v.key.anchor && !config_.virtual_payloads && live->image.size() != v.manifest->image_size) {
     abandon_assembly("layout changed", true);
     return;
   }
-  if (config_.in_place && !config_.virtual_payloads && live && live->image.size() == v.manifest.image_size) {
+  if (config_.in_place && !config_.virtual_payloads && live && live->image.size() == v.manifest->image_size) {
     // Pause readers: nobody gets this image until the new version verified in it.
     {
       std::lock_guard lock(current_mu_);
@@ -855,13 +892,13 @@ void Node::start_assembly(const CachedVersion& v) {
     }
     spare_.reset();
     a->staging->version = v.key.version;
-    a->staging->checksum = v.manifest.version_checksum;
-    a->staging->tensors = v.manifest.tensors;
-    a->staging->metadata = v.manifest.metadata;
-    if (!config_.virtual_payloads) a->staging->image.resize(v.manifest.image_size);
+    a->staging->checksum = v.manifest->version_checksum;
+    a->staging->tensors = v.manifest->tensors;
+    a->staging->metadata = v.manifest->metadata;
+    if (!config_.virtual_payloads) a->staging->image.resize(v.manifest->image_size);
   }
   live.reset();
-  a->state.assign(v.manifest.chunks.size(), Assembly::ChunkState::kWaiting);
+  a->state.assign(v.manifest->chunks.size(), Assembly::ChunkState::kWaiting);
   for (std::uint32_t i = 0; i < v.chunks.size(); ++i)
     if (v.chunks[i]) a->arrived.push_back(i);
   a->generation = ++generation_;
@@ -869,6 +906,73 @@ void Node::start_assembly(const CachedVersion& v) {
   need_anchor_ = false;
   pump_decodes();
   if (assembly_ && assembly_->manifest->chunks.empty()) finish_assembly();
+}
+
+// One chunk decoded into the staging image. It holds what it reads and writes, so that it may
+// outlive the node (a pool thread still on it); done() then finds the node gone and does nothing.
+class Node::DecodeTask final : public Task {
+ public:
+  DecodeTask(Node& node, const Assembly& a, const SharedBytes& payload, std::uint32_t index)
+      : node_(&node), alive_(node.alive_), generation_(a.generation), index_(index) {
+    if (node.config_.virtual_payloads) return;  // the time it takes is all there is to it
+    payload_ = payload;
+    manifest_ = a.manifest;
+    base_ = a.base;
+    staging_ = a.staging;
+  }
+  void work() override {
+    if (!staging_) return;
+    const ChunkEntry& e = manifest_->chunks[index_];
+    ByteSpan b = base_ ? ByteSpan(base_->image).subspan(e.offset, e.length) : ByteSpan();
+    status_ = decode_chunk_verified(*manifest_, index_, *payload_, b, MutableByteSpan(staging_->image).subspan(e.offset, e.length));
+  }
+  void done() override {
+    if (*alive_) node_->on_decoded(generation_, index_, status_);
+  }
+
+ private:
+  Node* node_;
+  std::shared_ptr<bool> alive_;
+  std::uint64_t generation_;
+  std::uint32_t index_;
+  SharedBytes payload_;
+  std::shared_ptr<const Manifest> manifest_;
+  std::shared_ptr<const ModelVersion> base_;
+  std::shared_ptr<ModelVersion> staging_;
+  Status status_;
+};
+
+void Node::on_decoded(std::uint64_t generation, std::uint32_t i, const Status& status) {
+  if (!assembly_ || assembly_->generation != generation) return;
+  Assembly& as = *assembly_;
+  as.inflight--;
+  if (status.is_ok()) {
+    as.state[i] = Assembly::ChunkState::kDone;
+    as.done++;
+  } else {
+    set_error(status.to_string());
+    as.state[i] = Assembly::ChunkState::kWaiting;
+    const ChunkEntry& ce = as.manifest->chunks[i];
+    // In place, a failure after the chunk was applied leaves the image damaged: it is
+    // dropped and rebuilt from an anchor. (Every input is checked before a byte is written,
+    // so this takes a decoder bug; a corrupt payload leaves the range as it was.)
+    const bool damaged = as.in_place && hash64(ByteSpan(as.staging->image).subspan(ce.offset, ce.length)) != ce.base_hash;
+    if (status.code() == StatusCode::kMismatch || damaged) {
+      if (damaged) held_version_ = 0;
+      abandon_assembly(status.to_string(), true);
+      return;
+    }
+    // Rejected and never applied: fetch it again.
+    stats_.corrupt_chunks++;
+    stats_.retransmit_requests++;
+    cache_.drop_chunk(as.key, i);
+    send_to_parent(Need{as.key, {i}, false, /*again=*/true});
+  }
+  if (as.done == as.state.size()) {
+    if (!pumping_) finish_assembly();
+  } else {
+    pump_decodes();
+  }
 }
 
 void Node::pump_decodes() {
@@ -896,56 +1000,11 @@ void Node::pump_decodes() {
     if (i >= a->state.size() || a->state[i] != Assembly::ChunkState::kWaiting || !v->chunks[i]) continue;
     a->state[i] = Assembly::ChunkState::kDecoding;
     a->inflight++;
-    const ChunkEntry& e = a->manifest->chunks[i];
-    auto payload = v->chunks[i];
-    auto manifest = a->manifest;
-    auto base = a->base;
-    auto staging = a->staging;
-    auto status = std::make_shared<Status>();
-    auto alive = alive_;
-    const std::uint64_t gen = a->generation;
-    const bool virtual_payloads = config_.virtual_payloads;
-    auto work = [=] {
-      if (virtual_payloads) return;  // the time it takes is all there is to it
-      ByteSpan b = base ? ByteSpan(base->image).subspan(e.offset, e.length) : ByteSpan();
-      *status = decode_chunk_verified(*manifest, i, *payload, b, MutableByteSpan(staging->image).subspan(e.offset, e.length));
-    };
-    auto done = [this, alive, gen, i, status] {
-      if (!*alive || !assembly_ || assembly_->generation != gen) return;
-      Assembly& as = *assembly_;
-      as.inflight--;
-      if (status->is_ok()) {
-        as.state[i] = Assembly::ChunkState::kDone;
-        as.done++;
-      } else {
-        set_error(status->to_string());
-        as.state[i] = Assembly::ChunkState::kWaiting;
-        const ChunkEntry& ce = as.manifest->chunks[i];
-        // In place, a failure after the chunk was applied leaves the image damaged: it is
-        // dropped and rebuilt from an anchor. (Every input is checked before a byte is written,
-        // so this takes a decoder bug; a corrupt payload leaves the range as it was.)
-        const bool damaged = as.in_place && hash64(ByteSpan(as.staging->image).subspan(ce.offset, ce.length)) != ce.base_hash;
-        if (status->code() == StatusCode::kMismatch || damaged) {
-          if (damaged) held_version_ = 0;
-          abandon_assembly(status->to_string(), true);
-          return;
-        }
-        // Rejected and never applied: fetch it again.
-        stats_.corrupt_chunks++;
-        stats_.retransmit_requests++;
-        cache_.drop_chunk(as.key, i);
-        send_to_parent(Need{as.key, {i}, false, /*again=*/true});
-      }
-      if (as.done == as.state.size()) {
-        if (!pumping_) finish_assembly();
-      } else {
-        pump_decodes();
-      }
-    };
-    if (tasks_) tasks_->run(std::move(work), std::move(done), e.length);
+    auto task = std::make_unique<DecodeTask>(*this, *a, v->chunks[i], i);
+    if (tasks_) tasks_->run(std::move(task), a->manifest->chunks[i].length);
     else {
-      work();
-      done();
+      task->work();
+      task->done();
     }
     if (!assembly_ || assembly_.get() != a) return;  // abandoned inline
   }
@@ -1041,8 +1100,8 @@ Status Node::publish(const Manifest& m, std::vector<SharedBytes> payloads) {
     // Published before (an anchor made again on request, say): only children that want it
     // now and were not sent it get it.
     for (auto& [peer, c] : children_) {
-      if (c.subscriptions.count(key) || !child_wants(c, key)) continue;
-      c.subscriptions.insert(key);
+      if (c.subscribed(key) || !child_wants(c, key)) continue;
+      c.subscribe(key, now);
       if (key.anchor) c.wants_anchor = false;
       send_version(peer, c, *existing);
     }

@@ -13,11 +13,15 @@ std::vector<std::uint32_t> CachedVersion::missing() const {
   return out;
 }
 
-Result<CachedVersion*> VersionCache::add_manifest(const VersionKey& key, SharedBytes manifest, std::uint64_t now_ms) {
+Result<CachedVersion*> VersionCache::add_manifest(const VersionKey& key, SharedBytes manifest, std::uint64_t now_ms,
+                                                  std::shared_ptr<const Manifest> parsed) {
   if (auto it = entries_.find(key); it != entries_.end()) return &it->second;
   if (!manifest) return Status::invalid_argument("empty manifest");
-  auto parsed = parse_manifest(*manifest);
-  if (!parsed.is_ok()) return parsed.status().with_context("manifest of " + to_string(key));
+  if (!parsed) {
+    auto p = parse_manifest(*manifest);
+    if (!p.is_ok()) return p.status().with_context("manifest of " + to_string(key));
+    parsed = std::make_shared<const Manifest>(std::move(p).value());
+  }
   const Manifest& m = *parsed;
   if (m.version != key.version || (m.kind == VersionKind::kAnchor) != key.anchor)
     return Status::corruption("manifest of " + to_string(key) + " describes v" + std::to_string(m.version));
@@ -26,8 +30,8 @@ Result<CachedVersion*> VersionCache::add_manifest(const VersionKey& key, SharedB
   CachedVersion v;
   v.key = key;
   v.manifest_bytes = std::move(manifest);
-  v.manifest = std::move(parsed).value();
-  v.chunks.resize(v.manifest.chunks.size());
+  v.manifest = std::move(parsed);
+  v.chunks.resize(v.manifest->chunks.size());
   v.bytes = v.manifest_bytes->size();
   v.last_activity_ms = now_ms;
   bytes_ += v.bytes;
@@ -40,7 +44,7 @@ Result<bool> VersionCache::add_chunk(const VersionKey& key, std::uint32_t index,
   if (!v) return Status::not_found("no manifest for " + to_string(key));
   if (index >= v->chunks.size()) return Status::corruption(to_string(key) + ": chunk index " + std::to_string(index) + " out of range");
   if (v->chunks[index]) return false;
-  const ChunkEntry& e = v->manifest.chunks[index];
+  const ChunkEntry& e = v->manifest->chunks[index];
   if (!payload || payload->size() != e.payload_bytes || (verify_payloads_ && hash64(*payload) != e.payload_hash))
     return Status::corruption(to_string(key) + " chunk " + std::to_string(index) + ": payload hash mismatch");
   v->chunks[index] = std::move(payload);

@@ -10,15 +10,32 @@ namespace deltacast::sim {
 using runtime::Message;
 using runtime::PeerId;
 
-void EventQueue::at(std::uint64_t t_us, Fn fn) { queue_.push(Event{std::max(t_us, now_), seq_++, std::move(fn)}); }
+void EventQueue::at(std::uint64_t t_us, Fn fn) {
+  std::uint64_t slot = functions_.slots.size();
+  if (!functions_.free.empty()) {
+    slot = functions_.free.back();
+    functions_.free.pop_back();
+    functions_.slots[slot] = std::move(fn);
+  } else {
+    functions_.slots.push_back(std::move(fn));
+  }
+  push(t_us, &functions_, slot);
+}
+
+void EventQueue::Functions::fire(std::uint64_t slot) {
+  // Moved out before it runs: it may schedule more events, which may take slots.
+  Fn fn = std::move(slots[slot]);
+  slots[slot] = nullptr;
+  free.push_back(slot);
+  fn();
+}
 
 bool EventQueue::run_until(std::uint64_t t_us, const std::function<bool()>& stop) {
   while (!queue_.empty() && queue_.top().t <= t_us) {
-    // The handle is moved out before it runs: it may schedule more events.
-    Event e = std::move(const_cast<Event&>(queue_.top()));
+    const Event e = queue_.top();
     queue_.pop();
     now_ = e.t;
-    e.fn();
+    e.target->fire(e.arg);
     executed_++;
     if (stop && stop()) return false;
   }
@@ -39,8 +56,7 @@ struct Network::Impl {
     PeerId connect(const std::string& endpoint) override { return impl.connect(self, endpoint); }
     void disconnect(PeerId peer) override { impl.disconnect(peer); }
   };
-  // Events carry (node, generation or tick number) packed in one word, so that with the Impl
-  // pointer their closure fits std::function's inline storage (no allocation per event).
+  // Task and tick events carry (node, generation or tick number) packed in one word.
   static std::uint64_t pack(int i, std::uint64_t gen) { return static_cast<std::uint64_t>(i) << 32 | (gen & 0xffffffffu); }
   bool current(std::uint64_t packed) const {
     const auto i = static_cast<std::size_t>(packed >> 32);
@@ -52,23 +68,22 @@ struct Network::Impl {
     Impl& impl;
     int self;
     double free_us = 0;
-    std::deque<std::pair<std::function<void()>, std::function<void()>>> running;
+    std::deque<std::unique_ptr<runtime::Task>> running;
     SimTasks(Impl& i, int s) : impl(i), self(s) {}
-    void run(std::function<void()> work, std::function<void()> done, std::uint64_t cost_bytes) override {
+    void run(std::unique_ptr<runtime::Task> task, std::uint64_t cost_bytes) override {
       const double start = std::max(free_us, static_cast<double>(impl.net.events_.now_us()));
       free_us = start + static_cast<double>(cost_bytes) / impl.opt.decode_bytes_per_s * 1e6;
-      running.emplace_back(std::move(work), std::move(done));
-      impl.net.events_.at(static_cast<std::uint64_t>(std::ceil(free_us)),
-                          [ip = &impl, key = pack(self, impl.hosts[self].generation)] { ip->finish_task(key); });
+      running.push_back(std::move(task));
+      impl.net.events_.at(static_cast<std::uint64_t>(std::ceil(free_us)), impl.task_ends, pack(self, impl.hosts[self].generation));
     }
   };
   void finish_task(std::uint64_t key) {
     if (!current(key)) return;  // a node that crashed meanwhile: its runner is gone with it
     const int i = static_cast<int>(key >> 32);
-    auto task = std::move(hosts[i].tasks->running.front());
+    std::unique_ptr<runtime::Task> task = std::move(hosts[i].tasks->running.front());
     hosts[i].tasks->running.pop_front();
-    task.first();
-    task.second();
+    task->work();
+    task->done();
     wake(i);
   }
   struct Host {
@@ -99,6 +114,7 @@ struct Network::Impl {
     double link_free_us = 0;
     topology::Link spec;
     std::vector<int> pipes;  // WAN links crossed
+    std::uint64_t* bytes_between = nullptr;  // Stats::bytes_between of its pair of regions
   };
   struct Pipe {
     double bytes_per_s = 0;
@@ -161,17 +177,19 @@ struct Network::Impl {
     Host& h = hosts[i];
     const std::uint64_t seq = ++h.tick_seq;  // never reset: a restarted node's old ticks no longer match
     h.next_tick_us = t;
-    net.events_.at(t, [this, key = pack(i, seq)] {
-      const int n = static_cast<int>(key >> 32);
-      if (!hosts[n].alive || (hosts[n].tick_seq & 0xffffffffu) != (key & 0xffffffffu)) return;
-      runtime::Node& node = *hosts[n].node;
-      node.tick();
-      // A node with only timed duties left sleeps until the first is due (wake() below ends
-      // the sleep early when something arrives).
-      std::uint64_t next = net.events_.now_us() + opt.tick_ms * 1000;
-      if (opt.skip_quiet_ticks && node.quiet()) next = std::max(next, node.next_duty_ms() * 1000);
-      schedule_tick(n, next);
-    });
+    net.events_.at(t, ticks, pack(i, seq));
+  }
+
+  void tick(std::uint64_t key) {
+    const int n = static_cast<int>(key >> 32);
+    if (!hosts[n].alive || (hosts[n].tick_seq & 0xffffffffu) != (key & 0xffffffffu)) return;
+    runtime::Node& node = *hosts[n].node;
+    node.tick();
+    // A node with only timed duties left sleeps until the first is due (wake() below ends
+    // the sleep early when something arrives).
+    std::uint64_t next = net.events_.now_us() + opt.tick_ms * 1000;
+    if (opt.skip_quiet_ticks && node.quiet()) next = std::max(next, node.next_duty_ms() * 1000);
+    schedule_tick(n, next);
   }
 
   // Something happened to node i (a message, a finished task, a publish): if it is busy now
@@ -201,6 +219,8 @@ struct Network::Impl {
       const Route& back = route(hosts[to].region, hosts[self].region);
       b.spec = back.link;
       b.pipes = back.pipes;
+      a.bytes_between = &net.stats_.bytes_between[{hosts[self].region, hosts[to].region}];
+      b.bytes_between = &net.stats_.bytes_between[{hosts[to].region, hosts[self].region}];
     } else {
       a.open = b.open = false;  // nobody there: what is sent vanishes, as into a dead endpoint
     }
@@ -286,13 +306,13 @@ struct Network::Impl {
     l.queued += size;
     net.stats_.queue_bytes_high = std::max(net.stats_.queue_bytes_high, l.queued);
     if (l.queued > opt.queue_bytes_max && l.pending.size() > 1) net.stats_.queue_bound_held = false;
-    net.stats_.bytes_between[{src.region, dst.region}] += size;
+    *l.bytes_between += size;
     if (cut) {
       net.stats_.messages_lost++;
       return true;  // accepted, never delivered: the connection broke under it
     }
     l.in_flight.emplace_back(dst.generation, m);
-    net.events_.at(static_cast<std::uint64_t>(std::ceil(arrival)), [this, peer] { deliver(peer); });
+    net.events_.at(static_cast<std::uint64_t>(std::ceil(arrival)), deliveries, peer);
     return true;
   }
 
@@ -339,6 +359,17 @@ struct Network::Impl {
       if (l.from == i || l.to == i) l.open = false;
     h.node.reset();
   }
+
+  // The events that come by the million go to these, with a word each (no allocation).
+  template <void (Impl::*F)(std::uint64_t)>
+  struct Handler final : EventQueue::Target {
+    Impl* impl;
+    explicit Handler(Impl* i) : impl(i) {}
+    void fire(std::uint64_t arg) override { (impl->*F)(arg); }
+  };
+  Handler<&Impl::deliver> deliveries{this};
+  Handler<&Impl::finish_task> task_ends{this};
+  Handler<&Impl::tick> ticks{this};
 };
 
 Network::Network(topology::FleetSpec fleet, NetworkOptions options)

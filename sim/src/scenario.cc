@@ -511,7 +511,7 @@ Result<Report> run_scenario(const Scenario& sc, const RunOptions& o) {
         rep.node_errors.push_back(e);
     }
   for (const auto& [pair, bytes] : net.stats().bytes_between) {
-    if (pair.first == pair.second) continue;
+    if (pair.first == pair.second || bytes == 0) continue;
     rep.wan_bytes += bytes;
     rep.bytes_by_link.emplace_back(pair.first + " -> " + pair.second, bytes);
   }

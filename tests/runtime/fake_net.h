@@ -142,18 +142,18 @@ class FakeNet {
 
   class DeferredTasks final : public TaskRunner {
    public:
-    void run(std::function<void()> work, std::function<void()> done, std::uint64_t) override { q_.emplace_back(std::move(work), std::move(done)); }
+    void run(std::unique_ptr<Task> task, std::uint64_t) override { q_.push_back(std::move(task)); }
     bool run_one() {
       if (q_.empty()) return false;
-      auto [w, d] = std::move(q_.front());
+      std::unique_ptr<Task> t = std::move(q_.front());
       q_.pop_front();
-      w();
-      d();
+      t->work();
+      t->done();
       return true;
     }
 
    private:
-    std::deque<std::pair<std::function<void()>, std::function<void()>>> q_;
+    std::deque<std::unique_ptr<Task>> q_;
   };
   struct Slot {
     NodeConfig config;

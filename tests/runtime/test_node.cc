@@ -309,6 +309,27 @@ TEST_CASE("peers speaking another protocol version are refused with a reason", "
   CHECK(plain.child_count() == 0);
 }
 
+TEST_CASE("a child asking for versions that never come holds bounded state in its parent", "[runtime][node]") {
+  FakeNet net;
+  Node& origin = net.add(origin_config());
+  FakeTransport rogue(net, "rogue");
+  PeerId link = rogue.connect("origin");
+  Hello h;
+  h.node_id = "rogue";
+  h.role = Role::kWorker;
+  h.resume = true;
+  REQUIRE(rogue.send(link, h));
+  net.run();
+  REQUIRE(origin.child_count() == 1);
+  for (std::uint64_t v = 1000; v < 3000; ++v) REQUIRE(rogue.send(link, Need{{v, false}, {}, false, false}));
+  net.run();
+  CHECK(origin.child_records() == Node::kSubscriptionsPerChildMax);
+  // Not here within the parent timeout: forgotten (a real child would ask again).
+  net.run_for(origin_config().parent_timeout_ms + 1500);
+  CHECK(origin.child_count() == 1);
+  CHECK(origin.child_records() == 0);
+}
+
 TEST_CASE("a restarted worker resumes from its relay", "[runtime][node]") {
   Series s(3);
   FakeNet net;

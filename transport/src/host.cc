@@ -115,19 +115,17 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
 
   struct Work {
     uv_work_t req{};
-    std::function<void()> work, done;
+    std::unique_ptr<Task> task;
   };
-  void run(std::function<void()> work, std::function<void()> done, std::uint64_t) override {
+  void run(std::unique_ptr<Task> task, std::uint64_t) override {
     auto* w = new Work;
     w->req.data = w;
-    w->work = std::move(work);
-    w->done = std::move(done);
+    w->task = std::move(task);
     uv_queue_work(
-        &loop, &w->req, [](uv_work_t* r) { static_cast<Work*>(r->data)->work(); },
+        &loop, &w->req, [](uv_work_t* r) { static_cast<Work*>(r->data)->task->work(); },
         [](uv_work_t* r, int) {
-          auto* w = static_cast<Work*>(r->data);
-          w->done();
-          delete w;
+          std::unique_ptr<Work> w(static_cast<Work*>(r->data));
+          w->task->done();
         });
   }
 

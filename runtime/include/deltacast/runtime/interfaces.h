@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "deltacast/runtime/messages.h"
@@ -36,14 +37,22 @@ class Clock {
   virtual std::uint64_t now_us() const { return now_ms() * 1000; }
 };
 
-// Runs `work` off the event loop (on a pool) and then `done` back on the loop thread.
-// `done` is always called, in some order, unless the node is destroyed first. `cost_bytes` is
-// how many bytes of model image the work covers: real runners ignore it, the simulator turns it
-// into time.
+// Work for a TaskRunner: work() runs off the event loop (on a pool), then done() back on the
+// loop thread.
+class Task {
+ public:
+  virtual ~Task() = default;
+  virtual void work() = 0;
+  virtual void done() = 0;
+};
+
+// Runs tasks, holding each until its done() has run. done() is always called, in some order,
+// unless the node is destroyed first. `cost_bytes` is how many bytes of model image the work
+// covers: real runners ignore it, the simulator turns it into time.
 class TaskRunner {
  public:
   virtual ~TaskRunner() = default;
-  virtual void run(std::function<void()> work, std::function<void()> done, std::uint64_t cost_bytes) = 0;
+  virtual void run(std::unique_ptr<Task> task, std::uint64_t cost_bytes) = 0;
 };
 
 }  // namespace deltacast::runtime

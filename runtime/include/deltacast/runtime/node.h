@@ -175,6 +175,10 @@ class Node {
   std::uint64_t current_version() const;
   std::uint64_t newest_known_version() const { return std::max(parent_newest_, cache_.newest_version()); }
   std::size_t child_count() const;
+  // Per-version records held for children (subscriptions, chunks sent, backlog): bounded by the
+  // cache, and by kSubscriptionsPerChildMax for versions a child asked for that are not here.
+  std::size_t child_records() const;
+  static constexpr std::size_t kSubscriptionsPerChildMax = 256;
   bool connected() const { return parent_ != 0 && welcomed_; }
   const std::string& last_error() const { return last_error_; }
 
@@ -188,21 +192,24 @@ class Node {
     Role role = Role::kWorker;
     bool welcomed = false;
     std::uint64_t last_heard_ms = 0;
-    std::set<VersionKey> subscriptions;  // anchors (and versions) asked for explicitly
+    // Versions whose chunks go to it as they arrive, with when each was added. Kept while the
+    // version is cached; one not (yet) here is forgotten after parent_timeout_ms (the child
+    // asks again). Newest last: lookups search from the back.
+    std::vector<std::pair<VersionKey, std::uint64_t>> subscriptions;  // at most kSubscriptionsPerChildMax
     bool wants_anchor = false;
     std::uint64_t anchor_after = 0;  // the anchor it wants must be newer than this
     // Chunks handed to the link to this child, per cached version: not sent again on a Need
-    // unless it says `again`. Bounded by the cache (pruned in tick()).
-    std::map<VersionKey, std::vector<bool>> sent;
+    // unless it says `again`. Bounded by the cache (pruned in tick()). Newest last.
+    std::vector<std::pair<VersionKey, std::vector<bool>>> sent;
     // The send cursor: manifests and chunks due to this child that its full send queue
     // refused, sent in version and chunk order as the queue drains. New ones queue behind them
     // so the child sees each version's manifest before its chunks. Entries name cached
     // versions (no payload copies); a version leaving the cache leaves the backlog.
     std::map<VersionKey, Backlog> backlog;
-    bool was_sent(const VersionKey& key, std::uint32_t index) const {
-      auto it = sent.find(key);
-      return it != sent.end() && index < it->second.size() && it->second[index];
-    }
+    bool subscribed(const VersionKey& key) const;
+    void subscribe(const VersionKey& key, std::uint64_t now_ms);
+    bool was_sent(const VersionKey& key, std::uint32_t index) const;
+    void mark_sent(const VersionKey& key, std::uint32_t index, std::size_t chunks);
   };
   struct Assembly;
   // Origin: slices of one version from the trainer shards, until all are here.
@@ -264,7 +271,9 @@ class Node {
   // Worker reconstruction.
   void advance();
   void start_assembly(const CachedVersion& v);
+  class DecodeTask;
   void pump_decodes();
+  void on_decoded(std::uint64_t generation, std::uint32_t index, const Status& status);
   void finish_assembly();
   void abandon_assembly(const std::string& why, bool want_anchor);
 

@@ -14,7 +14,7 @@ namespace deltacast::runtime {
 struct CachedVersion {
   VersionKey key;
   SharedBytes manifest_bytes;
-  Manifest manifest;
+  std::shared_ptr<const Manifest> manifest;  // shared with the assembly decoding it
   std::vector<SharedBytes> chunks;  // null while missing
   std::size_t present = 0;
   std::uint64_t bytes = 0;          // manifest + present payloads
@@ -50,7 +50,9 @@ class VersionCache {
   }
 
   // Parses and validates a manifest. Returns the entry (existing or new), or the parse error.
-  Result<CachedVersion*> add_manifest(const VersionKey& key, SharedBytes manifest, std::uint64_t now_ms);
+  // `parsed`, if given, is `manifest` already parsed (ManifestMsg::parsed).
+  Result<CachedVersion*> add_manifest(const VersionKey& key, SharedBytes manifest, std::uint64_t now_ms,
+                                      std::shared_ptr<const Manifest> parsed = nullptr);
   // Stores a chunk whose manifest is cached, after checking its index, size and payload hash.
   // Returns true if it was new, false for a duplicate; Corruption for a payload that fails.
   Result<bool> add_chunk(const VersionKey& key, std::uint32_t index, SharedBytes payload, std::uint64_t now_ms);

@@ -37,7 +37,17 @@ namespace deltacast::sim {
 class EventQueue final : public runtime::Clock {
  public:
   using Fn = std::function<void()>;
+  // Handles a kind of event that comes by the million (a delivery, a finished decode): one
+  // object, the event told apart by a word, so scheduling one allocates nothing.
+  class Target {
+   public:
+    virtual void fire(std::uint64_t arg) = 0;
+
+   protected:
+    ~Target() = default;
+  };
   void at(std::uint64_t t_us, Fn fn);
+  void at(std::uint64_t t_us, Target& target, std::uint64_t arg) { push(t_us, &target, arg); }
   void after(std::uint64_t dt_us, Fn fn) { at(now_ + dt_us, std::move(fn)); }
   // Runs every event due at or before t_us, in time order (ties in scheduling order); the
   // clock then reads t_us. Returns false if `stop` said so between two events.
@@ -50,10 +60,19 @@ class EventQueue final : public runtime::Clock {
  private:
   struct Event {
     std::uint64_t t, seq;
-    Fn fn;
+    Target* target;
+    std::uint64_t arg;
     bool operator>(const Event& o) const { return t != o.t ? t > o.t : seq > o.seq; }
   };
+  // Events given as functions wait in slots; their events carry the slot's index.
+  struct Functions final : Target {
+    std::vector<Fn> slots;
+    std::vector<std::uint64_t> free;
+    void fire(std::uint64_t slot) override;
+  };
+  void push(std::uint64_t t_us, Target* target, std::uint64_t arg) { queue_.push(Event{std::max(t_us, now_), seq_++, target, arg}); }
   std::priority_queue<Event, std::vector<Event>, std::greater<>> queue_;
+  Functions functions_;
   std::uint64_t now_ = 0, seq_ = 0, executed_ = 0;
 };
 

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "commands.h"
+#include "deltacast/codec/entropy.h"
 #include "deltacast/codec/hash.h"
 #include "deltacast/common/thread_pool.h"
 #include "deltacast/io/safetensors.h"
@@ -142,6 +143,7 @@ struct EncodeOptions {
   std::string chunk_size = "4MiB";
   std::uint64_t version = 0, base_version = 0;
   bool max_effort = false;
+  bool v2 = false;
 };
 
 int run_encode(const EncodeOptions& o) {
@@ -159,6 +161,7 @@ int run_encode(const EncodeOptions& o) {
   if (!chunk.is_ok()) return fail(chunk.status().message());
   VersionEncodeOptions opt;
   opt.chunk_bytes = *chunk;
+  if (o.v2) opt.chunk = ChunkEncodeOptions::smallest();
   if (o.max_effort) opt.chunk = ChunkEncodeOptions::max_effort();
   ThreadPool pool(o.common.threads);
   ProgressBar bar("encode", next->layout().image_size, !o.common.quiet);
@@ -227,10 +230,68 @@ int run_decode(const DecodeOptions& o) {
 // ---- inspect -----------------------------------------------------------------------------------
 
 struct InspectOptions {
-  std::string path;
+  CommonOptions common;
+  std::vector<std::string> paths;
   bool tensors = false;
   bool chunks = false;
+  bool entropy = false;
+  std::string prev;
 };
+
+// inspect --entropy BASE NEW: the delta's empirical entropy under models with more and more
+// context, next to what the codec achieves on it.
+int run_inspect_entropy(const InspectOptions& o) {
+  if (o.paths.size() != 2) return fail("--entropy compares two checkpoints: deltacast inspect --entropy BASE NEW");
+  auto base = SafetensorsFile::open(o.paths[0]);
+  if (!base.is_ok()) return fail(base.status().to_string());
+  auto next = SafetensorsFile::open(o.paths[1]);
+  if (!next.is_ok()) return fail(next.status().to_string());
+  if (base->layout().tensors != next->layout().tensors) return fail("the two checkpoints have different tensor layouts");
+  Result<SafetensorsFile> prev = Status::not_found("none");
+  if (!o.prev.empty()) {
+    prev = SafetensorsFile::open(o.prev);
+    if (!prev.is_ok()) return fail(prev.status().to_string());
+    if (prev->layout().tensors != base->layout().tensors) return fail("--prev has a different tensor layout");
+  }
+  const ModelLayout& layout = next->layout();
+  auto h = measure_delta_entropy(layout.tensors, base->image(), next->image(), prev.is_ok() ? prev->image() : ByteSpan());
+  if (!h.is_ok()) return fail(h.status().to_string());
+  ThreadPool pool(o.common.threads);
+  ProgressBar bar("encode", 2 * layout.image_size, !o.common.quiet);
+  std::uint64_t done = 0;
+  auto encoded_bytes = [&](const ChunkEncodeOptions& chunk) -> Result<double> {
+    VersionEncodeOptions opt;
+    opt.chunk = chunk;
+    opt.progress = [&](std::uint64_t d, std::uint64_t) { bar.update(done + d); };
+    DC_ASSIGN_OR_RETURN(EncodedVersion ev, encode_version(layout, 2, 1, base->image(), next->image(), opt, pool));
+    done += layout.image_size;
+    return static_cast<double>(container_prefix(ev.manifest).size() + ev.manifest.payload_bytes_total());
+  };
+  auto v1 = encoded_bytes(ChunkEncodeOptions::defaults());
+  auto best = v1.is_ok() ? encoded_bytes(ChunkEncodeOptions::smallest()) : v1;
+  bar.finish();
+  if (!best.is_ok()) return fail(best.status().to_string());
+  const double achieved = *best;
+  const double image = static_cast<double>(layout.image_size);
+  const double changed = static_cast<double>(std::max<std::uint64_t>(h->changed, 1));
+  std::printf("delta %s -> %s: %s image, %" PRIu64 " BF16 values, %" PRIu64 " changed (%.3f%%)\n", o.paths[0].c_str(), o.paths[1].c_str(),
+              format_bytes(image).c_str(), h->bf16_values, h->changed, 100.0 * static_cast<double>(h->changed) / static_cast<double>(std::max<std::uint64_t>(h->bf16_values, 1)));
+  if (h->other_bytes) std::printf("  other bytes (non-BF16): %" PRIu64 ", XOR entropy %.0f bytes\n", h->other_bytes, h->other_bits / 8);
+  std::printf("\n  %-46s %14s %12s %14s %13s\n", "", "bytes", "% of BF16", "bits/change", "of which pos.");
+  auto row = [&](const char* name, double bytes, double positions_bits) {
+    std::printf("  %-46s %14.0f %11.4f%% %14.2f", name, bytes, 100.0 * bytes / image, 8 * bytes / changed);
+    if (positions_bits >= 0) std::printf(" %13.2f", positions_bits / changed);
+    std::printf("\n");
+  };
+  row("entropy (a): positions independent", h->bytes(h->independent), h->independent.positions_bits);
+  row("entropy (b): given the base exponent", h->bytes(h->exponent), h->exponent.positions_bits);
+  row("entropy (b): given tensor and base exponent", h->bytes(h->tensor_exponent), h->tensor_exponent.positions_bits);
+  if (h->has_history) row("entropy (c): given exponent and previous step", h->bytes(h->history), h->history.positions_bits);
+  row("achieved: deltacast v1 (whole file)", *v1, -1);
+  row("achieved: deltacast, v2 where smaller (whole file)", achieved, -1);
+  std::printf("\n  achieved / entropy (b, exponent): %.3f\n", achieved / h->bytes(h->exponent));
+  return 0;
+}
 
 void print_tensors(const std::vector<TensorInfo>& tensors) {
   for (const auto& t : tensors) {
@@ -245,7 +306,7 @@ int inspect_safetensors(const InspectOptions& o, const SafetensorsFile& f) {
   const auto& l = f.layout();
   std::map<std::string, std::uint64_t> by_dtype;
   for (const auto& t : l.tensors) by_dtype[std::string(dtype_name(t.dtype))] += t.nbytes;
-  std::printf("safetensors %s: %zu tensors, %s of data\n", o.path.c_str(), l.tensors.size(), format_bytes(static_cast<double>(l.image_size)).c_str());
+  std::printf("safetensors %s: %zu tensors, %s of data\n", o.paths[0].c_str(), l.tensors.size(), format_bytes(static_cast<double>(l.image_size)).c_str());
   for (const auto& [k, v] : by_dtype) std::printf("  %-8s %s\n", k.c_str(), format_bytes(static_cast<double>(v)).c_str());
   for (const auto& [k, v] : l.metadata) std::printf("  metadata %s = %s\n", k.c_str(), v.c_str());
   if (o.tensors) print_tensors(l.tensors);
@@ -253,18 +314,21 @@ int inspect_safetensors(const InspectOptions& o, const SafetensorsFile& f) {
 }
 
 int run_inspect(const InspectOptions& o) {
-  auto file = MappedFile::open(o.path);
+  if (o.entropy) return run_inspect_entropy(o);
+  if (o.paths.size() != 1) return fail("inspect describes one file (two only with --entropy)");
+  const std::string& path = o.paths[0];
+  auto file = MappedFile::open(path);
   if (!file.is_ok()) return fail(file.status().to_string());
   auto c = parse_container(file->bytes());
   if (!c.is_ok()) {
     // Not a deltacast file: perhaps a checkpoint.
-    if (auto st = SafetensorsFile::open(o.path); st.is_ok()) return inspect_safetensors(o, *st);
-    return fail(o.path + ": " + c.status().to_string());
+    if (auto st = SafetensorsFile::open(path); st.is_ok()) return inspect_safetensors(o, *st);
+    return fail(path + ": " + c.status().to_string());
   }
   const Manifest& m = c->manifest;
   const double image = static_cast<double>(m.image_size);
   const double total = static_cast<double>(file->bytes().size());
-  std::printf("%s: deltacast %s, version %" PRIu64, o.path.c_str(), m.kind == VersionKind::kDelta ? "delta" : "anchor", m.version);
+  std::printf("%s: deltacast %s, version %" PRIu64, path.c_str(), m.kind == VersionKind::kDelta ? "delta" : "anchor", m.version);
   if (m.kind == VersionKind::kDelta) std::printf(" from base %" PRIu64 " (base checksum %016" PRIx64 ")", m.base_version, m.base_checksum);
   std::printf("\n  version checksum %016" PRIx64 "\n", m.version_checksum);
   std::printf("  image %s in %zu tensors, %zu chunks; file %s = %.4f%% of the image\n", format_bytes(image).c_str(), m.tensors.size(),
@@ -279,9 +343,9 @@ int run_inspect(const InspectOptions& o) {
   if (o.chunks) std::printf("\n  %-6s %-14s %-12s %-12s %-18s\n", "chunk", "offset", "length", "payload", "payload hash");
   for (std::size_t i = 0; i < m.chunks.size(); ++i) {
     auto st = describe_chunk(c->payloads[i]);
-    if (!st.is_ok()) return fail(o.path + ": chunk " + std::to_string(i) + ": " + st.status().to_string());
+    if (!st.is_ok()) return fail(path + ": chunk " + std::to_string(i) + ": " + st.status().to_string());
     for (const auto& s : st->streams) {
-      auto& u = usage[std::string(s.name)][backend_label(s.report.choice)];
+      auto& u = usage[std::string(s.name)][s.coder.empty() ? backend_label(s.report.choice) : std::string(s.coder)];
       u.streams++;
       u.raw += s.report.raw_bytes;
       u.encoded += s.report.encoded_bytes;
@@ -301,8 +365,10 @@ int run_inspect(const InspectOptions& o) {
     auto pct = [](std::uint64_t a, std::uint64_t b) { return b ? 100.0 * static_cast<double>(a) / static_cast<double>(b) : 0.0; };
     std::printf("\n  BF16 values %" PRIu64 ", changed %" PRIu64 " (%.3f%%)\n", all.bf16_values, all.changed_values,
                 pct(all.changed_values, all.bf16_values));
-    std::printf("    small integer steps %" PRIu64 " (%.2f%% of changes), of which +-1 ulp %" PRIu64 " (%.2f%%)\n", all.small_deltas,
-                pct(all.small_deltas, all.changed_values), all.unit_deltas, pct(all.unit_deltas, all.changed_values));
+    std::printf("    small integer steps %" PRIu64 " (%.2f%% of changes)", all.small_deltas, pct(all.small_deltas, all.changed_values));
+    if (all.v2_chunks == 0)
+      std::printf(", of which +-1 ulp %" PRIu64 " (%.2f%%)", all.unit_deltas, pct(all.unit_deltas, all.changed_values));
+    std::printf("\n    chunks coded v1 %" PRIu64 ", v2 %" PRIu64 " (docs/FORMAT.md)\n", all.v1_chunks, all.v2_chunks);
     std::printf("    exceptions (sign flips, exponent jumps) %" PRIu64 " (%.3f%% of changes)\n", all.exceptions,
                 pct(all.exceptions, all.changed_values));
     std::printf("    bits per changed value %.2f\n", all.changed_values ? 8.0 * total / static_cast<double>(all.changed_values) : 0.0);
@@ -346,7 +412,8 @@ Command add_encode_command(CLI::App& app) {
   sub->add_option("--chunk-size", o->chunk_size, "Target chunk size")->capture_default_str();
   sub->add_option("--version", o->version, "Version number to record (default: base version + 1)");
   sub->add_option("--base-version", o->base_version, "Version number of BASE")->capture_default_str();
-  sub->add_flag("--max-effort", o->max_effort, "Also try zstd -19 on every stream (smaller, slower)");
+  sub->add_flag("--v2", o->v2, "Also try codec v2 on every delta chunk and keep the smaller (about 30% smaller, slower to decode)");
+  sub->add_flag("--max-effort", o->max_effort, "Also try codec v2 and zstd -19 on every stream (smallest, slowest)");
   add_common(sub, o->common);
   return {sub, [o] { return run_encode(*o); }};
 }
@@ -363,9 +430,15 @@ Command add_decode_command(CLI::App& app) {
 Command add_inspect_command(CLI::App& app) {
   auto o = std::make_shared<InspectOptions>();
   CLI::App* sub = app.add_subcommand("inspect", "Describe a delta, an anchor or a safetensors checkpoint");
-  sub->add_option("file", o->path, "File to describe")->required()->check(CLI::ExistingFile);
+  sub->add_option("files", o->paths, "File to describe (a delta, an anchor or a checkpoint); with --entropy, BASE NEW checkpoints")
+      ->required()
+      ->expected(1, 2)
+      ->check(CLI::ExistingFile);
   sub->add_flag("--tensors", o->tensors, "List every tensor");
   sub->add_flag("--chunks", o->chunks, "List every chunk");
+  sub->add_flag("--entropy", o->entropy, "Empirical entropy of the delta BASE -> NEW, next to the size the codec achieves");
+  sub->add_option("--prev", o->prev, "With --entropy: the checkpoint before BASE, for the history model")->check(CLI::ExistingFile);
+  add_common(sub, o->common);
   return {sub, [o] { return run_inspect(*o); }};
 }
 

@@ -20,7 +20,7 @@ echo "== fuzzing, ${fuzz_seconds}s per target"
 bash "$root/tools/build.sh" "$root/build-fuzz" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDELTACAST_FUZZ=ON \
   -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++
 fuzz_passed=0
-for target in chunk_decoder:chunk container:container safetensors:safetensors wire:wire fleet:fleet; do
+for target in chunk_decoder:chunk chunk_v2:chunk_v2 container:container safetensors:safetensors wire:wire fleet:fleet; do
   name=${target%%:*}
   corpus=${target##*:}
   work="$root/build-fuzz/corpus-$name"

@@ -4,9 +4,8 @@
 #include <cstring>
 #include <string>
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
+#include "bf16_scan.h"
+#include "bf16_v2.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "deltacast assumes a little-endian host");
 
@@ -39,30 +38,6 @@ void unshuffle(const std::uint8_t* shuffled, std::size_t count, std::size_t es, 
 
 inline std::uint8_t zigzag8(int d) { return static_cast<std::uint8_t>((d << 1) ^ (d >> 31)); }
 inline int unzigzag8(std::uint8_t z) { return (z >> 1) ^ -(z & 1); }
-
-// Calls on_change(i) for every i with a[i] != b[i], in increasing order.
-template <typename F>
-void for_each_difference(const std::uint16_t* a, const std::uint16_t* b, std::size_t n, F&& on_change) {
-  std::size_t i = 0;
-#if defined(__SSE2__)
-  for (; i + 16 <= n; i += 16) {
-    __m128i a0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i));
-    __m128i b0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i));
-    __m128i a1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i + 8));
-    __m128i b1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i + 8));
-    std::uint32_t equal = static_cast<std::uint32_t>(_mm_movemask_epi8(_mm_cmpeq_epi16(a0, b0))) |
-                          (static_cast<std::uint32_t>(_mm_movemask_epi8(_mm_cmpeq_epi16(a1, b1))) << 16);
-    std::uint32_t diff = ~equal;  // two bits per element
-    while (diff) {
-      int bit = __builtin_ctz(diff);
-      on_change(i + static_cast<std::size_t>(bit >> 1));
-      diff &= ~(3u << (bit & ~1));
-    }
-  }
-#endif
-  for (; i < n; ++i)
-    if (a[i] != b[i]) on_change(i);
-}
 
 struct SectionWriter {
   Bytes& out;
@@ -116,6 +91,19 @@ void encode_bf16_delta(const std::uint8_t* base, const std::uint8_t* next, std::
     w.stats->unit_deltas += unit;
     w.stats->exceptions += exceptions;
   }
+}
+
+void encode_bf16_delta_v2(const std::uint8_t* base, const std::uint8_t* next, std::size_t n, SectionWriter& w) {
+  const bf16v2::SectionCounts sc = bf16v2::encode(base, next, n, w.options.delta_backends, w.out);
+  if (!w.stats) return;
+  w.stats->bf16_values += n;
+  w.stats->changed_values += sc.changes;
+  w.stats->small_deltas += sc.changes - sc.exceptions;
+  w.stats->unit_deltas += sc.unit;
+  w.stats->exceptions += sc.exceptions;
+  w.stats->streams.push_back({"changes", StreamReport{{Backend::kRaw, 0}, 2 * n, sc.coded_bytes}, "range-coded"});
+  w.stats->streams.push_back({"remainders", StreamReport{{Backend::kRaw, 0}, sc.remainder_bytes, sc.remainder_bytes}, "bits"});
+  w.stats->streams.push_back({"exceptions", sc.exceptions_stream, {}});
 }
 
 void encode_generic_delta(const std::uint8_t* base, const std::uint8_t* next, std::size_t bytes, std::size_t es,
@@ -189,6 +177,8 @@ void write_chunk_header(ChunkKind kind, std::span<const Segment> segments, Bytes
 
 struct ParsedSection {
   Segment seg;
+  bool v2 = false;  // a v2 BF16 delta section: `bf16` holds it, streams[0] its exceptions
+  bf16v2::Section bf16;
   std::uint64_t change_count = 0;
   std::uint64_t exception_count = 0;
   std::array<StreamRef, 3> streams{};
@@ -208,7 +198,8 @@ Result<ParsedChunk> parse_chunk(ByteSpan payload) {
   std::uint8_t kind;
   std::uint64_t nseg;
   if (!r.u8(kind)) return Status::corruption("empty chunk payload");
-  if (kind != static_cast<std::uint8_t>(ChunkKind::kDeltaV1) && kind != static_cast<std::uint8_t>(ChunkKind::kAnchorV1))
+  if (kind != static_cast<std::uint8_t>(ChunkKind::kDeltaV1) && kind != static_cast<std::uint8_t>(ChunkKind::kAnchorV1) &&
+      kind != static_cast<std::uint8_t>(ChunkKind::kDeltaV2))
     return Status::unsupported("unknown chunk encoding " + std::to_string(kind));
   pc.kind = static_cast<ChunkKind>(kind);
   // Every segment header takes at least 3 bytes, which bounds the count by the payload size.
@@ -226,7 +217,7 @@ Result<ParsedChunk> parse_chunk(ByteSpan payload) {
   if (pc.bytes > kChunkBytesMax) return Status::corruption("chunk larger than the format allows");
   if (Status st = check_segments(segs, pc.bytes); !st.is_ok()) return Status::corruption(st.message());
 
-  const bool delta = pc.kind == ChunkKind::kDeltaV1;
+  const bool delta = pc.kind != ChunkKind::kAnchorV1;
   pc.sections.reserve(segs.size());
   for (const auto& s : segs) {
     ParsedSection sec;
@@ -238,7 +229,15 @@ Result<ParsedChunk> parse_chunk(ByteSpan payload) {
       sec.streams[sec.stream_count++] = ref;
       return Status::ok();
     };
-    if (delta && s.cls == SegmentClass::kBF16) {
+    if (pc.kind == ChunkKind::kDeltaV2 && s.cls == SegmentClass::kBF16) {
+      DC_ASSIGN_OR_RETURN(sec.bf16, bf16v2::parse(r, n));
+      sec.v2 = true;
+      sec.change_count = sec.bf16.changes;
+      sec.exception_count = sec.bf16.exceptions;
+      sec.names[0] = "exceptions";
+      sec.streams[0] = sec.bf16.exceptions_stream;
+      sec.stream_count = 1;
+    } else if (delta && s.cls == SegmentClass::kBF16) {
       if (!r.varint(sec.change_count) || !r.varint(sec.exception_count)) return Status::corruption("truncated section header");
       if (sec.change_count > n || sec.exception_count > sec.change_count) return Status::corruption("impossible change counts");
       DC_RETURN_IF_ERROR(add("positions", n * 5));
@@ -347,8 +346,14 @@ ChunkEncodeOptions ChunkEncodeOptions::defaults() {
   return o;
 }
 
-ChunkEncodeOptions ChunkEncodeOptions::max_effort() {
+ChunkEncodeOptions ChunkEncodeOptions::smallest() {
   ChunkEncodeOptions o = defaults();
+  o.delta_kinds = {ChunkKind::kDeltaV1, ChunkKind::kDeltaV2};
+  return o;
+}
+
+ChunkEncodeOptions ChunkEncodeOptions::max_effort() {
+  ChunkEncodeOptions o = smallest();
   o.delta_backends.push_back({Backend::kZstd, 9});
   o.delta_backends.push_back({Backend::kZstd, 19});
   o.anchor_backends.push_back({Backend::kZstd, 3});
@@ -365,23 +370,39 @@ void ChunkStats::add(const ChunkStats& o) {
   generic_bytes += o.generic_bytes;
   generic_changed_bytes += o.generic_changed_bytes;
   streams.insert(streams.end(), o.streams.begin(), o.streams.end());
+  v1_chunks += o.v1_chunks;
+  v2_chunks += o.v2_chunks;
 }
 
 Result<Bytes> encode_delta_chunk(std::span<const Segment> segments, ByteSpan base, ByteSpan next,
                                  const ChunkEncodeOptions& options, ChunkStats* stats) {
   if (base.size() != next.size()) return Status::invalid_argument("base and new ranges differ in size");
   DC_RETURN_IF_ERROR(check_segments(segments, next.size()));
-  Bytes out;
-  out.reserve(64 + next.size() / 32);
-  write_chunk_header(ChunkKind::kDeltaV1, segments, out);
-  SectionWriter w{out, options, stats};
-  std::size_t off = 0;
-  for (const auto& s : segments) {
-    if (s.cls == SegmentClass::kBF16) encode_bf16_delta(base.data() + off, next.data() + off, s.bytes / 2, w);
-    else encode_generic_delta(base.data() + off, next.data() + off, s.bytes, s.elem_size, w);
-    off += s.bytes;
+  if (options.delta_kinds.empty()) return Status::invalid_argument("no delta encoding to try");
+  Bytes best;
+  ChunkStats best_stats;
+  for (ChunkKind kind : options.delta_kinds) {
+    if (kind != ChunkKind::kDeltaV1 && kind != ChunkKind::kDeltaV2) return Status::invalid_argument("not a delta chunk encoding");
+    Bytes out;
+    out.reserve(64 + next.size() / 32);
+    ChunkStats st;
+    write_chunk_header(kind, segments, out);
+    SectionWriter w{out, options, stats ? &st : nullptr};
+    std::size_t off = 0;
+    for (const auto& s : segments) {
+      if (s.cls != SegmentClass::kBF16) encode_generic_delta(base.data() + off, next.data() + off, s.bytes, s.elem_size, w);
+      else if (kind == ChunkKind::kDeltaV2) encode_bf16_delta_v2(base.data() + off, next.data() + off, s.bytes / 2, w);
+      else encode_bf16_delta(base.data() + off, next.data() + off, s.bytes / 2, w);
+      off += s.bytes;
+    }
+    if (!best.empty() && out.size() >= best.size()) continue;
+    best = std::move(out);
+    best_stats = std::move(st);
+    best_stats.v1_chunks = kind == ChunkKind::kDeltaV1;
+    best_stats.v2_chunks = kind == ChunkKind::kDeltaV2;
   }
-  return out;
+  if (stats) stats->add(best_stats);
+  return best;
 }
 
 Result<Bytes> encode_anchor_chunk(std::span<const Segment> segments, ByteSpan next, const ChunkEncodeOptions& options,
@@ -408,7 +429,7 @@ Status decode_chunk(ByteSpan payload, std::span<const Segment> expected_segments
     for (std::size_t i = 0; same && i < pc.sections.size(); ++i) same = pc.sections[i].seg == expected_segments[i];
     if (!same) return Status::mismatch("chunk segments do not match the tensor table");
   }
-  const bool delta = pc.kind == ChunkKind::kDeltaV1;
+  const bool delta = pc.kind != ChunkKind::kAnchorV1;
   if (delta && base.size() != out.size()) return Status::invalid_argument("delta chunk needs base bytes of the same range");
   const bool in_place = delta && base.data() == out.data();
   if (delta && !in_place && base.data() < out.data() + out.size() && out.data() < base.data() + base.size())
@@ -418,13 +439,16 @@ Status decode_chunk(ByteSpan payload, std::span<const Segment> expected_segments
   // `out` yet.
   thread_local std::vector<SectionBuffers> section_buffers;
   if (section_buffers.size() < pc.sections.size()) section_buffers.resize(pc.sections.size());
+  thread_local std::vector<bf16v2::Changes> v2_changes;
+  if (v2_changes.size() < pc.sections.size()) v2_changes.resize(pc.sections.size());
   std::vector<DecodedStreams> decoded(pc.sections.size());
-  for (std::size_t k = 0; k < pc.sections.size(); ++k) {
+  for (std::size_t k = 0, at = 0; k < pc.sections.size(); at += pc.sections[k].seg.bytes, ++k) {
     const auto& sec = pc.sections[k];
     if (Status st = decode_streams(sec, section_buffers[k], decoded[k]); !st.is_ok()) return st.with_context("segment " + std::to_string(k));
-    if (delta && sec.seg.cls == SegmentClass::kBF16) {
-      if (Status st = validate_bf16_delta(sec, decoded[k]); !st.is_ok()) return st.with_context("segment " + std::to_string(k));
-    }
+    Status st;
+    if (sec.v2) st = bf16v2::decode(sec.bf16, base.data() + at, decoded[k].s[0], v2_changes[k]);
+    else if (delta && sec.seg.cls == SegmentClass::kBF16) st = validate_bf16_delta(sec, decoded[k]);
+    if (!st.is_ok()) return st.with_context("segment " + std::to_string(k));
   }
   // Pass 2: write.
   std::size_t off = 0;
@@ -436,7 +460,8 @@ Status decode_chunk(ByteSpan payload, std::span<const Segment> expected_segments
     const std::size_t es = sec.seg.elem_size;
     if (delta) {
       if (!in_place) std::memcpy(o, base.data() + off, bytes);
-      if (sec.seg.cls == SegmentClass::kBF16) apply_bf16_delta(d, o);
+      if (sec.v2) bf16v2::apply(v2_changes[k], o);
+      else if (sec.seg.cls == SegmentClass::kBF16) apply_bf16_delta(d, o);
       else unshuffle_xor(d.s[0].data(), bytes / es, es, o);
     } else if (sec.seg.cls == SegmentClass::kBF16) {
       const std::uint8_t* e = d.s[0].data();
@@ -456,7 +481,15 @@ Result<ChunkStats> describe_chunk(ByteSpan payload, ChunkKind* kind) {
   DC_ASSIGN_OR_RETURN(ParsedChunk pc, parse_chunk(payload));
   if (kind) *kind = pc.kind;
   ChunkStats st;
+  st.v1_chunks = pc.kind == ChunkKind::kDeltaV1;
+  st.v2_chunks = pc.kind == ChunkKind::kDeltaV2;
   for (const auto& sec : pc.sections) {
+    if (sec.v2) {
+      // The classes of its values come from the base, which a description does not have:
+      // counts come from the header, and +-1 steps are not counted.
+      st.streams.push_back({"changes", StreamReport{{Backend::kRaw, 0}, sec.seg.bytes, sec.bf16.coded.size()}, "range-coded"});
+      st.streams.push_back({"remainders", StreamReport{{Backend::kRaw, 0}, sec.bf16.remainders.size(), sec.bf16.remainders.size()}, "bits"});
+    }
     for (int k = 0; k < sec.stream_count; ++k) {
       st.streams.push_back({sec.names[k], StreamReport{sec.streams[k].choice, sec.streams[k].raw_bytes, sec.streams[k].body.size()}});
     }
@@ -465,7 +498,13 @@ Result<ChunkStats> describe_chunk(ByteSpan payload, ChunkKind* kind) {
     } else {
       st.generic_bytes += sec.seg.bytes;
     }
-    if (pc.kind != ChunkKind::kDeltaV1) continue;
+    if (sec.v2) {
+      st.changed_values += sec.change_count;
+      st.exceptions += sec.exception_count;
+      st.small_deltas += sec.change_count - sec.exception_count;
+      continue;
+    }
+    if (pc.kind == ChunkKind::kAnchorV1) continue;
     thread_local SectionBuffers bufs;
     DecodedStreams d;
     DC_RETURN_IF_ERROR(decode_streams(sec, bufs, d));

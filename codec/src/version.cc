@@ -108,7 +108,7 @@ Status verify_chunk_inputs(const Manifest& manifest, std::size_t index, ByteSpan
 Status apply_chunk(const Manifest& manifest, std::size_t index, ByteSpan payload, ByteSpan base_range, MutableByteSpan out_range) {
   const ChunkEntry& c = manifest.chunks[index];
   DC_ASSIGN_OR_RETURN(ChunkKind kind, chunk_kind(payload));
-  if ((manifest.kind == VersionKind::kDelta) != (kind == ChunkKind::kDeltaV1))
+  if ((manifest.kind == VersionKind::kDelta) != (kind != ChunkKind::kAnchorV1))
     return Status::corruption("chunk kind does not match the version kind");
   const auto segs = segments_for_range(manifest.tensors, c.offset, c.length);
   DC_RETURN_IF_ERROR(decode_chunk(payload, segs, base_range, out_range));

@@ -2,6 +2,8 @@
 
 #include "deltacast/codec/chunk.h"
 #include "deltacast/codec/manifest.h"
+#include "deltacast/common/thread_pool.h"
+#include "gen.h"
 #include "test_util.h"
 
 using namespace deltacast;
@@ -12,16 +14,36 @@ const ChunkEncodeOptions kOptions = ChunkEncodeOptions::defaults();
 
 std::vector<Segment> bf16_segment(std::size_t bytes) { return {Segment{SegmentClass::kBF16, 2, bytes}}; }
 
-// Encodes base -> next as a delta and checks both out-of-place and in-place decoding.
+// Encodes base -> next as a delta in each encoding (v1, v2, and the smaller of the two), with
+// the wide (AVX-512) and the portable scans, and checks out-of-place and in-place decoding of
+// each. `stats` gets the v2 encoding's.
 void check_delta(const std::vector<Segment>& segs, const Bytes& base, const Bytes& next, ChunkStats* stats = nullptr) {
-  auto payload = encode_delta_chunk(segs, base, next, kOptions, stats);
-  REQUIRE(payload.is_ok());
-  Bytes out(next.size(), 0xcd);
-  REQUIRE(decode_chunk(*payload, segs, base, out).is_ok());
-  CHECK(out == next);
-  Bytes in_place = base;
-  REQUIRE(decode_chunk(*payload, segs, in_place, in_place).is_ok());
-  CHECK(in_place == next);
+  const std::vector<std::vector<ChunkKind>> encodings = {{ChunkKind::kDeltaV1}, {ChunkKind::kDeltaV2}, {ChunkKind::kDeltaV1, ChunkKind::kDeltaV2}};
+  std::vector<Bytes> v2_payloads;
+  for (bool wide : {true, false}) {
+    set_wide_scans(wide);
+    for (const auto& kinds : encodings) {
+      ChunkEncodeOptions opt = kOptions;
+      opt.delta_kinds = kinds;
+      ChunkStats st;
+      auto payload = encode_delta_chunk(segs, base, next, opt, &st);
+      REQUIRE(payload.is_ok());
+      CHECK((*payload)[0] == static_cast<std::uint8_t>(kinds.size() == 1 ? kinds[0] : (st.v2_chunks ? ChunkKind::kDeltaV2 : ChunkKind::kDeltaV1)));
+      if (kinds.size() == 1 && kinds[0] == ChunkKind::kDeltaV2) {
+        v2_payloads.push_back(*payload);
+        if (stats && wide) *stats = st;
+      }
+      Bytes out(next.size(), 0xcd);
+      REQUIRE(decode_chunk(*payload, segs, base, out).is_ok());
+      CHECK(out == next);
+      Bytes in_place = base;
+      REQUIRE(decode_chunk(*payload, segs, in_place, in_place).is_ok());
+      CHECK(in_place == next);
+    }
+  }
+  set_wide_scans(true);
+  REQUIRE(v2_payloads.size() == 2);
+  CHECK(v2_payloads[0] == v2_payloads[1]);  // the scans agree
 }
 
 void check_anchor(const std::vector<Segment>& segs, const Bytes& next) {
@@ -170,4 +192,72 @@ TEST_CASE("chunk planning cuts on element boundaries and covers the image", "[co
     }
     CHECK(pos == layout.image_size);
   }
+}
+
+namespace {
+
+// Two consecutive steps of a small generated model at lr 1e-6: sparse changes, mostly one ulp,
+// spread over many exponents, as in training.
+struct TrainingStep {
+  ModelLayout layout;
+  Bytes base, next;
+  TrainingStep() {
+    layout = tools::build_layout(tools::ModelShape{64, 2, 256, 128, true});
+    std::vector<Bytes> images(2, Bytes(layout.image_size));
+    std::vector<MutableByteSpan> spans(images.begin(), images.end());
+    InlineExecutor ex;
+    tools::TrainOptions t;
+    t.lr = 1e-6;
+    tools::generate_series(layout, t, spans, ex);
+    base = std::move(images[0]);
+    next = std::move(images[1]);
+  }
+};
+
+Bytes encode_as(const std::vector<Segment>& segs, const Bytes& base, const Bytes& next, ChunkKind kind) {
+  ChunkEncodeOptions opt = kOptions;
+  opt.delta_kinds = {kind};
+  auto p = encode_delta_chunk(segs, base, next, opt);
+  REQUIRE(p.is_ok());
+  return *p;
+}
+
+}  // namespace
+
+TEST_CASE("v2 codes a training step in fewer bytes than v1, bit-exactly", "[codec][chunk][v2]") {
+  TrainingStep s;
+  const auto segs = segments_for_range(s.layout.tensors, 0, s.layout.image_size);
+  check_delta(segs, s.base, s.next);
+  const Bytes v1 = encode_as(segs, s.base, s.next, ChunkKind::kDeltaV1);
+  const Bytes v2 = encode_as(segs, s.base, s.next, ChunkKind::kDeltaV2);
+  CHECK(static_cast<double>(v2.size()) < 0.8 * static_cast<double>(v1.size()));
+  // The default picks the smaller.
+  ChunkEncodeOptions both = kOptions;
+  both.delta_kinds = {ChunkKind::kDeltaV1, ChunkKind::kDeltaV2};
+  auto best = encode_delta_chunk(segs, s.base, s.next, both);
+  REQUIRE(best.is_ok());
+  CHECK(*best == v2);
+}
+
+TEST_CASE("corrupt v2 payloads are refused or left to the content hash, never crash", "[codec][chunk][v2]") {
+  TrainingStep s;
+  const auto segs = segments_for_range(s.layout.tensors, 0, s.layout.image_size);
+  const Bytes good = encode_as(segs, s.base, s.next, ChunkKind::kDeltaV2);
+  Bytes out(s.next.size());
+  // Every truncation is refused, and nothing is written.
+  for (std::size_t len = 0; len < good.size(); len += 1 + len / 64) {
+    std::fill(out.begin(), out.end(), 0xab);
+    CHECK_FALSE(decode_chunk(ByteSpan(good.data(), len), segs, s.base, out).is_ok());
+    CHECK(std::all_of(out.begin(), out.end(), [](std::uint8_t b) { return b == 0xab; }));
+  }
+  // Flipped bits: refused, or decoded into bytes the caller's content hash tells apart (a few
+  // bits carry nothing, such as the recorded zstd level), never a crash.
+  std::mt19937_64 rng(3);
+  int refused = 0;
+  for (int t = 0; t < 2000; ++t) {
+    Bytes bad = good;
+    bad[rng() % bad.size()] ^= static_cast<std::uint8_t>(1u << (rng() % 8));
+    if (!decode_chunk(bad, segs, s.base, out).is_ok()) refused++;
+  }
+  CHECK(refused > 1000);
 }

@@ -21,7 +21,7 @@ TEST_CASE("golden delta and anchor decode to the golden checkpoint", "[codec][go
   REQUIRE(base.is_ok());
   REQUIRE(next.is_ok());
   ThreadPool pool(2);
-  for (const char* name : {"delta.dcd", "anchor.dcd"}) {
+  for (const char* name : {"delta.dcd", "delta-v2.dcd", "anchor.dcd"}) {
     INFO(name);
     auto file = MappedFile::open(golden(name));
     REQUIRE(file.is_ok());
@@ -49,13 +49,18 @@ TEST_CASE("encoding the golden inputs reproduces the golden files", "[codec][gol
   InlineExecutor ex;
   VersionEncodeOptions opt;
   opt.chunk_bytes = 16 << 10;
-  for (bool delta : {true, false}) {
-    auto ev = delta ? encode_version(next->layout(), 2, 1, base->image(), next->image(), opt, ex)
-                    : encode_version(next->layout(), 2, 0, {}, next->image(), opt, ex);
+  VersionEncodeOptions opt_v2 = opt;
+  opt_v2.chunk = ChunkEncodeOptions::smallest();
+  for (const char* name : {"delta.dcd", "delta-v2.dcd", "anchor.dcd"}) {
+    INFO(name);
+    const std::string n = name;
+    auto ev = n == "anchor.dcd" ? encode_version(next->layout(), 2, 0, {}, next->image(), opt, ex)
+                                : encode_version(next->layout(), 2, 1, base->image(), next->image(), n == "delta.dcd" ? opt : opt_v2, ex);
     REQUIRE(ev.is_ok());
+    if (n == "delta-v2.dcd") CHECK(ev->stats.v2_chunks > 0);  // the golden file pins the v2 encoding
     Bytes file = container_prefix(ev->manifest);
     for (const auto& p : ev->payloads) file.insert(file.end(), p.begin(), p.end());
-    auto expected = MappedFile::open(golden(delta ? "delta.dcd" : "anchor.dcd"));
+    auto expected = MappedFile::open(golden(name));
     REQUIRE(expected.is_ok());
     CHECK(std::equal(file.begin(), file.end(), expected->bytes().begin(), expected->bytes().end()));
   }

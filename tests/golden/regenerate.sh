@@ -10,5 +10,6 @@ trap 'rm -rf "$tmp"' EXIT
 cp "$tmp/step-000000.safetensors" "$here/base.safetensors"
 cp "$tmp/step-000001.safetensors" "$here/next.safetensors"
 "$dc" encode -q -j1 --chunk-size 16KiB --base-version 1 "$here/base.safetensors" "$here/next.safetensors" -o "$here/delta.dcd"
+"$dc" encode -q -j1 --chunk-size 16KiB --base-version 1 --v2 "$here/base.safetensors" "$here/next.safetensors" -o "$here/delta-v2.dcd"
 "$dc" encode -q -j1 --chunk-size 16KiB --version 2 "$here/next.safetensors" -o "$here/anchor.dcd"
 "$dc" inspect "$here/delta.dcd" | grep checksum

@@ -21,6 +21,7 @@ namespace deltacast {
 enum class ChunkKind : std::uint8_t {
   kDeltaV1 = 1,   // changes against the base bytes of the same range
   kAnchorV1 = 2,  // a full snapshot of the range
+  kDeltaV2 = 3,   // changes, BF16 runs coded with models conditioned on the base exponent
 };
 
 enum class SegmentClass : std::uint8_t {
@@ -41,9 +42,16 @@ inline constexpr std::uint64_t kChunkBytesMax = std::uint64_t{1} << 31;
 struct ChunkEncodeOptions {
   std::vector<BackendChoice> delta_backends;   // tried for every delta stream
   std::vector<BackendChoice> anchor_backends;  // tried for every anchor stream
+  // Delta encodings tried for every chunk; the smallest payload is kept. v2 is about 30%
+  // smaller at lr 1e-6 but its decoder is still slower than v1's (docs/BENCHMARKS.md), and a
+  // worker applying a large model is bound by decoding, so v1 alone is the default for now.
+  std::vector<ChunkKind> delta_kinds = {ChunkKind::kDeltaV1};
   static ChunkEncodeOptions defaults();
-  // Adds higher zstd levels (up to -19) to every stream: smallest output, much slower to encode.
+  // Both delta encodings and higher zstd levels (up to -19) on every stream: smallest output,
+  // much slower to encode.
   static ChunkEncodeOptions max_effort();
+  // Both delta encodings, the smaller kept per chunk.
+  static ChunkEncodeOptions smallest();
 };
 
 // What a chunk holds; filled by the encoder, and by describe_chunk for an existing payload.
@@ -51,14 +59,16 @@ struct ChunkStats {
   std::uint64_t bf16_values = 0;
   std::uint64_t changed_values = 0;    // BF16 values that differ from the base
   std::uint64_t small_deltas = 0;      // of those, coded as a same-sign integer step of at most 127
-  std::uint64_t unit_deltas = 0;       // of those, exactly one ulp up or down
+  std::uint64_t unit_deltas = 0;       // of those, exactly one ulp up or down (describe_chunk: v1 chunks only)
   std::uint64_t exceptions = 0;        // sign flips and larger exponent moves, coded whole
   std::uint64_t generic_bytes = 0;
   std::uint64_t generic_changed_bytes = 0;
   struct Stream {
     std::string_view name;  // "positions", "values", "exceptions", "xor", "exponents", ...
     StreamReport report;
+    std::string_view coder;  // set where the bytes are not a backend stream ("range-coded", "bits")
   };
+  std::uint64_t v1_chunks = 0, v2_chunks = 0;  // delta chunks by encoding
   std::vector<Stream> streams;
   void add(const ChunkStats& other);
 };
@@ -82,6 +92,11 @@ Status decode_chunk(ByteSpan payload, std::span<const Segment> expected_segments
 
 // Parses and decodes a payload's streams without applying them, for reports.
 Result<ChunkStats> describe_chunk(ByteSpan payload, ChunkKind* kind = nullptr);
+
+// The v2 BF16 scans use AVX-512BW, POPCNT and BMI2 where the CPU has them. false forces the
+// portable (SSE2) scans everywhere, for tests that compare the two; the bytes are the same.
+void set_wide_scans(bool allowed);
+bool wide_scans();  // whether they are in use
 
 // Reads just the kind byte.
 Result<ChunkKind> chunk_kind(ByteSpan payload);

@@ -1,0 +1,48 @@
+// Empirical entropy of a delta between two checkpoints: how few bits a coder could spend on
+// it, given different amounts of context, to set the sizes the codec reaches against.
+//
+// A BF16 delta is "where the changes are" (positions) and "what they are" (values, the new
+// value given the base value). Each measure below is the empirical entropy of both under one
+// model, counted over the whole delta (the model's own cost is not included, so adaptive
+// coders, which learn as they go, land slightly above it):
+//   independent      every value changes with the same probability; one value distribution;
+//   exponent         probability and value distribution depend on the base value's exponent;
+//   tensor_exponent  ... on the tensor and the exponent;
+//   history          ... on the exponent and on how the value moved in the previous step
+//                    (up, down or not at all; needs the checkpoint before the base).
+// Bytes outside BF16 tensors are counted as the order-0 entropy of their XOR with the base.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "deltacast/codec/bytes.h"
+#include "deltacast/codec/tensor.h"
+#include "deltacast/common/status.h"
+
+namespace deltacast {
+
+struct EntropyTerms {
+  double positions_bits = 0;
+  double values_bits = 0;
+  double total_bits() const { return positions_bits + values_bits; }
+};
+
+struct DeltaEntropy {
+  std::uint64_t image_bytes = 0;
+  std::uint64_t bf16_values = 0;
+  std::uint64_t changed = 0;       // BF16 values that differ from the base
+  std::uint64_t other_bytes = 0;   // bytes outside BF16 tensors
+  double other_bits = 0;           // their XOR's order-0 entropy
+  EntropyTerms independent, exponent, tensor_exponent, history;
+  bool has_history = false;
+  // Whole-delta size in bytes under one of the models above (BF16 part plus the other bytes).
+  double bytes(const EntropyTerms& t) const { return (t.total_bits() + other_bits) / 8; }
+};
+
+// `base` and `next` are images of the same layout; `prev`, if not empty, is the image before
+// `base` (for the history model).
+Result<DeltaEntropy> measure_delta_entropy(const std::vector<TensorInfo>& tensors, ByteSpan base, ByteSpan next,
+                                           ByteSpan prev = {});
+
+}  // namespace deltacast

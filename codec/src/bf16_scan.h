@@ -1,0 +1,37 @@
+// Scanning BF16 values fast: where two arrays differ. Internal to the codec.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+namespace deltacast {
+
+// Calls on_change(i) for every i with a[i] != b[i], in increasing order.
+template <typename F>
+inline void for_each_difference(const std::uint16_t* a, const std::uint16_t* b, std::size_t n, F&& on_change) {
+  std::size_t i = 0;
+#if defined(__SSE2__)
+  for (; i + 16 <= n; i += 16) {
+    __m128i a0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i));
+    __m128i b0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i));
+    __m128i a1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i + 8));
+    __m128i b1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i + 8));
+    std::uint32_t equal = static_cast<std::uint32_t>(_mm_movemask_epi8(_mm_cmpeq_epi16(a0, b0))) |
+                          (static_cast<std::uint32_t>(_mm_movemask_epi8(_mm_cmpeq_epi16(a1, b1))) << 16);
+    std::uint32_t diff = ~equal;  // two bits per element
+    while (diff) {
+      int bit = __builtin_ctz(diff);
+      on_change(i + static_cast<std::size_t>(bit >> 1));
+      diff &= ~(3u << (bit & ~1));
+    }
+  }
+#endif
+  for (; i < n; ++i)
+    if (a[i] != b[i]) on_change(i);
+}
+
+}  // namespace deltacast

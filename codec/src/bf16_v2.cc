@@ -1,0 +1,324 @@
+#include "bf16_v2.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#elif defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#include "bf16_scan.h"
+#include "range_coder.h"
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "deltacast assumes a little-endian host");
+
+namespace deltacast::bf16v2 {
+namespace {
+
+constexpr int kClassesDefault = 8;
+constexpr std::size_t kBlock = 64;
+constexpr std::uint32_t kStepMax = 251;  // z - 3 of a small step: z = zigzag(d) in [3, 254]
+
+// The class of a base value: exponents below e0 share class 0, e0 + j is class j + 1, and
+// everything from e0 + classes - 2 up shares the top class.
+inline int class_of(std::uint16_t v, int e0, int classes) {
+  const int t = static_cast<int>((v >> 7) & 0xff) - (e0 - 1);
+  return std::min(std::max(t, 0), classes - 1);
+}
+
+// Bits 0..p set.
+inline std::uint64_t through(int p) { return p == 63 ? ~std::uint64_t{0} : (std::uint64_t{2} << p) - 1; }
+
+// The adaptive models, as encoder and decoder both learn them.
+struct Models {
+  std::array<std::array<rc::Prob, 3>, kClassesMax> quotient;  // unary digit j (capped at 2) of a gap's quotient
+  std::array<rc::Prob, kClassesMax> unit;                     // the change is one step (+-1 as integers)
+  std::array<std::array<rc::Prob, 2>, kClassesMax> up;        // ... upward, by the base value's sign
+  std::array<rc::Prob, kClassesMax> exception;                // not a small step: the value is in the exceptions stream
+  std::array<rc::Prob, 256> step;                             // bit tree over z - 3 of other small steps
+  Models() {
+    for (auto& q : quotient) q.fill(rc::kProbInit);
+    unit.fill(rc::kProbInit);
+    for (auto& u : up) u.fill(rc::kProbInit);
+    exception.fill(rc::kProbInit);
+    step.fill(rc::kProbInit);
+  }
+};
+
+double binary_bits(double n, double ones) {
+  if (ones <= 0 || ones >= n) return 0;
+  const double p = ones / n;
+  return n * (-p * std::log2(p) - (1 - p) * std::log2(1 - p));
+}
+
+// The exponent window (e0) that leaves the least entropy in the positions: `values` and
+// `changes` count per exponent.
+int choose_window(const std::array<double, 256>& values, const std::array<double, 256>& changes, int classes) {
+  std::array<double, 257> nv{}, nc{};
+  for (int e = 0; e < 256; ++e) {
+    nv[e + 1] = nv[e] + values[e];
+    nc[e + 1] = nc[e] + changes[e];
+  }
+  int best_e0 = 1;
+  double best = INFINITY;
+  for (int e0 = 1; e0 + classes - 2 <= 256; ++e0) {
+    // class 0: [0, e0); class j: e0 + j - 1; top: [e0 + classes - 2, 256)
+    const int top = e0 + classes - 2;
+    double bits = binary_bits(nv[e0], nc[e0]) + binary_bits(nv[256] - nv[top], nc[256] - nc[top]);
+    for (int e = e0; e < top; ++e) bits += binary_bits(values[e], changes[e]);
+    if (bits < best) {
+      best = bits;
+      best_e0 = e0;
+    }
+  }
+  return best_e0;
+}
+
+// The Rice parameter for one class's gaps that codes them in the fewest bits, counting the
+// quotient's unary digits at their empirical entropy (the coder learns their odds).
+std::uint8_t choose_rice(const std::vector<std::uint32_t>& gaps) {
+  if (gaps.empty()) return 0;
+  double sum = 0;
+  std::uint32_t largest = 0;
+  for (auto g : gaps) {
+    sum += g;
+    largest = std::max(largest, g);
+  }
+  const double mean = sum / static_cast<double>(gaps.size()) + 1;
+  const int guess = std::max(0, static_cast<int>(std::floor(std::log2(mean * 0.69))));
+  int floor_r = 0;
+  while ((largest >> floor_r) > kQuotientMax) floor_r++;
+  int best_r = std::max(guess, floor_r);
+  double best = INFINITY;
+  for (int r = std::max(floor_r, guess - 1); r <= std::max(floor_r, guess + 1) && r <= static_cast<int>(kRiceMax); ++r) {
+    double n0 = 0, o0 = 0, o1 = 0, n2 = 0, o2 = 0;
+    for (auto g : gaps) {
+      const std::uint32_t q = g >> r;
+      n0++;
+      o0 += q >= 1;
+      o1 += q >= 2;
+      if (q >= 2) {
+        n2 += q - 1;
+        o2 += q - 2;
+      }
+    }
+    const double bits = r * n0 + binary_bits(n0, o0) + binary_bits(o0, o1) + binary_bits(n2, o2);
+    if (bits < best) {
+      best = bits;
+      best_r = r;
+    }
+  }
+  return static_cast<std::uint8_t>(best_r);
+}
+
+inline std::uint8_t zigzag8(int d) { return static_cast<std::uint8_t>((d << 1) ^ (d >> 31)); }
+inline int unzigzag8(unsigned z) { return static_cast<int>(z >> 1) ^ -static_cast<int>(z & 1); }
+
+}  // namespace
+
+// The scans, compiled twice: for any x86-64 (SSE2), and for CPUs with AVX-512BW, POPCNT and
+// BMI2; the second is used where the CPU has them (the output is the same).
+namespace portable {
+#define DC_V2_WIDE 0
+#include "bf16_v2_kernels.inc"
+#undef DC_V2_WIDE
+}  // namespace portable
+#if defined(__x86_64__)
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,popcnt,bmi,bmi2"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,popcnt,bmi,bmi2")
+#endif
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12's own AVX-512 headers trip it
+namespace wide {
+#define DC_V2_WIDE 1
+#include "bf16_v2_kernels.inc"
+#undef DC_V2_WIDE
+}  // namespace wide
+#pragma GCC diagnostic pop
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#endif
+
+namespace {
+
+std::atomic<bool> wide_allowed{true};
+
+bool use_wide() {
+#if defined(__x86_64__)
+  static const bool cpu = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("popcnt") && __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2");
+  return cpu && wide_allowed.load(std::memory_order_relaxed);
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+SectionCounts encode(const std::uint8_t* base, const std::uint8_t* next, std::size_t n,
+                     const std::vector<BackendChoice>& exception_backends, Bytes& out) {
+  const auto* a = reinterpret_cast<const std::uint16_t*>(base);
+  const auto* b = reinterpret_cast<const std::uint16_t*>(next);
+  thread_local std::vector<std::uint32_t> pos, gap;
+  thread_local std::vector<std::uint8_t> cls;
+  thread_local std::vector<std::int64_t> next_in_class;
+  thread_local Bytes coded, remainders, exceptions;
+  pos.clear();
+  coded.clear();
+  remainders.clear();
+  exceptions.clear();
+
+  // Where the changes are, and (from a sample of the values) how the exponents spread.
+  std::array<double, 256> values{}, changes{};
+  for_each_difference(a, b, n, [&](std::size_t i) {
+    pos.push_back(static_cast<std::uint32_t>(i));
+    changes[(a[i] >> 7) & 0xff]++;
+  });
+  constexpr std::size_t kSample = 16;
+  for (std::size_t i = 0; i < n; i += kSample) values[(a[i] >> 7) & 0xff] += kSample;
+  for (int e = 0; e < 256; ++e) values[e] = std::max(values[e], changes[e]);
+  const int classes = kClassesDefault;
+  const int e0 = choose_window(values, changes, classes);
+
+  // Each change's class and its gap: values of its class since the previous change there.
+  const std::size_t k_total = pos.size();
+  cls.resize(k_total);
+  gap.resize(k_total);
+  std::array<std::uint64_t, kClassesMax> count{};
+#if defined(__x86_64__)
+  if (use_wide()) wide::class_gaps(a, n, e0, classes, pos, cls, gap, count);
+  else
+#endif
+    portable::class_gaps(a, n, e0, classes, pos, cls, gap, count);
+
+  // Rice parameters, and each change's successor in its class.
+  std::array<std::uint8_t, kClassesMax> rice{};
+  {
+    std::array<std::vector<std::uint32_t>, kClassesMax> by_class;
+    for (std::size_t k = 0; k < k_total; ++k) by_class[cls[k]].push_back(gap[k]);
+    for (int c = 0; c < classes; ++c) rice[c] = choose_rice(by_class[c]);
+  }
+  next_in_class.assign(k_total, -1);
+  std::array<std::int64_t, kClassesMax> last, first;
+  last.fill(-1);
+  first.fill(-1);
+  for (std::size_t k = 0; k < k_total; ++k) {
+    const int c = cls[k];
+    if (last[c] >= 0) next_in_class[static_cast<std::size_t>(last[c])] = static_cast<std::int64_t>(k);
+    else first[c] = static_cast<std::int64_t>(k);
+    last[c] = static_cast<std::int64_t>(k);
+  }
+
+  // The coded body, in the order the decoder reads it: every class's first gap, then per
+  // change in value order its value and the gap to the next change of its class.
+  SectionCounts sc;
+  sc.changes = k_total;
+  if (k_total > 0) {
+    Models m;
+    rc::Encoder enc(coded);
+    rc::BitWriter bits(remainders);
+    auto put_gap = [&](int c, std::uint32_t g) {
+      const std::uint32_t q = g >> rice[c];
+      for (std::uint32_t d = 0; d < q; ++d) enc.bit(m.quotient[c][std::min<std::uint32_t>(d, 2)], 1);
+      enc.bit(m.quotient[c][std::min<std::uint32_t>(q, 2)], 0);
+      bits.put(g, rice[c]);
+    };
+    for (int c = 0; c < classes; ++c)
+      if (first[c] >= 0) put_gap(c, gap[static_cast<std::size_t>(first[c])]);
+    for (std::size_t k = 0; k < k_total; ++k) {
+      const int c = cls[k];
+      const std::uint16_t o = a[pos[k]], x = b[pos[k]];
+      const int d = static_cast<int>(x) - static_cast<int>(o);
+      const bool same_sign = ((x ^ o) & 0x8000) == 0;
+      if (same_sign && (d == 1 || d == -1)) {
+        enc.bit(m.unit[c], 1);
+        enc.bit(m.up[c][o >> 15], d == 1);
+        sc.unit++;
+      } else {
+        enc.bit(m.unit[c], 0);
+        if (same_sign && d >= -127 && d <= 127) {
+          enc.bit(m.exception[c], 0);
+          const unsigned v = zigzag8(d) - 3u;
+          unsigned node = 1;
+          for (int i = 7; i >= 0; --i) {
+            const unsigned bit = (v >> i) & 1;
+            enc.bit(m.step[node], bit);
+            node = (node << 1) | bit;
+          }
+        } else {
+          enc.bit(m.exception[c], 1);
+          exceptions.push_back(static_cast<std::uint8_t>(x));
+          exceptions.push_back(static_cast<std::uint8_t>(x >> 8));
+          sc.exceptions++;
+        }
+      }
+      if (next_in_class[k] >= 0) put_gap(c, gap[static_cast<std::size_t>(next_in_class[k])]);
+    }
+    enc.finish();
+    bits.finish();
+  }
+
+  ByteWriter w(out);
+  w.u8(static_cast<std::uint8_t>(e0));
+  w.u8(static_cast<std::uint8_t>(classes));
+  for (int c = 0; c < classes; ++c) w.varint(count[c]);
+  for (int c = 0; c < classes; ++c) w.u8(rice[c]);
+  w.varint(sc.exceptions);
+  w.varint(coded.size());
+  w.bytes(coded);
+  w.varint(remainders.size());
+  w.bytes(remainders);
+  sc.coded_bytes = coded.size();
+  sc.remainder_bytes = remainders.size();
+  sc.exceptions_stream = write_stream(exceptions, exception_backends, out);
+  return sc;
+}
+
+Result<Section> parse(ByteReader& r, std::uint64_t n) {
+  Section s;
+  s.n = n;
+  if (!r.u8(s.e0) || !r.u8(s.classes)) return Status::corruption("truncated v2 section header");
+  if (s.e0 == 0 || s.classes < 2 || s.classes > kClassesMax || s.e0 + s.classes - 2 > 256)
+    return Status::corruption("v2 section: bad exponent window");
+  for (int c = 0; c < s.classes; ++c) {
+    if (!r.varint(s.counts[c])) return Status::corruption("truncated v2 section header");
+    if (s.counts[c] > n - s.changes) return Status::corruption("v2 section: more changes than values");
+    s.changes += s.counts[c];
+  }
+  for (int c = 0; c < s.classes; ++c) {
+    if (!r.u8(s.rice[c])) return Status::corruption("truncated v2 section header");
+    if (s.rice[c] > kRiceMax) return Status::corruption("v2 section: bad Rice parameter");
+  }
+  std::uint64_t coded_len, rem_len;
+  if (!r.varint(s.exceptions) || s.exceptions > s.changes) return Status::corruption("v2 section: impossible exception count");
+  if (!r.varint(coded_len) || !r.bytes(coded_len, s.coded)) return Status::corruption("v2 section: truncated coded body");
+  if (!r.varint(rem_len) || !r.bytes(rem_len, s.remainders)) return Status::corruption("v2 section: truncated remainders");
+  if (s.changes == 0 && (coded_len || rem_len)) return Status::corruption("v2 section: a body without changes");
+  DC_ASSIGN_OR_RETURN(s.exceptions_stream, read_stream(r, 2 * s.exceptions));
+  if (s.exceptions_stream.raw_bytes != 2 * s.exceptions) return Status::corruption("v2 section: exceptions stream size mismatch");
+  return s;
+}
+
+Status decode(const Section& s, const std::uint8_t* base, ByteSpan exceptions, Changes& out) {
+  const auto* a = reinterpret_cast<const std::uint16_t*>(base);
+#if defined(__x86_64__)
+  if (use_wide()) return wide::decode_changes(s, a, exceptions, out);
+#endif
+  return portable::decode_changes(s, a, exceptions, out);
+}
+
+}  // namespace deltacast::bf16v2
+
+namespace deltacast {
+void set_wide_scans(bool allowed) { bf16v2::wide_allowed.store(allowed); }
+bool wide_scans() { return bf16v2::use_wide(); }
+}  // namespace deltacast

@@ -1,0 +1,60 @@
+// The v2 BF16 delta section (docs/FORMAT.md, "Delta v2"): where values changed and what they
+// changed to, coded with adaptive models conditioned on the base value's exponent, which the
+// decoder already has. Internal to the codec: chunk.cc frames it.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "deltacast/codec/backend.h"
+#include "deltacast/codec/bytes.h"
+#include "deltacast/common/status.h"
+
+namespace deltacast::bf16v2 {
+
+inline constexpr int kClassesMax = 16;
+inline constexpr std::uint32_t kRiceMax = 24;
+inline constexpr std::uint32_t kQuotientMax = 1u << 12;
+
+// What an encoded section held, for reports.
+struct SectionCounts {
+  std::uint64_t changes = 0, exceptions = 0, unit = 0;
+  std::uint64_t coded_bytes = 0;      // the range-coded body
+  std::uint64_t remainder_bytes = 0;  // the packed Rice remainders
+  StreamReport exceptions_stream;
+};
+
+// Appends the section for n values at `base` -> `next`.
+SectionCounts encode(const std::uint8_t* base, const std::uint8_t* next, std::size_t n,
+                     const std::vector<BackendChoice>& exception_backends, Bytes& out);
+
+// A section as it sits in a payload, parsed but not decoded.
+struct Section {
+  std::uint64_t n = 0;  // values in the segment
+  std::uint8_t e0 = 1;
+  std::uint8_t classes = 2;
+  std::array<std::uint64_t, kClassesMax> counts{};
+  std::array<std::uint8_t, kClassesMax> rice{};
+  std::uint64_t changes = 0, exceptions = 0;
+  ByteSpan coded, remainders;
+  StreamRef exceptions_stream;
+};
+Result<Section> parse(ByteReader& r, std::uint64_t n);
+
+// The changes of a section, decoded and checked against the base (nothing written yet).
+struct Changes {
+  std::vector<std::uint32_t> positions;
+  std::vector<std::uint16_t> values;  // the new values
+  std::uint64_t unit = 0;             // +-1 steps, for reports
+};
+// `exceptions` is the decoded exceptions stream (2 bytes per exception).
+Status decode(const Section& s, const std::uint8_t* base, ByteSpan exceptions, Changes& out);
+
+// Writes the changes into `out` (which holds the base values).
+inline void apply(const Changes& c, std::uint8_t* out) {
+  auto* v = reinterpret_cast<std::uint16_t*>(out);
+  for (std::size_t k = 0; k < c.positions.size(); ++k) v[c.positions[k]] = c.values[k];
+}
+
+}  // namespace deltacast::bf16v2

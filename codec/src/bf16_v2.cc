@@ -34,15 +34,13 @@ inline std::uint64_t through(int p) { return p == 63 ? ~std::uint64_t{0} : (std:
 
 // The adaptive models, as encoder and decoder both learn them.
 struct Models {
-  std::array<std::array<rc::Prob, 3>, kClassesMax> quotient;  // unary digit j (capped at 2) of a gap's quotient
+  // (Gaps and the direction of a one-step change are raw bits: a Rice code suits the former,
+  // and up and down are equally likely.)
   std::array<rc::Prob, kClassesMax> unit;                     // the change is one step (+-1 as integers)
-  std::array<std::array<rc::Prob, 2>, kClassesMax> up;        // ... upward, by the base value's sign
   std::array<rc::Prob, kClassesMax> exception;                // not a small step: the value is in the exceptions stream
   std::array<rc::Prob, 256> step;                             // bit tree over z - 3 of other small steps
   Models() {
-    for (auto& q : quotient) q.fill(rc::kProbInit);
     unit.fill(rc::kProbInit);
-    for (auto& u : up) u.fill(rc::kProbInit);
     exception.fill(rc::kProbInit);
     step.fill(rc::kProbInit);
   }
@@ -77,35 +75,25 @@ int choose_window(const std::array<double, 256>& values, const std::array<double
   return best_e0;
 }
 
-// The Rice parameter for one class's gaps that codes them in the fewest bits, counting the
-// quotient's unary digits at their empirical entropy (the coder learns their odds).
+// The Rice parameter for one class's gaps that codes them in the fewest bits.
 std::uint8_t choose_rice(const std::vector<std::uint32_t>& gaps) {
   if (gaps.empty()) return 0;
-  double sum = 0;
+  std::uint64_t sum = 0;
   std::uint32_t largest = 0;
   for (auto g : gaps) {
     sum += g;
     largest = std::max(largest, g);
   }
-  const double mean = sum / static_cast<double>(gaps.size()) + 1;
+  const double mean = static_cast<double>(sum) / static_cast<double>(gaps.size()) + 1;
   const int guess = std::max(0, static_cast<int>(std::floor(std::log2(mean * 0.69))));
   int floor_r = 0;
   while ((largest >> floor_r) > kQuotientMax) floor_r++;
   int best_r = std::max(guess, floor_r);
   double best = INFINITY;
   for (int r = std::max(floor_r, guess - 1); r <= std::max(floor_r, guess + 1) && r <= static_cast<int>(kRiceMax); ++r) {
-    double n0 = 0, o0 = 0, o1 = 0, n2 = 0, o2 = 0;
-    for (auto g : gaps) {
-      const std::uint32_t q = g >> r;
-      n0++;
-      o0 += q >= 1;
-      o1 += q >= 2;
-      if (q >= 2) {
-        n2 += q - 1;
-        o2 += q - 2;
-      }
-    }
-    const double bits = r * n0 + binary_bits(n0, o0) + binary_bits(o0, o1) + binary_bits(n2, o2);
+    std::uint64_t quotients = 0;
+    for (auto g : gaps) quotients += g >> r;
+    const double bits = static_cast<double>(quotients + (static_cast<std::uint64_t>(r) + 1) * gaps.size());
     if (bits < best) {
       best = bits;
       best_r = r;
@@ -169,22 +157,34 @@ SectionCounts encode(const std::uint8_t* base, const std::uint8_t* next, std::si
   const auto* a = reinterpret_cast<const std::uint16_t*>(base);
   const auto* b = reinterpret_cast<const std::uint16_t*>(next);
   thread_local std::vector<std::uint32_t> pos, gap;
+  thread_local std::vector<std::uint16_t> olds, news;  // at each change, taken while in cache
   thread_local std::vector<std::uint8_t> cls;
-  thread_local std::vector<std::int64_t> next_in_class;
   thread_local Bytes coded, remainders, exceptions;
   pos.clear();
+  olds.clear();
+  news.clear();
   coded.clear();
   remainders.clear();
   exceptions.clear();
 
   // Where the changes are, and (from a sample of the values) how the exponents spread.
-  std::array<double, 256> values{}, changes{};
+  std::array<std::uint32_t, 256> changed{};
   for_each_difference(a, b, n, [&](std::size_t i) {
     pos.push_back(static_cast<std::uint32_t>(i));
-    changes[(a[i] >> 7) & 0xff]++;
+    olds.push_back(a[i]);
+    news.push_back(b[i]);
+    changed[(a[i] >> 7) & 0xff]++;
   });
-  constexpr std::size_t kSample = 16;
-  for (std::size_t i = 0; i < n; i += kSample) values[(a[i] >> 7) & 0xff] += kSample;
+  std::array<double, 256> values{}, changes{};
+  // A sparse sample (a few thousand values per chunk) is plenty to place the window, and
+  // leaves most cache lines untouched.
+  std::array<std::uint32_t, 256> sampled{};
+  const std::size_t stride = std::clamp<std::size_t>(n / 8192, 1, 256);
+  for (std::size_t i = 0; i < n; i += stride) sampled[(a[i] >> 7) & 0xff]++;
+  for (int e = 0; e < 256; ++e) {
+    changes[e] = changed[e];
+    values[e] = static_cast<double>(sampled[e]) * static_cast<double>(stride);
+  }
   for (int e = 0; e < 256; ++e) values[e] = std::max(values[e], changes[e]);
   const int classes = kClassesDefault;
   const int e0 = choose_window(values, changes, classes);
@@ -200,48 +200,57 @@ SectionCounts encode(const std::uint8_t* base, const std::uint8_t* next, std::si
 #endif
     portable::class_gaps(a, n, e0, classes, pos, cls, gap, count);
 
-  // Rice parameters, and each change's successor in its class.
+  // Each class's gaps, and its Rice parameter.
+  thread_local std::array<std::vector<std::uint32_t>, kClassesMax> by_class;
   std::array<std::uint8_t, kClassesMax> rice{};
-  {
-    std::array<std::vector<std::uint32_t>, kClassesMax> by_class;
-    for (std::size_t k = 0; k < k_total; ++k) by_class[cls[k]].push_back(gap[k]);
-    for (int c = 0; c < classes; ++c) rice[c] = choose_rice(by_class[c]);
-  }
-  next_in_class.assign(k_total, -1);
-  std::array<std::int64_t, kClassesMax> last, first;
-  last.fill(-1);
-  first.fill(-1);
-  for (std::size_t k = 0; k < k_total; ++k) {
-    const int c = cls[k];
-    if (last[c] >= 0) next_in_class[static_cast<std::size_t>(last[c])] = static_cast<std::int64_t>(k);
-    else first[c] = static_cast<std::int64_t>(k);
-    last[c] = static_cast<std::int64_t>(k);
-  }
+  for (auto& v : by_class) v.clear();
+  for (std::size_t k = 0; k < k_total; ++k) by_class[cls[k]].push_back(gap[k]);
+  for (int c = 0; c < classes; ++c) rice[c] = choose_rice(by_class[c]);
 
-  // The coded body, in the order the decoder reads it: every class's first gap, then per
-  // change in value order its value and the gap to the next change of its class.
+  // The coded body, in the order the decoder reads it: every gap of class 0, of class 1, ...;
+  // then per change, in value order, what it changed to.
   SectionCounts sc;
   sc.changes = k_total;
+  {
+    // v1 codes global gaps as varints and one byte per value (docs/FORMAT.md, "Delta sections").
+    std::array<std::uint64_t, 256> gap_bytes{}, value_bytes{};
+    std::uint64_t gap_total = 0, prev_plus_one = 0;
+    for (std::size_t k = 0; k < k_total; ++k) {
+      std::uint64_t g = pos[k] - prev_plus_one;
+      prev_plus_one = pos[k] + 1;
+      for (; g >= 0x80; g >>= 7, ++gap_total) gap_bytes[(g & 0x7f) | 0x80]++;
+      gap_bytes[g]++;
+      gap_total++;
+      const int d = static_cast<int>(news[k]) - static_cast<int>(olds[k]);
+      const bool small = ((news[k] ^ olds[k]) & 0x8000) == 0 && d >= -127 && d <= 127;
+      value_bytes[small ? zigzag8(d) : 0]++;
+    }
+    auto h0_bytes = [](const std::array<std::uint64_t, 256>& h, std::uint64_t total) {
+      double bits = 0;
+      for (auto c : h)
+        if (c) bits -= static_cast<double>(c) * std::log2(static_cast<double>(c) / static_cast<double>(total));
+      return bits / 8;
+    };
+    sc.v1_estimate_bytes = k_total ? h0_bytes(gap_bytes, gap_total) + h0_bytes(value_bytes, k_total) : 0;
+  }
   if (k_total > 0) {
     Models m;
     rc::Encoder enc(coded);
     rc::BitWriter bits(remainders);
     auto put_gap = [&](int c, std::uint32_t g) {
-      const std::uint32_t q = g >> rice[c];
-      for (std::uint32_t d = 0; d < q; ++d) enc.bit(m.quotient[c][std::min<std::uint32_t>(d, 2)], 1);
-      enc.bit(m.quotient[c][std::min<std::uint32_t>(q, 2)], 0);
+      bits.unary(g >> rice[c]);
       bits.put(g, rice[c]);
     };
     for (int c = 0; c < classes; ++c)
-      if (first[c] >= 0) put_gap(c, gap[static_cast<std::size_t>(first[c])]);
+      for (std::uint32_t g : by_class[c]) put_gap(c, g);
     for (std::size_t k = 0; k < k_total; ++k) {
       const int c = cls[k];
-      const std::uint16_t o = a[pos[k]], x = b[pos[k]];
+      const std::uint16_t o = olds[k], x = news[k];
       const int d = static_cast<int>(x) - static_cast<int>(o);
       const bool same_sign = ((x ^ o) & 0x8000) == 0;
       if (same_sign && (d == 1 || d == -1)) {
         enc.bit(m.unit[c], 1);
-        enc.bit(m.up[c][o >> 15], d == 1);
+        bits.put(d == 1, 1);
         sc.unit++;
       } else {
         enc.bit(m.unit[c], 0);
@@ -261,12 +270,12 @@ SectionCounts encode(const std::uint8_t* base, const std::uint8_t* next, std::si
           sc.exceptions++;
         }
       }
-      if (next_in_class[k] >= 0) put_gap(c, gap[static_cast<std::size_t>(next_in_class[k])]);
     }
     enc.finish();
     bits.finish();
   }
 
+  const std::size_t start = out.size();
   ByteWriter w(out);
   w.u8(static_cast<std::uint8_t>(e0));
   w.u8(static_cast<std::uint8_t>(classes));
@@ -280,6 +289,8 @@ SectionCounts encode(const std::uint8_t* base, const std::uint8_t* next, std::si
   sc.coded_bytes = coded.size();
   sc.remainder_bytes = remainders.size();
   sc.exceptions_stream = write_stream(exceptions, exception_backends, out);
+  sc.v1_estimate_bytes += static_cast<double>(2 * sc.exceptions);
+  sc.section_bytes = out.size() - start;
   return sc;
 }
 
@@ -303,6 +314,9 @@ Result<Section> parse(ByteReader& r, std::uint64_t n) {
   if (!r.varint(coded_len) || !r.bytes(coded_len, s.coded)) return Status::corruption("v2 section: truncated coded body");
   if (!r.varint(rem_len) || !r.bytes(rem_len, s.remainders)) return Status::corruption("v2 section: truncated remainders");
   if (s.changes == 0 && (coded_len || rem_len)) return Status::corruption("v2 section: a body without changes");
+  // Every change takes at least one remainder bit (its gap's unary end): a count the body
+  // cannot hold is refused before anything is allocated for it.
+  if (s.changes > 8 * rem_len) return Status::corruption("v2 section: more changes than the remainder bits can hold");
   DC_ASSIGN_OR_RETURN(s.exceptions_stream, read_stream(r, 2 * s.exceptions));
   if (s.exceptions_stream.raw_bytes != 2 * s.exceptions) return Status::corruption("v2 section: exceptions stream size mismatch");
   return s;

@@ -21,8 +21,12 @@ inline constexpr std::uint32_t kQuotientMax = 1u << 12;
 struct SectionCounts {
   std::uint64_t changes = 0, exceptions = 0, unit = 0;
   std::uint64_t coded_bytes = 0;      // the range-coded body
-  std::uint64_t remainder_bytes = 0;  // the packed Rice remainders
+  std::uint64_t remainder_bytes = 0;  // the packed bits (gaps, directions)
   StreamReport exceptions_stream;
+  std::uint64_t section_bytes = 0;    // all of it
+  // What the v1 section of the same values would take, estimated from the order-0 entropy of
+  // its positions and values streams (which its rANS backend reaches).
+  double v1_estimate_bytes = 0;
 };
 
 // Appends the section for n values at `base` -> `next`.

@@ -43,6 +43,7 @@ struct SectionWriter {
   Bytes& out;
   const ChunkEncodeOptions& options;
   ChunkStats* stats;
+  double v1_excess_bytes = 0;  // v2 sections: how much larger v1 would be (an estimate)
   void stream(std::string_view name, ByteSpan raw, const std::vector<BackendChoice>& backends) {
     StreamReport rep = write_stream(raw, backends, out);
     if (stats) stats->streams.push_back({name, rep});
@@ -95,6 +96,7 @@ void encode_bf16_delta(const std::uint8_t* base, const std::uint8_t* next, std::
 
 void encode_bf16_delta_v2(const std::uint8_t* base, const std::uint8_t* next, std::size_t n, SectionWriter& w) {
   const bf16v2::SectionCounts sc = bf16v2::encode(base, next, n, w.options.delta_backends, w.out);
+  w.v1_excess_bytes += sc.v1_estimate_bytes - static_cast<double>(sc.section_bytes);
   if (!w.stats) return;
   w.stats->bf16_values += n;
   w.stats->changed_values += sc.changes;
@@ -381,8 +383,14 @@ Result<Bytes> encode_delta_chunk(std::span<const Segment> segments, ByteSpan bas
   if (options.delta_kinds.empty()) return Status::invalid_argument("no delta encoding to try");
   Bytes best;
   ChunkStats best_stats;
-  for (ChunkKind kind : options.delta_kinds) {
+  // v2 goes first: when it comes out smaller than v1's estimated size (the order-0 entropy of
+  // v1's streams, which v1's rANS reaches and rarely beats), v1 is not tried.
+  std::vector<ChunkKind> kinds = options.delta_kinds;
+  std::stable_partition(kinds.begin(), kinds.end(), [](ChunkKind k) { return k == ChunkKind::kDeltaV2; });
+  bool v1_cannot_win = false;
+  for (ChunkKind kind : kinds) {
     if (kind != ChunkKind::kDeltaV1 && kind != ChunkKind::kDeltaV2) return Status::invalid_argument("not a delta chunk encoding");
+    if (kind == ChunkKind::kDeltaV1 && v1_cannot_win) continue;
     Bytes out;
     out.reserve(64 + next.size() / 32);
     ChunkStats st;
@@ -395,6 +403,7 @@ Result<Bytes> encode_delta_chunk(std::span<const Segment> segments, ByteSpan bas
       else encode_bf16_delta(base.data() + off, next.data() + off, s.bytes / 2, w);
       off += s.bytes;
     }
+    if (kind == ChunkKind::kDeltaV2) v1_cannot_win = w.v1_excess_bytes > 0;
     if (!best.empty() && out.size() >= best.size()) continue;
     best = std::move(out);
     best_stats = std::move(st);

@@ -118,6 +118,11 @@ class BitWriter {
       fill_ -= 8;
     }
   }
+  // q zero bits, then a one.
+  void unary(std::uint32_t q) {
+    for (; q >= 32; q -= 32) put(0, 32);
+    put(std::uint32_t{1} << q, static_cast<int>(q) + 1);
+  }
   void finish() {
     if (fill_ > 0) out_.push_back(static_cast<std::uint8_t>(acc_));
     acc_ = 0;
@@ -147,6 +152,31 @@ class BitReader {
     acc_ >>= bits;
     fill_ -= bits;
     return v;
+  }
+  // Zero bits up to the next one bit (consumed too), or more than `max` of them: max + 1.
+  std::uint32_t unary(std::uint32_t max) {
+    std::uint32_t q = 0;
+    for (;;) {
+      while (fill_ <= 56 && p_ < end_) {
+        acc_ |= static_cast<std::uint64_t>(*p_++) << fill_;
+        fill_ += 8;
+      }
+      if (acc_ != 0) {
+        const int z = __builtin_ctzll(acc_);  // below fill_: bits above it are zero
+        q += static_cast<std::uint32_t>(z);
+        acc_ >>= z;
+        acc_ >>= 1;
+        fill_ -= z + 1;
+        return std::min(q, max + 1);
+      }
+      q += static_cast<std::uint32_t>(fill_);
+      fill_ = 0;
+      if (p_ == end_) {
+        overrun_ = true;
+        return max + 1;
+      }
+      if (q > max) return max + 1;
+    }
   }
   bool overran() const { return overrun_; }
   // True when every byte was read and the bits left over in the last one are zero.

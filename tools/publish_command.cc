@@ -37,6 +37,7 @@ struct PublishOptions {
   std::size_t wait_workers = 0;
   std::uint64_t wait_timeout_ms = 60000;
   std::string chunk_size = "4MiB";
+  bool v2 = false;
   std::size_t threads = 0;
   std::string shard;            // "I/N": publish slice I of N to the origin (--parent)
   std::uint32_t expect_shards = 0;  // origin: merge versions from N trainer shards
@@ -152,6 +153,7 @@ int run_publish(PublishOptions& o) {
   ThreadPool pool(o.threads);
   VersionEncodeOptions vopt;
   vopt.chunk_bytes = *chunk;
+  if (o.v2) vopt.chunk = ChunkEncodeOptions::smallest();
   std::optional<SafetensorsFile> prev;
   std::uint64_t version = 0;
   std::atomic<bool> anchor_wanted{false};
@@ -269,6 +271,7 @@ Command add_publish_command(CLI::App& app) {
   sub->add_option("--wait-workers", o->wait_workers, "Wait until this many workers hold each version before the next, and report it");
   sub->add_option("--wait-timeout-ms", o->wait_timeout_ms, "Give up waiting for workers after this long")->capture_default_str();
   sub->add_option("--chunk-size", o->chunk_size, "Chunk size")->capture_default_str();
+  sub->add_flag("--v2", o->v2, "Code deltas with codec v2 where it is smaller (about 30% fewer bytes; workers decode it more slowly)");
   sub->add_option("-j,--threads", o->threads, "Encoder threads (default: one per core)");
   sub->add_option("--shard", o->shard, "Trainer shard I/N: send this slice of every version to the origin at --parent");
   sub->add_option("--expect-shards", o->expect_shards, "Origin: versions come as slices from N trainer shards; merge and broadcast them");

@@ -1,5 +1,5 @@
 // Order-0 rANS entropy coder over bytes (the "rans" backend).
-// Two interleaved 32-bit states, 12-bit probabilities, byte-wise renormalisation
+// Four interleaved 32-bit states, 12-bit probabilities, 16-bit renormalisation
 // (the construction of Duda's rANS as laid out in ryg_rans). Stream layout: docs/FORMAT.md.
 #pragma once
 

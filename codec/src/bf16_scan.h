@@ -1,4 +1,5 @@
-// Scanning BF16 values fast: where two arrays differ. Internal to the codec.
+// BF16 deltas, shared by the v1 and v2 encodings: where two arrays differ (fast), and how a
+// small step is coded. Internal to the codec.
 #pragma once
 
 #include <cstddef>
@@ -9,6 +10,15 @@
 #endif
 
 namespace deltacast {
+
+// Small steps: a same-sign change of at most 127 as integers, which v1 and v2 code in a byte
+// as zigzag(new - old).
+inline bool is_small_step(std::uint16_t from, std::uint16_t to) {
+  const int d = static_cast<int>(to) - static_cast<int>(from);
+  return ((from ^ to) & 0x8000) == 0 && d >= -127 && d <= 127;
+}
+inline std::uint8_t zigzag8(int d) { return static_cast<std::uint8_t>((d << 1) ^ (d >> 31)); }
+inline int unzigzag8(unsigned z) { return static_cast<int>(z >> 1) ^ -static_cast<int>(z & 1); }
 
 // Calls on_change(i) for every i with a[i] != b[i], in increasing order.
 template <typename F>

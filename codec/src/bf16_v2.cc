@@ -11,6 +11,7 @@
 #endif
 
 #include "bf16_scan.h"
+#include "deltacast/codec/entropy.h"
 #include "range_coder.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "deltacast assumes a little-endian host");
@@ -46,12 +47,6 @@ struct Models {
   }
 };
 
-double binary_bits(double n, double ones) {
-  if (ones <= 0 || ones >= n) return 0;
-  const double p = ones / n;
-  return n * (-p * std::log2(p) - (1 - p) * std::log2(1 - p));
-}
-
 // The exponent window (e0) that leaves the least entropy in the positions: `values` and
 // `changes` count per exponent.
 int choose_window(const std::array<double, 256>& values, const std::array<double, 256>& changes, int classes) {
@@ -65,8 +60,8 @@ int choose_window(const std::array<double, 256>& values, const std::array<double
   for (int e0 = 1; e0 + classes - 2 <= 256; ++e0) {
     // class 0: [0, e0); class j: e0 + j - 1; top: [e0 + classes - 2, 256)
     const int top = e0 + classes - 2;
-    double bits = binary_bits(nv[e0], nc[e0]) + binary_bits(nv[256] - nv[top], nc[256] - nc[top]);
-    for (int e = e0; e < top; ++e) bits += binary_bits(values[e], changes[e]);
+    double bits = binary_entropy_bits(nv[e0], nc[e0]) + binary_entropy_bits(nv[256] - nv[top], nc[256] - nc[top]);
+    for (int e = e0; e < top; ++e) bits += binary_entropy_bits(values[e], changes[e]);
     if (bits < best) {
       best = bits;
       best_e0 = e0;
@@ -102,8 +97,6 @@ std::uint8_t choose_rice(const std::vector<std::uint32_t>& gaps) {
   return static_cast<std::uint8_t>(best_r);
 }
 
-inline std::uint8_t zigzag8(int d) { return static_cast<std::uint8_t>((d << 1) ^ (d >> 31)); }
-inline int unzigzag8(unsigned z) { return static_cast<int>(z >> 1) ^ -static_cast<int>(z & 1); }
 
 }  // namespace
 
@@ -183,9 +176,8 @@ SectionCounts encode(const std::uint8_t* base, const std::uint8_t* next, std::si
   for (std::size_t i = 0; i < n; i += stride) sampled[(a[i] >> 7) & 0xff]++;
   for (int e = 0; e < 256; ++e) {
     changes[e] = changed[e];
-    values[e] = static_cast<double>(sampled[e]) * static_cast<double>(stride);
+    values[e] = std::max(static_cast<double>(sampled[e]) * static_cast<double>(stride), changes[e]);
   }
-  for (int e = 0; e < 256; ++e) values[e] = std::max(values[e], changes[e]);
   const int classes = kClassesDefault;
   const int e0 = choose_window(values, changes, classes);
 
@@ -207,32 +199,23 @@ SectionCounts encode(const std::uint8_t* base, const std::uint8_t* next, std::si
   for (std::size_t k = 0; k < k_total; ++k) by_class[cls[k]].push_back(gap[k]);
   for (int c = 0; c < classes; ++c) rice[c] = choose_rice(by_class[c]);
 
-  // The coded body, in the order the decoder reads it: every gap of class 0, of class 1, ...;
-  // then per change, in value order, what it changed to.
   SectionCounts sc;
   sc.changes = k_total;
   {
     // v1 codes global gaps as varints and one byte per value (docs/FORMAT.md, "Delta sections").
     std::array<std::uint64_t, 256> gap_bytes{}, value_bytes{};
-    std::uint64_t gap_total = 0, prev_plus_one = 0;
+    std::uint64_t prev_plus_one = 0;
     for (std::size_t k = 0; k < k_total; ++k) {
       std::uint64_t g = pos[k] - prev_plus_one;
       prev_plus_one = pos[k] + 1;
-      for (; g >= 0x80; g >>= 7, ++gap_total) gap_bytes[(g & 0x7f) | 0x80]++;
+      for (; g >= 0x80; g >>= 7) gap_bytes[(g & 0x7f) | 0x80]++;
       gap_bytes[g]++;
-      gap_total++;
-      const int d = static_cast<int>(news[k]) - static_cast<int>(olds[k]);
-      const bool small = ((news[k] ^ olds[k]) & 0x8000) == 0 && d >= -127 && d <= 127;
-      value_bytes[small ? zigzag8(d) : 0]++;
+      value_bytes[is_small_step(olds[k], news[k]) ? zigzag8(static_cast<int>(news[k]) - static_cast<int>(olds[k])) : 0]++;
     }
-    auto h0_bytes = [](const std::array<std::uint64_t, 256>& h, std::uint64_t total) {
-      double bits = 0;
-      for (auto c : h)
-        if (c) bits -= static_cast<double>(c) * std::log2(static_cast<double>(c) / static_cast<double>(total));
-      return bits / 8;
-    };
-    sc.v1_estimate_bytes = k_total ? h0_bytes(gap_bytes, gap_total) + h0_bytes(value_bytes, k_total) : 0;
+    sc.v1_estimate_bytes = (order0_entropy_bits(gap_bytes) + order0_entropy_bits(value_bytes)) / 8;
   }
+  // The coded body, in the order the decoder reads it: every gap of class 0, of class 1, ...;
+  // then per change, in value order, what it changed to.
   if (k_total > 0) {
     Models m;
     rc::Encoder enc(coded);
@@ -247,14 +230,14 @@ SectionCounts encode(const std::uint8_t* base, const std::uint8_t* next, std::si
       const int c = cls[k];
       const std::uint16_t o = olds[k], x = news[k];
       const int d = static_cast<int>(x) - static_cast<int>(o);
-      const bool same_sign = ((x ^ o) & 0x8000) == 0;
-      if (same_sign && (d == 1 || d == -1)) {
+      const bool small = is_small_step(o, x);
+      if (small && (d == 1 || d == -1)) {
         enc.bit(m.unit[c], 1);
         bits.put(d == 1, 1);
         sc.unit++;
       } else {
         enc.bit(m.unit[c], 0);
-        if (same_sign && d >= -127 && d <= 127) {
+        if (small) {
           enc.bit(m.exception[c], 0);
           const unsigned v = zigzag8(d) - 3u;
           unsigned node = 1;

@@ -36,8 +36,6 @@ void unshuffle(const std::uint8_t* shuffled, std::size_t count, std::size_t es, 
     for (std::size_t i = 0; i < count; ++i) out[i * es + b] = shuffled[b * count + i];
 }
 
-inline std::uint8_t zigzag8(int d) { return static_cast<std::uint8_t>((d << 1) ^ (d >> 31)); }
-inline int unzigzag8(std::uint8_t z) { return (z >> 1) ^ -(z & 1); }
 
 struct SectionWriter {
   Bytes& out;
@@ -68,7 +66,7 @@ void encode_bf16_delta(const std::uint8_t* base, const std::uint8_t* next, std::
     std::uint16_t x = b[i];
     std::uint16_t o = a[i];
     int d = static_cast<int>(x) - static_cast<int>(o);
-    if (((x ^ o) & 0x8000) == 0 && d >= -127 && d <= 127) {
+    if (is_small_step(o, x)) {
       *val++ = zigzag8(d);
       unit += (d == 1 || d == -1);
     } else {

@@ -7,14 +7,22 @@
 #include "deltacast/codec/bytes.h"
 
 namespace deltacast {
-namespace {
 
-// Bits to say which of n values changed, k of them, each with the same probability k / n.
-double binary_entropy_bits(std::uint64_t n, std::uint64_t k) {
-  if (k == 0 || k == n) return 0;
-  const double p = static_cast<double>(k) / static_cast<double>(n);
-  return static_cast<double>(n) * (-p * std::log2(p) - (1 - p) * std::log2(1 - p));
+double binary_entropy_bits(double n, double k) {
+  if (k <= 0 || k >= n) return 0;
+  const double p = k / n;
+  return n * (-p * std::log2(p) - (1 - p) * std::log2(1 - p));
 }
+
+double order0_entropy_bits(std::span<const std::uint64_t> counts) {
+  double total = 0, bits = 0;
+  for (auto c : counts) total += static_cast<double>(c);
+  for (auto c : counts)
+    if (c) bits -= static_cast<double>(c) * std::log2(static_cast<double>(c) / total);
+  return bits;
+}
+
+namespace {
 
 // One model: per context, how many values and how many changed, and what they changed to.
 class Model {
@@ -27,7 +35,7 @@ class Model {
   }
   EntropyTerms terms() const {
     EntropyTerms t;
-    for (const auto& c : counts_) t.positions_bits += binary_entropy_bits(c.n, c.k);
+    for (const auto& c : counts_) t.positions_bits += binary_entropy_bits(static_cast<double>(c.n), static_cast<double>(c.k));
     for (const auto& [key, count] : symbols_) {
       const double k = static_cast<double>(counts_[key >> 16].k);
       t.values_bits -= static_cast<double>(count) * std::log2(static_cast<double>(count) / k);
@@ -100,8 +108,7 @@ Result<DeltaEntropy> measure_delta_entropy(const std::vector<TensorInfo>& tensor
     pos = t->offset + t->nbytes;
   }
   other_range(pos, base.size());
-  for (std::uint64_t c : other)
-    if (c) out.other_bits -= static_cast<double>(c) * std::log2(static_cast<double>(c) / static_cast<double>(out.other_bytes));
+  out.other_bits = order0_entropy_bits(other);
   out.independent = independent.terms();
   out.exponent = exponent.terms();
   out.tensor_exponent = tensor_exponent.terms();

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "deltacast/codec/bytes.h"
@@ -39,6 +40,11 @@ struct DeltaEntropy {
   // Whole-delta size in bytes under one of the models above (BF16 part plus the other bytes).
   double bytes(const EntropyTerms& t) const { return (t.total_bits() + other_bits) / 8; }
 };
+
+// Bits to say which k of n values are marked, each with the same probability k / n.
+double binary_entropy_bits(double n, double k);
+// Bits to code symbols drawn with these counts, at their empirical order-0 entropy.
+double order0_entropy_bits(std::span<const std::uint64_t> counts);
 
 // `base` and `next` are images of the same layout; `prev`, if not empty, is the image before
 // `base` (for the history model).

@@ -12,6 +12,7 @@
 
 #include "bf16_scan.h"
 #include "deltacast/codec/entropy.h"
+#include "deltacast/codec/hash.h"
 #include "range_coder.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "deltacast assumes a little-endian host");
@@ -21,6 +22,7 @@ namespace {
 
 constexpr int kClassesDefault = 8;
 constexpr std::size_t kBlock = 64;
+constexpr std::size_t kHashTile = 8192;  // values the decoder hashes at a time, a multiple of kBlock
 constexpr std::uint32_t kStepMax = 251;  // z - 3 of a small step: z = zigzag(d) in [3, 254]
 
 // The class of a base value: exponents below e0 share class 0, e0 + j is class j + 1, and
@@ -305,12 +307,12 @@ Result<Section> parse(ByteReader& r, std::uint64_t n) {
   return s;
 }
 
-Status decode(const Section& s, const std::uint8_t* base, ByteSpan exceptions, Changes& out) {
+Status decode(const Section& s, const std::uint8_t* base, ByteSpan exceptions, Changes& out, Hasher64* base_hash) {
   const auto* a = reinterpret_cast<const std::uint16_t*>(base);
 #if defined(__x86_64__)
-  if (use_wide()) return wide::decode_changes(s, a, exceptions, out);
+  if (use_wide()) return wide::decode_changes(s, a, exceptions, out, base_hash);
 #endif
-  return portable::decode_changes(s, a, exceptions, out);
+  return portable::decode_changes(s, a, exceptions, out, base_hash);
 }
 
 }  // namespace deltacast::bf16v2

@@ -9,6 +9,7 @@
 
 #include "deltacast/codec/backend.h"
 #include "deltacast/codec/bytes.h"
+#include "deltacast/codec/hash.h"
 #include "deltacast/common/status.h"
 
 namespace deltacast::bf16v2 {
@@ -52,13 +53,8 @@ struct Changes {
   std::vector<std::uint16_t> values;  // the new values
   std::uint64_t unit = 0;             // +-1 steps, for reports
 };
-// `exceptions` is the decoded exceptions stream (2 bytes per exception).
-Status decode(const Section& s, const std::uint8_t* base, ByteSpan exceptions, Changes& out);
-
-// Writes the changes into `out` (which holds the base values).
-inline void apply(const Changes& c, std::uint8_t* out) {
-  auto* v = reinterpret_cast<std::uint16_t*>(out);
-  for (std::size_t k = 0; k < c.positions.size(); ++k) v[c.positions[k]] = c.values[k];
-}
+// `exceptions` is the decoded exceptions stream (2 bytes per exception). `base_hash`, when
+// set, is fed the section's base bytes (all of them, on success) as the decoder reads them.
+Status decode(const Section& s, const std::uint8_t* base, ByteSpan exceptions, Changes& out, Hasher64* base_hash = nullptr);
 
 }  // namespace deltacast::bf16v2

@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "bf16_scan.h"
 #include "bf16_v2.h"
+#include "deltacast/codec/hash.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "deltacast assumes a little-endian host");
 
@@ -27,13 +29,15 @@ void shuffle(const std::uint8_t* src, std::size_t count, std::size_t es, std::ui
   for (std::size_t b = 0; b < es; ++b)
     for (std::size_t i = 0; i < count; ++i) dst[b * count + i] = src[i * es + b];
 }
-void unshuffle_xor(const std::uint8_t* shuffled, std::size_t count, std::size_t es, std::uint8_t* out) {
+// Elements [i0, i1) of `count` shuffled ones into `out` (the first element's bytes), replacing
+// what is there or XORing into it.
+template <bool kXor>
+void unshuffle(const std::uint8_t* shuffled, std::size_t count, std::size_t es, std::size_t i0, std::size_t i1, std::uint8_t* out) {
   for (std::size_t b = 0; b < es; ++b)
-    for (std::size_t i = 0; i < count; ++i) out[i * es + b] ^= shuffled[b * count + i];
-}
-void unshuffle(const std::uint8_t* shuffled, std::size_t count, std::size_t es, std::uint8_t* out) {
-  for (std::size_t b = 0; b < es; ++b)
-    for (std::size_t i = 0; i < count; ++i) out[i * es + b] = shuffled[b * count + i];
+    for (std::size_t i = i0; i < i1; ++i) {
+      if constexpr (kXor) out[i * es + b] ^= shuffled[b * count + i];
+      else out[i * es + b] = shuffled[b * count + i];
+    }
 }
 
 
@@ -315,27 +319,49 @@ Status validate_bf16_delta(const ParsedSection& sec, const DecodedStreams& d) {
   return Status::ok();
 }
 
-void apply_bf16_delta(const DecodedStreams& d, std::uint8_t* out) {
-  auto* v = reinterpret_cast<std::uint16_t*>(out);
-  const std::uint8_t* p = d.s[0].data();
-  const std::uint8_t* const end = p + d.s[0].size();
-  const std::uint8_t* val = d.s[1].data();
-  const std::uint8_t* exc = d.s[2].data();
-  std::size_t i = 0;
-  for (std::size_t k = 0, m = d.s[1].size(); k < m; ++k) {
-    std::uint64_t gap;
-    p = get_varint32(p, end, gap);  // validated already
-    i += gap;
-    std::uint8_t z = val[k];
-    if (z) {
-      v[i] = static_cast<std::uint16_t>(v[i] + unzigzag8(z));
-    } else {
-      v[i] = load_u16(exc);
-      exc += 2;
-    }
-    ++i;
+// Applies a validated v1 BF16 delta section to values that hold the base, in pieces of
+// increasing position.
+class V1Applier {
+ public:
+  explicit V1Applier(const DecodedStreams& d)
+      : p_(d.s[0].data()), end_(p_ + d.s[0].size()), val_(d.s[1].data()), exc_(d.s[2].data()), left_(d.s[1].size()) {
+    next();
   }
-}
+  // The changes at positions before `stop`.
+  void apply_before(std::uint64_t stop, std::uint16_t* v) {
+    for (; left_ && at_ < stop; next()) {
+      const std::uint8_t z = *val_++;
+      if (z) {
+        v[at_] = static_cast<std::uint16_t>(v[at_] + unzigzag8(z));
+      } else {
+        v[at_] = load_u16(exc_);
+        exc_ += 2;
+      }
+      left_--;
+    }
+  }
+
+ private:
+  void next() {
+    if (!left_) return;
+    std::uint64_t gap;
+    p_ = get_varint32(p_, end_, gap);  // validated already
+    at_ = start_ + gap;
+    start_ = at_ + 1;
+  }
+  const std::uint8_t* p_;
+  const std::uint8_t* end_;
+  const std::uint8_t* val_;
+  const std::uint8_t* exc_;
+  std::uint64_t left_;
+  std::uint64_t at_ = 0, start_ = 0;  // the next change's position; where the gap after it starts
+};
+
+Status base_mismatch() { return Status::mismatch("base bytes differ from the base this delta was made against"); }
+
+// Bytes decode_chunk writes at a time: copying the base, applying the changes and hashing the
+// result each find the piece in L1.
+constexpr std::size_t kWriteTileBytes = 16u << 10;
 
 }  // namespace
 
@@ -428,7 +454,8 @@ Result<Bytes> encode_anchor_chunk(std::span<const Segment> segments, ByteSpan ne
   return out;
 }
 
-Status decode_chunk(ByteSpan payload, std::span<const Segment> expected_segments, ByteSpan base, MutableByteSpan out) {
+Status decode_chunk(ByteSpan payload, std::span<const Segment> expected_segments, ByteSpan base, MutableByteSpan out,
+                    const ChunkHashes* expect) {
   DC_ASSIGN_OR_RETURN(ParsedChunk pc, parse_chunk(payload));
   if (pc.bytes != out.size()) return Status::mismatch("chunk covers " + std::to_string(pc.bytes) + " bytes, range has " + std::to_string(out.size()));
   if (!expected_segments.empty()) {
@@ -441,9 +468,13 @@ Status decode_chunk(ByteSpan payload, std::span<const Segment> expected_segments
   const bool in_place = delta && base.data() == out.data();
   if (delta && !in_place && base.data() < out.data() + out.size() && out.data() < base.data() + base.size())
     return Status::invalid_argument("base and output overlap without being the same memory");
+  const bool check_base = delta && expect && expect->base.has_value();
+  std::optional<Hasher64> base_hash, out_hash;
+  if (check_base) base_hash.emplace();
+  if (expect && expect->content.has_value()) out_hash.emplace();
 
-  // Pass 1: decode and check every section into per-thread scratch. Nothing is written to
-  // `out` yet.
+  // Pass 1: decode and check every section into per-thread scratch, and hash the base (v2
+  // sections as their decoder walks it). Nothing is written to `out` yet.
   thread_local std::vector<SectionBuffers> section_buffers;
   if (section_buffers.size() < pc.sections.size()) section_buffers.resize(pc.sections.size());
   thread_local std::vector<bf16v2::Changes> v2_changes;
@@ -453,34 +484,59 @@ Status decode_chunk(ByteSpan payload, std::span<const Segment> expected_segments
     const auto& sec = pc.sections[k];
     if (Status st = decode_streams(sec, section_buffers[k], decoded[k]); !st.is_ok()) return st.with_context("segment " + std::to_string(k));
     Status st;
-    if (sec.v2) st = bf16v2::decode(sec.bf16, base.data() + at, decoded[k].s[0], v2_changes[k]);
-    else if (delta && sec.seg.cls == SegmentClass::kBF16) st = validate_bf16_delta(sec, decoded[k]);
-    if (!st.is_ok()) return st.with_context("segment " + std::to_string(k));
+    if (sec.v2) {
+      st = bf16v2::decode(sec.bf16, base.data() + at, decoded[k].s[0], v2_changes[k], base_hash ? &*base_hash : nullptr);
+    } else {
+      if (base_hash) base_hash->update(base.data() + at, sec.seg.bytes);
+      if (delta && sec.seg.cls == SegmentClass::kBF16) st = validate_bf16_delta(sec, decoded[k]);
+    }
+    if (!st.is_ok()) {
+      // Decoded against a base that is not the one the delta was made against: say so.
+      if (check_base && hash64(base) != *expect->base) return base_mismatch();
+      return st.with_context("segment " + std::to_string(k));
+    }
   }
-  // Pass 2: write.
+  if (check_base && base_hash->digest() != *expect->base) return base_mismatch();
+
+  // Pass 2: write, a tile at a time.
   std::size_t off = 0;
   for (std::size_t k = 0; k < pc.sections.size(); ++k) {
     const auto& sec = pc.sections[k];
     const DecodedStreams& d = decoded[k];
-    std::uint8_t* o = out.data() + off;
-    const std::size_t bytes = sec.seg.bytes;
-    const std::size_t es = sec.seg.elem_size;
-    if (delta) {
-      if (!in_place) std::memcpy(o, base.data() + off, bytes);
-      if (sec.v2) bf16v2::apply(v2_changes[k], o);
-      else if (sec.seg.cls == SegmentClass::kBF16) apply_bf16_delta(d, o);
-      else unshuffle_xor(d.s[0].data(), bytes / es, es, o);
-    } else if (sec.seg.cls == SegmentClass::kBF16) {
-      const std::uint8_t* e = d.s[0].data();
-      const std::uint8_t* sm = d.s[1].data();
-      auto* v = reinterpret_cast<std::uint16_t*>(o);
-      for (std::size_t i = 0, n = bytes / 2; i < n; ++i)
-        v[i] = static_cast<std::uint16_t>(((sm[i] & 0x80) << 8) | (e[i] << 7) | (sm[i] & 0x7f));
-    } else {
-      unshuffle(d.s[0].data(), bytes / es, es, o);
+    std::uint8_t* const o = out.data() + off;
+    const std::uint8_t* const b = base.data() + off;
+    const std::size_t es = sec.seg.elem_size, count = sec.seg.bytes / es;
+    const std::size_t tile = std::max<std::size_t>(1, kWriteTileBytes / es);  // elements
+    auto* const v = reinterpret_cast<std::uint16_t*>(o);
+    std::optional<V1Applier> v1;
+    if (delta && sec.seg.cls == SegmentClass::kBF16 && !sec.v2) v1.emplace(d);
+    const bf16v2::Changes& c2 = v2_changes[k];
+    std::size_t next_change = 0;  // v2
+    for (std::size_t i0 = 0; i0 < count; i0 += tile) {
+      const std::size_t i1 = std::min(count, i0 + tile);
+      if (delta) {
+        if (!in_place) std::memcpy(o + i0 * es, b + i0 * es, (i1 - i0) * es);
+        if (sec.v2) {
+          for (; next_change < c2.positions.size() && c2.positions[next_change] < i1; ++next_change)
+            v[c2.positions[next_change]] = c2.values[next_change];
+        } else if (v1) {
+          v1->apply_before(i1, v);
+        } else {
+          unshuffle<true>(d.s[0].data(), count, es, i0, i1, o);
+        }
+      } else if (sec.seg.cls == SegmentClass::kBF16) {
+        const std::uint8_t* e = d.s[0].data();
+        const std::uint8_t* sm = d.s[1].data();
+        for (std::size_t i = i0; i < i1; ++i)
+          v[i] = static_cast<std::uint16_t>(((sm[i] & 0x80) << 8) | (e[i] << 7) | (sm[i] & 0x7f));
+      } else {
+        unshuffle<false>(d.s[0].data(), count, es, i0, i1, o);
+      }
+      if (out_hash) out_hash->update(o + i0 * es, (i1 - i0) * es);
     }
-    off += bytes;
+    off += sec.seg.bytes;
   }
+  if (out_hash && out_hash->digest() != *expect->content) return Status::corruption("reconstructed bytes fail their checksum");
   return Status::ok();
 }
 

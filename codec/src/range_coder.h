@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "deltacast/codec/bytes.h"
 
@@ -141,12 +142,12 @@ class BitReader {
   explicit BitReader(ByteSpan in) : p_(in.data()), end_(in.data() + in.size()) {}
   std::uint32_t get(int bits) {
     if (bits == 0) return 0;
-    while (fill_ < bits) {
-      std::uint64_t byte = 0;
-      if (p_ < end_) byte = *p_++;
-      else overrun_ = true;
-      acc_ |= byte << fill_;
-      fill_ += 8;
+    if (fill_ < bits) {
+      refill();
+      while (fill_ < bits) {  // past the end
+        overrun_ = true;
+        fill_ += 8;
+      }
     }
     const auto v = static_cast<std::uint32_t>(acc_ & ((std::uint64_t{1} << bits) - 1));
     acc_ >>= bits;
@@ -157,10 +158,7 @@ class BitReader {
   std::uint32_t unary(std::uint32_t max) {
     std::uint32_t q = 0;
     for (;;) {
-      while (fill_ <= 56 && p_ < end_) {
-        acc_ |= static_cast<std::uint64_t>(*p_++) << fill_;
-        fill_ += 8;
-      }
+      refill();
       if (acc_ != 0) {
         const int z = __builtin_ctzll(acc_);  // below fill_: bits above it are zero
         q += static_cast<std::uint32_t>(z);
@@ -183,6 +181,23 @@ class BitReader {
   bool exhausted_cleanly() const { return p_ == end_ && fill_ < 8 && acc_ == 0; }
 
  private:
+  // Tops the buffer up to at least 56 bits, or to the end of the input: a word at a time where
+  // eight bytes remain (the part of a byte that did not fit is read again next time).
+  void refill() {
+    if (end_ - p_ >= 8) {
+      std::uint64_t word;
+      std::memcpy(&word, p_, 8);
+      acc_ |= word << fill_;
+      p_ += (63 - fill_) >> 3;
+      fill_ |= 56;
+      acc_ &= ~std::uint64_t{0} >> (64 - fill_);  // nothing above fill_, as unary() expects
+      return;
+    }
+    while (fill_ <= 56 && p_ < end_) {
+      acc_ |= static_cast<std::uint64_t>(*p_++) << fill_;
+      fill_ += 8;
+    }
+  }
   const std::uint8_t* p_;
   const std::uint8_t* end_;
   std::uint64_t acc_ = 0;

@@ -89,31 +89,36 @@ Result<EncodedVersion> encode_version(const ModelLayout& layout, std::uint64_t v
 
 namespace {
 
-// Checks what a chunk is decoded from: payload size and hash, then (deltas) the base bytes.
-Status verify_chunk_inputs(const Manifest& manifest, std::size_t index, ByteSpan payload, ByteSpan base_range) {
+// Checks a chunk's payload: size and hash.
+Status verify_payload(const Manifest& manifest, std::size_t index, ByteSpan payload) {
   const ChunkEntry& c = manifest.chunks[index];
   if (payload.size() != c.payload_bytes)
     return Status::corruption("payload is " + std::to_string(payload.size()) + " bytes, manifest says " + std::to_string(c.payload_bytes));
   if (hash64(payload) != c.payload_hash) return Status::corruption("payload hash mismatch");
-  if (manifest.kind == VersionKind::kDelta) {
-    if (base_range.size() != c.length) return Status::invalid_argument("base range has the wrong size");
-    if (hash64(base_range) != c.base_hash)
-      return Status::mismatch("base bytes differ from the base this delta was made against (version " +
-                              std::to_string(manifest.base_version) + ")");
-  }
   return Status::ok();
 }
 
-// Decodes a chunk whose inputs verified, then checks the reconstructed bytes.
-Status apply_chunk(const Manifest& manifest, std::size_t index, ByteSpan payload, ByteSpan base_range, MutableByteSpan out_range) {
+Status base_mismatch(const Manifest& manifest) {
+  return Status::mismatch("base bytes differ from the base this delta was made against (version " +
+                          std::to_string(manifest.base_version) + ")");
+}
+
+// Decodes a chunk whose payload verified, checking the base bytes (deltas, unless
+// `base_checked`) before anything is written and the reconstructed bytes after.
+Status apply_chunk(const Manifest& manifest, std::size_t index, ByteSpan payload, ByteSpan base_range, MutableByteSpan out_range,
+                   bool base_checked) {
   const ChunkEntry& c = manifest.chunks[index];
+  const bool delta = manifest.kind == VersionKind::kDelta;
+  if (delta && base_range.size() != c.length) return Status::invalid_argument("base range has the wrong size");
   DC_ASSIGN_OR_RETURN(ChunkKind kind, chunk_kind(payload));
-  if ((manifest.kind == VersionKind::kDelta) != (kind != ChunkKind::kAnchorV1))
-    return Status::corruption("chunk kind does not match the version kind");
+  if (delta != (kind != ChunkKind::kAnchorV1)) return Status::corruption("chunk kind does not match the version kind");
   const auto segs = segments_for_range(manifest.tensors, c.offset, c.length);
-  DC_RETURN_IF_ERROR(decode_chunk(payload, segs, base_range, out_range));
-  if (hash64(out_range) != c.content_hash) return Status::corruption("reconstructed bytes fail their checksum");
-  return Status::ok();
+  ChunkHashes expect;
+  if (delta && !base_checked) expect.base = c.base_hash;
+  expect.content = c.content_hash;
+  Status st = decode_chunk(payload, segs, base_range, out_range, &expect);
+  if (st.code() == StatusCode::kMismatch && delta && !base_checked && hash64(base_range) != c.base_hash) return base_mismatch(manifest);
+  return st;
 }
 
 }  // namespace
@@ -123,9 +128,9 @@ Status decode_chunk_verified(const Manifest& manifest, std::size_t index, ByteSp
   if (index >= manifest.chunks.size()) return Status::invalid_argument(chunk_label(index) + ": no such chunk");
   if (out_range.size() != manifest.chunks[index].length)
     return Status::invalid_argument(chunk_label(index) + ": output range has the wrong size");
-  if (Status st = verify_chunk_inputs(manifest, index, payload, base_range); !st.is_ok()) return st.with_context(chunk_label(index));
-  if (Status st = apply_chunk(manifest, index, payload, base_range, out_range); !st.is_ok()) return st.with_context(chunk_label(index));
-  return Status::ok();
+  Status st = verify_payload(manifest, index, payload);
+  if (st.is_ok()) st = apply_chunk(manifest, index, payload, base_range, out_range, false);
+  return st.is_ok() ? st : st.with_context(chunk_label(index));
 }
 
 Status decode_version(const Manifest& manifest, std::span<const ByteSpan> payloads, ByteSpan base, MutableByteSpan out,
@@ -137,16 +142,21 @@ Status decode_version(const Manifest& manifest, std::span<const ByteSpan> payloa
     return Status::mismatch("base image is " + std::to_string(base.size()) + " bytes, the delta expects " +
                             std::to_string(manifest.image_size));
   auto base_of = [&](const ChunkEntry& c) { return delta ? base.subspan(c.offset, c.length) : ByteSpan(); };
-  // Pass 1 checks every input before pass 2 writes anything, so a corrupt or mismatched
-  // delta leaves `out` (and, in place, the live base) exactly as it was.
+  // Pass 1 checks every payload (and, in place, every base range) before pass 2 writes
+  // anything, so a corrupt delta leaves `out` exactly as it was, and a mismatched one leaves
+  // the live base as it was. Into separate memory, pass 2 checks each chunk's base range as it
+  // decodes it: one read of the base instead of two.
+  const bool in_place = delta && base.data() == out.data();
   DC_RETURN_IF_ERROR(run_chunks(executor, manifest.chunks.size(), [&](std::size_t i) -> Status {
-    Status st = verify_chunk_inputs(manifest, i, payloads[i], base_of(manifest.chunks[i]));
+    const ChunkEntry& c = manifest.chunks[i];
+    Status st = verify_payload(manifest, i, payloads[i]);
+    if (st.is_ok() && in_place && hash64(base_of(c)) != c.base_hash) st = base_mismatch(manifest);
     return st.is_ok() ? st : st.with_context(chunk_label(i));
   }));
   std::atomic<std::uint64_t> done{0};
   DC_RETURN_IF_ERROR(run_chunks(executor, manifest.chunks.size(), [&](std::size_t i) -> Status {
     const ChunkEntry& c = manifest.chunks[i];
-    if (Status st = apply_chunk(manifest, i, payloads[i], base_of(c), out.subspan(c.offset, c.length)); !st.is_ok())
+    if (Status st = apply_chunk(manifest, i, payloads[i], base_of(c), out.subspan(c.offset, c.length), in_place); !st.is_ok())
       return st.with_context(chunk_label(i));
     const std::uint64_t d = done.fetch_add(c.length) + c.length;
     if (progress) progress(d, manifest.image_size);

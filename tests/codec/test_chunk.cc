@@ -1,6 +1,7 @@
 #include <catch2/catch.hpp>
 
 #include "deltacast/codec/chunk.h"
+#include "deltacast/codec/hash.h"
 #include "deltacast/codec/manifest.h"
 #include "deltacast/common/thread_pool.h"
 #include "gen.h"
@@ -39,6 +40,24 @@ void check_delta(const std::vector<Segment>& segs, const Bytes& base, const Byte
       Bytes in_place = base;
       REQUIRE(decode_chunk(*payload, segs, in_place, in_place).is_ok());
       CHECK(in_place == next);
+      // With the hashes checked on the way: the right ones pass, in place or not; a wrong base
+      // hash is a mismatch before anything is written; a wrong content hash is corruption.
+      const ChunkHashes right{hash64(base), hash64(next)};
+      std::fill(out.begin(), out.end(), 0xcd);
+      REQUIRE(decode_chunk(*payload, segs, base, out, &right).is_ok());
+      CHECK(out == next);
+      in_place = base;
+      REQUIRE(decode_chunk(*payload, segs, in_place, in_place, &right).is_ok());
+      CHECK(in_place == next);
+      const ChunkHashes wrong_base{*right.base ^ 1, right.content};
+      std::fill(out.begin(), out.end(), 0xcd);
+      CHECK(decode_chunk(*payload, segs, base, out, &wrong_base).code() == StatusCode::kMismatch);
+      CHECK(std::all_of(out.begin(), out.end(), [](std::uint8_t b) { return b == 0xcd; }));
+      in_place = base;
+      CHECK(decode_chunk(*payload, segs, in_place, in_place, &wrong_base).code() == StatusCode::kMismatch);
+      CHECK(in_place == base);
+      const ChunkHashes wrong_content{right.base, *right.content ^ 1};
+      CHECK(decode_chunk(*payload, segs, base, out, &wrong_content).code() == StatusCode::kCorruption);
     }
   }
   set_wide_scans(true);
@@ -52,9 +71,29 @@ void check_anchor(const std::vector<Segment>& segs, const Bytes& next) {
   Bytes out(next.size(), 0xcd);
   REQUIRE(decode_chunk(*payload, segs, {}, out).is_ok());
   CHECK(out == next);
+  const ChunkHashes right{std::nullopt, hash64(next)}, wrong{std::nullopt, hash64(next) ^ 1};
+  std::fill(out.begin(), out.end(), 0xcd);
+  REQUIRE(decode_chunk(*payload, segs, {}, out, &right).is_ok());
+  CHECK(out == next);
+  CHECK(decode_chunk(*payload, segs, {}, out, &wrong).code() == StatusCode::kCorruption);
 }
 
 }  // namespace
+
+TEST_CASE("hashing piece by piece gives the one-call hash", "[codec]") {
+  const Bytes data = test::random_bytes(100000, 5);
+  std::mt19937_64 rng(5);
+  for (int t = 0; t < 20; ++t) {
+    Hasher64 h;
+    for (std::size_t at = 0; at < data.size();) {
+      const std::size_t len = std::min<std::size_t>(data.size() - at, rng() % (t < 10 ? 64 : 20000));
+      h.update(data.data() + at, len);
+      at += len;
+    }
+    CHECK(h.digest() == hash64(data));
+  }
+  CHECK(Hasher64().digest() == hash64({}));
+}
 
 TEST_CASE("BF16 deltas round trip adversarial changes", "[codec][chunk]") {
   const std::size_t n = 40001;  // odd, not a multiple of the 16-element scan width

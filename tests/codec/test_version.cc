@@ -102,9 +102,23 @@ TEST_CASE("a delta applied to the wrong base is refused as a mismatch", "[codec]
   Bytes wrong_base = p.base;
   wrong_base[wrong_base.size() / 2] ^= 4;
   Bytes out(p.layout.image_size);
+  const Bytes wrong_copy = wrong_base;
   Status st = decode_version(d->manifest, payloads, wrong_base, out, ex);
   CHECK(st.code() == StatusCode::kMismatch);
   CHECK(st.message().find("chunk ") != std::string::npos);
+  CHECK(st.message().find("version 1") != std::string::npos);
+  CHECK(wrong_base == wrong_copy);
+  // In place, nothing is written: the live base stays as it was.
+  CHECK(decode_version(d->manifest, payloads, wrong_base, wrong_base, ex).code() == StatusCode::kMismatch);
+  CHECK(wrong_base == wrong_copy);
+  // One chunk alone says the same.
+  std::size_t bad_chunk = 0;
+  while (d->manifest.chunks[bad_chunk].offset + d->manifest.chunks[bad_chunk].length <= wrong_base.size() / 2) bad_chunk++;
+  const ChunkEntry& c = d->manifest.chunks[bad_chunk];
+  Bytes chunk_out(c.length);
+  st = decode_chunk_verified(d->manifest, bad_chunk, payloads[bad_chunk], ByteSpan(wrong_base).subspan(c.offset, c.length), chunk_out);
+  CHECK(st.code() == StatusCode::kMismatch);
+  CHECK(st.message().find("version 1") != std::string::npos);
   // Payloads in the wrong slots: each is caught by its hash.
   std::swap(payloads[0], payloads[1]);
   CHECK(decode_version(d->manifest, payloads, p.base, out, ex).code() == StatusCode::kCorruption);

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -86,9 +87,16 @@ Result<Bytes> encode_anchor_chunk(std::span<const Segment> segments, ByteSpan ne
 // - Anchor: `base` is ignored.
 // `expected_segments`, when not empty, must equal the payload's own segment list.
 // Everything is parsed and checked before the first byte of `out` is written; a payload that
-// passes those checks but is still wrong is caught by the caller's content hash.
+// passes those checks but is still wrong is caught by the content hash.
+// `expect`, when set, holds hashes (hash64) to check as the decoder passes the bytes: `base`,
+// of the base range (deltas), before anything is written (Mismatch), and `content`, of the
+// decoded bytes, after (Corruption).
+struct ChunkHashes {
+  std::optional<std::uint64_t> base;
+  std::optional<std::uint64_t> content;
+};
 Status decode_chunk(ByteSpan payload, std::span<const Segment> expected_segments, ByteSpan base,
-                    MutableByteSpan out);
+                    MutableByteSpan out, const ChunkHashes* expect = nullptr);
 
 // Parses and decodes a payload's streams without applying them, for reports.
 Result<ChunkStats> describe_chunk(ByteSpan payload, ChunkKind* kind = nullptr);

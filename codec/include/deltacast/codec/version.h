@@ -42,7 +42,8 @@ Result<EncodedVersion> encode_version(const ModelLayout& layout, std::uint64_t v
                                       ByteSpan base, ByteSpan next, const VersionEncodeOptions& options, Executor& executor);
 
 // Checks and decodes chunk `index` of `manifest`:
-//   payload size and hash -> base bytes hash (deltas) -> segments -> decode -> content hash.
+//   payload size and hash -> segments -> decode, hashing the base bytes (deltas) -> base hash
+//   -> write, hashing the result -> content hash.
 // `base_range` holds the base bytes of the chunk's range (deltas; may be out_range itself for
 // in-place apply), `out_range` receives the new bytes. Any failure names the chunk; until the
 // content hash check every failure leaves out_range untouched.
@@ -51,8 +52,10 @@ Status decode_chunk_verified(const Manifest& manifest, std::size_t index, ByteSp
 
 // Decodes every chunk into `out` (image_size bytes) in parallel, then checks the version
 // checksum. `base` is the whole base image for deltas (may be `out` itself for in-place apply).
-// Every payload hash and base hash is checked before anything is written, so corrupt, truncated
-// or mismatched input leaves `out` untouched. Returns the first failure by chunk order.
+// Every payload hash is checked before anything is written, so corrupt or truncated input
+// leaves `out` untouched. Base hashes are checked before anything is written in place (the live
+// base stays as it was), and chunk by chunk into separate memory: a mismatched base may leave
+// `out` partly written, never `base`. Returns the first failure by chunk order.
 Status decode_version(const Manifest& manifest, std::span<const ByteSpan> payloads, ByteSpan base, MutableByteSpan out,
                       Executor& executor, const ProgressFn& progress = {});
 

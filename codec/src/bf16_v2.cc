@@ -11,6 +11,7 @@
 #endif
 
 #include "bf16_scan.h"
+#include "deltacast/codec/chunk.h"
 #include "deltacast/codec/entropy.h"
 #include "deltacast/codec/hash.h"
 #include "range_coder.h"
@@ -102,46 +103,61 @@ std::uint8_t choose_rice(const std::vector<std::uint32_t>& gaps) {
 
 }  // namespace
 
-// The scans, compiled twice: for any x86-64 (SSE2), and for CPUs with AVX-512BW, POPCNT and
-// BMI2; the second is used where the CPU has them (the output is the same).
+// The scans, compiled three times: for any x86-64 (SSE2); for CPUs with AVX-512BW, POPCNT and
+// BMI2; and for those that also have AVX-512 VBMI, VPOPCNTDQ and GFNI. The highest level the CPU
+// has is used (the output is the same).
 namespace portable {
 #define DC_V2_WIDE 0
 #include "bf16_v2_kernels.inc"
 #undef DC_V2_WIDE
 }  // namespace portable
 #if defined(__x86_64__)
+#define DC_PRAGMA(x) _Pragma(#x)
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,popcnt,bmi,bmi2"))), apply_to = function)
+#define DC_TARGET_PUSH(t) DC_PRAGMA(clang attribute push(__attribute__((target(t))), apply_to = function))
+#define DC_TARGET_POP DC_PRAGMA(clang attribute pop)
 #else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,popcnt,bmi,bmi2")
+#define DC_TARGET_PUSH(t) DC_PRAGMA(GCC push_options) DC_PRAGMA(GCC target(t))
+#define DC_TARGET_POP DC_PRAGMA(GCC pop_options)
 #endif
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12's own AVX-512 headers trip it
+DC_TARGET_PUSH("avx512f,avx512bw,popcnt,bmi,bmi2")
 namespace wide {
 #define DC_V2_WIDE 1
 #include "bf16_v2_kernels.inc"
 #undef DC_V2_WIDE
 }  // namespace wide
+DC_TARGET_POP
+DC_TARGET_PUSH("avx512f,avx512bw,avx512vl,avx512vbmi,avx512vpopcntdq,gfni,popcnt,bmi,bmi2")
+namespace gfni {
+#define DC_V2_WIDE 2
+#include "bf16_v2_kernels.inc"
+#undef DC_V2_WIDE
+}  // namespace gfni
+DC_TARGET_POP
 #pragma GCC diagnostic pop
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
 #endif
 
 namespace {
 
-std::atomic<bool> wide_allowed{true};
+std::atomic<int> level_cap{2};
 
-bool use_wide() {
+// The highest scan level both the CPU and the cap allow.
+int level() {
 #if defined(__x86_64__)
-  static const bool cpu = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("popcnt") && __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2");
-  return cpu && wide_allowed.load(std::memory_order_relaxed);
+  static const int cpu = [] {
+    if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("popcnt") &&
+          __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2")))
+      return 0;
+    if (!(__builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vbmi") &&
+          __builtin_cpu_supports("avx512vpopcntdq") && __builtin_cpu_supports("gfni")))
+      return 1;
+    return 2;
+  }();
+  return std::min(cpu, level_cap.load(std::memory_order_relaxed));
 #else
-  return false;
+  return 0;
 #endif
 }
 
@@ -189,7 +205,7 @@ SectionCounts encode(const std::uint8_t* base, const std::uint8_t* next, std::si
   gap.resize(k_total);
   std::array<std::uint64_t, kClassesMax> count{};
 #if defined(__x86_64__)
-  if (use_wide()) wide::class_gaps(a, n, e0, classes, pos, cls, gap, count);
+  if (level() >= 1) wide::class_gaps(a, n, e0, classes, pos, cls, gap, count);
   else
 #endif
     portable::class_gaps(a, n, e0, classes, pos, cls, gap, count);
@@ -310,7 +326,11 @@ Result<Section> parse(ByteReader& r, std::uint64_t n) {
 Status decode(const Section& s, const std::uint8_t* base, ByteSpan exceptions, Changes& out, Hasher64* base_hash) {
   const auto* a = reinterpret_cast<const std::uint16_t*>(base);
 #if defined(__x86_64__)
-  if (use_wide()) return wide::decode_changes(s, a, exceptions, out, base_hash);
+  switch (level()) {
+    case 2: return gfni::decode_changes(s, a, exceptions, out, base_hash);
+    case 1: return wide::decode_changes(s, a, exceptions, out, base_hash);
+    default: break;
+  }
 #endif
   return portable::decode_changes(s, a, exceptions, out, base_hash);
 }
@@ -318,6 +338,6 @@ Status decode(const Section& s, const std::uint8_t* base, ByteSpan exceptions, C
 }  // namespace deltacast::bf16v2
 
 namespace deltacast {
-void set_wide_scans(bool allowed) { bf16v2::wide_allowed.store(allowed); }
-bool wide_scans() { return bf16v2::use_wide(); }
+void cap_scan_level(int level) { bf16v2::level_cap.store(std::clamp(level, 0, kScanLevelMax)); }
+int scan_level() { return bf16v2::level(); }
 }  // namespace deltacast

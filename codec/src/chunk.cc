@@ -5,6 +5,10 @@
 #include <optional>
 #include <string>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "bf16_scan.h"
 #include "bf16_v2.h"
 #include "deltacast/codec/hash.h"
@@ -29,15 +33,36 @@ void shuffle(const std::uint8_t* src, std::size_t count, std::size_t es, std::ui
   for (std::size_t b = 0; b < es; ++b)
     for (std::size_t i = 0; i < count; ++i) dst[b * count + i] = src[i * es + b];
 }
-// Elements [i0, i1) of `count` shuffled ones into `out` (the first element's bytes), replacing
-// what is there or XORing into it.
+// Elements [i0, i1) of `count` shuffled ones into `out` (element i0's bytes), replacing what is
+// there or XORing into it.
 template <bool kXor>
 void unshuffle(const std::uint8_t* shuffled, std::size_t count, std::size_t es, std::size_t i0, std::size_t i1, std::uint8_t* out) {
   for (std::size_t b = 0; b < es; ++b)
     for (std::size_t i = i0; i < i1; ++i) {
-      if constexpr (kXor) out[i * es + b] ^= shuffled[b * count + i];
-      else out[i * es + b] = shuffled[b * count + i];
+      if constexpr (kXor) out[(i - i0) * es + b] ^= shuffled[b * count + i];
+      else out[(i - i0) * es + b] = shuffled[b * count + i];
     }
+}
+
+// Copies bytes the caller will not read back soon, past the caches where the CPU allows: a
+// plain store would first read each destination line from memory. stream_fence() makes them
+// visible in order with later stores.
+void stream_copy(std::uint8_t* dst, const std::uint8_t* src, std::size_t bytes) {
+#if defined(__SSE2__)
+  const std::size_t head = std::min(bytes, (16 - reinterpret_cast<std::uintptr_t>(dst) % 16) % 16);
+  std::memcpy(dst, src, head);
+  std::size_t i = head;
+  for (; i + 16 <= bytes; i += 16)
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
+  std::memcpy(dst + i, src + i, bytes - i);
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
+void stream_fence() {
+#if defined(__SSE2__)
+  _mm_sfence();
+#endif
 }
 
 
@@ -327,8 +352,9 @@ class V1Applier {
       : p_(d.s[0].data()), end_(p_ + d.s[0].size()), val_(d.s[1].data()), exc_(d.s[2].data()), left_(d.s[1].size()) {
     next();
   }
-  // The changes at positions before `stop`.
-  void apply_before(std::uint64_t stop, std::uint16_t* v) {
+  // The changes at positions before `stop`, into `v`, which holds the values from `first` on.
+  void apply_before(std::uint64_t stop, std::uint16_t* v, std::uint64_t first) {
+    v -= first;
     for (; left_ && at_ < stop; next()) {
       const std::uint8_t z = *val_++;
       if (z) {
@@ -498,7 +524,9 @@ Status decode_chunk(ByteSpan payload, std::span<const Segment> expected_segments
   }
   if (check_base && base_hash->digest() != *expect->base) return base_mismatch();
 
-  // Pass 2: write, a tile at a time.
+  // Pass 2: write, a tile at a time: into L1 scratch where the output is separate memory
+  // (streamed out from there), else in place.
+  alignas(64) thread_local std::array<std::uint8_t, kWriteTileBytes> scratch;
   std::size_t off = 0;
   for (std::size_t k = 0; k < pc.sections.size(); ++k) {
     const auto& sec = pc.sections[k];
@@ -506,36 +534,39 @@ Status decode_chunk(ByteSpan payload, std::span<const Segment> expected_segments
     std::uint8_t* const o = out.data() + off;
     const std::uint8_t* const b = base.data() + off;
     const std::size_t es = sec.seg.elem_size, count = sec.seg.bytes / es;
-    const std::size_t tile = std::max<std::size_t>(1, kWriteTileBytes / es);  // elements
-    auto* const v = reinterpret_cast<std::uint16_t*>(o);
+    const std::size_t tile = kWriteTileBytes / es;  // elements
     std::optional<V1Applier> v1;
     if (delta && sec.seg.cls == SegmentClass::kBF16 && !sec.v2) v1.emplace(d);
     const bf16v2::Changes& c2 = v2_changes[k];
     std::size_t next_change = 0;  // v2
     for (std::size_t i0 = 0; i0 < count; i0 += tile) {
-      const std::size_t i1 = std::min(count, i0 + tile);
+      const std::size_t i1 = std::min(count, i0 + tile), bytes = (i1 - i0) * es;
+      std::uint8_t* const t = in_place ? o + i0 * es : scratch.data();  // element i0
+      auto* const tv = reinterpret_cast<std::uint16_t*>(t);
       if (delta) {
-        if (!in_place) std::memcpy(o + i0 * es, b + i0 * es, (i1 - i0) * es);
+        if (!in_place) std::memcpy(t, b + i0 * es, bytes);
         if (sec.v2) {
           for (; next_change < c2.positions.size() && c2.positions[next_change] < i1; ++next_change)
-            v[c2.positions[next_change]] = c2.values[next_change];
+            tv[c2.positions[next_change] - i0] = c2.values[next_change];
         } else if (v1) {
-          v1->apply_before(i1, v);
+          v1->apply_before(i1, tv, i0);
         } else {
-          unshuffle<true>(d.s[0].data(), count, es, i0, i1, o);
+          unshuffle<true>(d.s[0].data(), count, es, i0, i1, t);
         }
       } else if (sec.seg.cls == SegmentClass::kBF16) {
         const std::uint8_t* e = d.s[0].data();
         const std::uint8_t* sm = d.s[1].data();
         for (std::size_t i = i0; i < i1; ++i)
-          v[i] = static_cast<std::uint16_t>(((sm[i] & 0x80) << 8) | (e[i] << 7) | (sm[i] & 0x7f));
+          tv[i - i0] = static_cast<std::uint16_t>(((sm[i] & 0x80) << 8) | (e[i] << 7) | (sm[i] & 0x7f));
       } else {
-        unshuffle<false>(d.s[0].data(), count, es, i0, i1, o);
+        unshuffle<false>(d.s[0].data(), count, es, i0, i1, t);
       }
-      if (out_hash) out_hash->update(o + i0 * es, (i1 - i0) * es);
+      if (out_hash) out_hash->update(t, bytes);
+      if (!in_place) stream_copy(o + i0 * es, t, bytes);
     }
     off += sec.seg.bytes;
   }
+  if (!in_place) stream_fence();
   if (out_hash && out_hash->digest() != *expect->content) return Status::corruption("reconstructed bytes fail their checksum");
   return Status::ok();
 }

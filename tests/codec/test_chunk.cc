@@ -16,13 +16,13 @@ const ChunkEncodeOptions kOptions = ChunkEncodeOptions::defaults();
 std::vector<Segment> bf16_segment(std::size_t bytes) { return {Segment{SegmentClass::kBF16, 2, bytes}}; }
 
 // Encodes base -> next as a delta in each encoding (v1, v2, and the smaller of the two), with
-// the wide (AVX-512) and the portable scans, and checks out-of-place and in-place decoding of
-// each. `stats` gets the v2 encoding's.
+// each level of scans this CPU has (AVX-512 with GFNI, AVX-512, portable), and checks
+// out-of-place and in-place decoding of each. `stats` gets the v2 encoding's.
 void check_delta(const std::vector<Segment>& segs, const Bytes& base, const Bytes& next, ChunkStats* stats = nullptr) {
   const std::vector<std::vector<ChunkKind>> encodings = {{ChunkKind::kDeltaV1}, {ChunkKind::kDeltaV2}, {ChunkKind::kDeltaV1, ChunkKind::kDeltaV2}};
   std::vector<Bytes> v2_payloads;
-  for (bool wide : {true, false}) {
-    set_wide_scans(wide);
+  for (int level = kScanLevelMax; level >= 0; --level) {
+    cap_scan_level(level);
     for (const auto& kinds : encodings) {
       ChunkEncodeOptions opt = kOptions;
       opt.delta_kinds = kinds;
@@ -32,7 +32,7 @@ void check_delta(const std::vector<Segment>& segs, const Bytes& base, const Byte
       CHECK((*payload)[0] == static_cast<std::uint8_t>(kinds.size() == 1 ? kinds[0] : (st.v2_chunks ? ChunkKind::kDeltaV2 : ChunkKind::kDeltaV1)));
       if (kinds.size() == 1 && kinds[0] == ChunkKind::kDeltaV2) {
         v2_payloads.push_back(*payload);
-        if (stats && wide) *stats = st;
+        if (stats && level == kScanLevelMax) *stats = st;
       }
       Bytes out(next.size(), 0xcd);
       REQUIRE(decode_chunk(*payload, segs, base, out).is_ok());
@@ -60,9 +60,9 @@ void check_delta(const std::vector<Segment>& segs, const Bytes& base, const Byte
       CHECK(decode_chunk(*payload, segs, base, out, &wrong_content).code() == StatusCode::kCorruption);
     }
   }
-  set_wide_scans(true);
-  REQUIRE(v2_payloads.size() == 2);
-  CHECK(v2_payloads[0] == v2_payloads[1]);  // the scans agree
+  cap_scan_level(kScanLevelMax);
+  REQUIRE(v2_payloads.size() == kScanLevelMax + 1);
+  for (const auto& p : v2_payloads) CHECK(p == v2_payloads[0]);  // the scans agree
 }
 
 void check_anchor(const std::vector<Segment>& segs, const Bytes& next) {

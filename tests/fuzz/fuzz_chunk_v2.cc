@@ -2,9 +2,10 @@
 // spread over a dozen binades, as the v2 classes expect). Input: 1 byte of mode, 2 bytes of
 // length (in BF16 elements, minus one), then the rest.
 // - mode 0: the rest is a chunk payload (kind 3 for v2); decoding it gives an error or a decode
-//   that stays inside its range, never a crash, hang or stray write;
+//   that stays inside its range, never a crash, hang or stray write (with the scan level the
+//   mode byte's next bits pick);
 // - mode 1: the rest edits the base into a new version (2 bytes of position, 1 of edit, each);
-//   v2 must encode it and decode it back bit for bit, with both kinds of scan.
+//   v2 must encode it and decode it back bit for bit, with every level of scan.
 #include <cstdint>
 #include <vector>
 
@@ -34,7 +35,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   ByteSpan rest(data + 3, size - 3);
   if ((data[0] & 1) == 0) {
     std::vector<std::uint8_t> out(2 * n + 32, 0x5c);
+    cap_scan_level((data[0] >> 1) % (kScanLevelMax + 1));
     (void)decode_chunk(rest, segs, base_bytes, MutableByteSpan(out.data() + 16, 2 * n));
+    cap_scan_level(kScanLevelMax);
     for (std::size_t k = 0; k < 16; ++k)
       if (out[k] != 0x5c || out[out.size() - 1 - k] != 0x5c) __builtin_trap();
     return 0;
@@ -53,17 +56,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const ByteSpan next_bytes(reinterpret_cast<const std::uint8_t*>(next.data()), 2 * n);
   ChunkEncodeOptions opt = ChunkEncodeOptions::defaults();
   opt.delta_kinds = {ChunkKind::kDeltaV2};
-  std::vector<std::uint8_t> payloads[2];
-  for (bool wide : {true, false}) {
-    set_wide_scans(wide);
+  std::vector<std::uint8_t> payloads[kScanLevelMax + 1];
+  for (int level = 0; level <= kScanLevelMax; ++level) {
+    cap_scan_level(level);
     auto payload = encode_delta_chunk(segs, base_bytes, next_bytes, opt);
     if (!payload.is_ok()) __builtin_trap();
     std::vector<std::uint16_t> out(n);
     if (!decode_chunk(*payload, segs, base_bytes, MutableByteSpan(reinterpret_cast<std::uint8_t*>(out.data()), 2 * n)).is_ok()) __builtin_trap();
     if (out != next) __builtin_trap();
-    payloads[wide] = std::move(*payload);
+    payloads[level] = std::move(*payload);
   }
-  set_wide_scans(true);
-  if (payloads[0] != payloads[1]) __builtin_trap();
+  for (const auto& p : payloads)
+    if (p != payloads[0]) __builtin_trap();
   return 0;
 }

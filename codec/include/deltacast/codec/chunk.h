@@ -101,10 +101,12 @@ Status decode_chunk(ByteSpan payload, std::span<const Segment> expected_segments
 // Parses and decodes a payload's streams without applying them, for reports.
 Result<ChunkStats> describe_chunk(ByteSpan payload, ChunkKind* kind = nullptr);
 
-// The v2 BF16 scans use AVX-512BW, POPCNT and BMI2 where the CPU has them. false forces the
-// portable (SSE2) scans everywhere, for tests that compare the two; the bytes are the same.
-void set_wide_scans(bool allowed);
-bool wide_scans();  // whether they are in use
+// The v2 BF16 scans come at three levels: 0 portable (SSE2), 1 with AVX-512BW, POPCNT and
+// BMI2, 2 adding AVX-512 VBMI, VPOPCNTDQ and GFNI. The highest the CPU has is used, up to a cap
+// that tests lower to compare them (the bytes are the same); scan_level() is the one in use.
+inline constexpr int kScanLevelMax = 2;
+void cap_scan_level(int level);
+int scan_level();
 
 // Reads just the kind byte.
 Result<ChunkKind> chunk_kind(ByteSpan payload);

@@ -2,12 +2,15 @@
 // small step is coded. Internal to the codec.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
+
+#include "deltacast/codec/hash.h"
 
 namespace deltacast {
 
@@ -42,6 +45,21 @@ inline void for_each_difference(const std::uint16_t* a, const std::uint16_t* b, 
 #endif
   for (; i < n; ++i)
     if (a[i] != b[i]) on_change(i);
+}
+
+// for_each_difference a tile at a time, hashing each tile of a and of b (where the hashers are
+// set) just before the scan reads it: the scan then finds it in cache, and the hashes cost no
+// extra pass over memory.
+template <typename F>
+inline void for_each_difference_hashed(const std::uint16_t* a, const std::uint16_t* b, std::size_t n, Hasher64* a_hash,
+                                       Hasher64* b_hash, F&& on_change) {
+  constexpr std::size_t kTile = 8192;  // values
+  for (std::size_t i0 = 0; i0 < n; i0 += kTile) {
+    const std::size_t len = std::min(kTile, n - i0);
+    if (a_hash) a_hash->update(a + i0, 2 * len);
+    if (b_hash) b_hash->update(b + i0, 2 * len);
+    for_each_difference(a + i0, b + i0, len, [&](std::size_t i) { on_change(i0 + i); });
+  }
 }
 
 }  // namespace deltacast

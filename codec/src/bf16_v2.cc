@@ -164,7 +164,7 @@ int level() {
 }  // namespace
 
 SectionCounts encode(const std::uint8_t* base, const std::uint8_t* next, std::size_t n,
-                     const std::vector<BackendChoice>& exception_backends, Bytes& out) {
+                     const std::vector<BackendChoice>& exception_backends, Bytes& out, Hasher64* base_hash, Hasher64* next_hash) {
   const auto* a = reinterpret_cast<const std::uint16_t*>(base);
   const auto* b = reinterpret_cast<const std::uint16_t*>(next);
   thread_local std::vector<std::uint32_t> pos, gap;
@@ -180,7 +180,7 @@ SectionCounts encode(const std::uint8_t* base, const std::uint8_t* next, std::si
 
   // Where the changes are, and (from a sample of the values) how the exponents spread.
   std::array<std::uint32_t, 256> changed{};
-  for_each_difference(a, b, n, [&](std::size_t i) {
+  for_each_difference_hashed(a, b, n, base_hash, next_hash, [&](std::size_t i) {
     pos.push_back(static_cast<std::uint32_t>(i));
     olds.push_back(a[i]);
     news.push_back(b[i]);

@@ -30,9 +30,11 @@ struct SectionCounts {
   double v1_estimate_bytes = 0;
 };
 
-// Appends the section for n values at `base` -> `next`.
+// Appends the section for n values at `base` -> `next`, feeding the hashers (where set) the
+// bytes of each as it reads them.
 SectionCounts encode(const std::uint8_t* base, const std::uint8_t* next, std::size_t n,
-                     const std::vector<BackendChoice>& exception_backends, Bytes& out);
+                     const std::vector<BackendChoice>& exception_backends, Bytes& out, Hasher64* base_hash = nullptr,
+                     Hasher64* next_hash = nullptr);
 
 // A section as it sits in a payload, parsed but not decoded.
 struct Section {

@@ -71,6 +71,13 @@ struct SectionWriter {
   const ChunkEncodeOptions& options;
   ChunkStats* stats;
   double v1_excess_bytes = 0;  // v2 sections: how much larger v1 would be (an estimate)
+  // Where set, the section encoders feed them the base and new bytes, in order, as they read them.
+  Hasher64* base_hash = nullptr;
+  Hasher64* next_hash = nullptr;
+  void hash(const std::uint8_t* base, const std::uint8_t* next, std::size_t bytes) {
+    if (base_hash) base_hash->update(base, bytes);
+    if (next_hash) next_hash->update(next, bytes);
+  }
   void stream(std::string_view name, ByteSpan raw, const std::vector<BackendChoice>& backends) {
     StreamReport rep = write_stream(raw, backends, out);
     if (stats) stats->streams.push_back({name, rep});
@@ -89,7 +96,7 @@ void encode_bf16_delta(const std::uint8_t* base, const std::uint8_t* next, std::
   std::size_t prev_plus_one = 0;
   const auto* a = reinterpret_cast<const std::uint16_t*>(base);
   const auto* b = reinterpret_cast<const std::uint16_t*>(next);
-  for_each_difference(a, b, n, [&](std::size_t i) {
+  for_each_difference_hashed(a, b, n, w.base_hash, w.next_hash, [&](std::size_t i) {
     pos = put_varint(pos, i - prev_plus_one);
     prev_plus_one = i + 1;
     std::uint16_t x = b[i];
@@ -122,7 +129,7 @@ void encode_bf16_delta(const std::uint8_t* base, const std::uint8_t* next, std::
 }
 
 void encode_bf16_delta_v2(const std::uint8_t* base, const std::uint8_t* next, std::size_t n, SectionWriter& w) {
-  const bf16v2::SectionCounts sc = bf16v2::encode(base, next, n, w.options.delta_backends, w.out);
+  const bf16v2::SectionCounts sc = bf16v2::encode(base, next, n, w.options.delta_backends, w.out, w.base_hash, w.next_hash);
   w.v1_excess_bytes += sc.v1_estimate_bytes - static_cast<double>(sc.section_bytes);
   if (!w.stats) return;
   w.stats->bf16_values += n;
@@ -137,6 +144,7 @@ void encode_bf16_delta_v2(const std::uint8_t* base, const std::uint8_t* next, st
 
 void encode_generic_delta(const std::uint8_t* base, const std::uint8_t* next, std::size_t bytes, std::size_t es,
                           SectionWriter& w) {
+  w.hash(base, next, bytes);
   thread_local Bytes xor_buf, shuf_buf;
   std::uint8_t* x = scratch(xor_buf, bytes + 1);
   std::uint64_t changed = 0;
@@ -427,7 +435,7 @@ void ChunkStats::add(const ChunkStats& o) {
 }
 
 Result<Bytes> encode_delta_chunk(std::span<const Segment> segments, ByteSpan base, ByteSpan next,
-                                 const ChunkEncodeOptions& options, ChunkStats* stats) {
+                                 const ChunkEncodeOptions& options, ChunkStats* stats, ChunkHashes* hashes) {
   if (base.size() != next.size()) return Status::invalid_argument("base and new ranges differ in size");
   DC_RETURN_IF_ERROR(check_segments(segments, next.size()));
   if (options.delta_kinds.empty()) return Status::invalid_argument("no delta encoding to try");
@@ -438,6 +446,11 @@ Result<Bytes> encode_delta_chunk(std::span<const Segment> segments, ByteSpan bas
   std::vector<ChunkKind> kinds = options.delta_kinds;
   std::stable_partition(kinds.begin(), kinds.end(), [](ChunkKind k) { return k == ChunkKind::kDeltaV2; });
   bool v1_cannot_win = false;
+  std::optional<Hasher64> base_hash, next_hash;  // fed by the first encoding tried
+  if (hashes) {
+    base_hash.emplace();
+    next_hash.emplace();
+  }
   for (ChunkKind kind : kinds) {
     if (kind != ChunkKind::kDeltaV1 && kind != ChunkKind::kDeltaV2) return Status::invalid_argument("not a delta chunk encoding");
     if (kind == ChunkKind::kDeltaV1 && v1_cannot_win) continue;
@@ -446,6 +459,10 @@ Result<Bytes> encode_delta_chunk(std::span<const Segment> segments, ByteSpan bas
     ChunkStats st;
     write_chunk_header(kind, segments, out);
     SectionWriter w{out, options, stats ? &st : nullptr};
+    if (kind == kinds.front() && hashes) {
+      w.base_hash = &*base_hash;
+      w.next_hash = &*next_hash;
+    }
     std::size_t off = 0;
     for (const auto& s : segments) {
       if (s.cls != SegmentClass::kBF16) encode_generic_delta(base.data() + off, next.data() + off, s.bytes, s.elem_size, w);
@@ -461,6 +478,7 @@ Result<Bytes> encode_delta_chunk(std::span<const Segment> segments, ByteSpan bas
     best_stats.v2_chunks = kind == ChunkKind::kDeltaV2;
   }
   if (stats) stats->add(best_stats);
+  if (hashes) *hashes = {base_hash->digest(), next_hash->digest()};
   return best;
 }
 

@@ -59,7 +59,8 @@ Result<EncodedVersion> encode_version(const ModelLayout& layout, std::uint64_t v
     const auto [off, len] = ranges[i];
     const auto segs = segments_for_range(layout.tensors, off, len);
     ByteSpan nb = next.subspan(off, len);
-    Result<Bytes> payload = delta ? encode_delta_chunk(segs, base.subspan(off, len), nb, options.chunk, &stats[i])
+    ChunkHashes h;
+    Result<Bytes> payload = delta ? encode_delta_chunk(segs, base.subspan(off, len), nb, options.chunk, &stats[i], &h)
                                   : encode_anchor_chunk(segs, nb, options.chunk, &stats[i]);
     if (!payload.is_ok()) return payload.status().with_context(chunk_label(i));
     ChunkEntry& c = m.chunks[i];
@@ -67,8 +68,8 @@ Result<EncodedVersion> encode_version(const ModelLayout& layout, std::uint64_t v
     c.length = len;
     c.payload_bytes = payload->size();
     c.payload_hash = hash64(*payload);
-    c.content_hash = hash64(nb);
-    c.base_hash = delta ? hash64(base.subspan(off, len)) : 0;
+    c.content_hash = delta ? *h.content : hash64(nb);
+    c.base_hash = delta ? *h.base : 0;
     ev.payloads[i] = std::move(payload).value();
     const std::uint64_t d = done.fetch_add(len) + len;
     if (options.progress) options.progress(d, layout.image_size);

@@ -74,9 +74,17 @@ struct ChunkStats {
   void add(const ChunkStats& other);
 };
 
+// Hashes (hash64) of a chunk's base range and of its bytes.
+struct ChunkHashes {
+  std::optional<std::uint64_t> base;
+  std::optional<std::uint64_t> content;
+};
+
 // Encodes a delta: `base` and `next` are the same range of two images, segments cover it.
+// `hashes`, when set, receives both ranges' hashes, computed as the encoder reads them.
 Result<Bytes> encode_delta_chunk(std::span<const Segment> segments, ByteSpan base, ByteSpan next,
-                                 const ChunkEncodeOptions& options, ChunkStats* stats = nullptr);
+                                 const ChunkEncodeOptions& options, ChunkStats* stats = nullptr,
+                                 ChunkHashes* hashes = nullptr);
 // Encodes an anchor (full snapshot) of `next`.
 Result<Bytes> encode_anchor_chunk(std::span<const Segment> segments, ByteSpan next,
                                   const ChunkEncodeOptions& options, ChunkStats* stats = nullptr);
@@ -88,13 +96,9 @@ Result<Bytes> encode_anchor_chunk(std::span<const Segment> segments, ByteSpan ne
 // `expected_segments`, when not empty, must equal the payload's own segment list.
 // Everything is parsed and checked before the first byte of `out` is written; a payload that
 // passes those checks but is still wrong is caught by the content hash.
-// `expect`, when set, holds hashes (hash64) to check as the decoder passes the bytes: `base`,
-// of the base range (deltas), before anything is written (Mismatch), and `content`, of the
-// decoded bytes, after (Corruption).
-struct ChunkHashes {
-  std::optional<std::uint64_t> base;
-  std::optional<std::uint64_t> content;
-};
+// `expect`, when set, holds hashes to check as the decoder passes the bytes: `base`, of the
+// base range (deltas), before anything is written (Mismatch), and `content`, of the decoded
+// bytes, after (Corruption).
 Status decode_chunk(ByteSpan payload, std::span<const Segment> expected_segments, ByteSpan base,
                     MutableByteSpan out, const ChunkHashes* expect = nullptr);
 

@@ -205,7 +205,8 @@ SectionCounts encode(const std::uint8_t* base, const std::uint8_t* next, std::si
   gap.resize(k_total);
   std::array<std::uint64_t, kClassesMax> count{};
 #if defined(__x86_64__)
-  if (level() >= 1) wide::class_gaps(a, n, e0, classes, pos, cls, gap, count);
+  if (level() >= 2 && classes == 8) gfni::class_gaps_8x(a, n, e0, pos, cls, gap, count);
+  else if (level() >= 1) wide::class_gaps(a, n, e0, classes, pos, cls, gap, count);
   else
 #endif
     portable::class_gaps(a, n, e0, classes, pos, cls, gap, count);

@@ -49,16 +49,23 @@ inline void for_each_difference(const std::uint16_t* a, const std::uint16_t* b, 
 
 // for_each_difference a tile at a time, hashing each tile of a and of b (where the hashers are
 // set) just before the scan reads it: the scan then finds it in cache, and the hashes cost no
-// extra pass over memory.
+// extra pass over memory. The next tile is prefetched as the scan goes.
 template <typename F>
 inline void for_each_difference_hashed(const std::uint16_t* a, const std::uint16_t* b, std::size_t n, Hasher64* a_hash,
                                        Hasher64* b_hash, F&& on_change) {
-  constexpr std::size_t kTile = 8192;  // values
+  constexpr std::size_t kTile = 8192, kStep = 512;  // values
   for (std::size_t i0 = 0; i0 < n; i0 += kTile) {
     const std::size_t len = std::min(kTile, n - i0);
     if (a_hash) a_hash->update(a + i0, 2 * len);
     if (b_hash) b_hash->update(b + i0, 2 * len);
-    for_each_difference(a + i0, b + i0, len, [&](std::size_t i) { on_change(i0 + i); });
+    for (std::size_t s = 0; s < len; s += kStep) {
+      for (std::size_t k = 0; k < kStep; k += 32) {  // a cache line of each
+        __builtin_prefetch(a + i0 + kTile + s + k, 0, 2);
+        __builtin_prefetch(b + i0 + kTile + s + k, 0, 2);
+      }
+      const std::size_t at = i0 + s;
+      for_each_difference(a + at, b + at, std::min(kStep, len - s), [&](std::size_t i) { on_change(at + i); });
+    }
   }
 }
 

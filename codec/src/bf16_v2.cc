@@ -211,12 +211,16 @@ SectionCounts encode(const std::uint8_t* base, const std::uint8_t* next, std::si
 #endif
     portable::class_gaps(a, n, e0, classes, pos, cls, gap, count);
 
-  // Each class's gaps, and its Rice parameter.
-  thread_local std::array<std::vector<std::uint32_t>, kClassesMax> by_class;
+  // Each class's changes (indices into pos, in segment order) and gaps, and its Rice parameter.
+  thread_local std::array<std::vector<std::uint32_t>, kClassesMax> by_class, gaps_of;
   std::array<std::uint8_t, kClassesMax> rice{};
   for (auto& v : by_class) v.clear();
-  for (std::size_t k = 0; k < k_total; ++k) by_class[cls[k]].push_back(gap[k]);
-  for (int c = 0; c < classes; ++c) rice[c] = choose_rice(by_class[c]);
+  for (auto& v : gaps_of) v.clear();
+  for (std::size_t k = 0; k < k_total; ++k) {
+    by_class[cls[k]].push_back(static_cast<std::uint32_t>(k));
+    gaps_of[cls[k]].push_back(gap[k]);
+  }
+  for (int c = 0; c < classes; ++c) rice[c] = choose_rice(gaps_of[c]);
 
   SectionCounts sc;
   sc.changes = k_total;
@@ -234,45 +238,44 @@ SectionCounts encode(const std::uint8_t* base, const std::uint8_t* next, std::si
     sc.v1_estimate_bytes = (order0_entropy_bits(gap_bytes) + order0_entropy_bits(value_bytes)) / 8;
   }
   // The coded body, in the order the decoder reads it: every gap of class 0, of class 1, ...;
-  // then per change, in value order, what it changed to.
+  // then what each change became, class by class.
   if (k_total > 0) {
     Models m;
     rc::Encoder enc(coded);
     rc::BitWriter bits(remainders);
-    auto put_gap = [&](int c, std::uint32_t g) {
-      bits.unary(g >> rice[c]);
-      bits.put(g, rice[c]);
-    };
     for (int c = 0; c < classes; ++c)
-      for (std::uint32_t g : by_class[c]) put_gap(c, g);
-    for (std::size_t k = 0; k < k_total; ++k) {
-      const int c = cls[k];
-      const std::uint16_t o = olds[k], x = news[k];
-      const int d = static_cast<int>(x) - static_cast<int>(o);
-      const bool small = is_small_step(o, x);
-      if (small && (d == 1 || d == -1)) {
-        enc.bit(m.unit[c], 1);
-        bits.put(d == 1, 1);
-        sc.unit++;
-      } else {
-        enc.bit(m.unit[c], 0);
-        if (small) {
-          enc.bit(m.exception[c], 0);
-          const unsigned v = zigzag8(d) - 3u;
-          unsigned node = 1;
-          for (int i = 7; i >= 0; --i) {
-            const unsigned bit = (v >> i) & 1;
-            enc.bit(m.step[node], bit);
-            node = (node << 1) | bit;
-          }
+      for (std::uint32_t g : gaps_of[c]) {
+        bits.unary(g >> rice[c]);
+        bits.put(g, rice[c]);
+      }
+    for (int c = 0; c < classes; ++c)
+      for (std::uint32_t k : by_class[c]) {
+        const std::uint16_t o = olds[k], x = news[k];
+        const int d = static_cast<int>(x) - static_cast<int>(o);
+        const bool small = is_small_step(o, x);
+        if (small && (d == 1 || d == -1)) {
+          enc.bit(m.unit[c], 1);
+          bits.put(d == 1, 1);
+          sc.unit++;
         } else {
-          enc.bit(m.exception[c], 1);
-          exceptions.push_back(static_cast<std::uint8_t>(x));
-          exceptions.push_back(static_cast<std::uint8_t>(x >> 8));
-          sc.exceptions++;
+          enc.bit(m.unit[c], 0);
+          if (small) {
+            enc.bit(m.exception[c], 0);
+            const unsigned v = zigzag8(d) - 3u;
+            unsigned node = 1;
+            for (int i = 7; i >= 0; --i) {
+              const unsigned bit = (v >> i) & 1;
+              enc.bit(m.step[node], bit);
+              node = (node << 1) | bit;
+            }
+          } else {
+            enc.bit(m.exception[c], 1);
+            exceptions.push_back(static_cast<std::uint8_t>(x));
+            exceptions.push_back(static_cast<std::uint8_t>(x >> 8));
+            sc.exceptions++;
+          }
         }
       }
-    }
     enc.finish();
     bits.finish();
   }

@@ -49,11 +49,14 @@ struct Section {
 };
 Result<Section> parse(ByteReader& r, std::uint64_t n);
 
-// The changes of a section, decoded and checked against the base (nothing written yet).
+// The changes of a section, decoded and checked against the base (nothing written yet), class
+// by class: those of class c, in segment order, are [starts[c], starts[c + 1]).
 struct Changes {
   std::vector<std::uint32_t> positions;
   std::vector<std::uint16_t> values;  // the new values
-  std::uint64_t unit = 0;             // +-1 steps, for reports
+  int classes = 0;
+  std::array<std::uint64_t, kClassesMax + 1> starts{};
+  std::uint64_t unit = 0;  // +-1 steps, for reports
 };
 // `exceptions` is the decoded exceptions stream (2 bytes per exception). `base_hash`, when
 // set, is fed the section's base bytes (all of them, on success) as the decoder reads them.

@@ -556,7 +556,8 @@ Status decode_chunk(ByteSpan payload, std::span<const Segment> expected_segments
     std::optional<V1Applier> v1;
     if (delta && sec.seg.cls == SegmentClass::kBF16 && !sec.v2) v1.emplace(d);
     const bf16v2::Changes& c2 = v2_changes[k];
-    std::size_t next_change = 0;  // v2
+    std::array<std::uint64_t, bf16v2::kClassesMax> next_change;  // v2: per class
+    std::copy_n(c2.starts.begin(), bf16v2::kClassesMax, next_change.begin());
     for (std::size_t i0 = 0; i0 < count; i0 += tile) {
       const std::size_t i1 = std::min(count, i0 + tile), bytes = (i1 - i0) * es;
       std::uint8_t* const t = in_place ? o + i0 * es : scratch.data();  // element i0
@@ -564,8 +565,8 @@ Status decode_chunk(ByteSpan payload, std::span<const Segment> expected_segments
       if (delta) {
         if (!in_place) std::memcpy(t, b + i0 * es, bytes);
         if (sec.v2) {
-          for (; next_change < c2.positions.size() && c2.positions[next_change] < i1; ++next_change)
-            tv[c2.positions[next_change] - i0] = c2.values[next_change];
+          for (int c = 0; c < c2.classes; ++c)
+            for (auto& j = next_change[c]; j < c2.starts[c + 1] && c2.positions[j] < i1; ++j) tv[c2.positions[j] - i0] = c2.values[j];
         } else if (v1) {
           v1->apply_before(i1, tv, i0);
         } else {

@@ -33,9 +33,6 @@ inline int class_of(std::uint16_t v, int e0, int classes) {
   return std::min(std::max(t, 0), classes - 1);
 }
 
-// Bits 0..p set.
-inline std::uint64_t through(int p) { return p == 63 ? ~std::uint64_t{0} : (std::uint64_t{2} << p) - 1; }
-
 // The adaptive models, as encoder and decoder both learn them.
 struct Models {
   // (Gaps and the direction of a one-step change are raw bits: a Rice code suits the former,
@@ -121,7 +118,9 @@ namespace portable {
 #define DC_TARGET_POP DC_PRAGMA(GCC pop_options)
 #endif
 #pragma GCC diagnostic push
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12's own AVX-512 headers trip it
+#endif
 DC_TARGET_PUSH("avx512f,avx512bw,popcnt,bmi,bmi2")
 namespace wide {
 #define DC_V2_WIDE 1

@@ -80,8 +80,12 @@ int run_worker(const NodeOptions& o) {
   host.set_on_version([id = cfg->node.node_id, &host](std::shared_ptr<const ModelVersion> v) {
     std::string timing;
     const auto& timings = host.node().timings();
-    if (auto t = timings.find(v->version); t != timings.end() && t->second.published_us && t->second.ready_us >= t->second.published_us)
-      timing = ", " + std::to_string((t->second.ready_us - t->second.published_us) / 1000) + " ms after publish";
+    if (auto t = timings.find(v->version); t != timings.end() && t->second.published_us && t->second.ready_us >= t->second.published_us) {
+      const VersionTiming& vt = t->second;
+      auto ms = [&](std::uint64_t us) { return std::to_string(us >= vt.published_us ? (us - vt.published_us) / 1000 : 0); };
+      timing = ", " + ms(vt.ready_us) + " ms after publish";
+      if (vt.first_chunk_us && vt.last_chunk_us) timing += " (chunks arrived " + ms(vt.first_chunk_us) + "-" + ms(vt.last_chunk_us) + " ms)";
+    }
     std::printf("%s: version %" PRIu64 " ready, checksum %016" PRIx64 "%s\n", id.c_str(), v->version, v->checksum, timing.c_str());
     std::fflush(stdout);
   });

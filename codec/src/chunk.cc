@@ -391,13 +391,23 @@ class V1Applier {
   std::uint64_t at_ = 0, start_ = 0;  // the next change's position; where the gap after it starts
 };
 
-Status base_mismatch() { return Status::mismatch("base bytes differ from the base this delta was made against"); }
-
 // Bytes decode_chunk writes at a time: copying the base, applying the changes and hashing the
 // result each find the piece in L1.
 constexpr std::size_t kWriteTileBytes = 16u << 10;
 
+constexpr std::string_view kBaseMismatch = "base bytes differ from the base this delta was made against";
+
 }  // namespace
+
+Status base_mismatch(std::optional<std::uint64_t> base_version) {
+  std::string message(kBaseMismatch);
+  if (base_version) message += " (version " + std::to_string(*base_version) + ")";
+  return Status::mismatch(std::move(message));
+}
+
+bool is_base_mismatch(const Status& status) {
+  return status.code() == StatusCode::kMismatch && status.message().starts_with(kBaseMismatch);
+}
 
 ChunkEncodeOptions ChunkEncodeOptions::defaults() {
   ChunkEncodeOptions o;

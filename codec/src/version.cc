@@ -99,11 +99,6 @@ Status verify_payload(const Manifest& manifest, std::size_t index, ByteSpan payl
   return Status::ok();
 }
 
-Status base_mismatch(const Manifest& manifest) {
-  return Status::mismatch("base bytes differ from the base this delta was made against (version " +
-                          std::to_string(manifest.base_version) + ")");
-}
-
 // Decodes a chunk whose payload verified, checking the base bytes (deltas, unless
 // `base_checked`) before anything is written and the reconstructed bytes after.
 Status apply_chunk(const Manifest& manifest, std::size_t index, ByteSpan payload, ByteSpan base_range, MutableByteSpan out_range,
@@ -118,8 +113,7 @@ Status apply_chunk(const Manifest& manifest, std::size_t index, ByteSpan payload
   if (delta && !base_checked) expect.base = c.base_hash;
   expect.content = c.content_hash;
   Status st = decode_chunk(payload, segs, base_range, out_range, &expect);
-  if (st.code() == StatusCode::kMismatch && delta && !base_checked && hash64(base_range) != c.base_hash) return base_mismatch(manifest);
-  return st;
+  return is_base_mismatch(st) ? base_mismatch(manifest.base_version) : st;
 }
 
 }  // namespace
@@ -151,7 +145,7 @@ Status decode_version(const Manifest& manifest, std::span<const ByteSpan> payloa
   DC_RETURN_IF_ERROR(run_chunks(executor, manifest.chunks.size(), [&](std::size_t i) -> Status {
     const ChunkEntry& c = manifest.chunks[i];
     Status st = verify_payload(manifest, i, payloads[i]);
-    if (st.is_ok() && in_place && hash64(base_of(c)) != c.base_hash) st = base_mismatch(manifest);
+    if (st.is_ok() && in_place && hash64(base_of(c)) != c.base_hash) st = base_mismatch(manifest.base_version);
     return st.is_ok() ? st : st.with_context(chunk_label(i));
   }));
   std::atomic<std::uint64_t> done{0};

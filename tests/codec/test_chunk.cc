@@ -51,7 +51,7 @@ void check_delta(const std::vector<Segment>& segs, const Bytes& base, const Byte
       CHECK(in_place == next);
       const ChunkHashes wrong_base{*right.base ^ 1, right.content};
       std::fill(out.begin(), out.end(), 0xcd);
-      CHECK(decode_chunk(*payload, segs, base, out, &wrong_base).code() == StatusCode::kMismatch);
+      CHECK(is_base_mismatch(decode_chunk(*payload, segs, base, out, &wrong_base)));
       CHECK(std::all_of(out.begin(), out.end(), [](std::uint8_t b) { return b == 0xcd; }));
       in_place = base;
       CHECK(decode_chunk(*payload, segs, in_place, in_place, &wrong_base).code() == StatusCode::kMismatch);
@@ -205,7 +205,9 @@ TEST_CASE("decode_chunk refuses inconsistent requests", "[codec][chunk]") {
   CHECK(decode_chunk(*payload, segs, base, MutableByteSpan(out.data(), 198)).code() == StatusCode::kMismatch);
   CHECK(decode_chunk(*payload, bf16_segment(100), base, out).code() == StatusCode::kMismatch);
   std::vector<Segment> wrong = {{SegmentClass::kGeneric, 2, 200}};
-  CHECK(decode_chunk(*payload, wrong, base, out).code() == StatusCode::kMismatch);
+  const Status wrong_segments = decode_chunk(*payload, wrong, base, out);
+  CHECK(wrong_segments.code() == StatusCode::kMismatch);
+  CHECK_FALSE(is_base_mismatch(wrong_segments));  // a mismatch, but not of the base
   CHECK(decode_chunk(*payload, segs, ByteSpan(base.data(), 100), out).code() == StatusCode::kInvalidArgument);
   // Overlapping but not identical base and output.
   Bytes big(400);

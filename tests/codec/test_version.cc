@@ -106,6 +106,7 @@ TEST_CASE("a delta applied to the wrong base is refused as a mismatch", "[codec]
   Status st = decode_version(d->manifest, payloads, wrong_base, out, ex);
   CHECK(st.code() == StatusCode::kMismatch);
   CHECK(st.message().find("chunk ") != std::string::npos);
+  CHECK(st.message().find("base bytes differ") != std::string::npos);
   CHECK(st.message().find("version 1") != std::string::npos);
   CHECK(wrong_base == wrong_copy);
   // In place, nothing is written: the live base stays as it was.

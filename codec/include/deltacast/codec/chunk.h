@@ -97,10 +97,15 @@ Result<Bytes> encode_anchor_chunk(std::span<const Segment> segments, ByteSpan ne
 // Everything is parsed and checked before the first byte of `out` is written; a payload that
 // passes those checks but is still wrong is caught by the content hash.
 // `expect`, when set, holds hashes to check as the decoder passes the bytes: `base`, of the
-// base range (deltas), before anything is written (Mismatch), and `content`, of the decoded
-// bytes, after (Corruption).
+// base range (deltas), before anything is written (base_mismatch()), and `content`, of the
+// decoded bytes, after (Corruption).
 Status decode_chunk(ByteSpan payload, std::span<const Segment> expected_segments, ByteSpan base,
                     MutableByteSpan out, const ChunkHashes* expect = nullptr);
+
+// The Mismatch a delta gets against base bytes other than those it was made against, naming
+// that base's version when known; is_base_mismatch() recognises it.
+Status base_mismatch(std::optional<std::uint64_t> base_version = std::nullopt);
+bool is_base_mismatch(const Status& status);
 
 // Parses and decodes a payload's streams without applying them, for reports.
 Result<ChunkStats> describe_chunk(ByteSpan payload, ChunkKind* kind = nullptr);

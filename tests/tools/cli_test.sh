@@ -2,7 +2,8 @@
 # End-to-end through the command line: gen, encode, decode (bit-exact), inspect, bench, and
 # the failures a user can cause: corrupt deltas, wrong bases, missing files, bad flags.
 set -uo pipefail
-dc=${1:?usage: cli_test.sh path/to/deltacast}
+dc=${1:?usage: cli_test.sh path/to/deltacast [path/to/decode_rate]}
+decode_rate=${2:-}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 passed=0
@@ -70,6 +71,26 @@ ls "$tmp"/*.tmp.* >/dev/null 2>&1 && { failed=$((failed + 1)); echo "FAILED: tem
 
 check "bench on files" "$dc" bench -q --runs 1 --no-anchor "$tmp/s/step-000000.safetensors" "$tmp/s/step-000001.safetensors" "$tmp/s/step-000002.safetensors"
 grep -q "deltacast v1" "$tmp/out" || { failed=$((failed + 1)); echo "FAILED: bench printed no table"; }
+
+# The validation's decode-rate probe (tests/tools/decode_rate_main.cc): a rate, a barrier, a
+# clear refusal of checkpoints that do not belong together.
+if [ -n "$decode_rate" ]; then
+  a="$tmp/s/step-000000.safetensors" b="$tmp/s/step-000001.safetensors"
+  check "decode_rate" "$decode_rate" "$a" "$b" --seconds 0.2
+  grep -Eq "^[0-9]+ bytes/s median of [0-9]+ decodes" "$tmp/out" || { failed=$((failed + 1)); echo "FAILED: decode_rate printed no rate"; }
+  "$decode_rate" "$a" "$b" --seconds 0.2 --barrier "$tmp/go" >"$tmp/barrier.out" 2>&1 &
+  probe=$!
+  sleep 1
+  if grep -q "bytes/s" "$tmp/barrier.out" || ! grep -q armed "$tmp/barrier.out"; then
+    failed=$((failed + 1))
+    echo "FAILED: decode_rate did not wait, armed, for its barrier"
+  fi
+  touch "$tmp/go"
+  wait "$probe" && grep -q "bytes/s" "$tmp/barrier.out" || { failed=$((failed + 1)); echo "FAILED: decode_rate after its barrier"; }
+  check "gen, another shape" "$dc" gen -q -o "$tmp/other" --hidden 32 --layers 1 --vocab 256 --ffn 96 --steps 1
+  fails "decode_rate across layouts" "differ in layout" "$decode_rate" "$a" "$tmp/other/step-000001.safetensors"
+  fails "decode_rate on garbage" "safetensors" "$decode_rate" "$a" "$tmp/garbage.safetensors"
+fi
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

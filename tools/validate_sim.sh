@@ -62,19 +62,30 @@ printf "   image %.1f MB, delta %.1f MB compressed in %d chunks\n" "$(calc "$ima
 # A shared machine's speed drifts by 10-20% within minutes, so each round measures it just
 # before and just after its fleet runs and takes the mean.
 decode_rate_now() {
-  local n=$1 i
-  rm -f "$work/go" "$work"/rate-*.txt
+  local n=$1 i failed=0
+  rm -f "$work/go" "$work"/rate-*
   for i in $(seq 1 "$n"); do
-    "$build/tests/decode_rate" "${ckpts[$((deltas - 1))]}" "${ckpts[$deltas]}" --seconds 3 --barrier "$work/go" >"$work/rate-$i.txt" &
+    "$build/tests/decode_rate" "${ckpts[$((deltas - 1))]}" "${ckpts[$deltas]}" --seconds 3 --barrier "$work/go" \
+      >"$work/rate-$i.txt" 2>"$work/rate-$i.err" &
     rate_pids+=($!)
   done
-  until [ "$(cat "$work"/rate-*.txt 2>/dev/null | grep -c armed)" -ge "$n" ]; do sleep 0.05; done
+  # Every copy armed (encoded, waiting), or one gone: then the barrier is not worth waiting for.
+  until [ "$(cat "$work"/rate-*.txt | grep -c armed)" -ge "$n" ]; do
+    for i in "${rate_pids[@]}"; do kill -0 "$i" 2>/dev/null || break 2; done
+    sleep 0.05
+  done
   touch "$work/go"
-  for i in "${rate_pids[@]}"; do wait "$i"; done
+  for i in "${rate_pids[@]}"; do wait "$i" || failed=1; done
   rate_pids=()
+  if [ "$failed" = 1 ]; then
+    echo "decode_rate failed:" >&2
+    cat "$work"/rate-*.err >&2
+    return 1
+  fi
   cat "$work"/rate-*.txt | awk '/bytes\/s/ {print $1}' | med
 }
-printf "   decode %.2f GB/s of image on one core, alone\n" "$(calc "$(decode_rate_now 1) / 1e9")"
+alone=$(decode_rate_now 1)
+printf "   decode %.2f GB/s of image on one core, alone\n" "$(calc "$alone / 1e9")"
 
 # The simulated twin: two regions so that each relay has its own link from the origin; every
 # NIC fast, so the per-link shaping is the only limit, as through the shaper. Prints the median

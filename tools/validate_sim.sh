@@ -146,7 +146,8 @@ for round in $(seq 1 "$rounds"); do
   stop_all
   rate_after=$(decode_rate_now "$workers")
   decode_bps=$(calc "($rate_before + $rate_after) / 2")
-  read -r sim_p50 sim_max sim_bound < <(simulate "$decode_bps")
+  read -r sim_p50 sim_max sim_bound < <(simulate "$decode_bps") || true
+  [ -n "$sim_bound" ] || { echo "the simulator gave no prediction:" >&2; cat "$work/sim.log" >&2; exit 1; }
   simulated_p50+=("$sim_p50")
   simulated_max+=("$sim_max")
   printf "   round %d: decode %.2f GB/s per worker with %d decoding at once (%.2f before the fleet ran, %.2f after); simulated median %.2f s, slowest %.2f s\n" \

@@ -12,6 +12,7 @@
 #include "commands.h"
 #include "deltacast/codec/entropy.h"
 #include "deltacast/codec/version.h"
+#include "deltacast/common/stats.h"
 #include "deltacast/common/thread_pool.h"
 #include "deltacast/io/safetensors.h"
 #include "gen.h"
@@ -34,13 +35,6 @@ struct BenchOptions {
 };
 
 using Clock = std::chrono::steady_clock;
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // Runs fn `runs` times; returns seconds per run.
 template <typename F>

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "commands.h"
+#include "deltacast/common/stats.h"
 #include "deltacast/common/thread_pool.h"
 #include "deltacast/transport/host.h"
 #include "gen.h"
@@ -38,10 +39,6 @@ struct NetBenchOptions {
   std::string only;  // "throughput", "latency" or "apply"; empty: all three
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 
 constexpr int kRounds = 2;  // plain baselines: a warm-up round, then the timed one

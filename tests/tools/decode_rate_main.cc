@@ -18,6 +18,7 @@
 
 #include "deltacast/codec/version.h"
 #include "deltacast/common/executor.h"
+#include "deltacast/common/stats.h"
 #include "deltacast/common/thread_pool.h"
 #include "deltacast/io/safetensors.h"
 
@@ -84,7 +85,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "decode_rate: the decoded image differs from NEXT\n");
     return 1;
   }
-  std::nth_element(rates.begin(), rates.begin() + static_cast<std::ptrdiff_t>(rates.size() / 2), rates.end());
-  std::printf("%.0f bytes/s median of %zu decodes\n", rates[rates.size() / 2], rates.size());
+  std::printf("%.0f bytes/s median of %zu decodes\n", median(rates), rates.size());
   return 0;
 }

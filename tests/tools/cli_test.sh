@@ -80,7 +80,7 @@ if [ -n "$decode_rate" ]; then
   grep -Eq "^[0-9]+ bytes/s median of [0-9]+ decodes" "$tmp/out" || { failed=$((failed + 1)); echo "FAILED: decode_rate printed no rate"; }
   "$decode_rate" "$a" "$b" --seconds 0.2 --barrier "$tmp/go" >"$tmp/barrier.out" 2>&1 &
   probe=$!
-  sleep 1
+  for _ in $(seq 300); do grep -q armed "$tmp/barrier.out" && break; sleep 0.1; done  # at most 30 s
   if grep -q "bytes/s" "$tmp/barrier.out" || ! grep -q armed "$tmp/barrier.out"; then
     failed=$((failed + 1))
     echo "FAILED: decode_rate did not wait, armed, for its barrier"

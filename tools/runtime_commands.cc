@@ -1,6 +1,8 @@
 // relay, worker, publish, keygen: the broadcast runtime from the command line.
 #include <spdlog/spdlog.h>
 
+#include <sys/resource.h>
+
 #include <cinttypes>
 #include <csignal>
 #include <filesystem>
@@ -76,7 +78,8 @@ int run_worker(const NodeOptions& o) {
   // Every version exposed is reported from the loop thread as it happens; the main thread
   // writes out the newest one it sees (a slow disk skips versions rather than hold images).
   // With the time from publish to ready, measured here (the origin's own figure also counts
-  // the Ready's way back up the tree).
+  // the Ready's way back up the tree), and the CPU this process has used so far: the
+  // difference between two lines is what a version cost the host (receive, decode, verify).
   host.set_on_version([id = cfg->node.node_id, &host](std::shared_ptr<const ModelVersion> v) {
     std::string timing;
     const auto& timings = host.node().timings();
@@ -86,7 +89,11 @@ int run_worker(const NodeOptions& o) {
       timing = ", " + ms(vt.ready_us) + " ms after publish";
       if (vt.first_chunk_us && vt.last_chunk_us) timing += " (chunks arrived " + ms(vt.first_chunk_us) + "-" + ms(vt.last_chunk_us) + " ms)";
     }
-    std::printf("%s: version %" PRIu64 " ready, checksum %016" PRIx64 "%s\n", id.c_str(), v->version, v->checksum, timing.c_str());
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    const auto cpu_ms = (static_cast<std::int64_t>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000000 + ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1000;
+    std::printf("%s: version %" PRIu64 " ready, checksum %016" PRIx64 "%s, process CPU %" PRId64 " ms\n", id.c_str(), v->version, v->checksum, timing.c_str(),
+                cpu_ms);
     std::fflush(stdout);
   });
   Status st = host.start_thread();

@@ -59,8 +59,14 @@ int run_sim(const SimOptions& o) {
     }
   }
   const std::string title = (sc->name.empty() ? o.scenario : sc->name) + ", seed " + std::to_string(o.seed);
-  std::printf("%s: %llu workers, %u versions every %.0f s, %.3g GB per version compressed\n\n", title.c_str(),
+  std::printf("%s: %llu workers, %u versions every %.0f s, %.3g GB per version compressed\n", title.c_str(),
               static_cast<unsigned long long>(reports.front().workers), sc->run.versions, sc->run.step_period_s, reports.front().version_bytes / 1e9);
+  if (const sim::CpuSpec& cpu = sc->run.cpu; cpu.cores > 0) {
+    std::printf("host CPU: %u cores per host, %s, decode %.3g GB/s per core, %.3g ns per byte moved\n", cpu.cores,
+                cpu.one_host ? "every node on one host" : (std::to_string(cpu.workers_per_host) + " workers per host").c_str(),
+                sc->run.decode_bytes_per_s / 1e9, cpu.net_ns_per_byte);
+  }
+  std::printf("\n");
   std::printf("%s", sim::render_table(reports).c_str());
   const double cut = reports.front().max_s;
   for (const auto& r : reports) {

@@ -1,7 +1,9 @@
 #include "deltacast/sim/network.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <limits>
 
 #include "deltacast/topology/plan.h"
 
@@ -56,14 +58,126 @@ struct Network::Impl {
     PeerId connect(const std::string& endpoint) override { return impl.connect(self, endpoint); }
     void disconnect(PeerId peer) override { impl.disconnect(peer); }
   };
-  // Task and tick events carry (node, generation or tick number) packed in one word.
-  static std::uint64_t pack(int i, std::uint64_t gen) { return static_cast<std::uint64_t>(i) << 32 | (gen & 0xffffffffu); }
-  bool current(std::uint64_t packed) const {
-    const auto i = static_cast<std::size_t>(packed >> 32);
-    return i < hosts.size() && hosts[i].alive && (hosts[i].generation & 0xffffffffu) == (packed & 0xffffffffu);
+  // Tick, task and CPU events carry (node, tick number), (node, generation) or (host,
+  // schedule number) in one word.
+  static std::uint64_t pack(int i, std::uint64_t seq) { return static_cast<std::uint64_t>(i) << 32 | (seq & 0xffffffffu); }
+
+  // CPU work (network.h): a node's three queues, each done in order; the head of each
+  // non-empty queue on a host is in progress, all of them sharing the host's cores equally.
+  enum Queue : int { kDecode = 0, kReceive = 1, kSend = 2 };
+  struct Work {
+    double left_us = 0;  // of one core's time
+    std::unique_ptr<runtime::Task> task;  // a decode: run when done
+    PeerId deliver_from = 0;             // a receive: the message goes to the node when done
+    std::uint64_t generation = 0;        // of the receiver when the message was sent
+    Message message;
+  };
+  struct HostCpu {
+    double cores = 1;
+    std::vector<std::pair<int, Queue>> busy;  // queues with work, their heads in progress
+    double updated_us = 0;                    // when the heads' work left was last brought up to date
+    std::uint64_t schedule = 0;               // the scheduled end; a later one replaces it
+  };
+  std::vector<HostCpu> cpus;
+  std::deque<std::array<std::deque<Work>, 3>> work;  // by node, then Queue; only with a CPU model
+  std::vector<std::pair<int, Work>> finished;  // cpu_ends' scratch, kept to spare an allocation per event
+  double share(const HostCpu& c) const { return std::min(1.0, c.cores / static_cast<double>(c.busy.size())); }
+  // Brings the work in progress on host h up to now.
+  void advance(HostCpu& c) {
+    const double now = static_cast<double>(net.events_.now_us());
+    if (!c.busy.empty()) {
+      const double done = (now - c.updated_us) * share(c);
+      for (auto [n, q] : c.busy) work[n][q].front().left_us -= done;
+    }
+    c.updated_us = now;
   }
-  // Decoding on a worker: one chunk after another at the decode rate, so tasks finish in the
-  // order they were given (a FIFO; each event finishes the oldest).
+  // Schedules the end of the first piece of work in progress on host h to finish.
+  void schedule_cpu(int h) {
+    HostCpu& c = cpus[h];
+    if (c.busy.empty()) return;
+    double left = std::numeric_limits<double>::infinity();
+    for (auto [n, q] : c.busy) left = std::min(left, work[n][q].front().left_us);
+    const double at = c.updated_us + std::max(0.0, left) / share(c);
+    net.events_.at(static_cast<std::uint64_t>(std::ceil(at)), cpu_ends_, pack(h, ++c.schedule));
+  }
+  std::map<int, int> shared_cpus;  // Network::add's host -> index in cpus
+  // The cores of the host numbered `host` (-1: a new host of its own).
+  int host_cpu(int host) {
+    if (opt.cores_per_host == 0) return -1;  // no CPU model
+    if (host >= 0) {
+      auto [it, fresh] = shared_cpus.emplace(host, static_cast<int>(cpus.size()));
+      if (!fresh) return it->second;
+    }
+    HostCpu c;
+    c.cores = opt.cores_per_host;
+    cpus.push_back(c);
+    return static_cast<int>(cpus.size()) - 1;
+  }
+  void add_work(int n, Queue q, Work w) {
+    auto& queue = work[n][q];
+    if (!queue.empty()) {  // behind others: no share changes, nothing to reschedule
+      queue.push_back(std::move(w));
+      return;
+    }
+    const int h = nodes[n].cpu;
+    advance(cpus[h]);
+    cpus[h].busy.emplace_back(n, q);
+    queue.push_back(std::move(w));
+    schedule_cpu(h);
+  }
+  void cpu_ends(std::uint64_t key) {
+    const int h = static_cast<int>(key >> 32);
+    HostCpu& c = cpus[h];
+    if ((c.schedule & 0xffffffffu) != (key & 0xffffffffu)) return;  // replaced by a later schedule
+    advance(c);
+    // Everything done by now leaves first; then it runs, which may queue more work here.
+    std::vector<std::pair<int, Work>>& done = finished;
+    done.clear();
+    for (std::size_t k = 0; k < c.busy.size();) {
+      auto [n, q] = c.busy[k];
+      auto& queue = work[n][q];
+      if (queue.front().left_us > 1e-6) {
+        ++k;
+        continue;
+      }
+      done.emplace_back(n, std::move(queue.front()));
+      queue.pop_front();
+      if (!queue.empty()) {
+        ++k;
+      } else {
+        c.busy.erase(c.busy.begin() + static_cast<std::ptrdiff_t>(k));
+      }
+    }
+    schedule_cpu(h);
+    for (auto& [n, w] : done) {
+      if (w.task) {
+        w.task->work();
+        w.task->done();
+      } else if (w.deliver_from) {
+        const Link& dl = links[w.deliver_from];
+        if (!dl.open || !current(n, w.generation)) {
+          net.stats_.messages_lost++;
+          continue;
+        }
+        nodes[n].node->on_message(dl.reverse, w.message);
+      }
+      wake(n);
+    }
+  }
+  // A node that stops drops its work.
+  void drop_work(int n) {
+    NodeState& ns = nodes[n];
+    HostCpu& c = cpus[ns.cpu];
+    advance(c);
+    std::erase_if(c.busy, [n](const auto& b) { return b.first == n; });
+    for (auto& q : work[n]) q.clear();
+    schedule_cpu(ns.cpu);
+  }
+  double cpu_us_for_bytes(std::uint64_t bytes) const { return static_cast<double>(bytes) * opt.net_ns_per_byte / 1e3; }
+
+  // Decoding. Without a CPU model, one chunk after another at the decode rate, so tasks finish
+  // in the order they were given (a FIFO whose end is known at once: an event each, which
+  // finishes the oldest); with one, the node's decode queue on its host's cores.
   struct SimTasks final : runtime::TaskRunner {
     Impl& impl;
     int self;
@@ -71,22 +185,29 @@ struct Network::Impl {
     std::deque<std::unique_ptr<runtime::Task>> running;
     SimTasks(Impl& i, int s) : impl(i), self(s) {}
     void run(std::unique_ptr<runtime::Task> task, std::uint64_t cost_bytes) override {
-      const double start = std::max(free_us, static_cast<double>(impl.net.events_.now_us()));
-      free_us = start + static_cast<double>(cost_bytes) / impl.opt.decode_bytes_per_s * 1e6;
+      const double cost_us = static_cast<double>(cost_bytes) / impl.opt.decode_bytes_per_s * 1e6;
+      if (impl.opt.cores_per_host > 0) {
+        Work w;
+        w.left_us = cost_us;
+        w.task = std::move(task);
+        impl.add_work(self, kDecode, std::move(w));
+        return;
+      }
+      free_us = std::max(free_us, static_cast<double>(impl.net.events_.now_us())) + cost_us;
       running.push_back(std::move(task));
-      impl.net.events_.at(static_cast<std::uint64_t>(std::ceil(free_us)), impl.task_ends, pack(self, impl.hosts[self].generation));
+      impl.net.events_.at(static_cast<std::uint64_t>(std::ceil(free_us)), impl.task_ends, pack(self, impl.nodes[self].generation));
     }
   };
   void finish_task(std::uint64_t key) {
-    if (!current(key)) return;  // a node that crashed meanwhile: its runner is gone with it
-    const int i = static_cast<int>(key >> 32);
-    std::unique_ptr<runtime::Task> task = std::move(hosts[i].tasks->running.front());
-    hosts[i].tasks->running.pop_front();
+    const auto i = static_cast<std::size_t>(key >> 32);
+    if (!nodes[i].alive || (nodes[i].generation & 0xffffffffu) != (key & 0xffffffffu)) return;  // crashed meanwhile: the runner went with it
+    std::unique_ptr<runtime::Task> task = std::move(nodes[i].tasks->running.front());
+    nodes[i].tasks->running.pop_front();
     task->work();
     task->done();
-    wake(i);
+    wake(static_cast<int>(i));
   }
-  struct Host {
+  struct NodeState {
     runtime::NodeConfig config;
     std::string region;
     topology::Nic nic;
@@ -99,6 +220,7 @@ struct Network::Impl {
     double ingress_delay_ms = 0;
     std::uint64_t tick_seq = 0;      // the scheduled tick; an earlier one replaces it
     std::uint64_t next_tick_us = 0;
+    int cpu = -1;                    // its host's cores (none without a CPU model)
   };
   struct Link {
     int from = 0, to = -1;
@@ -122,7 +244,7 @@ struct Network::Impl {
     bool cut = false;
   };
 
-  std::vector<Host> hosts;
+  std::vector<NodeState> nodes;
   std::map<std::string, int> by_id;
   std::vector<Link> links = std::vector<Link>(1);  // by PeerId (ids are handed out in order; 0 unused)
   Link* link(PeerId id) { return id > 0 && id < links.size() ? &links[id] : nullptr; }
@@ -136,7 +258,7 @@ struct Network::Impl {
 
   Impl(Network& n, NetworkOptions o) : net(n), opt(o), rng(o.seed) {}
 
-  bool current(int i, std::uint64_t gen) const { return hosts[i].alive && hosts[i].generation == gen; }
+  bool current(int i, std::uint64_t gen) const { return nodes[i].alive && nodes[i].generation == gen; }
 
   // The pipe of the WAN link from region a to region b (which must exist), made on first use.
   int pipe(const std::pair<std::string, std::string>& hop) {
@@ -157,7 +279,7 @@ struct Network::Impl {
   }
 
   void start(int i, std::shared_ptr<runtime::ModelVersion> restored) {
-    Host& h = hosts[i];
+    NodeState& h = nodes[i];
     h.generation++;
     h.alive = true;
     h.transport = std::make_unique<SimTransport>(*this, i);
@@ -174,7 +296,7 @@ struct Network::Impl {
   }
 
   void schedule_tick(int i, std::uint64_t t) {
-    Host& h = hosts[i];
+    NodeState& h = nodes[i];
     const std::uint64_t seq = ++h.tick_seq;  // never reset: a restarted node's old ticks no longer match
     h.next_tick_us = t;
     net.events_.at(t, ticks, pack(i, seq));
@@ -182,8 +304,8 @@ struct Network::Impl {
 
   void tick(std::uint64_t key) {
     const int n = static_cast<int>(key >> 32);
-    if (!hosts[n].alive || (hosts[n].tick_seq & 0xffffffffu) != (key & 0xffffffffu)) return;
-    runtime::Node& node = *hosts[n].node;
+    if (!nodes[n].alive || (nodes[n].tick_seq & 0xffffffffu) != (key & 0xffffffffu)) return;
+    runtime::Node& node = *nodes[n].node;
     node.tick();
     // A node with only timed duties left sleeps until the first is due (wake() below ends
     // the sleep early when something arrives).
@@ -195,7 +317,7 @@ struct Network::Impl {
   // Something happened to node i (a message, a finished task, a publish): if it is busy now
   // and asleep past its next regular tick, it ticks at that tick instead.
   void wake(int i) {
-    Host& h = hosts[i];
+    NodeState& h = nodes[i];
     if (!h.alive) return;
     const std::uint64_t soon = net.events_.now_us() + opt.tick_ms * 1000;
     if (h.next_tick_us > soon && !h.node->quiet()) schedule_tick(i, soon);
@@ -213,14 +335,14 @@ struct Network::Impl {
     b.to = self;
     b.reverse = up;
     if (to >= 0) {
-      const Route& r = route(hosts[self].region, hosts[to].region);
+      const Route& r = route(nodes[self].region, nodes[to].region);
       a.spec = r.link;
       a.pipes = r.pipes;
-      const Route& back = route(hosts[to].region, hosts[self].region);
+      const Route& back = route(nodes[to].region, nodes[self].region);
       b.spec = back.link;
       b.pipes = back.pipes;
-      a.bytes_between = &net.stats_.bytes_between[{hosts[self].region, hosts[to].region}];
-      b.bytes_between = &net.stats_.bytes_between[{hosts[to].region, hosts[self].region}];
+      a.bytes_between = &net.stats_.bytes_between[{nodes[self].region, nodes[to].region}];
+      b.bytes_between = &net.stats_.bytes_between[{nodes[to].region, nodes[self].region}];
     } else {
       a.open = b.open = false;  // nobody there: what is sent vanishes, as into a dead endpoint
     }
@@ -240,8 +362,8 @@ struct Network::Impl {
     Link* found = link(peer);
     if (!found || found->from != self || !found->open) return false;
     Link& l = *found;
-    Host& src = hosts[self];
-    Host& dst = hosts[l.to];
+    NodeState& src = nodes[self];
+    NodeState& dst = nodes[l.to];
     const double now = static_cast<double>(net.events_.now_us());
     while (!l.pending.empty() && l.pending.front().first <= now) {
       l.queued -= l.pending.front().second;
@@ -307,6 +429,11 @@ struct Network::Impl {
     net.stats_.queue_bytes_high = std::max(net.stats_.queue_bytes_high, l.queued);
     if (l.queued > opt.queue_bytes_max && l.pending.size() > 1) net.stats_.queue_bound_held = false;
     *l.bytes_between += size;
+    if (opt.cores_per_host > 0 && opt.net_ns_per_byte > 0) {
+      Work w;
+      w.left_us = cpu_us_for_bytes(size);
+      add_work(self, kSend, std::move(w));
+    }
     if (cut) {
       net.stats_.messages_lost++;
       return true;  // accepted, never delivered: the connection broke under it
@@ -326,7 +453,16 @@ struct Network::Impl {
       net.stats_.messages_lost++;
       return;
     }
-    hosts[dl.to].node->on_message(dl.reverse, m);
+    if (opt.cores_per_host > 0 && opt.net_ns_per_byte > 0) {  // it reaches the node once the node's CPU has taken it in
+      Work w;
+      w.left_us = cpu_us_for_bytes(runtime::message_bytes(m));
+      w.deliver_from = peer;
+      w.generation = gen;
+      w.message = m;
+      add_work(dl.to, kReceive, std::move(w));
+      return;
+    }
+    nodes[dl.to].node->on_message(dl.reverse, m);
     wake(dl.to);
   }
 
@@ -339,22 +475,23 @@ struct Network::Impl {
       left -= bytes;
       when = leaves;
     }
-    const std::uint64_t gen = hosts[self].generation;
+    const std::uint64_t gen = nodes[self].generation;
     net.events_.at(static_cast<std::uint64_t>(std::ceil(when)), [this, self, peer, gen] {
       Link* l = link(peer);
       if (!l) return;
       l->refused = false;
       if (l->open && current(self, gen)) {
-        hosts[self].node->on_writable(peer);
+        nodes[self].node->on_writable(peer);
         wake(self);
       }
     });
   }
 
   void crash(int i) {
-    Host& h = hosts[i];
+    NodeState& h = nodes[i];
     if (!h.alive) return;
     h.alive = false;
+    if (h.cpu >= 0) drop_work(i);
     for (auto& l : links)
       if (l.from == i || l.to == i) l.open = false;
     h.node.reset();
@@ -369,6 +506,7 @@ struct Network::Impl {
   };
   Handler<&Impl::deliver> deliveries{this};
   Handler<&Impl::finish_task> task_ends{this};
+  Handler<&Impl::cpu_ends> cpu_ends_{this};
   Handler<&Impl::tick> ticks{this};
 };
 
@@ -378,28 +516,30 @@ Network::Network(topology::FleetSpec fleet, NetworkOptions options)
 Network::~Network() = default;
 
 int Network::add(runtime::NodeConfig config, const std::string& region, topology::Nic nic,
-                 std::shared_ptr<runtime::ModelVersion> restored, double ingress_delay_ms) {
-  const int i = static_cast<int>(impl_->hosts.size());
+                 std::shared_ptr<runtime::ModelVersion> restored, double ingress_delay_ms, int host) {
+  const int i = static_cast<int>(impl_->nodes.size());
   impl_->by_id[config.node_id] = i;
-  Impl::Host h;
+  Impl::NodeState h;
+  h.cpu = impl_->host_cpu(host);
+  if (h.cpu >= 0) impl_->work.resize(impl_->nodes.size() + 1);
   h.config = std::move(config);
   h.region = region;
   h.nic = nic;
   h.ingress_delay_ms = ingress_delay_ms;
-  impl_->hosts.push_back(std::move(h));
+  impl_->nodes.push_back(std::move(h));
   impl_->start(i, std::move(restored));
   return i;
 }
 
-runtime::Node& Network::node(int i) { return *impl_->hosts.at(i).node; }
-const runtime::NodeConfig& Network::config(int i) const { return impl_->hosts.at(i).config; }
-const std::string& Network::region(int i) const { return impl_->hosts.at(i).region; }
+runtime::Node& Network::node(int i) { return *impl_->nodes.at(i).node; }
+const runtime::NodeConfig& Network::config(int i) const { return impl_->nodes.at(i).config; }
+const std::string& Network::region(int i) const { return impl_->nodes.at(i).region; }
 int Network::find(const std::string& id) const {
   auto it = impl_->by_id.find(id);
   return it == impl_->by_id.end() ? -1 : it->second;
 }
-std::size_t Network::size() const { return impl_->hosts.size(); }
-bool Network::alive(int i) const { return impl_->hosts.at(i).alive; }
+std::size_t Network::size() const { return impl_->nodes.size(); }
+bool Network::alive(int i) const { return impl_->nodes.at(i).alive; }
 void Network::crash(int i) { impl_->crash(i); }
 void Network::wake(int i) { impl_->wake(i); }
 void Network::restart(int i, std::shared_ptr<runtime::ModelVersion> restored) {

@@ -105,7 +105,7 @@ Result<Scenario> parse_scenario(std::string_view text) {
     const json& r = j["run"];
     DC_RETURN_IF_ERROR(check_fields(r, "scenario.run",
                                     {"versions", "step_period_s", "anchor_every", "decode", "tick_ms", "settle_s", "relay_cache_versions", "parent_timeout_ms",
-                                     "heartbeat_ms"}));
+                                     "heartbeat_ms", "cpu"}));
     DC_RETURN_IF_ERROR(number(r, "scenario.run", "heartbeat_ms", s.run.heartbeat_ms, 10, 1e6));
     DC_RETURN_IF_ERROR(number(r, "scenario.run", "parent_timeout_ms", s.run.parent_timeout_ms, 100, 1e7));
     DC_RETURN_IF_ERROR(number(r, "scenario.run", "versions", s.run.versions, 1, 100000));
@@ -115,6 +115,19 @@ Result<Scenario> parse_scenario(std::string_view text) {
     DC_RETURN_IF_ERROR(number(r, "scenario.run", "tick_ms", s.run.tick_ms, 1, 10000));
     DC_RETURN_IF_ERROR(number(r, "scenario.run", "settle_s", s.run.settle_s, 0, 1e7));
     DC_RETURN_IF_ERROR(number(r, "scenario.run", "relay_cache_versions", s.run.relay_cache_versions, 1, 1000));
+    if (r.contains("cpu")) {
+      const json& c = r["cpu"];
+      if (!c.is_object()) return field_error("scenario.run.cpu", "want an object such as {\"cores\": 16, \"workers_per_host\": 8}");
+      DC_RETURN_IF_ERROR(check_fields(c, "scenario.run.cpu", {"cores", "workers_per_host", "one_host", "net_ns_per_byte"}));
+      DC_RETURN_IF_ERROR(number(c, "scenario.run.cpu", "cores", s.run.cpu.cores, 1, 4096));
+      DC_RETURN_IF_ERROR(number(c, "scenario.run.cpu", "workers_per_host", s.run.cpu.workers_per_host, 1, 4096));
+      DC_RETURN_IF_ERROR(number(c, "scenario.run.cpu", "net_ns_per_byte", s.run.cpu.net_ns_per_byte, 0, 1e6));
+      if (c.contains("one_host")) {
+        if (!c["one_host"].is_boolean()) return field_error("scenario.run.cpu.one_host", "want true or false");
+        s.run.cpu.one_host = c["one_host"].get<bool>();
+      }
+      if (!c.contains("cores")) return field_error("scenario.run.cpu.cores", "required: how many cores each host has");
+    }
   }
   if (j.contains("object_store")) {
     const json& o = j["object_store"];
@@ -330,6 +343,8 @@ Result<Report> run_scenario(const Scenario& sc, const RunOptions& o) {
   no.seed = o.seed;
   no.tick_ms = sc.run.tick_ms;
   no.decode_bytes_per_s = sc.run.decode_bytes_per_s;
+  no.cores_per_host = sc.run.cpu.cores;
+  no.net_ns_per_byte = sc.run.cpu.net_ns_per_byte;
   // Per-peer queues hold as many chunks as production's 256 MiB holds 4 MiB chunks.
   no.queue_bytes_max = std::max<std::uint64_t>(256ull << 20, static_cast<std::uint64_t>(64 * chunk_bytes));
   Network net(sc.fleet, no);
@@ -349,11 +364,21 @@ Result<Report> run_scenario(const Scenario& sc, const RunOptions& o) {
     return c;
   };
   auto initial = held_version(vs, 1);
+  // Which host each node runs on (CpuSpec): one for all, or a region's workers in turn share
+  // hosts of workers_per_host; everything else a host of its own (-1).
+  std::map<std::string, std::uint32_t> workers_placed;  // by region
+  std::map<std::pair<std::string, std::uint32_t>, int> worker_hosts;
+  auto host_of = [&](bool worker, const std::string& region) {
+    if (sc.run.cpu.one_host) return 0;
+    if (!worker || sc.run.cpu.workers_per_host <= 1) return -1;
+    const std::uint32_t k = workers_placed[region]++ / sc.run.cpu.workers_per_host;
+    return worker_hosts.emplace(std::make_pair(region, k), static_cast<int>(worker_hosts.size())).first->second;
+  };
   int origin = -1;
   if (o.strategy == Strategy::kObjectStore) {
     NodeConfig oc = base_config("origin");
     oc.serve_children = true;
-    origin = net.add(oc, sc.fleet.origin_region, sc.fleet.origin_nic);
+    origin = net.add(oc, sc.fleet.origin_region, sc.fleet.origin_nic, nullptr, 0, host_of(false, sc.fleet.origin_region));
     const topology::Nic bucket_nic{sc.object_store.egress_bytes_per_s, sc.object_store.egress_bytes_per_s};
     NodeConfig central = base_config("bucket/" + sc.fleet.origin_region);
     central.parents = {"origin"};
@@ -372,7 +397,7 @@ Result<Report> run_scenario(const Scenario& sc, const RunOptions& o) {
         NodeConfig wc = base_config(r.name + "/w" + std::to_string(i));
         wc.parents = {bucket};
         wc.reconstruct = true;
-        workers.push_back(net.add(wc, r.name, r.worker_nic, initial, sc.object_store.poll_ms / 2));
+        workers.push_back(net.add(wc, r.name, r.worker_nic, initial, sc.object_store.poll_ms / 2, host_of(true, r.name)));
       }
     }
   } else {
@@ -388,7 +413,7 @@ Result<Report> run_scenario(const Scenario& sc, const RunOptions& o) {
       c.serve_children = n.forwards;
       c.reconstruct = n.kind == topology::NodeKind::kWorker;
       c.store_and_forward = o.strategy == Strategy::kStoreAndForward && n.kind != topology::NodeKind::kOrigin;
-      const int i = net.add(c, n.region, n.nic, c.reconstruct ? initial : nullptr);
+      const int i = net.add(c, n.region, n.nic, c.reconstruct ? initial : nullptr, 0, host_of(c.reconstruct, n.region));
       if (n.kind == topology::NodeKind::kOrigin) origin = i;
       if (c.reconstruct) workers.push_back(i);
     }

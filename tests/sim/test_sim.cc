@@ -119,3 +119,84 @@ TEST_CASE("fault scenarios keep the invariants across 200 seeds", "[sim][faults]
   }
   CHECK(runs == 800);
 }
+
+// Host CPU (docs/SIM.md, "Host CPU"): work at the head of every queue on a host shares its cores.
+TEST_CASE("workers that share a host's cores share its decoding", "[sim][cpu]") {
+  // Decoding decides: each 1 GB image at 1 GB/s of one core, over links that bring a
+  // delta's 64 chunks far faster.
+  auto slowest = [](const std::string& cpu) {
+    const Scenario sc = parse(scenario_json(R"({"parameters": 5e8, "chunks": 64})", R"({"versions": 2, "step_period_s": 60, "decode": "1GB/s")" + cpu + "}"));
+    auto r = run_scenario(sc, RunOptions{});
+    REQUIRE(r.is_ok());
+    CHECK(r->violations.empty());
+    CHECK(r->missed == 0);
+    return r->max_s;
+  };
+  const double own = slowest("");
+  CHECK(own == Approx(1.0).epsilon(0.1));
+  // Two workers on a host of two cores: a core each, as on hosts of their own.
+  CHECK(slowest(R"(, "cpu": {"cores": 2, "workers_per_host": 2})") == Approx(own).epsilon(0.01));
+  // Two to a core: each decodes at half the rate.
+  CHECK(slowest(R"(, "cpu": {"cores": 1, "workers_per_host": 2})") == Approx(2 * own).epsilon(0.05));
+  // The whole fleet on one host of two cores: 10 workers, a fifth of a core each.
+  CHECK(slowest(R"(, "cpu": {"cores": 2, "one_host": true})") == Approx(5 * own).epsilon(0.05));
+}
+
+TEST_CASE("moving bytes costs CPU, and a message reaches its node once taken in", "[sim][cpu]") {
+  // Decoding is free here; every byte sent or received costs 200 ns of a core. The origin
+  // sends each worker its delta directly (a star), so each worker takes in one delta.
+  const std::string model = R"({"parameters": 5e8, "chunks": 64})";
+  auto slowest = [&](const std::string& cpu) {
+    const Scenario sc = parse(scenario_json(model, R"({"versions": 2, "step_period_s": 60, "decode": "1000GB/s")" + cpu + "}"));
+    RunOptions o;
+    o.strategy = Strategy::kStar;
+    auto r = run_scenario(sc, o);
+    REQUIRE(r.is_ok());
+    CHECK(r->violations.empty());
+    CHECK(r->missed == 0);
+    return std::make_pair(r->max_s, r->version_bytes);
+  };
+  const auto [free_s, delta_bytes] = slowest("");
+  const double take_in_s = delta_bytes * 200e-9;
+  CHECK(free_s < 0.3 * take_in_s);
+  // Hosts of their own, one core each: the last chunk is taken in about when the worker's core
+  // has done the whole delta's worth (the links bring it faster).
+  CHECK(slowest(R"(, "cpu": {"cores": 1, "net_ns_per_byte": 200})").first == Approx(take_in_s).epsilon(0.05));
+  // Everything on one host of 2 cores: the origin's sends (10 deltas' worth) and the 10
+  // workers' receives share it, 11 queues at 2/11 of a core each until the workers are done.
+  CHECK(slowest(R"(, "cpu": {"cores": 2, "one_host": true, "net_ns_per_byte": 200})").first == Approx(5.5 * take_in_s).epsilon(0.05));
+}
+
+TEST_CASE("crashes on shared hosts keep the invariants", "[sim][cpu][faults]") {
+  const std::string model = R"({"real_bytes": 1048576, "chunks": 16})";
+  const std::string run = R"({"versions": 4, "step_period_s": 1.5, "settle_s": 60, "decode": "20MB/s",
+                              "cpu": {"cores": 1, "workers_per_host": 2, "net_ns_per_byte": 20}})";
+  for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+    const double at = 1.0 + static_cast<double>(seed % 50) / 100;
+    for (const std::string node : {"b/relay-0", "b/w1"}) {
+      const Scenario sc = parse(scenario_json(model, run, R"([{"at_s": )" + std::to_string(at) + R"(, "for_s": 1, "crash": ")" + node + R"("}])", R"(, "bandwidth": "50Mbit")"));
+      RunOptions o;
+      o.seed = seed;
+      auto r = run_scenario(sc, o);
+      REQUIRE(r.is_ok());
+      if (!r->violations.empty()) FAIL(node << " crashed, seed " << seed << ": " << r->violations.front());
+    }
+  }
+}
+
+TEST_CASE("a scenario's cpu section is checked field by field", "[sim][cpu]") {
+  const std::pair<const char*, const char*> bad[] = {
+      {R"("cpu": 3)", "scenario.run.cpu"},
+      {R"("cpu": {"cores": 0})", "scenario.run.cpu.cores"},
+      {R"("cpu": {"workers_per_host": 2})", "scenario.run.cpu.cores"},
+      {R"("cpu": {"cores": 2, "threads": 4})", "scenario.run.cpu"},
+      {R"("cpu": {"cores": 2, "one_host": 1})", "scenario.run.cpu.one_host"},
+      {R"("cpu": {"cores": 2, "net_ns_per_byte": -1})", "scenario.run.cpu.net_ns_per_byte"},
+  };
+  for (const auto& [cpu, field] : bad) {
+    auto s = parse_scenario(scenario_json(R"({"parameters": 5e8})", std::string(R"({"versions": 2, )") + cpu + "}"));
+    INFO(cpu);
+    REQUIRE_FALSE(s.is_ok());
+    CHECK_THAT(s.status().to_string(), Catch::Contains(field));
+  }
+}

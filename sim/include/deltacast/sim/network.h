@@ -12,7 +12,14 @@
 //     1 - (1 - p)^n, which costs one round trip (fast retransmit);
 //   - a partitioned WAN link drops what crosses it (the connection breaks; the runtime asks
 //     again or fails over); a crashed node loses its state and its links.
-// Decoding takes cost_bytes / decode rate on each worker, one chunk after another.
+// CPU: every node runs on a host, its own unless it shares one (Network::add's `host`: several
+// rollout processes on one machine, or a whole testbed on one). A node's work goes in three
+// queues, each done in order: decoding (cost_bytes / decode rate, one chunk after another),
+// receiving and sending (net_ns_per_byte per byte; a message reaches the node when its receive
+// work is done, while sending holds nothing up but the host's cores). The work at the head of
+// every queue on a host shares the host's cores equally, each piece at most one core
+// (processor sharing). With cores_per_host = 0 no CPU is modelled: each worker decodes at the
+// decode rate whatever else runs, and bytes cost none.
 // Every send goes through a per-peer queue bounded like the production host's: a message that
 // would overflow it is refused, and the sender is told when the queue is half empty again. A
 // message leaves that queue when the slowest resource on its way starts on it (TCP's window
@@ -91,7 +98,9 @@ struct NetworkOptions {
   std::uint64_t seed = 1;
   std::uint64_t queue_bytes_max = 256ull << 20;  // per peer, as transport::HostConfig
   std::uint64_t tick_ms = 50;                    // how often each node's tick() runs
-  double decode_bytes_per_s = 100e9;             // a worker's decode and apply rate (of image)
+  double decode_bytes_per_s = 100e9;             // one core's decode and apply rate (of image)
+  std::uint32_t cores_per_host = 0;              // 0: no CPU model (see above)
+  double net_ns_per_byte = 0;                    // CPU per byte a node sends or receives (with cores)
   std::uint32_t packet_bytes = 1448;             // for loss: packets per message
   std::uint64_t small_message_bytes = 64 << 10;  // at most this: interleaved with bulk transfers
   // A node with nothing in progress (Node::quiet) is not ticked until its next timed duty
@@ -109,9 +118,10 @@ class Network {
   // Adds a node in `region` and starts it (it connects to its first parent), holding
   // `restored` if given (Node::restore). Its endpoint, for other nodes' NodeConfig::parents, is
   // its node_id. `ingress_delay_ms` is added to everything it receives (a worker polling an
-  // object store notices a new object half a polling period late on average).
+  // object store notices a new object half a polling period late on average). Nodes given the
+  // same `host` (>= 0) share its cores; -1: a host of its own.
   int add(runtime::NodeConfig config, const std::string& region, topology::Nic nic,
-          std::shared_ptr<runtime::ModelVersion> restored = nullptr, double ingress_delay_ms = 0);
+          std::shared_ptr<runtime::ModelVersion> restored = nullptr, double ingress_delay_ms = 0, int host = -1);
   runtime::Node& node(int i);
   const runtime::NodeConfig& config(int i) const;
   const std::string& region(int i) const;

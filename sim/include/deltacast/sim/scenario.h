@@ -21,11 +21,21 @@ struct ModelSpec {
   std::uint64_t real_bytes = 0;
 };
 
+// Host CPU (docs/SIM.md, "Host CPU"). With cores = 0 none is modelled: every worker decodes
+// at the decode rate whatever else runs, and moving bytes costs nothing.
+struct CpuSpec {
+  std::uint32_t cores = 0;             // per host
+  std::uint32_t workers_per_host = 1;  // rollout processes per machine: a region's workers, in turn
+  bool one_host = false;               // every node on one host (a testbed on one machine)
+  double net_ns_per_byte = 0;          // CPU per byte a node sends or receives
+};
+
 struct RunSpec {
   std::uint32_t versions = 10;
   double step_period_s = 60;         // the trainer publishes a version this often
   std::uint32_t anchor_every = 25;
-  double decode_bytes_per_s = 100e9; // a worker's decode and apply rate, of image bytes
+  double decode_bytes_per_s = 100e9; // a worker's decode and apply rate, of image bytes (one core's, with cpu)
+  CpuSpec cpu;
   std::uint64_t tick_ms = 50;
   double settle_s = 600;             // after the last version, how long the run may go on
   std::uint64_t relay_cache_versions = 4;  // caches hold about this many versions' payloads

@@ -82,7 +82,7 @@ struct Network::Impl {
   std::deque<std::array<std::deque<Work>, 3>> work;  // by node, then Queue; only with a CPU model
   std::vector<std::pair<int, Work>> finished;  // cpu_ends' scratch, kept to spare an allocation per event
   double share(const HostCpu& c) const { return std::min(1.0, c.cores / static_cast<double>(c.busy.size())); }
-  // Brings the work in progress on host h up to now.
+  // Brings the work in progress on a host up to now.
   void advance(HostCpu& c) {
     const double now = static_cast<double>(net.events_.now_us());
     if (!c.busy.empty()) {
@@ -160,6 +160,8 @@ struct Network::Impl {
           continue;
         }
         nodes[n].node->on_message(dl.reverse, w.message);
+      } else {
+        continue;  // sending: nothing waits for it
       }
       wake(n);
     }

@@ -70,6 +70,15 @@ check_worker() {
       bad=1
     fi
   done < <(sed -n 's/.*version \([0-9]*\) ready, checksum \([0-9a-f]*\).*/\1 \2/p' "$log")
+  # Each line also says how much CPU the process has used so far, which never goes down.
+  local last=0 cpu
+  while read -r cpu; do
+    if [ -z "$cpu" ] || [ "$cpu" -lt "$last" ]; then
+      echo "  $log: process CPU missing or going down ($last ms, then '${cpu}' ms)"
+      bad=1
+    fi
+    last=${cpu:-$last}
+  done < <(grep "ready, checksum" "$log" | sed -n 's/.*, process CPU \([0-9]*\) ms$/\1/p;t;s/.*//p')
   return $bad
 }
 result() {  # result NAME ok?

@@ -128,7 +128,7 @@ EOF
   "$dc" sim "$work/scenario.json" --seed 1 --svg "$work/sim.svg" 2>"$work/sim.log" | awk '/^cut-through relay tree/ {print $(NF-10), $(NF-8), $(NF-7)}'
 }
 
-port_base=$((20000 + RANDOM % 20000))
+port_base=$((10000 + RANDOM % 20000))  # below the kernel's ephemeral ports (32768 and up)
 measured_max=() measured_p50=() simulated_max=() simulated_p50=() ratio_p50=() ratio_max=()
 last=$((deltas + 2))
 for round in $(seq 1 "$rounds"); do

@@ -1,9 +1,12 @@
-// deltacast fleet-init: key pairs and config files for a whole fleet, CURVE on everywhere.
+// deltacast fleet-init: key pairs and config files for a whole fleet, CURVE on everywhere and
+// every version signed by the origin and checked by every relay and worker.
 //   deltacast fleet-init -o fleet/ --origin tcp://10.0.0.1:7100
 //       --relay eu=tcp://10.1.0.1:7101 --relay us=tcp://10.2.0.1:7101 --workers-per-relay 8
 // writes fleet/<node>.key (mode 0600) and fleet/<node>.json for the origin, each relay and each
-// worker; every worker gets its relay as parent and the next relay as fallback, and every
-// server allows exactly the keys of the nodes configured to connect to it.
+// worker, and fleet/origin.sign.key (Ed25519); every worker gets its relay as parent and the next
+// relay as fallback, every server allows exactly the keys of the nodes configured to connect to
+// it, and every relay and worker trusts exactly the origin's signing key. Paths in the configs
+// are absolute, so a config works from any directory.
 #include <sys/stat.h>
 
 #include <cstdio>
@@ -13,6 +16,7 @@
 
 #include "commands.h"
 #include "deltacast/io/mapped_file.h"
+#include "deltacast/runtime/trust.h"
 #include "deltacast/transport/host.h"
 
 namespace deltacast::tools {
@@ -69,12 +73,22 @@ int run_fleet_init(const FleetInitOptions& o) {
   std::error_code ec;
   std::filesystem::create_directories(o.out_dir, ec);
   if (ec) return fail("cannot create " + o.out_dir + ": " + ec.message());
+  const std::filesystem::path dir = std::filesystem::absolute(o.out_dir, ec);
+  if (ec) return fail("cannot resolve " + o.out_dir + ": " + ec.message());
+  // The origin signs every version; every other node trusts exactly that key.
+  const runtime::SigningKey sign_key = runtime::make_signing_key();
+  const std::string sign_key_path = (dir / "origin.sign.key").string();
+  const std::string sign_public = runtime::to_hex(sign_key.public_key);
+  nlohmann::json sign_json = {{"type", "ed25519"}, {"public_key", sign_public}, {"secret_key", runtime::to_hex(sign_key.secret)}};
+  if (Status st = write_text(sign_key_path, sign_json.dump(2) + "\n", 0600); !st.is_ok()) return fail(st.to_string());
   for (const auto& id : order) {
     const PlannedNode& n = nodes[id];
-    const std::string key_path = (std::filesystem::path(o.out_dir) / (id + ".key")).string();
+    const std::string key_path = (dir / (id + ".key")).string();
     nlohmann::json key = {{"public_key", n.keys.public_key}, {"secret_key", n.keys.secret_key}};
     if (Status st = write_text(key_path, key.dump(2) + "\n", 0600); !st.is_ok()) return fail(st.to_string());
     nlohmann::json cfg = {{"id", id}, {"keys", key_path}};
+    if (n.parents.empty()) cfg["sign_key"] = sign_key_path;
+    else cfg["trust_keys"] = {sign_public};
     if (!n.listen.empty()) cfg["listen"] = n.listen;
     if (!n.parents.empty()) {
       std::vector<std::string> eps, pubs;
@@ -91,10 +105,11 @@ int run_fleet_init(const FleetInitOptions& o) {
         if (p == id) allowed.push_back(nodes[other].keys.public_key);
     if (!allowed.empty()) cfg["allow_keys"] = allowed;
     if (id.rfind("worker-", 0) == 0 && !o.worker_cache_size.empty()) cfg["cache_size"] = o.worker_cache_size;
-    const std::string cfg_path = (std::filesystem::path(o.out_dir) / (id + ".json")).string();
+    const std::string cfg_path = (dir / (id + ".json")).string();
     if (Status st = write_text(cfg_path, cfg.dump(2) + "\n", 0644); !st.is_ok()) return fail(st.to_string());
   }
-  std::printf("wrote keys and configs for %zu nodes to %s (CURVE on every link)\n\n", order.size(), o.out_dir.c_str());
+  std::printf("wrote keys and configs for %zu nodes to %s (CURVE on every link, versions signed by %s)\n\n", order.size(), o.out_dir.c_str(),
+              sign_public.c_str());
   std::printf("  deltacast publish --config %s/origin.json CHECKPOINTS...\n", o.out_dir.c_str());
   for (const auto& id : relay_ids) std::printf("  deltacast relay --config %s/%s.json\n", o.out_dir.c_str(), id.c_str());
   for (const auto& id : order)

@@ -1,6 +1,9 @@
 #include "node_config.h"
 
+#include <cstdlib>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <spdlog/spdlog.h>
 
 #include "deltacast/io/mapped_file.h"
 #include "gen.h"
@@ -21,7 +24,11 @@ void add_node_options(CLI::App* sub, NodeOptions& o, bool worker) {
   sub->add_option("--allow-key", o.allow_keys, "Public key of a child allowed to connect (repeat); none: any child with our key");
   sub->add_option("--metrics", o.metrics, "Serve Prometheus metrics on host:port (GET /metrics; deltacast status reads it)");
   if (worker) sub->add_flag("--in-place", o.in_place, "Apply versions into the one image (half the memory; readers pause during updates)");
-  sub->add_option("--log-level", o.log_level, "trace, debug, info, warn, error")->capture_default_str();
+  sub->add_option("--sign-key", o.sign_key_path, "Sign every version with this Ed25519 key file (deltacast keygen --sign): origin, trainer shards")
+      ->check(CLI::ExistingFile);
+  sub->add_option("--trust-key", o.trust_keys,
+                  "Forward and apply only versions signed by this publisher key (64 hex digits or a key file; repeat)");
+  sub->add_option("--log-level", o.log_level, "trace, debug, info (default), warn, error, critical, off");
 }
 
 Result<transport::CurveKeys> read_key_file(const std::string& path) {
@@ -35,7 +42,53 @@ Result<transport::CurveKeys> read_key_file(const std::string& path) {
   return k;
 }
 
+Result<runtime::SigningKey> read_signing_key_file(const std::string& path) {
+  DC_ASSIGN_OR_RETURN(Bytes b, read_file(path));
+  json j = json::parse(b.begin(), b.end(), nullptr, false);
+  if (j.is_discarded() || !j.is_object() || j.value("type", "") != "ed25519" || !j.contains("secret_key") || !j["secret_key"].is_string())
+    return Status::invalid_argument(path + ": not a signing key file (deltacast keygen --sign writes one)");
+  auto key = runtime::parse_signing_key(j["secret_key"].get<std::string>());
+  if (!key.is_ok()) return key.status().with_context(path);
+  return key;
+}
+
+Result<runtime::PublicKey> read_public_key(const std::string& hex_or_path) {
+  if (auto k = runtime::parse_public_key(hex_or_path); k.is_ok()) return k;
+  auto b = read_file(hex_or_path);
+  if (!b.is_ok()) return Status::invalid_argument("'" + hex_or_path + "' is neither a 64-hex-digit public key nor a key file");
+  json j = json::parse(b->begin(), b->end(), nullptr, false);
+  if (j.is_discarded() || !j.is_object() || j.value("type", "") != "ed25519" || !j.contains("public_key") || !j["public_key"].is_string())
+    return Status::invalid_argument(hex_or_path + ": not a signing key file (deltacast keygen --sign writes one)");
+  auto key = runtime::parse_public_key(j["public_key"].get<std::string>());
+  if (!key.is_ok()) return key.status().with_context(hex_or_path);
+  return key;
+}
+
+Status apply_log_level(const std::string& level) {
+  static const std::set<std::string> known = {"trace", "debug", "info", "warn", "error", "critical", "off"};
+  const std::string l = level.empty() ? "info" : level;
+  if (!known.count(l)) return Status::invalid_argument("unknown log level '" + l + "': use trace, debug, info, warn, error, critical or off");
+  spdlog::set_level(spdlog::level::from_str(l));
+  return Status::ok();
+}
+
 namespace {
+
+// tcp://HOST:PORT with PORT 1-65535 (or * to listen on any free port); ipc:// and inproc:// as
+// ZeroMQ takes them. ZeroMQ itself would take port 99999 modulo 65536 without a word.
+Status check_endpoint(const std::string& endpoint, const char* what, bool listening) {
+  if (endpoint.rfind("ipc://", 0) == 0 || endpoint.rfind("inproc://", 0) == 0) return Status::ok();
+  const auto colon = endpoint.rfind(':');
+  if (endpoint.rfind("tcp://", 0) != 0 || colon == std::string::npos || colon <= 6)
+    return Status::invalid_argument(std::string(what) + " '" + endpoint + "' is not tcp://HOST:PORT");
+  const std::string port = endpoint.substr(colon + 1);
+  if (listening && port == "*") return Status::ok();
+  char* end = nullptr;
+  const long n = std::strtol(port.c_str(), &end, 10);
+  if (port.empty() || *end != '\0' || n < 1 || n > 65535)
+    return Status::invalid_argument(std::string(what) + " '" + endpoint + "': the port must be 1 to 65535");
+  return Status::ok();
+}
 
 Status check_key(const std::string& key, const std::string& what) {
   if (key.size() != 40) return Status::invalid_argument(what + " '" + key + "' is not a 40-character Z85 key");
@@ -61,13 +114,15 @@ Result<LoadedNode> load_node_options(const NodeOptions& flags, bool worker) {
     DC_ASSIGN_OR_RETURN(Bytes b, read_file(flags.config_path));
     json j = json::parse(b.begin(), b.end(), nullptr, false);
     if (j.is_discarded() || !j.is_object()) return Status::invalid_argument(flags.config_path + ": not a JSON object");
-    static const std::set<std::string> known = {"id", "listen", "parents", "cache_size", "queue_size", "keys", "parent_keys", "allow_keys",
-                                                "log_level", "relay", "metrics", "in_place"};
+    static const std::set<std::string> known = {"id",        "listen",   "parents",  "cache_size", "queue_size", "keys",
+                                                "parent_keys", "allow_keys", "log_level", "relay",  "metrics",    "in_place",
+                                                "sign_key",  "trust_keys", "shard_keys"};
     for (auto it = j.begin(); it != j.end(); ++it)
       if (!known.count(it.key())) return Status::invalid_argument(flags.config_path + ": unknown field \"" + it.key() + "\"");
     for (Status st : {get(j, "id", o.node_id), get(j, "listen", o.listen), get(j, "parents", o.parents), get(j, "cache_size", o.cache_size),
                       get(j, "queue_size", o.queue_size), get(j, "keys", o.keys_path), get(j, "parent_keys", o.parent_keys),
-                      get(j, "allow_keys", o.allow_keys), get(j, "log_level", o.log_level), get(j, "relay", o.relay), get(j, "metrics", o.metrics), get(j, "in_place", o.in_place)})
+                      get(j, "allow_keys", o.allow_keys), get(j, "log_level", o.log_level), get(j, "relay", o.relay), get(j, "metrics", o.metrics), get(j, "in_place", o.in_place),
+                      get(j, "sign_key", o.sign_key_path), get(j, "trust_keys", o.trust_keys), get(j, "shard_keys", o.shard_keys)})
       if (!st.is_ok()) return st.with_context(flags.config_path);
   }
   if (!flags.node_id.empty()) o.node_id = flags.node_id;
@@ -80,14 +135,35 @@ Result<LoadedNode> load_node_options(const NodeOptions& flags, bool worker) {
   if (!flags.allow_keys.empty()) o.allow_keys = flags.allow_keys;
   if (!flags.metrics.empty()) o.metrics = flags.metrics;
   if (flags.in_place) o.in_place = true;
+  if (!flags.sign_key_path.empty()) o.sign_key_path = flags.sign_key_path;
+  if (!flags.trust_keys.empty()) o.trust_keys = flags.trust_keys;
+  if (!flags.shard_keys.empty()) o.shard_keys = flags.shard_keys;
+  if (!flags.log_level.empty()) o.log_level = flags.log_level;
+  DC_RETURN_IF_ERROR(apply_log_level(o.log_level));
 
   LoadedNode out;
   if (o.node_id.empty()) return Status::invalid_argument("every node needs a name: --id NAME");
+  if (!runtime::valid_node_id(o.node_id))
+    return Status::invalid_argument("node id '" + o.node_id + "': use 1 to 128 letters, digits, '.', '_' or '-' (it names files and metrics)");
+  if (!o.sign_key_path.empty()) {
+    DC_ASSIGN_OR_RETURN(runtime::SigningKey key, read_signing_key_file(o.sign_key_path));
+    out.node.sign_key = std::make_shared<const runtime::SigningKey>(key);
+  }
+  for (const auto& k : o.trust_keys) {
+    DC_ASSIGN_OR_RETURN(runtime::PublicKey key, read_public_key(k));
+    out.node.trust_keys.push_back(key);
+  }
+  for (const auto& k : o.shard_keys) {
+    DC_ASSIGN_OR_RETURN(runtime::PublicKey key, read_public_key(k));
+    out.node.shard_keys.push_back(key);
+  }
   out.node.node_id = o.node_id;
   out.node.parents = o.parents;
   out.node.reconstruct = worker;
   out.node.in_place = worker && o.in_place;
   out.node.serve_children = !worker || !o.listen.empty();
+  if (!o.listen.empty()) DC_RETURN_IF_ERROR(check_endpoint(o.listen, "--listen", true));
+  for (const auto& p : o.parents) DC_RETURN_IF_ERROR(check_endpoint(p, "--parent", false));
   out.host.bind_endpoint = o.listen;
   out.host.metrics_listen = o.metrics;
   if (!o.cache_size.empty()) {

@@ -21,7 +21,10 @@ struct NodeOptions {
   std::vector<std::string> parent_keys;   // parents' public keys, in --parent order
   std::vector<std::string> allow_keys;    // children's public keys allowed to connect
   std::string metrics;                    // host:port for GET /metrics
-  std::string log_level = "info";
+  std::string sign_key_path;              // origin, trainer shards: Ed25519 key file (deltacast keygen --sign)
+  std::vector<std::string> trust_keys;    // relays, workers: publishers' public keys (hex, or key files)
+  std::vector<std::string> shard_keys;    // origin merging shards: the shards' public keys
+  std::string log_level;                  // empty: info
   bool relay = false;                     // workers: also serve children (peer to peer)
   bool in_place = false;                  // workers: one image, readers paused during updates
   // worker command
@@ -41,5 +44,11 @@ Result<LoadedNode> load_node_options(const NodeOptions& o, bool worker);
 
 // Reads a key file written by `deltacast keygen`.
 Result<transport::CurveKeys> read_key_file(const std::string& path);
+// Reads a signing key file written by `deltacast keygen --sign`.
+Result<runtime::SigningKey> read_signing_key_file(const std::string& path);
+// A public signing key given as 64 hex digits or as the path of a key file.
+Result<runtime::PublicKey> read_public_key(const std::string& hex_or_path);
+// Sets spdlog's level from trace, debug, info, warn, error, critical or off; anything else is an error.
+Status apply_log_level(const std::string& level);
 
 }  // namespace deltacast::tools

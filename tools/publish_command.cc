@@ -54,7 +54,8 @@ Delivery delivery_of(NodeHost& host, std::uint64_t version) {
     Delivery d;
     std::vector<std::uint64_t> times;
     for (const auto& [id, e] : host.node().ledger()) {
-      if (e.version < version) continue;
+      // A worker counts only for versions of this run: another run's v5 is not this run's v5.
+      if (e.version < version || e.run != host.node().run()) continue;
       d.workers_ready++;
       if (e.version == version) times.push_back(e.publish_to_ready_ms);
     }
@@ -101,7 +102,7 @@ std::vector<std::string> scan_dir(const std::string& dir, const std::set<std::st
 }
 
 int run_publish(PublishOptions& o) {
-  spdlog::set_level(spdlog::level::from_str(o.node.log_level));
+  (void)apply_log_level(o.node.log_level);  // load_node_options checks it and applies the config file's
   const bool shard_mode = !o.shard.empty();
   std::uint32_t shard_index = 0, shard_count = 0;
   if (shard_mode) {
@@ -132,7 +133,7 @@ int run_publish(PublishOptions& o) {
   std::signal(SIGINT, [](int) { g_publish_stop = true; });
   std::signal(SIGTERM, [](int) { g_publish_stop = true; });
   if (shard_mode) std::printf("trainer shard %u of %u, sending to %s\n", shard_index, shard_count, cfg->node.parents.front().c_str());
-  else std::printf("origin listening on %s\n", host.bound_endpoint().c_str());
+  else std::printf("origin listening on %s, run %s\n", host.bound_endpoint().c_str(), to_string(host.call([&] { return host.node().run(); })).c_str());
   if (o.expect_shards) {
     // Merge and broadcast what the trainer shards send, until stopped.
     std::uint64_t reported = 0;
@@ -239,22 +240,43 @@ int run_publish(PublishOptions& o) {
   if (!ledger.empty()) {
     std::printf("fleet ledger:\n");
     for (const auto& [id, e] : ledger)
-      std::printf("  %-20s version %-6" PRIu64 " checksum %016" PRIx64 "%s%s\n", id.c_str(), e.version, e.checksum,
+      std::printf("  %-20s version %-6" PRIu64 " checksum %016" PRIx64 " run %s%s%s\n", id.c_str(), e.version, e.checksum, to_string(e.run).c_str(),
                   e.last_error.empty() ? "" : "  last error: ", e.last_error.c_str());
   }
   host.stop();
   return rc;
 }
 
-int run_keygen(const std::string& out) {
-  auto keys = transport::make_curve_keys();
-  if (!keys.is_ok()) return fail(keys.status().to_string());
-  nlohmann::json j = {{"public_key", keys->public_key}, {"secret_key", keys->secret_key}};
+struct KeygenOptions {
+  std::string out;
+  bool sign = false;
+  bool force = false;
+};
+
+int run_keygen(const KeygenOptions& o) {
+  std::error_code ec;
+  if (!o.force && std::filesystem::exists(o.out, ec))
+    return fail(o.out + " exists: a key pair is not replaced unless you say --force (nodes configured with its public key would be cut off)");
+  nlohmann::json j;
+  std::string public_key;
+  if (o.sign) {
+    const runtime::SigningKey key = runtime::make_signing_key();
+    public_key = runtime::to_hex(key.public_key);
+    j = {{"type", "ed25519"}, {"public_key", public_key}, {"secret_key", runtime::to_hex(key.secret)}};
+  } else {
+    auto keys = transport::make_curve_keys();
+    if (!keys.is_ok()) return fail(keys.status().to_string());
+    public_key = keys->public_key;
+    j = {{"public_key", keys->public_key}, {"secret_key", keys->secret_key}};
+  }
   const std::string text = j.dump(2) + "\n";
-  if (Status st = write_file_atomic(out, std::string_view(text)); !st.is_ok())
-    return fail(st.to_string());
-  ::chmod(out.c_str(), 0600);
-  std::printf("%s\n", keys->public_key.c_str());
+  // Written private from the start: the secret key is never readable by others, not even briefly.
+  const mode_t old_mask = ::umask(077);
+  Status st = write_file_atomic(o.out, std::string_view(text));
+  ::umask(old_mask);
+  if (!st.is_ok()) return fail(st.to_string());
+  ::chmod(o.out.c_str(), 0600);
+  std::printf("%s\n", public_key.c_str());
   return 0;
 }
 
@@ -275,15 +297,19 @@ Command add_publish_command(CLI::App& app) {
   sub->add_option("-j,--threads", o->threads, "Encoder threads (default: one per core)");
   sub->add_option("--shard", o->shard, "Trainer shard I/N: send this slice of every version to the origin at --parent");
   sub->add_option("--expect-shards", o->expect_shards, "Origin: versions come as slices from N trainer shards; merge and broadcast them");
+  sub->add_option("--shard-key", o->node.shard_keys,
+                  "Origin merging shards: accept only slices signed by this shard key (64 hex digits or a key file; repeat)");
   add_node_options(sub, o->node, /*worker=*/false);
   return {sub, [o] { return run_publish(*o); }};
 }
 
 Command add_keygen_command(CLI::App& app) {
-  auto out = std::make_shared<std::string>();
-  CLI::App* sub = app.add_subcommand("keygen", "Make a CURVE key pair for a node; prints the public key");
-  sub->add_option("-o,--out", *out, "Key file to write (mode 0600)")->required();
-  return {sub, [out] { return run_keygen(*out); }};
+  auto o = std::make_shared<KeygenOptions>();
+  CLI::App* sub = app.add_subcommand("keygen", "Make a key pair: CURVE for a node's links, or with --sign Ed25519 for signing versions; prints the public key");
+  sub->add_option("-o,--out", o->out, "Key file to write (mode 0600)")->required();
+  sub->add_flag("--sign", o->sign, "An Ed25519 signing key (publish --sign-key; relays and workers take its public key with --trust-key)");
+  sub->add_flag("--force", o->force, "Replace an existing key file");
+  return {sub, [o] { return run_keygen(*o); }};
 }
 
 }  // namespace deltacast::tools

@@ -38,7 +38,9 @@ void stop_on_signals(NodeHost& host) {
   std::signal(SIGTERM, handler);
 }
 
-void set_log_level(const std::string& level) { spdlog::set_level(spdlog::level::from_str(level)); }
+// Flags first (config errors are reported at that level); load_node_options then applies the
+// config file's level, which flags override.
+void set_log_level(const std::string& level) { (void)apply_log_level(level); }
 
 // ---- relay --------------------------------------------------------------------------------------
 
@@ -66,7 +68,12 @@ int run_worker(const NodeOptions& o) {
   NodeHost host(cfg->node, cfg->host);
   stop_on_signals(host);
   std::optional<transport::VersionStore> store;
-  if (!o.out_dir.empty()) store.emplace(o.out_dir, cfg->node.node_id, o.keep_versions);
+  if (!o.out_dir.empty()) {
+    store.emplace(o.out_dir, cfg->node.node_id, o.keep_versions);
+    // A wrong --out-dir is reported now, not at the first version; temporary files of earlier
+    // runs killed mid-save are removed.
+    if (Status st = store->prepare(); !st.is_ok()) return fail(st.with_context("--out-dir").to_string());
+  }
   if (store && !o.no_resume) {
     // A restarted worker starts from the newest version it saved, and fetches only the deltas
     // after it (an anchor only if its parents no longer have them).
@@ -98,23 +105,26 @@ int run_worker(const NodeOptions& o) {
   });
   Status st = host.start_thread();
   if (!st.is_ok()) return fail(st.to_string());
-  std::uint64_t seen = host.current() ? host.current()->version : 0;
-  int rc = 0;
-  while (!g_stop && !(o.exit_after_version && seen >= o.exit_after_version)) {
-    auto v = host.wait_for_version(seen + 1, 200);
+  std::shared_ptr<const ModelVersion> seen = host.current();
+  // A failed save (full or failing disk) is logged and retried; the worker keeps serving.
+  std::optional<transport::VersionSaver> saver;
+  if (store) saver.emplace(*store);
+  while (!g_stop && !(o.exit_after_version && seen && seen->version >= o.exit_after_version)) {
+    // Newer: a higher number, or any version of a new run (whose numbers start again at 1).
+    auto v = host.wait_for_newer(seen, 200);
+    if (saver && v) saver->offer(v);
+    else if (saver) saver->retry_if_due();
     if (!v) continue;
-    seen = v->version;
-    if (store) {
-      if (Status ws = store->save(*v); !ws.is_ok()) {
-        rc = fail(ws.to_string());
-        break;
-      }
-    }
+    seen = v;
     if (o.exit_after_version && v->version >= o.exit_after_version) break;
   }
   g_signal_host = nullptr;
   host.stop();
-  return rc;
+  // Exiting at --exit-after-version with that version not on disk is a failure to report.
+  if (saver && saver->unsaved() && !g_stop)
+    return fail("version " + std::to_string(saver->unsaved()->version) + " is ready but not saved: " + saver->last_error());
+  if (saver && saver->unsaved()) spdlog::warn("stopping with version {} not saved", saver->unsaved()->version);
+  return 0;
 }
 
 }  // namespace

@@ -143,6 +143,11 @@ int run_status(const std::string& address) {
   std::printf("node %s (%s:%s)\n", node.c_str(), host.c_str(), port.c_str());
   std::printf("  current version %.0f, newest known %.0f", one("deltacast_current_version"), one("deltacast_newest_known_version"));
   if (m.count("deltacast_staleness_versions")) std::printf(", %.0f behind", one("deltacast_staleness_versions"));
+  std::string run = "?";
+  if (auto it = m.find("deltacast_run"); it != m.end()) run = it->second.labels["run"];
+  std::printf("\n  run %s", run.c_str());
+  std::printf("; untrusted manifests %.0f, old-run manifests %.0f, peers dropped %.0f", one("deltacast_untrusted_manifests_total"),
+              one("deltacast_stale_run_manifests_total"), one("deltacast_peers_dropped_total"));
   std::printf("\n  children %.0f, cache %.1f of %.1f MB\n", one("deltacast_children"), one("deltacast_cache_bytes") / 1e6,
               one("deltacast_cache_bytes_max") / 1e6);
   std::printf("  in %.1f MB, out %.1f MB; chunks in %.0f, forwarded %.0f, deferred (full queue) %.0f\n", one("deltacast_bytes_in_total") / 1e6,
@@ -168,7 +173,10 @@ int run_status(const std::string& address) {
   std::map<std::string, std::map<std::string, std::string>> ledger;
   for (const char* name : {"deltacast_worker_version", "deltacast_worker_publish_to_ready_ms"}) {
     auto [b, e] = m.equal_range(name);
-    for (auto it = b; it != e; ++it) ledger[it->second.labels["worker"]][name] = std::to_string(static_cast<std::uint64_t>(it->second.value));
+    for (auto it = b; it != e; ++it) {
+      ledger[it->second.labels["worker"]][name] = std::to_string(static_cast<std::uint64_t>(it->second.value));
+      if (it->second.labels.count("run")) ledger[it->second.labels["worker"]]["run"] = it->second.labels["run"];
+    }
   }
   auto [eb, ee] = m.equal_range("deltacast_worker_last_error");
   for (auto it = eb; it != ee; ++it) ledger[it->second.labels["worker"]]["error"] = it->second.labels["error"];
@@ -176,12 +184,16 @@ int run_status(const std::string& address) {
   for (auto it = lb; it != le; ++it) ledger[it->second.labels["worker"]]["state"] = "left";
   if (!ledger.empty()) {
     const double newest = one("deltacast_newest_known_version");
-    std::printf("\n  fleet ledger: %zu workers\n  %-24s %-6s %8s %8s %16s  %s\n", ledger.size(), "worker", "state", "version", "behind",
+    std::printf("\n  fleet ledger: %zu workers\n  %-24s %-9s %8s %8s %16s  %s\n", ledger.size(), "worker", "state", "version", "behind",
                 "publish->ready", "last error");
     for (auto& [w, f] : ledger) {
       const double v = f.count("deltacast_worker_version") ? std::stod(f["deltacast_worker_version"]) : 0;
-      std::printf("  %-24s %-6s %8.0f %8.0f %13s ms  %s\n", w.c_str(), f.count("state") ? "left" : "live", v, newest > v ? newest - v : 0.0,
-                  f["deltacast_worker_publish_to_ready_ms"].c_str(), f["error"].c_str());
+      // A worker holding another run's version is not "0 behind": it holds nothing of this run.
+      const bool other_run = f.count("run") && f["run"] != run;
+      const std::string behind = other_run ? "-" : std::to_string(static_cast<std::uint64_t>(newest > v ? newest - v : 0.0));
+      const char* state = other_run ? "other run" : f.count("state") ? "left" : "live";
+      std::printf("  %-24s %-9s %8.0f %8s %13s ms  %s%s\n", w.c_str(), state, v, behind.c_str(), f["deltacast_worker_publish_to_ready_ms"].c_str(),
+                  other_run ? ("run " + f["run"] + " ").c_str() : "", f["error"].c_str());
     }
   }
   return 0;

@@ -1,6 +1,8 @@
 #include "deltacast/codec/manifest.h"
 
 #include <algorithm>
+#include <cinttypes>
+#include <cstdio>
 #include <limits>
 
 #include "deltacast/codec/hash.h"
@@ -13,11 +15,43 @@ std::uint64_t Manifest::payload_bytes_total() const {
   return t;
 }
 
+std::string to_string(const RunId& run) {
+  if (run.empty()) return "none";
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%" PRIx64 "-%016" PRIx64, run.started_us, run.nonce);
+  return buf;
+}
+
+Status check_manifest_limits(const Manifest& m, const ManifestLimits& limits) {
+  if (m.image_size > limits.image_bytes_max)
+    return Status::resource_exhausted("manifest describes an image of " + std::to_string(m.image_size) + " bytes, above the limit of " +
+                                      std::to_string(limits.image_bytes_max));
+  if (m.tensors.size() > limits.tensors_max)
+    return Status::resource_exhausted(std::to_string(m.tensors.size()) + " tensors, above the limit of " + std::to_string(limits.tensors_max));
+  if (m.chunks.size() > limits.chunks_max)
+    return Status::resource_exhausted(std::to_string(m.chunks.size()) + " chunks, above the limit of " + std::to_string(limits.chunks_max));
+  return Status::ok();
+}
+
+ByteSpan manifest_signed_bytes(ByteSpan serialized) {
+  return serialized.first(serialized.size() >= kSignatureBytes ? serialized.size() - kSignatureBytes : 0);
+}
+
 namespace {
 constexpr std::uint32_t kManifestMagic = 0x4d464344;  // "DCFM"
-constexpr std::uint8_t kManifestVersion = 1;
+constexpr std::uint8_t kManifestFormatPlain = 1;      // no run, unsigned
+constexpr std::uint8_t kManifestFormatRun = 2;        // run identity, optionally signed
+constexpr std::uint8_t kFlagSigned = 1;
 
 bool mul_overflows(std::uint64_t a, std::uint64_t b, std::uint64_t& out) { return __builtin_mul_overflow(a, b, &out); }
+
+template <std::size_t N>
+bool read_array(ByteReader& r, std::array<std::uint8_t, N>& out) {
+  ByteSpan b;
+  if (!r.bytes(N, b)) return false;
+  std::copy(b.begin(), b.end(), out.begin());
+  return true;
+}
 }  // namespace
 
 Status validate_tensors(const std::vector<TensorInfo>& tensors, std::uint64_t image_size) {
@@ -40,12 +74,18 @@ Status validate_tensors(const std::vector<TensorInfo>& tensors, std::uint64_t im
 Bytes serialize_manifest(const Manifest& m) {
   Bytes out;
   ByteWriter w(out);
+  const bool v2 = m.is_signed || !m.run.empty();
   w.u32(kManifestMagic);
-  w.u8(kManifestVersion);
+  w.u8(v2 ? kManifestFormatRun : kManifestFormatPlain);
   w.u8(static_cast<std::uint8_t>(m.kind));
   w.u64(m.version);
   w.u64(m.base_version);
   w.u64(m.image_size);
+  if (v2) {
+    w.u64(m.run.started_us);
+    w.u64(m.run.nonce);
+    w.u8(m.is_signed ? kFlagSigned : 0);
+  }
   w.varint(m.metadata.size());
   for (const auto& [k, v] : m.metadata) {
     w.string(k);
@@ -67,23 +107,38 @@ Bytes serialize_manifest(const Manifest& m) {
     w.u64(c.payload_hash);
     w.u64(c.content_hash);
     if (m.kind == VersionKind::kDelta) w.u64(c.base_hash);
+    if (m.is_signed) w.bytes(c.payload_digest);
   }
   w.u64(m.base_checksum);
   w.u64(m.version_checksum);
+  if (m.is_signed) {
+    w.bytes(m.signer);
+    w.bytes(m.signature);
+  }
   return out;
 }
 
-Result<Manifest> parse_manifest(ByteSpan data) {
+Result<Manifest> parse_manifest(ByteSpan data, const ManifestLimits& limits) {
   ByteReader r(data);
   Manifest m;
   std::uint32_t magic;
   std::uint8_t fmt, kind;
   if (!r.u32(magic) || magic != kManifestMagic) return Status::corruption("not a deltacast manifest (bad magic)");
   if (!r.u8(fmt)) return Status::corruption("manifest truncated");
-  if (fmt != kManifestVersion) return Status::unsupported("manifest format version " + std::to_string(fmt) + ", this build reads 1");
+  if (fmt != kManifestFormatPlain && fmt != kManifestFormatRun)
+    return Status::unsupported("manifest format version " + std::to_string(fmt) + ", this build reads 1 and 2");
   if (!r.u8(kind) || kind > 1) return Status::corruption("bad version kind");
   m.kind = static_cast<VersionKind>(kind);
   if (!r.u64(m.version) || !r.u64(m.base_version) || !r.u64(m.image_size)) return Status::corruption("manifest truncated");
+  if (m.image_size > limits.image_bytes_max)
+    return Status::resource_exhausted("manifest describes an image of " + std::to_string(m.image_size) + " bytes, above the limit of " +
+                                      std::to_string(limits.image_bytes_max));
+  if (fmt == kManifestFormatRun) {
+    std::uint8_t flags;
+    if (!r.u64(m.run.started_us) || !r.u64(m.run.nonce) || !r.u8(flags)) return Status::corruption("manifest truncated");
+    if (flags & ~kFlagSigned) return Status::unsupported("manifest flags " + std::to_string(flags) + " are not known to this build");
+    m.is_signed = flags & kFlagSigned;
+  }
 
   std::uint64_t count;
   if (!r.varint(count) || count > r.remaining() / 2) return Status::corruption("bad metadata count");
@@ -98,6 +153,8 @@ Result<Manifest> parse_manifest(ByteSpan data) {
   // Minimum encoded size of a tensor entry is 5 bytes, of a chunk entry 18: counts are bounded
   // by what is left, so a hostile count cannot make us allocate.
   if (!r.varint(count) || count > kTensorsMax || count > r.remaining() / 5) return Status::corruption("bad tensor count");
+  if (count > limits.tensors_max)
+    return Status::resource_exhausted(std::to_string(count) + " tensors, above the limit of " + std::to_string(limits.tensors_max));
   m.tensors.resize(count);
   for (auto& t : m.tensors) {
     std::uint8_t dt;
@@ -113,8 +170,10 @@ Result<Manifest> parse_manifest(ByteSpan data) {
   }
   DC_RETURN_IF_ERROR(validate_tensors(m.tensors, m.image_size));
 
-  const std::size_t chunk_entry_min = m.kind == VersionKind::kDelta ? 26 : 18;
+  const std::size_t chunk_entry_min = (m.kind == VersionKind::kDelta ? 26 : 18) + (m.is_signed ? sizeof(PayloadDigest) : 0);
   if (!r.varint(count) || count > kChunksMax || count > r.remaining() / chunk_entry_min) return Status::corruption("bad chunk count");
+  if (count > limits.chunks_max)
+    return Status::resource_exhausted(std::to_string(count) + " chunks, above the limit of " + std::to_string(limits.chunks_max));
   m.chunks.resize(count);
   std::uint64_t next_offset = 0;
   for (auto& c : m.chunks) {
@@ -122,12 +181,14 @@ Result<Manifest> parse_manifest(ByteSpan data) {
     if (!r.varint(c.length) || !r.varint(c.payload_bytes) || !r.u64(c.payload_hash) || !r.u64(c.content_hash))
       return Status::corruption("truncated chunk entry");
     if (m.kind == VersionKind::kDelta && !r.u64(c.base_hash)) return Status::corruption("truncated chunk entry");
+    if (m.is_signed && !read_array(r, c.payload_digest)) return Status::corruption("truncated chunk entry");
     if (c.length == 0 || c.length > kChunkBytesMax) return Status::corruption("chunk length out of range");
     if (c.length > m.image_size - next_offset) return Status::corruption("chunks extend past the image");
     next_offset += c.length;
   }
   if (next_offset != m.image_size) return Status::corruption("chunks do not cover the image");
   if (!r.u64(m.base_checksum) || !r.u64(m.version_checksum)) return Status::corruption("truncated checksums");
+  if (m.is_signed && (!read_array(r, m.signer) || !read_array(r, m.signature))) return Status::corruption("truncated signature");
   if (r.remaining() != 0) return Status::corruption("trailing bytes after the manifest");
 
   std::vector<std::uint64_t> hashes(m.chunks.size());

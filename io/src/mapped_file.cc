@@ -11,9 +11,74 @@
 
 namespace deltacast {
 namespace {
-Status errno_status(const std::string& what, const std::string& path) {
-  return Status::io_error(what + " " + path + ": " + std::strerror(errno));
+Status errno_status(const std::string& what, const std::string& path, int err = errno) {
+  return Status::io_error(what + " " + path + ": " + std::strerror(err));
 }
+
+std::string temp_path_of(const std::string& path) { return path + ".tmp." + std::to_string(::getpid()); }
+
+// Takes the file's blocks now, so that running out of space is reported here rather than at
+// some later write (or as SIGBUS on a mapped page). posix_fallocate returns its error instead
+// of setting errno; a filesystem that cannot reserve (EOPNOTSUPP) is written anyway, every
+// write being checked.
+Status reserve(int fd, std::uint64_t size, const std::string& path) {
+  if (size == 0) return Status::ok();
+  const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(size));
+  if (err == 0 || err == EOPNOTSUPP) return Status::ok();
+  return errno_status("cannot reserve " + std::to_string(size) + " bytes for", path, err);
+}
+
+// pwrite(2) may write less than asked; the rest is written by the next call, which reports why
+// the disk stopped taking data if it did.
+Status write_all(int fd, ByteSpan data, std::uint64_t offset, const std::string& path) {
+  while (!data.empty()) {
+    const ssize_t n = ::pwrite(fd, data.data(), data.size(), static_cast<off_t>(offset));
+    const int err = errno;  // before building the message can change it
+    if (n < 0 && err == EINTR) continue;
+    if (n < 0) return errno_status("cannot write", path, err);
+    if (n == 0) return Status::io_error("cannot write " + path + ": short write, " + std::to_string(data.size()) + " bytes not written");
+    data = data.subspan(static_cast<std::size_t>(n));
+    offset += static_cast<std::uint64_t>(n);
+  }
+  return Status::ok();
+}
+
+// A temporary file beside its destination, removed unless renamed onto it: every failure path
+// of write_parts_atomic leaves the directory as it found it.
+class TempFile {
+ public:
+  explicit TempFile(const std::string& path) : path_(path), tmp_path_(temp_path_of(path)) {}
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+  ~TempFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (created_ && !renamed_) ::unlink(tmp_path_.c_str());
+  }
+  Status open() {
+    fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) return errno_status("cannot create", tmp_path_);
+    created_ = true;
+    return Status::ok();
+  }
+  int fd() const { return fd_; }
+  const std::string& tmp_path() const { return tmp_path_; }
+  // The data reaches the disk before the name does, so a crash never leaves `path` partial.
+  // close() is checked too: some filesystems (NFS) report write errors only there.
+  Status commit() {
+    if (::fsync(fd_) != 0) return errno_status("cannot flush", tmp_path_);
+    const int closed = ::close(fd_);
+    fd_ = -1;
+    if (closed != 0) return errno_status("cannot close", tmp_path_);
+    if (::rename(tmp_path_.c_str(), path_.c_str()) != 0) return errno_status("cannot rename onto", path_);
+    renamed_ = true;
+    return Status::ok();
+  }
+
+ private:
+  std::string path_, tmp_path_;
+  int fd_ = -1;
+  bool created_ = false, renamed_ = false;
+};
 }  // namespace
 
 Result<MappedFile> MappedFile::open(const std::string& path) {
@@ -62,10 +127,13 @@ MappedFile::~MappedFile() {
 Result<OutputFile> OutputFile::create(const std::string& path, std::uint64_t size) {
   OutputFile f;
   f.path_ = path;
-  f.tmp_path_ = path + ".tmp." + std::to_string(::getpid());
+  f.tmp_path_ = temp_path_of(path);
   f.fd_ = ::open(f.tmp_path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (f.fd_ < 0) return errno_status("cannot create", f.tmp_path_);
   if (::ftruncate(f.fd_, static_cast<off_t>(size)) != 0) return errno_status("cannot size", f.tmp_path_);
+  // ftruncate leaves the file sparse: without the blocks reserved, a full disk would surface as
+  // SIGBUS on the first write to an unbacked page. (Each return unlinks the temporary file.)
+  DC_RETURN_IF_ERROR(reserve(f.fd_, size, f.tmp_path_));
   f.size_ = size;
   if (size > 0) {
     void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, f.fd_, 0);
@@ -119,8 +187,21 @@ Status write_file_atomic(const std::string& path, std::string_view text) {
 }
 
 Status write_file_atomic(const std::string& path, ByteSpan data) {
-  DC_ASSIGN_OR_RETURN(OutputFile f, OutputFile::create(path, data.size()));
-  if (!data.empty()) std::memcpy(f.bytes().data(), data.data(), data.size());
+  const ByteSpan parts[] = {data};
+  return write_parts_atomic(path, parts);
+}
+
+Status write_parts_atomic(const std::string& path, std::span<const ByteSpan> parts) {
+  TempFile f(path);
+  DC_RETURN_IF_ERROR(f.open());
+  std::uint64_t size = 0;
+  for (ByteSpan p : parts) size += p.size();
+  DC_RETURN_IF_ERROR(reserve(f.fd(), size, f.tmp_path()));
+  std::uint64_t offset = 0;
+  for (ByteSpan p : parts) {
+    DC_RETURN_IF_ERROR(write_all(f.fd(), p, offset, f.tmp_path()));
+    offset += p.size();
+  }
   return f.commit();
 }
 

@@ -120,9 +120,11 @@ Result<SafetensorsWriter> SafetensorsWriter::create(const std::string& path, con
 
 Status write_safetensors(const std::string& path, const ModelLayout& layout, ByteSpan image) {
   if (image.size() != layout.image_size) return Status::invalid_argument("image size does not match the layout");
-  DC_ASSIGN_OR_RETURN(SafetensorsWriter w, SafetensorsWriter::create(path, layout));
-  if (!image.empty()) std::memcpy(w.data().data(), image.data(), image.size());
-  return w.commit();
+  // The image is already in memory: written with checked writes rather than through a mapping,
+  // whose pages would fault (SIGBUS) if the disk filled up under them.
+  const Bytes header = safetensors_header(layout);
+  const ByteSpan parts[] = {header, image};
+  return write_parts_atomic(path, parts);
 }
 
 }  // namespace deltacast

@@ -2,6 +2,13 @@
 
 namespace deltacast::runtime {
 
+bool valid_node_id(const std::string& id) {
+  if (id.empty() || id.size() > kNodeIdBytesMax || id == "." || id == "..") return false;
+  for (char c : id)
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-')) return false;
+  return true;
+}
+
 std::string to_string(const VersionKey& key) { return "v" + std::to_string(key.version) + (key.anchor ? "/anchor" : ""); }
 
 const char* message_name(const Message& m) {

@@ -76,6 +76,9 @@ std::string render_prometheus(const Node& node) {
       {"deltacast_retransmits_served_total", "Chunks this node sent again on request.", s.retransmits_served},
       {"deltacast_parent_failovers_total", "Times this node moved to another parent.", s.parent_failovers},
       {"deltacast_versions_ready_total", "Versions verified and exposed (workers).", s.versions_ready},
+      {"deltacast_peers_dropped_total", "Peers disconnected for breaking a bound.", s.peers_dropped},
+      {"deltacast_untrusted_manifests_total", "Manifests refused: unsigned, signed by a key not trusted, or a bad signature.", s.untrusted_manifests},
+      {"deltacast_stale_run_manifests_total", "Manifests of an older run, ignored.", s.stale_run_manifests},
   };
   for (const auto& c : counters) {
     w.family(c.name, "counter", c.help);
@@ -91,6 +94,8 @@ std::string render_prometheus(const Node& node) {
     w.family("deltacast_staleness_versions", "gauge", "Versions this worker is behind the newest it has heard of.");
     w.sample("deltacast_staleness_versions", newest > current ? newest - current : 0);
   }
+  w.family("deltacast_run", "gauge", "The publishing run this node holds and serves (1, labelled with the run).");
+  w.sample("deltacast_run", 1, "run=\"" + to_string(node.run()) + "\"");
   w.family("deltacast_children", "gauge", "Children attached.");
   w.sample("deltacast_children", node.child_count());
   w.family("deltacast_cache_bytes", "gauge", "Bytes held by the version cache.");
@@ -118,7 +123,8 @@ std::string render_prometheus(const Node& node) {
   }
   if (!node.ledger().empty()) {
     w.family("deltacast_worker_version", "gauge", "Fleet ledger: the version each worker holds.");
-    for (const auto& [id, e] : node.ledger()) w.sample("deltacast_worker_version", e.version, "worker=\"" + escape_label(id) + "\"");
+    for (const auto& [id, e] : node.ledger())
+      w.sample("deltacast_worker_version", e.version, "worker=\"" + escape_label(id) + "\",run=\"" + to_string(e.run) + "\"");
     w.family("deltacast_worker_publish_to_ready_ms", "gauge", "Fleet ledger: publish to ready of each worker's newest version.");
     for (const auto& [id, e] : node.ledger())
       w.sample("deltacast_worker_publish_to_ready_ms", e.publish_to_ready_ms, "worker=\"" + escape_label(id) + "\"");

@@ -31,7 +31,8 @@ Node::Node(NodeConfig config, Transport& transport, Clock& clock, TaskRunner* ta
       transport_(transport),
       clock_(clock),
       tasks_(tasks),
-      cache_(config_.cache_bytes_max, /*verify_payloads=*/!config_.virtual_payloads) {}
+      cache_(config_.cache_bytes_max, /*verify_payloads=*/!config_.virtual_payloads, config_.manifest_limits),
+      run_(config_.parents.empty() ? config_.run : RunId{}) {}
 
 Node::~Node() { *alive_ = false; }
 
@@ -49,6 +50,7 @@ Status Node::restore(std::shared_ptr<ModelVersion> version) {
     if (tensor_bytes != version->image.size()) return Status::invalid_argument("the restored tensors do not cover the image");
   }
   held_version_ = version->version;
+  run_ = version->run;  // its deltas come from the same run; another run's come through an anchor
   std::lock_guard lock(current_mu_);
   current_ = std::move(version);
   return Status::ok();
@@ -75,7 +77,30 @@ std::size_t Node::child_records() const {
   return n;
 }
 
-void Node::set_error(std::string error) { last_error_ = std::move(error); }
+void Node::set_error(std::string error) {
+  log(LogLevel::kWarn, error);
+  // Carried up in Ready messages, whose error text is bounded.
+  if (error.size() > kReasonBytesMax) error.resize(kReasonBytesMax);
+  last_error_ = std::move(error);
+}
+
+void Node::log(LogLevel level, const std::string& message) {
+  if (getenv("DC_DEBUG_LOG")) fprintf(stderr, "%s: %s\n", config_.node_id.c_str(), message.c_str());
+  if (on_log_) on_log_(level, message);
+}
+
+void Node::drop_peer(PeerId peer, const std::string& why) {
+  stats_.peers_dropped++;
+  if (peer == parent_ && parent_ != 0) {
+    set_error("parent " + config_.parents[parent_index_ % config_.parents.size()] + " dropped: " + why);
+    give_up_parent();
+    return;
+  }
+  auto it = children_.find(peer);
+  log(LogLevel::kError, "child " + (it == children_.end() ? std::string("?") : it->second.node_id) + " dropped: " + why);
+  if (it != children_.end()) children_.erase(it);
+  transport_.disconnect(peer);
+}
 
 // ---- links ----------------------------------------------------------------------------------
 
@@ -176,7 +201,14 @@ void Node::send_to_parent(const Message& m) {
   if (parent_ != 0) send_to(parent_, m);
 }
 
+void Node::give_up_parent() {
+  transport_.disconnect(parent_);
+  parent_ = 0;  // tick() moves on to the next parent
+  welcomed_ = false;
+}
+
 void Node::connect_parent() {
+  parent_connected_ms_ = clock_.now_ms();
   if (parent_ != 0) {
     transport_.disconnect(parent_);
     stats_.parent_failovers++;
@@ -197,6 +229,7 @@ Hello Node::make_hello() const {
   Hello hello;
   hello.node_id = config_.node_id;
   hello.role = config_.shard_count > 0 ? Role::kPublisher : config_.reconstruct ? Role::kWorker : Role::kRelay;
+  hello.serves_children = config_.serve_children;
   // A relay has nothing exposed; it reports the newest version it holds completely so the
   // parent does not resend it.
   std::uint64_t have = current_version();
@@ -205,6 +238,7 @@ Hello Node::make_hello() const {
       if (!k.anchor && v.complete()) have = std::max(have, k.version);
   }
   hello.have_version = have;
+  hello.run = run_;
   hello.resume = !cache_.entries().empty();
   return hello;
 }
@@ -264,6 +298,112 @@ void Node::on_peer_down(PeerId peer) {
   children_.erase(peer);
 }
 
+// ---- runs -----------------------------------------------------------------------------------
+
+std::uint64_t Node::usable_parent_newest() const { return parent_run_ == run_ ? parent_newest_ : 0; }
+
+std::uint64_t Node::anchor_floor() const { return parent_run_ > run_ ? 0 : current_version(); }
+
+Heartbeat Node::heartbeat() const {
+  if (parent_run_ > run_) return {parent_newest_, parent_run_};
+  return {newest_known_version(), run_};
+}
+
+bool Node::on_parent_newest(std::uint64_t newest, const RunId& run) {
+  const std::uint64_t known = run == run_ ? std::max(newest_known_version(), current_version()) : 0;
+  if (newest > known && newest - known > config_.version_jump_max) {
+    drop_peer(parent_, "it claims version " + std::to_string(newest) + ", more than " + std::to_string(config_.version_jump_max) +
+                           " (version_jump_max) past v" + std::to_string(known));
+    return false;
+  }
+  if (run == parent_run_) {
+    parent_newest_ = std::max(parent_newest_, newest);
+    return true;
+  }
+  parent_run_ = run;
+  parent_newest_ = newest;
+  if (!run_.empty() && run > run_) {
+    // A newer run began upstream (said, not yet signed): nothing of the old run is served from
+    // here any more. What this node exposes changes only with a verified manifest of the new run.
+    log(LogLevel::kInfo, "parent serves run " + to_string(run) + ", newer than run " + to_string(run_) + ": dropping the cached versions of the old run");
+    drop_cache();
+  }
+  return true;
+}
+
+bool Node::admit_manifest(const ManifestMsg& m, std::shared_ptr<const Manifest>& parsed) {
+  if (!m.manifest) return false;
+  parsed = m.parsed;
+  if (!parsed) {
+    auto p = parse_manifest(m.manifest->span(), config_.manifest_limits);
+    if (!p.is_ok()) {
+      const std::string why = "manifest of " + to_string(m.key) + ": " + p.status().to_string();
+      // Beyond this node's configured limits: refused here, the parent may still be honest.
+      if (p.status().code() == StatusCode::kResourceExhausted) set_error(why);
+      else drop_peer(parent_, why);
+      return false;
+    }
+    parsed = std::make_shared<const Manifest>(std::move(p).value());
+  } else if (Status st = check_manifest_limits(*parsed, config_.manifest_limits); !st.is_ok()) {
+    set_error("manifest of " + to_string(m.key) + ": " + st.to_string());
+    return false;
+  }
+  if (!config_.trust_keys.empty() && !config_.virtual_payloads) {
+    if (Status st = verify_manifest(m.manifest->span(), *parsed, config_.trust_keys); !st.is_ok()) {
+      stats_.untrusted_manifests++;
+      drop_peer(parent_, st.to_string());
+      return false;
+    }
+  }
+  if (parsed->run < run_) {
+    stats_.stale_run_manifests++;
+    return false;
+  }
+  if (parsed->run > run_) switch_run(parsed->run);
+  return true;
+}
+
+void Node::switch_run(const RunId& run) {
+  if (!run_.empty()) log(LogLevel::kInfo, "run " + to_string(run) + " began; dropping everything of run " + to_string(run_));
+  run_ = run;
+  stats_.runs_seen++;
+  drop_cache();
+  published_us_.clear();
+  timings_.clear();
+  if (config_.reconstruct && held_version_ != 0) {
+    // The old run's version is not what the trainer publishes now: readers get nothing until
+    // the new run's anchor has verified.
+    std::lock_guard lock(current_mu_);
+    current_.reset();
+  }
+  spare_.reset();
+  held_version_ = 0;
+}
+
+void Node::drop_cache() {
+  if (assembly_) abandon_assembly("version " + to_string(assembly_->key) + " is of an old run", false);
+  cache_.clear();
+  for (auto& [peer, c] : children_) {
+    c.subscriptions.clear();
+    c.sent.clear();
+    c.backlog.clear();
+    c.resent.clear();
+    c.wants_anchor = false;
+  }
+  broadcast_newest_ = 0;
+  anchor_requested_ = false;
+}
+
+bool Node::take_need_token(Child& c) {
+  const std::uint64_t now = clock_.now_ms();
+  const double per_s = config_.needs_per_s_max;
+  c.need_tokens = std::min(per_s, c.need_tokens + static_cast<double>(now - c.need_tokens_ms) * per_s / 1000.0);
+  c.need_tokens_ms = now;
+  if (c.need_tokens < 1) return false;
+  c.need_tokens -= 1;
+  return true;
+}
+
 // ---- events ---------------------------------------------------------------------------------
 
 void Node::on_message(PeerId from, const Message& m) {
@@ -294,8 +434,8 @@ void Node::handle_parent(const Message& m) {
         using T = std::decay_t<decltype(msg)>;
         if constexpr (std::is_same_v<T, Welcome>) {
           welcomed_ = true;
-          parent_newest_ = std::max(parent_newest_, msg.newest_version);
           anchor_requested_ = false;
+          if (!on_parent_newest(msg.newest_version, msg.run)) return;
           if (config_.shard_count > 0) {
             // A new link: what was in flight on the old one may be lost. Send every slice the
             // origin has not merged again, whole (it ignores what it already has).
@@ -308,15 +448,13 @@ void Node::handle_parent(const Message& m) {
           advance();
         } else if constexpr (std::is_same_v<T, Refuse>) {
           set_error("parent " + config_.parents[parent_index_ % config_.parents.size()] + " refused us: " + msg.reason);
-          transport_.disconnect(parent_);
-          parent_ = 0;  // tick() moves on to the next parent
-          welcomed_ = false;
+          give_up_parent();
         } else if constexpr (std::is_same_v<T, ManifestMsg>) {
           on_manifest(msg, true);
         } else if constexpr (std::is_same_v<T, ChunkMsg>) {
           on_chunk(msg);
         } else if constexpr (std::is_same_v<T, Heartbeat>) {
-          if (msg.newest_version > parent_newest_) parent_newest_ = msg.newest_version;
+          if (!on_parent_newest(msg.newest_version, msg.run)) return;
           if (config_.shard_count > 0) release_merged_slices();
         } else if constexpr (std::is_same_v<T, Need>) {
           if (config_.shard_count > 0) on_need_from_origin(msg);
@@ -333,7 +471,7 @@ void Node::handle_parent(const Message& m) {
 void Node::handle_child(PeerId from, Child& child, const Message& m) {
   if (const auto* leave = std::get_if<Leave>(&m)) on_leave_message(from, *leave);  // may drop `child`
   else if (const auto* need = std::get_if<Need>(&m)) on_need(from, child, *need);
-  else if (const auto* ready = std::get_if<Ready>(&m)) on_ready_message(*ready);
+  else if (const auto* ready = std::get_if<Ready>(&m)) on_ready_message(from, child, *ready);
   else if (child.role == Role::kPublisher && config_.expect_shards > 0) {
     if (const auto* mm = std::get_if<ManifestMsg>(&m)) on_shard_manifest(from, *mm);
     else if (const auto* c = std::get_if<ChunkMsg>(&m)) on_shard_chunk(from, *c);
@@ -348,10 +486,17 @@ void Node::on_shard_manifest(PeerId from, const ManifestMsg& m) {
   }
   shard_peers_[m.shard] = from;
   if (m.key.version <= cache_.newest_version() && cache_.find(m.key)) return;  // already merged
-  auto parsed = parse_manifest(m.manifest->span());
+  auto parsed = parse_manifest(m.manifest->span(), config_.manifest_limits);
   if (!parsed.is_ok() || parsed->version != m.key.version) {
     set_error("slice " + std::to_string(m.shard) + " of " + to_string(m.key) + ": " + parsed.status().to_string());
     return;
+  }
+  if (!config_.shard_keys.empty()) {
+    if (Status st = verify_manifest(m.manifest->span(), *parsed, config_.shard_keys); !st.is_ok()) {
+      stats_.untrusted_manifests++;
+      drop_peer(from, "slice " + std::to_string(m.shard) + ": " + st.to_string());
+      return;
+    }
   }
   ShardSlices& s = shard_slices_[m.key];
   s.progress_ms = clock_.now_ms();
@@ -385,7 +530,8 @@ void Node::on_shard_chunk(PeerId from, const ChunkMsg& m) {
   EncodedVersion& ev = *s.slices[m.shard];
   if (m.index >= ev.payloads.size() || !ev.payloads[m.index].empty()) return;
   const ChunkEntry& e = ev.manifest.chunks[m.index];
-  if (m.payload->size() != e.payload_bytes || hash64(m.payload->span()) != e.payload_hash) {
+  if (m.payload->size() != e.payload_bytes || hash64(m.payload->span()) != e.payload_hash ||
+      (ev.manifest.is_signed && payload_digest(m.payload->span()) != e.payload_digest)) {
     stats_.corrupt_chunks++;
     set_error(to_string(m.key) + " slice " + std::to_string(m.shard) + " chunk " + std::to_string(m.index) + ": payload hash mismatch");
     return;
@@ -410,7 +556,7 @@ void Node::on_shard_chunk(PeerId from, const ChunkMsg& m) {
     return;
   }
   // Tell the shards at once, so they can let go of the slices they kept for resends.
-  const Heartbeat hb{newest_known_version()};
+  const Heartbeat hb = heartbeat();
   for (const auto& [peer, c] : children_)
     if (c.welcomed && c.role == Role::kPublisher) send_to(peer, hb);
 }
@@ -487,17 +633,25 @@ void Node::on_hello(PeerId from, const Hello& hello) {
     transport_.disconnect(from);
     return;
   }
+  // One Hello per link: a link is one connection, and a new connection is a new link.
+  if (children_.count(from)) {
+    drop_peer(from, "said Hello twice on one link");
+    return;
+  }
   Child& c = children_[from];
   c.node_id = hello.node_id;
   c.role = hello.role;
+  c.serves_children = hello.serves_children;
   c.welcomed = true;
   c.last_heard_ms = clock_.now_ms();
-  c.subscriptions.clear();
-  c.sent.clear();  // a new session on this link: what the last one carried may be lost
-  c.backlog.clear();
-  send_to(from, Welcome{newest_known_version()});
+  c.need_tokens = config_.needs_per_s_max;
+  c.need_tokens_ms = c.last_heard_ms;
+  const Heartbeat hb = heartbeat();
+  send_to(from, Welcome{hb.newest_version, hb.run});
   if (hello.role == Role::kPublisher) return;  // a trainer shard sends, it does not receive
-  if (!hello.resume) serve_catch_up(from, c, hello.have_version, /*want_anchor=*/false);
+  // What a child holds of another run is of no use: it starts again from an anchor.
+  const bool same_run = hello.run == run_;
+  if (!hello.resume || !same_run) serve_catch_up(from, c, same_run ? hello.have_version : 0, /*want_anchor=*/false);
 }
 
 void Node::serve_catch_up(PeerId child, Child& c, std::uint64_t have, bool want_anchor) {
@@ -559,9 +713,12 @@ void Node::forward_chunk(const CachedVersion& v, std::uint32_t index) {
 
 void Node::on_manifest(const ManifestMsg& m, bool) {
   const std::uint64_t now = clock_.now_ms();
+  std::shared_ptr<const Manifest> parsed;
+  // A manifest already cached was checked when it came; a copy (sent again) is not parsed again.
+  if (!cache_.find(m.key) && !admit_manifest(m, parsed)) return;
   // A worker that does not relay has no use for versions it has moved past.
   if (config_.reconstruct && !config_.serve_children && m.key.version <= current_version()) return;
-  auto r = cache_.add_manifest(m.key, m.manifest, now, m.parsed);
+  auto r = cache_.add_manifest(m.key, m.manifest, now, std::move(parsed));
   if (!r.is_ok()) {
     set_error(r.status().to_string());
     return;
@@ -573,7 +730,7 @@ void Node::on_manifest(const ManifestMsg& m, bool) {
     t.manifest_us = clock_.now_us();
     t.published_us = m.published_us;
   }
-  parent_newest_ = std::max(parent_newest_, m.key.version);
+  if (parent_run_ == run_) parent_newest_ = std::max(parent_newest_, m.key.version);
   if (m.key.anchor) anchor_requested_ = false;
   if (config_.serve_children) forward_manifest(*v);
   advance();
@@ -615,6 +772,15 @@ void Node::on_chunk(const ChunkMsg& m) {
 }
 
 void Node::on_need(PeerId from, Child& child, const Need& need) {
+  if (!take_need_token(child)) {
+    drop_peer(from, "more than " + std::to_string(config_.needs_per_s_max) + " Need messages a second (needs_per_s_max)");
+    return;
+  }
+  const std::uint64_t newest = newest_known_version();
+  if (need.key.version > newest && need.key.version - newest > config_.version_jump_max) {
+    drop_peer(from, "asks for " + to_string(need.key) + ", more than version_jump_max past v" + std::to_string(newest));
+    return;
+  }
   if (need.want_anchor) {
     // key.version: what the child holds; an older anchor is of no use to it.
     serve_catch_up(from, child, need.key.version, /*want_anchor=*/true);
@@ -646,6 +812,17 @@ void Node::on_need(PeerId from, Child& child, const Need& need) {
     for (std::uint32_t i = 0; i < v->chunks.size(); ++i) wanted.push_back(i);
   // A child that names chunks has the manifest (for a 2 TB model it is tens of MB); one that
   // asks for a whole version may not.
+  if (need.again) {
+    // Sent again however often it asks, a version could cost a parent any number of times its
+    // size: the child gets each chunk again at most resends_per_chunk_max times.
+    auto* resent = find_record(child.resent, v->key);
+    if (!resent) resent = &child.resent.emplace_back(v->key, 0);
+    resent->second += wanted.size();
+    if (resent->second > std::uint64_t{config_.resends_per_chunk_max} * v->chunks.size()) {
+      drop_peer(from, "asked for " + to_string(v->key) + " again more than resends_per_chunk_max times its chunks");
+      return;
+    }
+  }
   if (need.chunks.empty()) offer_manifest(from, child, *v);
   const auto queued = child.backlog.find(v->key);
   for (auto i : wanted) {
@@ -657,12 +834,22 @@ void Node::on_need(PeerId from, Child& child, const Need& need) {
   }
 }
 
-void Node::on_ready_message(const Ready& r) {
+void Node::on_ready_message(PeerId from, const Child& child, const Ready& r) {
+  // A node reports for itself; only a node that relays passes up the reports of those below it.
+  if (r.node_id != child.node_id && !child.serves_children) {
+    drop_peer(from, "sent a Ready for node '" + r.node_id.substr(0, kNodeIdBytesMax) + "', not its own id " + child.node_id);
+    return;
+  }
   if (config_.parents.empty()) {
+    if (r.run == run_ && r.version > cache_.newest_version()) {
+      log(LogLevel::kWarn, "ignored a Ready of " + r.node_id + " for v" + std::to_string(r.version) + ", never published in this run");
+      return;
+    }
     if (!ledger_.count(r.node_id) && ledger_.size() >= config_.ledger_workers_max) return;
     LedgerEntry& e = ledger_[r.node_id];
     e.left = false;
-    if (r.version >= e.version) {
+    if (r.run != e.run || r.version >= e.version) {
+      e.run = r.run;
       e.version = r.version;
       e.checksum = r.checksum;
       // Measured on the origin's own clock, so clocks elsewhere need not agree; it includes
@@ -714,7 +901,10 @@ void Node::tick() {
   const std::uint64_t now = clock_.now_ms();
   flush_outbox();
   if (!config_.parents.empty()) {
-    if (parent_ == 0 || now - parent_heard_ms_ > config_.parent_timeout_ms) {
+    // A parent given up (it refused us or broke a bound) is replaced on a later tick, at most
+    // every kReconnectMinMs: a parent that refuses or misbehaves at once costs no busy loop.
+    const bool replace = parent_ == 0 ? now - parent_connected_ms_ >= kReconnectMinMs : now - parent_heard_ms_ > config_.parent_timeout_ms;
+    if (replace) {
       if (parent_ != 0) set_error("parent " + config_.parents[parent_index_ % config_.parents.size()] + " silent for " +
                                   std::to_string(now - parent_heard_ms_) + " ms");
       parent_index_++;
@@ -728,7 +918,7 @@ void Node::tick() {
   }
   if (now - last_heartbeat_ms_ >= config_.heartbeat_ms) {
     last_heartbeat_ms_ = now;
-    const Heartbeat hb{newest_known_version()};
+    const Heartbeat hb = heartbeat();
     if (parent_ != 0) send_to(parent_, hb);
     for (auto& [peer, c] : children_)
       if (c.welcomed) send_to(peer, hb);
@@ -740,6 +930,7 @@ void Node::tick() {
     sent_pruned_ms_ = now;
     for (auto& [peer, c] : children_) {
       std::erase_if(c.sent, [&](const auto& s) { return !cache_.find(s.first); });
+      std::erase_if(c.resent, [&](const auto& s) { return !cache_.find(s.first); });
       std::erase_if(c.subscriptions, [&](const auto& s) { return now - s.second > config_.parent_timeout_ms && !cache_.find(s.first); });
       for (auto it = c.backlog.begin(); it != c.backlog.end();) it = cache_.find(it->first) ? std::next(it) : c.backlog.erase(it);
     }
@@ -780,7 +971,7 @@ bool Node::quiet() const {
     if (!v.complete()) return false;
   // Versions the parent has that request_missing() would ask for.
   const std::uint64_t have = config_.reconstruct ? current_version() : cache_.newest_version();
-  if (!config_.parents.empty() && parent_newest_ > have && (have > 0 || config_.reconstruct)) return false;
+  if (!config_.parents.empty() && usable_parent_newest() > have && (have > 0 || config_.reconstruct)) return false;
   for (const auto& [peer, c] : children_)
     if (!c.backlog.empty() || (c.welcomed && c.wants_anchor)) return false;
   return true;
@@ -803,6 +994,14 @@ void Node::request_anchor(std::uint64_t newer_than) {
   const std::uint64_t now = clock_.now_ms();
   if (anchor_requested_ && now - anchor_requested_ms_ < config_.need_after_ms * 4) return;
   if (config_.parents.empty()) {
+    // Nothing newer than what the asker holds can be made, and anchors made on request are
+    // bounded in time (tick() asks again for children still waiting).
+    if (config_.expect_shards == 0 && newer_than > 0 && newer_than >= cache_.newest_version()) return;
+    if (anchor_made_ && now - anchor_made_ms_ < config_.anchor_interval_ms_min) return;
+    if (on_anchor_wanted_ || config_.expect_shards > 0) {
+      anchor_made_ = true;
+      anchor_made_ms_ = now;
+    }
     if (on_anchor_wanted_) on_anchor_wanted_();
     // Versions made of trainer shards' slices: each shard sends an anchor of its slice.
     if (config_.expect_shards > 0)
@@ -833,14 +1032,19 @@ void Node::request_missing(bool force) {
   }
   // Versions the parent has and we have not even seen the manifest of: a worker needs every
   // delta after its current version, a relay the ones after the newest it caches.
+  // At most versions_requested_max at a time: the rest follow as these arrive.
   std::uint64_t from = 0;
   if (config_.reconstruct && !need_anchor_) from = current_version();
   else if (!config_.reconstruct && cache_.newest_version() > 0) from = cache_.newest_version();
-  if (from > 0) {
-    for (std::uint64_t v = from + 1; v <= parent_newest_; ++v)
+  const std::uint64_t parent_newest = usable_parent_newest();
+  if (from > 0 && parent_newest > from) {
+    const std::uint64_t to = from + std::min<std::uint64_t>(parent_newest - from, config_.versions_requested_max);
+    for (std::uint64_t v = from + 1; v <= to; ++v)
       if (!cache_.find({v, false})) send_to_parent(Need{{v, false}, {}, false});
   }
-  if (need_anchor_ || (config_.reconstruct && current_version() == 0 && parent_newest_ > 0 && !assembly_)) request_anchor(current_version());
+  const bool parent_in_newer_run = parent_run_ > run_;
+  if (need_anchor_ || (config_.reconstruct && !assembly_ && (parent_in_newer_run || (current_version() == 0 && parent_newest > 0))))
+    request_anchor(anchor_floor());
 }
 
 // ---- reconstruction (workers) ---------------------------------------------------------------
@@ -859,7 +1063,7 @@ void Node::advance() {
     start_assembly(*cache_.find(*a));
     return;
   }
-  if (have == 0 || need_anchor_) request_anchor(have);
+  if (have == 0 || need_anchor_ || parent_run_ > run_) request_anchor(anchor_floor());
 }
 
 void Node::start_assembly(const CachedVersion& v) {
@@ -892,10 +1096,21 @@ void Node::start_assembly(const CachedVersion& v) {
     }
     spare_.reset();
     a->staging->version = v.key.version;
+    a->staging->run = v.manifest->run;
     a->staging->checksum = v.manifest->version_checksum;
     a->staging->tensors = v.manifest->tensors;
     a->staging->metadata = v.manifest->metadata;
-    if (!config_.virtual_payloads) a->staging->image.resize(v.manifest->image_size);
+    if (!config_.virtual_payloads) {
+      try {
+        a->staging->image.resize(v.manifest->image_size);
+      } catch (const std::bad_alloc&) {
+        // Refused, not retried: the version leaves the cache (a later one may fit).
+        const VersionKey key = v.key;
+        set_error("cannot allocate " + std::to_string(v.manifest->image_size) + " bytes for " + to_string(key));
+        cache_.erase(key);
+        return;
+      }
+    }
   }
   live.reset();
   a->state.assign(v.manifest->chunks.size(), Assembly::ChunkState::kWaiting);
@@ -1019,6 +1234,7 @@ void Node::finish_assembly() {
   std::unique_ptr<Assembly> a = std::move(assembly_);
   if (a->in_place) {
     a->staging->version = a->key.version;
+    a->staging->run = a->manifest->run;
     a->staging->checksum = a->manifest->version_checksum;
     a->staging->tensors = a->manifest->tensors;
     a->staging->metadata = a->manifest->metadata;
@@ -1041,6 +1257,7 @@ void Node::finish_assembly() {
   r.checksum = ready->checksum;
   r.publish_to_ready_ms = t.published_us && now >= t.published_us ? (now - t.published_us) / 1000 : 0;
   r.error = last_error_;
+  r.run = run_;
   send_to_parent(r);
   // A worker that relays keeps versions for its children; one that does not drops them.
   if (!config_.serve_children) {
@@ -1062,7 +1279,7 @@ void Node::abandon_assembly(const std::string& why, bool want_anchor) {
   }
   assembly_.reset();
   if (want_anchor) need_anchor_ = true;
-  request_anchor(current_version());
+  request_anchor(anchor_floor());
 }
 
 Status Node::shard_ready_to_publish() {
@@ -1079,16 +1296,29 @@ Status Node::publish(EncodedVersion&& ev) {
   std::vector<SharedBytes> payloads;
   payloads.reserve(ev.payloads.size());
   for (auto& p : ev.payloads) payloads.push_back(share(std::move(p)));
-  return publish(ev.manifest, std::move(payloads));
+  return publish(std::move(ev.manifest), std::move(payloads));
 }
 
-Status Node::publish(const Manifest& m, std::vector<SharedBytes> payloads) {
+SharedBytes Node::seal_manifest(Manifest& m, const std::vector<SharedBytes>& payloads) const {
+  m.run = config_.shard_count > 0 ? config_.run : run_;
+  if (!config_.sign_key || config_.virtual_payloads) {
+    m.is_signed = false;
+    return share(serialize_manifest(m));
+  }
+  std::vector<ByteSpan> spans;
+  spans.reserve(payloads.size());
+  for (const auto& p : payloads) spans.push_back(p->span());
+  return share(sign_manifest(m, spans, *config_.sign_key));
+}
+
+Status Node::publish(Manifest m, std::vector<SharedBytes> payloads) {
   const VersionKey key{m.version, m.kind == VersionKind::kAnchor};
   if (payloads.size() != m.chunks.size()) return Status::invalid_argument("a version needs one payload per chunk of its manifest");
   if (config_.shard_count > 0) {
     // A trainer shard: the slice goes up to the origin, which merges the slices.
     DC_RETURN_IF_ERROR(shard_ready_to_publish());
-    RetainedSlice r{key, share(serialize_manifest(m)), std::move(payloads)};
+    SharedBytes sealed = seal_manifest(m, payloads);
+    RetainedSlice r{key, std::move(sealed), std::move(payloads)};
     retained_.push_back(std::move(r));
     queue_slice(retained_.back(), nullptr);
     flush_outbox();
@@ -1107,7 +1337,8 @@ Status Node::publish(const Manifest& m, std::vector<SharedBytes> payloads) {
     }
     return Status::ok();
   }
-  auto r = cache_.add_manifest(key, share(serialize_manifest(m)), now);
+  SharedBytes sealed = seal_manifest(m, payloads);
+  auto r = cache_.add_manifest(key, std::move(sealed), now, std::make_shared<const Manifest>(std::move(m)));
   if (!r.is_ok()) return r.status();
   published_us_.emplace(key.version, now_us);  // an anchor made later keeps the version's first time
   VersionTiming& t = timings_[key.version];

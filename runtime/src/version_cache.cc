@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "deltacast/codec/hash.h"
+#include "deltacast/runtime/trust.h"
 
 namespace deltacast::runtime {
 
@@ -18,7 +19,7 @@ Result<CachedVersion*> VersionCache::add_manifest(const VersionKey& key, SharedB
   if (auto it = entries_.find(key); it != entries_.end()) return &it->second;
   if (!manifest) return Status::invalid_argument("empty manifest");
   if (!parsed) {
-    auto p = parse_manifest(*manifest);
+    auto p = parse_manifest(*manifest, limits_);
     if (!p.is_ok()) return p.status().with_context("manifest of " + to_string(key));
     parsed = std::make_shared<const Manifest>(std::move(p).value());
   }
@@ -47,6 +48,8 @@ Result<bool> VersionCache::add_chunk(const VersionKey& key, std::uint32_t index,
   const ChunkEntry& e = v->manifest->chunks[index];
   if (!payload || payload->size() != e.payload_bytes || (verify_payloads_ && hash64(*payload) != e.payload_hash))
     return Status::corruption(to_string(key) + " chunk " + std::to_string(index) + ": payload hash mismatch");
+  if (verify_payloads_ && v->manifest->is_signed && payload_digest(*payload) != e.payload_digest)
+    return Status::corruption(to_string(key) + " chunk " + std::to_string(index) + ": payload does not match its signed digest");
   v->chunks[index] = std::move(payload);
   v->present++;
   v->bytes += e.payload_bytes;
@@ -70,6 +73,12 @@ void VersionCache::erase(const VersionKey& key) {
   bytes_ -= it->second.bytes;
   if (last_found_ == &it->second) last_found_ = nullptr;
   entries_.erase(it);
+}
+
+void VersionCache::clear() {
+  entries_.clear();
+  bytes_ = 0;
+  last_found_ = nullptr;
 }
 
 // Most lookups ask for the version being transferred, again and again: the last entry found is

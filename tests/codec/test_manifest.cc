@@ -60,7 +60,7 @@ TEST_CASE("manifest parser rejects inconsistent tables", "[codec][manifest]") {
   }
   SECTION("future format version") {
     Bytes b = serialize_manifest(m);
-    b[4] = 2;
+    b[4] = 3;
     CHECK(parse_manifest(b).status().code() == StatusCode::kUnsupported);
   }
   SECTION("every truncation") {

@@ -86,6 +86,11 @@ class FakeNet {
     for (auto& [id, link] : links_)
       if (link.from == name || link.to == name) link.open = false;
   }
+  // Every link of the node breaks (the node lives on); peers find out by timeout.
+  void cut(const std::string& name) {
+    for (auto& [id, link] : links_)
+      if (link.from == name || link.to == name) link.open = false;
+  }
   // A fresh process with the same config (state lost), as after a crash and restart.
   Node& restart(const std::string& name) {
     NodeConfig c = nodes_.at(name).config;

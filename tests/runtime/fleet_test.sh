@@ -4,6 +4,8 @@
 #   relay-kill  a relay SIGKILLed while versions stream; its workers fail over
 #   late-join   a worker that starts after the last version: anchor + deltas
 #   restart     a worker SIGKILLed and restarted resumes from the version it saved: deltas only
+#   full-disk   a worker whose --out-dir (a tmpfs) is too small keeps serving, and saves once it
+#               has room
 #   corrupt     a relay that corrupts every 3rd chunk; the worker refetches, never applies
 #   slow        a stopped worker does not delay its siblings, and catches up when resumed
 #   auth        CURVE everywhere; a worker without an allowed key gets nothing
@@ -21,11 +23,14 @@ crelay=${2:?$usage}
 cworker=${3:?$usage}
 shift 3
 tests=("$@")
-[ ${#tests[@]} -gt 0 ] || tests=(steady relay-kill late-join restart corrupt slow auth c-abi watch shards fleet-init)
+[ ${#tests[@]} -gt 0 ] || tests=(steady relay-kill late-join restart full-disk corrupt slow auth c-abi watch shards fleet-init)
 tmp=$(mktemp -d)
 pids=()
+mounts=()  # tmpfs mounted by tests, under $tmp
 cleanup() {
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+  # Detached before $tmp is removed, even if a process still has a file open there.
+  for m in "${mounts[@]}"; do umount -l "$m" 2>/dev/null; done
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -187,6 +192,41 @@ test_restart() {
   result restart $ok
 }
 
+test_full_disk() {
+  local ok=0 disk="$tmp/disk" left
+  mkdir -p "$disk"
+  # A 1 MB tmpfs: no version (48 MB) fits. Needs root, as the whole suite does.
+  if ! mount -t tmpfs -o size=1m tmpfs "$disk" 2>"$tmp/mount.err"; then
+    echo "  cannot mount a tmpfs on $disk (this test needs root): $(cat "$tmp/mount.err")"
+    result full-disk 1
+    return
+  fi
+  mounts+=("$disk")
+  start origin "$dc" publish --listen "$(ep 0)" --interval-ms 300 --linger-ms 30000 "${ckpts[@]}"
+  start w1 "$dc" worker --id w1 --parent "$(ep 0)" --out-dir "$disk"
+  wait_for "$tmp/w1.log" "cannot save version .*No space left" 30 || { echo "  no save error logged"; ok=1; }
+  wait_for "$tmp/w1.log" "version 2 ready" 30 || { echo "  the worker stopped reporting versions"; ok=1; }
+  kill -0 "$pid_w1" 2>/dev/null || { echo "  the worker exited on a full disk"; ok=1; }
+  # A failing save holds its temporary file for a moment; one left behind stays.
+  for _ in 1 2 3 4 5; do
+    left=$(ls "$disk")
+    [ -z "$left" ] && break
+    sleep 0.05
+  done
+  [ -z "$left" ] || { echo "  files left on the full disk: $left"; ok=1; }
+  # Room again: the newest version is saved (at the next version, or the retry 5 s later).
+  mount -o remount,size=256m "$disk" || ok=1
+  wait_for "$tmp/w1.log" "saving works again" 15 || { echo "  saving did not resume"; ok=1; }
+  wait_for "$tmp/w1.log" "version $versions ready" 30 || { echo "  w1 did not reach version $versions"; ok=1; }
+  for _ in $(seq 100); do [ -f "$disk/w1-v$versions.json" ] && break; sleep 0.1; done  # saved after it is announced
+  cmp -s "$disk/w1-v$versions.safetensors" "${ckpts[$((versions - 1))]}" || { echo "  version $versions not saved once there was room"; ok=1; }
+  check_worker "$tmp/w1.log" || ok=1
+  left=$(cd "$disk" && ls -- *.tmp.* 2>/dev/null)
+  [ -z "$left" ] || { echo "  temporary files left: $left"; ok=1; }
+  umount -l "$disk" && mounts=()
+  result full-disk $ok
+}
+
 test_corrupt() {
   local ok=0
   start relay "$crelay" bad-relay "$(ep 1)" "$(ep 0)" 3
@@ -292,9 +332,14 @@ test_shards() {
 
 test_fleet_init() {
   local ok=0
-  "$dc" fleet-init -o "$tmp/fleet" --origin "$(ep 0)" --relay a="$(ep 1)" --relay b="$(ep 2)" --workers-per-relay 2 >/dev/null || ok=1
+  # Written with a relative path: the configs must still work from any directory.
+  (cd "$tmp" && "$dc" fleet-init -o fleet --origin "$(ep 0)" --relay a="$(ep 1)" --relay b="$(ep 2)" --workers-per-relay 2 >/dev/null) || ok=1
   grep -q '"keys"' "$tmp/fleet/worker-a-0.json" && grep -q '"allow_keys"' "$tmp/fleet/relay-a.json" || { echo "  configs without CURVE"; ok=1; }
-  [ "$(stat -c %a "$tmp/fleet/origin.key")" = 600 ] || { echo "  key file readable by others"; ok=1; }
+  grep -q '"trust_keys"' "$tmp/fleet/worker-a-0.json" && grep -q '"trust_keys"' "$tmp/fleet/relay-a.json" &&
+    grep -q '"sign_key"' "$tmp/fleet/origin.json" || { echo "  configs without signed versions"; ok=1; }
+  grep -q "\"$tmp/fleet/worker-a-0.key\"" "$tmp/fleet/worker-a-0.json" || { echo "  key paths are not absolute"; ok=1; }
+  [ "$(stat -c %a "$tmp/fleet/origin.key")" = 600 ] && [ "$(stat -c %a "$tmp/fleet/origin.sign.key")" = 600 ] ||
+    { echo "  key file readable by others"; ok=1; }
   start relay-a "$dc" relay --config "$tmp/fleet/relay-a.json"
   start relay-b "$dc" relay --config "$tmp/fleet/relay-b.json"
   for w in a-0 a-1 b-0 b-1; do start "w$w" "$dc" worker --config "$tmp/fleet/worker-$w.json" --exit-after-version $versions; done
@@ -303,6 +348,7 @@ test_fleet_init() {
   for w in a-0 a-1 b-0 b-1; do
     wait_for "$tmp/w$w.log" "version $versions ready" 10 || { echo "  worker-$w did not reach version $versions"; ok=1; }
     check_worker "$tmp/w$w.log" || ok=1
+    ! grep -q "unauthenticated" "$tmp/w$w.log" || { echo "  worker-$w runs unauthenticated"; ok=1; }
   done
   rm -rf "$tmp/fleet"
   result fleet-init $ok

@@ -52,7 +52,11 @@ TEST_CASE("a worker host announces versions by callback and by blocking wait", "
   CHECK(announced.load() == 2);
   CHECK(worker.wait_for_version(3, 100) == nullptr);  // times out, returns nothing
   const std::string metrics = origin.call([&] { return render_prometheus(origin.node()); });
-  CHECK(metrics.find("deltacast_worker_version{node=\"origin\",worker=\"w\"} 2") != std::string::npos);
+  // The origin started a run of its own, and the worker's version is of that run.
+  const std::string run = to_string(origin.call([&] { return origin.node().run(); }));
+  CHECK(run != "none");
+  CHECK(got->run == origin.call([&] { return origin.node().run(); }));
+  CHECK(metrics.find("deltacast_worker_version{node=\"origin\",worker=\"w\",run=\"" + run + "\"} 2") != std::string::npos);
   // A worker that stops says Leave: the origin lets go of it well before the child timeout.
   REQUIRE(origin.call([&] { return origin.node().child_count(); }) == 1);
   const auto stopped = std::chrono::steady_clock::now();

@@ -2,66 +2,13 @@
 // catch-up, corruption, slow children and protocol mismatches.
 #include <catch2/catch.hpp>
 
-#include "deltacast/common/thread_pool.h"
-#include "fake_net.h"
-#include "gen.h"
+#include "node_fixtures.h"
 #include "test_util.h"
 
 using namespace deltacast;
 using namespace deltacast::test;
 
 namespace {
-
-// A short training run of a small model: images[0..steps], and the encoded versions
-// (v1 = anchor of images[0], v(t+1) = delta images[t-1] -> images[t], anchors on request).
-struct Series {
-  ModelLayout layout;
-  std::vector<Bytes> images;
-  VersionEncodeOptions options;
-  explicit Series(std::size_t steps, std::uint64_t seed = 1) {
-    layout = tools::build_layout(tools::ModelShape{64, 2, 256, 128, true});
-    images.assign(steps + 1, Bytes(layout.image_size));
-    std::vector<MutableByteSpan> spans(images.begin(), images.end());
-    InlineExecutor ex;
-    tools::TrainOptions t;
-    t.seed = seed;
-    t.lr = 1e-5;
-    tools::generate_series(layout, t, spans, ex);
-    options.chunk_bytes = 16 << 10;  // several chunks per version
-  }
-  // Version v (1-based) is images[v - 1].
-  EncodedVersion delta(std::uint64_t v) const {
-    InlineExecutor ex;
-    return *encode_version(layout, v, v - 1, images[v - 2], images[v - 1], options, ex);
-  }
-  EncodedVersion anchor(std::uint64_t v) const {
-    InlineExecutor ex;
-    return *encode_version(layout, v, 0, {}, images[v - 1], options, ex);
-  }
-  std::uint64_t checksum(std::uint64_t v) const { return anchor(v).manifest.version_checksum; }
-};
-
-NodeConfig origin_config() {
-  NodeConfig c;
-  c.node_id = "origin";
-  c.serve_children = true;
-  return c;
-}
-NodeConfig relay_config(const std::string& id, std::vector<std::string> parents) {
-  NodeConfig c;
-  c.node_id = id;
-  c.parents = std::move(parents);
-  c.serve_children = true;
-  return c;
-}
-NodeConfig worker_config(const std::string& id, std::vector<std::string> parents, bool relays = false) {
-  NodeConfig c;
-  c.node_id = id;
-  c.parents = std::move(parents);
-  c.reconstruct = true;
-  c.serve_children = relays;
-  return c;
-}
 
 // Checks every version a worker exposes against the publisher's images.
 void watch(Node& worker, const Series& s, std::vector<std::uint64_t>& seen, int& bad) {
@@ -311,7 +258,9 @@ TEST_CASE("peers speaking another protocol version are refused with a reason", "
 
 TEST_CASE("a child asking for versions that never come holds bounded state in its parent", "[runtime][node]") {
   FakeNet net;
-  Node& origin = net.add(origin_config());
+  NodeConfig config = origin_config();
+  config.needs_per_s_max = 100000;  // the bound on subscriptions, not the rate limit, is what is tested here
+  Node& origin = net.add(config);
   FakeTransport rogue(net, "rogue");
   PeerId link = rogue.connect("origin");
   Hello h;

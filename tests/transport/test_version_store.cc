@@ -1,7 +1,15 @@
-// The versions a worker keeps on disk: round trip, pruning, and damaged or foreign files
-// skipped in favour of an older good one.
+// The versions a worker keeps on disk: round trip, pruning, damaged or foreign files skipped
+// in favour of an older good one, and saves on a disk that fills up (a real tmpfs, mounted by
+// the test: the tests run as root).
 #include <catch2/catch.hpp>
 
+#include <sys/mount.h>
+#include <sys/statvfs.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -11,6 +19,7 @@
 
 using namespace deltacast;
 using deltacast::runtime::ModelVersion;
+using deltacast::transport::VersionSaver;
 using deltacast::transport::VersionStore;
 namespace fs = std::filesystem;
 
@@ -29,9 +38,9 @@ struct TempDir {
   }
 };
 
-ModelVersion version(std::uint64_t v) {
+ModelVersion version(std::uint64_t v, std::uint64_t bf16_values = 5000) {
   ModelVersion m;
-  auto layout = test::make_layout({{DType::kBF16, 5000}, {DType::kF32, 17}});
+  auto layout = test::make_layout({{DType::kBF16, bf16_values}, {DType::kF32, 17}});
   m.version = v;
   m.checksum = 0x1234567890abcdefull + v;
   m.tensors = layout.tensors;
@@ -48,6 +57,43 @@ void flip_byte_at_end(const std::string& path) {
   f.seekp(-1, std::ios::end);
   f.put(static_cast<char>(c ^ 0x01));
 }
+
+// A tmpfs mounted on `dir` while this lives: a disk that really fills up. A mount that fails
+// fails the test rather than skipping it, which would leave the full-disk paths untested.
+struct TmpfsMount {
+  fs::path dir;
+  TmpfsMount(fs::path where, const std::string& options, unsigned long flags = 0) : dir(std::move(where)) {
+    fs::create_directories(dir);
+    if (::mount("tmpfs", dir.c_str(), "tmpfs", flags, options.c_str()) != 0) {
+      const int err = errno;
+      FAIL("cannot mount a tmpfs (" << options << ") on " << dir.string() << ": " << std::strerror(err)
+                                    << (err == EPERM ? "; this test needs root (CAP_SYS_ADMIN) to mount one" : ""));
+    }
+  }
+  TmpfsMount(const TmpfsMount&) = delete;
+  TmpfsMount& operator=(const TmpfsMount&) = delete;
+  ~TmpfsMount() { ::umount2(dir.c_str(), MNT_DETACH); }
+  void resize(const std::string& options) {
+    const int rc = ::mount("tmpfs", dir.c_str(), "tmpfs", MS_REMOUNT, options.c_str());
+    INFO("remounting " << dir.string() << " with " << options << ": " << std::strerror(errno));
+    REQUIRE(rc == 0);
+  }
+};
+
+std::uint64_t free_bytes(const fs::path& dir) {
+  struct statvfs st {};
+  REQUIRE(::statvfs(dir.c_str(), &st) == 0);
+  return static_cast<std::uint64_t>(st.f_bavail) * st.f_frsize;
+}
+
+std::vector<std::string> names_in(const fs::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void touch(const fs::path& path) { std::ofstream(path) << "partial"; }
 
 }  // namespace
 
@@ -69,6 +115,14 @@ TEST_CASE("a worker's saved versions load back bit-exact, and only the newest ar
   CHECK((*got)->image == want.image);
   CHECK((*got)->tensors == want.tensors);
   CHECK((*got)->metadata == want.metadata);
+  CHECK((*got)->run.empty());
+  // A version keeps the run it was published in, so a restarted worker resumes in that run.
+  ModelVersion in_run = version(4);
+  in_run.run = RunId{1'700'000'000'000'000, 0xfedcba9876543210ull};
+  REQUIRE(store.save(in_run).is_ok());
+  got = store.load_newest();
+  REQUIRE(got.is_ok());
+  CHECK((*got)->run == in_run.run);
   // Another node's files in the same directory are not ours.
   VersionStore other(dir.path.string(), "w2", 2);
   CHECK(other.load_newest().status().code() == StatusCode::kNotFound);
@@ -110,4 +164,112 @@ TEST_CASE("a damaged or incomplete saved version is skipped for an older good on
     CHECK(store.load_newest(&skipped).status().code() == StatusCode::kNotFound);
     CHECK(skipped.size() == 3);
   }
+}
+
+TEST_CASE("a save that does not fit on the disk fails cleanly and keeps the older version", "[transport][store][disk]") {
+  TempDir dir;
+  TmpfsMount disk(dir.path / "disk", "size=1m");
+  VersionStore store(disk.dir.string(), "w", 2);
+  REQUIRE(store.prepare().is_ok());
+  REQUIRE(store.save(version(1)).is_ok());
+  const std::vector<std::string> saved = {"w-v1.json", "w-v1.safetensors"};
+  REQUIRE(names_in(disk.dir) == saved);
+
+  SECTION("the model file does not fit") {
+    const Status st = store.save(version(2, 1u << 20));  // 2 MiB on a 1 MiB disk
+    INFO(st.to_string());
+    CHECK(st.code() == StatusCode::kIOError);
+    CHECK(st.message().find("No space left") != std::string::npos);
+    CHECK(st.message().find("w-v2.safetensors") != std::string::npos);
+  }
+  SECTION("the model file fits, its record does not") {
+    // Fill all but half a page with the model file: the record then needs a page there is not.
+    const std::uint64_t header_bytes_max = 256, f32_bytes = 17 * 4;
+    const Status st = store.save(version(2, (free_bytes(disk.dir) - 2048 - header_bytes_max - f32_bytes) / 2));
+    INFO(st.to_string());
+    CHECK(st.code() == StatusCode::kIOError);
+    CHECK(st.message().find("No space left") != std::string::npos);
+    CHECK(st.message().find("w-v2.json") != std::string::npos);
+  }
+  // Nothing of version 2 (no temporary file, no model file without its record), and version 1
+  // still loads.
+  CHECK(names_in(disk.dir) == saved);
+  auto got = store.load_newest();
+  REQUIRE(got.is_ok());
+  CHECK((*got)->version == 1);
+  CHECK((*got)->image == version(1).image);
+  // Once there is room again the next save works and prunes as usual.
+  REQUIRE(store.save(version(3)).is_ok());
+  REQUIRE(store.save(version(4)).is_ok());
+  CHECK(names_in(disk.dir) == std::vector<std::string>{"w-v3.json", "w-v3.safetensors", "w-v4.json", "w-v4.safetensors"});
+}
+
+TEST_CASE("a mapped output file that does not fit fails when created, not with SIGBUS when written", "[io][disk]") {
+  TempDir dir;
+  TmpfsMount disk(dir.path / "disk", "size=1m");
+  const std::string path = (disk.dir / "out.bin").string();
+  auto f = OutputFile::create(path, 2u << 20);
+  REQUIRE_FALSE(f.is_ok());
+  CHECK(f.status().message().find("No space left") != std::string::npos);
+  const Bytes big(2u << 20, 7);
+  CHECK(write_file_atomic(path, ByteSpan(big)).message().find("No space left") != std::string::npos);
+  CHECK(names_in(disk.dir).empty());
+}
+
+TEST_CASE("prepare removes this node's temporary files of earlier runs and nothing else", "[transport][store]") {
+  TempDir dir;
+  VersionStore store(dir.path.string(), "w1", 2);
+  REQUIRE(store.save(version(1)).is_ok());
+  for (const char* name : {"w1-v2.safetensors.tmp.4242", "w1-v2.json.tmp.4242", "w1-v17.safetensors.tmp.1"}) touch(dir.path / name);
+  // Other nodes' files (one whose id extends ours) and anything else stay.
+  const std::vector<const char*> others = {"w10-v2.safetensors.tmp.5", "w1-v2-v3.json.tmp.5", "w1-vx.safetensors.tmp.5", "notes.txt"};
+  for (const char* name : others) touch(dir.path / name);
+  REQUIRE(store.prepare().is_ok());
+  std::vector<std::string> want = {"w1-v1.json", "w1-v1.safetensors"};
+  want.insert(want.end(), others.begin(), others.end());
+  std::sort(want.begin(), want.end());
+  CHECK(names_in(dir.path) == want);
+  CHECK(store.load_newest().is_ok());
+}
+
+TEST_CASE("prepare creates a missing directory and refuses one it cannot use", "[transport][store][disk]") {
+  TempDir dir;
+  const fs::path nested = dir.path / "a" / "b";
+  CHECK(VersionStore(nested.string(), "w").prepare().is_ok());
+  CHECK(fs::is_directory(nested));
+
+  touch(dir.path / "file");
+  const Status not_dir = VersionStore((dir.path / "file").string(), "w").prepare();
+  INFO(not_dir.to_string());
+  CHECK_FALSE(not_dir.is_ok());
+  CHECK(not_dir.message() == (dir.path / "file").string() + " is not a directory");
+
+  // Root ignores permission bits; a read-only mount refuses it too.
+  TmpfsMount read_only(dir.path / "ro", "size=1m", MS_RDONLY);
+  const Status ro = VersionStore(read_only.dir.string(), "w").prepare();
+  INFO(ro.to_string());
+  CHECK(ro.message() == "cannot write in " + read_only.dir.string() + ": Read-only file system");
+}
+
+TEST_CASE("a saver keeps the newest version it could not save and saves it once there is room", "[transport][store][disk]") {
+  TempDir dir;
+  TmpfsMount disk(dir.path / "disk", "size=1m");
+  VersionStore store(disk.dir.string(), "w", 2);
+  VersionSaver saver(store, std::chrono::milliseconds(0));
+  for (std::uint64_t v = 1; v <= 2; ++v) {
+    saver.offer(std::make_shared<ModelVersion>(version(v, 1u << 20)));  // 2 MiB each
+    REQUIRE(saver.unsaved());
+    CHECK(saver.unsaved()->version == v);
+    CHECK(saver.last_error().find("No space left") != std::string::npos);
+  }
+  saver.retry_if_due();
+  CHECK(saver.unsaved());
+  CHECK(names_in(disk.dir).empty());
+
+  disk.resize("size=8m");
+  saver.retry_if_due();
+  CHECK_FALSE(saver.unsaved());
+  CHECK(saver.last_error().empty());
+  // The newest version offered, not the first that failed.
+  CHECK(names_in(disk.dir) == std::vector<std::string>{"w-v2.json", "w-v2.safetensors"});
 }

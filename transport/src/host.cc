@@ -12,6 +12,10 @@
 #include <map>
 
 #include <pthread.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <csignal>
 
 #include "deltacast/runtime/metrics.h"
 #include "deltacast/transport/wire.h"
@@ -69,6 +73,19 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
   void* ctx = nullptr;
   Socket router;
   Socket zap;
+  Socket monitor;  // the listener's connection events (ZeroMQ socket monitor)
+  // Connections to the listener, by file descriptor: bounded in number, and closed when they
+  // have not said Hello within hello_timeout_ms. libzmq owns the descriptors; shutting one
+  // down makes libzmq close that connection.
+  struct Connection {
+    std::uint64_t accepted_ms = 0;
+    bool said_hello = false;
+    PeerId peer = 0;
+  };
+  std::map<int, Connection> connections;
+  std::map<PeerId, int> fd_of;
+  std::vector<std::pair<std::uint64_t, int>> shutdowns_due;  // (when, fd): after a Refuse had time to go out
+  std::uint64_t connections_refused = 0;
   std::map<PeerId, Socket> parents;
   std::map<std::string, PeerId> child_by_identity;
   std::map<PeerId, std::string> identity_of;
@@ -131,24 +148,35 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
 
   // ---- sockets ------------------------------------------------------------------------------
   Status configure_common(void* s) {
+    if (!s) return Status::io_error(zmq_error("cannot open a socket"));
     int linger = 0;
     std::int64_t maxmsg = static_cast<std::int64_t>(config.message_bytes_max);
     int hwm = config.send_hwm_messages;
+    // A peer that goes silent (mid-frame, say) is cut off after peer_silence_ms_max: ZeroMQ pings
+    // every second and drops a connection that sends nothing back. A handshake gets as long.
+    const int ping_ms = 1000, silence_ms = static_cast<int>(config.peer_silence_ms_max);
     if (zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger) || zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) ||
-        zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm) || zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof hwm))
+        zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm) || zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof hwm) ||
+        zmq_setsockopt(s, ZMQ_HEARTBEAT_IVL, &ping_ms, sizeof ping_ms) || zmq_setsockopt(s, ZMQ_HEARTBEAT_TIMEOUT, &silence_ms, sizeof silence_ms) ||
+        zmq_setsockopt(s, ZMQ_HANDSHAKE_IVL, &silence_ms, sizeof silence_ms))
       return Status::io_error(zmq_error("setsockopt"));
     return Status::ok();
   }
 
-  void watch(Socket& s) {
-    int fd;
+  bool watch(Socket& s) {
+    int fd = -1;
     std::size_t len = sizeof fd;
-    zmq_getsockopt(s.zsock, ZMQ_FD, &fd, &len);
+    if (!s.zsock || zmq_getsockopt(s.zsock, ZMQ_FD, &fd, &len) != 0 || fd < 0) return false;
     s.poll = new uv_poll_t;
-    uv_poll_init(&loop, s.poll, fd);
+    if (uv_poll_init(&loop, s.poll, fd) != 0) {
+      delete s.poll;
+      s.poll = nullptr;
+      return false;
+    }
     s.poll->data = this;
     // ZMQ_FD only says "look at ZMQ_EVENTS"; the prepare callback drains every socket.
     uv_poll_start(s.poll, UV_READABLE, [](uv_poll_t* p, int, int) { static_cast<Impl*>(p->data)->drain_all(); });
+    return true;
   }
 
   Status bind() {
@@ -166,7 +194,7 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
       zap.zap = true;
       zap.zsock = zmq_socket(ctx, ZMQ_REP);
       if (zmq_bind(zap.zsock, kZapEndpoint) != 0) return Status::io_error(zmq_error("ZAP handler"));
-      watch(zap);
+      if (!watch(zap)) return Status::io_error(zmq_error("ZAP handler"));
     }
     if (zmq_bind(router.zsock, config.bind_endpoint.c_str()) != 0)
       return Status::io_error(zmq_error("cannot bind " + config.bind_endpoint));
@@ -177,8 +205,8 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
       std::lock_guard lock(ready_mu);
       bound = buf;
     }
-    watch(router);
-    return Status::ok();
+    if (!watch(router)) return Status::io_error(zmq_error("cannot watch " + config.bind_endpoint));
+    return open_monitor();
   }
 
   PeerId connect(const std::string& endpoint) override {
@@ -186,7 +214,15 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
     Socket s;
     s.peer = id;
     s.zsock = zmq_socket(ctx, ZMQ_DEALER);
-    (void)configure_common(s.zsock);
+    if (Status st = configure_common(s.zsock); !st.is_ok()) {
+      // Out of sockets or descriptors: a link that stays silent, so the node gives it up after
+      // parent_timeout_ms and tries again (a natural back-off, no busy retry).
+      spdlog::error("{}: cannot connect to {}: {}", node_config.node_id, endpoint, st.to_string());
+      if (s.zsock) zmq_close(s.zsock);
+      s.zsock = nullptr;
+      parents.emplace(id, s);
+      return id;
+    }
     int one = 1;
     zmq_setsockopt(s.zsock, ZMQ_IMMEDIATE, &one, sizeof one);  // queue nothing for a dead parent
     if (config.curve) {
@@ -199,7 +235,12 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
     }
     if (zmq_connect(s.zsock, endpoint.c_str()) != 0) spdlog::warn("{}: cannot connect to {}: {}", node_config.node_id, endpoint, zmq_strerror(zmq_errno()));
     auto [it, inserted] = parents.emplace(id, s);
-    watch(it->second);
+    if (!watch(it->second)) {
+      spdlog::error("{}: cannot watch the link to {}: {}", node_config.node_id, endpoint, zmq_strerror(zmq_errno()));
+      zmq_close(it->second.zsock);
+      it->second.zsock = nullptr;
+      return id;
+    }
     spdlog::debug("{}: connecting to parent {}", node_config.node_id, endpoint);
     return id;
   }
@@ -208,13 +249,17 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
     queues.erase(peer);
     if (auto it = parents.find(peer); it != parents.end()) {
       close_poll(it->second.poll);
-      zmq_close(it->second.zsock);
+      if (it->second.zsock) zmq_close(it->second.zsock);
       parents.erase(it);
       return;
     }
-    if (auto it = identity_of.find(peer); it != identity_of.end()) {
-      child_by_identity.erase(it->second);
-      identity_of.erase(it);
+    if (identity_of.count(peer)) {
+      forget_child(peer);
+      // Its connection closes once what was queued for it (a Refuse, a Leave) had time to go.
+      if (auto fd = fd_of.find(peer); fd != fd_of.end()) {
+        shutdowns_due.emplace_back(now_ms() + config.leave_linger_ms, fd->second);
+        fd_of.erase(fd);
+      }
     }
   }
 
@@ -302,6 +347,7 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
 
   // ---- receiving ----------------------------------------------------------------------------
   bool readable(void* s) {
+    if (!s) return false;
     std::uint32_t events = 0;
     std::size_t len = sizeof events;
     if (zmq_getsockopt(s, ZMQ_EVENTS, &events, &len) != 0) return false;
@@ -331,16 +377,125 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
   }
 
   void dispatch(PeerId from, zmq_msg_t* header, zmq_msg_t* payload, bool from_child) {
+    if (from_child) note_connection(from, zmq_msg_get(header, ZMQ_SRCFD));
     SharedBytes body;
     if (payload) body = std::make_shared<const ZmqBlob>(payload);
     auto m = decode_message(zmq_msg_data(header), zmq_msg_size(header), std::move(body));
     if (!m.is_ok()) {
       bad_messages++;
-      spdlog::warn("{}: dropped a message from peer {}: {}", node_config.node_id, from, m.status().to_string());
-      if (from_child && m.status().code() == StatusCode::kUnsupported) send(from, Refuse{m.status().message()});
+      spdlog::warn("{}: dropped a message from {} {}: {}", node_config.node_id, from_child ? "child" : "parent", from, m.status().to_string());
+      if (from_child) {
+        // A child that sends what this node cannot accept is told why and cut off.
+        send(from, Refuse{m.status().message()});
+        flush(from);
+        node->on_peer_down(from);
+        disconnect(from);
+      }
       return;
     }
+    if (from_child && std::holds_alternative<Hello>(*m))
+      if (auto fd = fd_of.find(from); fd != fd_of.end())
+        if (auto c = connections.find(fd->second); c != connections.end()) c->second.said_hello = true;
     node->on_message(from, *m);
+  }
+
+  // ---- connections to the listener ---------------------------------------------------------
+  Status open_monitor() {
+    const std::string endpoint = "inproc://deltacast-monitor-" + std::to_string(reinterpret_cast<std::uintptr_t>(this));
+    const int events = ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CLOSED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                       ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
+    if (zmq_socket_monitor(router.zsock, endpoint.c_str(), events) != 0) return Status::io_error(zmq_error("socket monitor"));
+    monitor.zsock = zmq_socket(ctx, ZMQ_PAIR);
+    if (!monitor.zsock || zmq_connect(monitor.zsock, endpoint.c_str()) != 0 || !watch(monitor))
+      return Status::io_error(zmq_error("socket monitor"));
+    return Status::ok();
+  }
+
+  // The descriptor a child's messages come on (ZMQ_SRCFD): what closing that child closes.
+  void note_connection(PeerId peer, int fd) {
+    if (fd < 0) return;
+    fd_of[peer] = fd;
+    if (auto c = connections.find(fd); c != connections.end()) c->second.peer = peer;
+  }
+
+  void close_connection(int fd, const std::string& why) {
+    spdlog::warn("{}: closed connection {}: {}", node_config.node_id, fd, why);
+    connections.erase(fd);
+    ::shutdown(fd, SHUT_RDWR);
+  }
+
+  void on_monitor_event(std::uint16_t event, std::int32_t value, const std::string& address) {
+    const std::uint64_t now = now_ms();
+    switch (event) {
+      case ZMQ_EVENT_ACCEPTED:
+        if (connections.size() >= config.connections_max) {
+          // Logged once per thousand, so a flood does not flood the log too.
+          if (connections_refused++ % 1000 == 0)
+            spdlog::warn("{}: refused a connection: {} open, the most this listener takes (connections_max; {} refused so far)",
+                         node_config.node_id, connections.size(), connections_refused);
+          ::shutdown(value, SHUT_RDWR);
+          return;
+        }
+        connections[value] = Connection{now, false, 0};
+        return;
+      case ZMQ_EVENT_DISCONNECTED:
+      case ZMQ_EVENT_CLOSED:
+        if (auto c = connections.find(value); c != connections.end()) {
+          // A child whose connection closed is gone now, not after child_timeout_ms.
+          const PeerId peer = c->second.peer;
+          connections.erase(c);
+          if (peer != 0 && identity_of.count(peer)) {
+            fd_of.erase(peer);
+            forget_child(peer);
+            node->on_peer_down(peer);
+          }
+        }
+        return;
+      default:
+        // The refusals ZAP does not see: a plaintext peer, a wrong server key, a broken handshake.
+        spdlog::warn("{}: refused a peer at {}: {}", node_config.node_id, address,
+                     event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH       ? "authentication failed"
+                     : event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ? "handshake protocol error (plaintext, or another security mechanism)"
+                                                                    : "handshake failed");
+    }
+  }
+
+  void drain_monitor() {
+    while (readable(monitor.zsock)) {
+      zmq_msg_t parts[kFramesMax];
+      bool too_many;
+      const int n = receive(monitor.zsock, parts, too_many);
+      if (n == 2 && zmq_msg_size(&parts[0]) == 6) {
+        std::uint16_t event;
+        std::int32_t value;
+        std::memcpy(&event, zmq_msg_data(&parts[0]), 2);
+        std::memcpy(&value, static_cast<const char*>(zmq_msg_data(&parts[0])) + 2, 4);
+        on_monitor_event(event, value, std::string(static_cast<const char*>(zmq_msg_data(&parts[1])), zmq_msg_size(&parts[1])));
+      }
+      for (int i = 0; i < n; ++i) zmq_msg_close(&parts[i]);
+    }
+  }
+
+  // Connections that never said Hello, and those the node let go of, are closed.
+  void close_idle_connections() {
+    const std::uint64_t now = now_ms();
+    std::vector<int> idle;
+    for (const auto& [fd, c] : connections)
+      if (!c.said_hello && now - c.accepted_ms > config.hello_timeout_ms) idle.push_back(fd);
+    for (int fd : idle) close_connection(fd, "no Hello within hello_timeout_ms (" + std::to_string(config.hello_timeout_ms) + " ms)");
+    std::erase_if(shutdowns_due, [&](const auto& due) {
+      if (now < due.first) return false;
+      if (connections.count(due.second)) close_connection(due.second, "the node let go of this child");
+      return true;
+    });
+  }
+
+  void forget_child(PeerId peer) {
+    if (auto it = identity_of.find(peer); it != identity_of.end()) {
+      child_by_identity.erase(it->second);
+      identity_of.erase(it);
+    }
+    queues.erase(peer);
   }
 
   void drain_router() {
@@ -412,6 +567,7 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
   void drain_all() {
     if (stopping) return;
     drain_zap();
+    drain_monitor();
     if (router.zsock) drain_router();
     std::vector<PeerId> ids;
     for (auto& [id, s] : parents) ids.push_back(id);
@@ -420,10 +576,7 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
     while (!peers_down.empty()) {
       PeerId p = peers_down.back();
       peers_down.pop_back();
-      if (auto it = identity_of.find(p); it != identity_of.end()) {
-        child_by_identity.erase(it->second);
-        identity_of.erase(it);
-      }
+      forget_child(p);
       node->on_peer_down(p);
     }
     // Sending what was held back may fill a queue and refuse again: that peer comes back
@@ -447,23 +600,42 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
   static constexpr std::size_t kRequestBytesMax = 8192;
   uv_tcp_t http{};
   bool http_open = false;
+  std::size_t http_clients = 0;
+  // One metrics connection: its socket and its deadline, both closed before it is freed.
   struct HttpClient {
     uv_tcp_t tcp{};
+    uv_timer_t deadline{};
     std::string request;
     std::string response;
     uv_write_t write{};
     Impl* host = nullptr;
+    int open_handles = 2;
+    bool closing = false;
   };
 
   static void close_client(HttpClient* c) {
-    uv_close(reinterpret_cast<uv_handle_t*>(&c->tcp), [](uv_handle_t* h) { delete static_cast<HttpClient*>(h->data); });
+    if (c->closing) return;
+    c->closing = true;
+    c->host->http_clients--;
+    uv_timer_stop(&c->deadline);
+    auto closed = [](uv_handle_t* h) {
+      auto* client = static_cast<HttpClient*>(h->data);
+      if (--client->open_handles == 0) delete client;
+    };
+    uv_close(reinterpret_cast<uv_handle_t*>(&c->tcp), closed);
+    uv_close(reinterpret_cast<uv_handle_t*>(&c->deadline), closed);
   }
 
   void respond(HttpClient* c) {
     uv_read_stop(reinterpret_cast<uv_stream_t*>(&c->tcp));
-    const bool metrics = c->request.rfind("GET /metrics", 0) == 0;
-    const std::string body = metrics ? render_prometheus(*node) : "not found: try /metrics\n";
-    c->response = std::string(metrics ? "HTTP/1.0 200 OK\r\n" : "HTTP/1.0 404 Not Found\r\n") +
+    bool metrics = c->request.rfind("GET /metrics", 0) == 0;
+    std::string body = metrics ? render_prometheus(*node) : "not found: try /metrics\n";
+    const char* status_line = metrics ? "HTTP/1.0 200 OK\r\n" : "HTTP/1.0 404 Not Found\r\n";
+    if (body.size() > config.metrics_response_bytes_max) {
+      body = "the report is larger than metrics_response_bytes_max (" + std::to_string(config.metrics_response_bytes_max) + " bytes)\n";
+      status_line = "HTTP/1.0 503 Service Unavailable\r\n";
+    }
+    c->response = std::string(status_line) +
                   "Content-Type: text/plain; version=0.0.4\r\nContent-Length: " + std::to_string(body.size()) +
                   "\r\nConnection: close\r\n\r\n" + body;
     uv_buf_t buf = uv_buf_init(c->response.data(), static_cast<unsigned>(c->response.size()));
@@ -491,12 +663,16 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
       auto* self = static_cast<Impl*>(server->data);
       auto* c = new HttpClient;
       c->host = self;
+      self->http_clients++;
       uv_tcp_init(&self->loop, &c->tcp);
       c->tcp.data = c;
-      if (uv_accept(server, reinterpret_cast<uv_stream_t*>(&c->tcp)) != 0) {
+      uv_timer_init(&self->loop, &c->deadline);
+      c->deadline.data = c;
+      if (uv_accept(server, reinterpret_cast<uv_stream_t*>(&c->tcp)) != 0 || self->http_clients > self->config.metrics_clients_max) {
         close_client(c);
         return;
       }
+      uv_timer_start(&c->deadline, [](uv_timer_t* t) { close_client(static_cast<HttpClient*>(t->data)); }, self->config.metrics_timeout_ms, 0);
       uv_read_start(
           reinterpret_cast<uv_stream_t*>(&c->tcp),
           [](uv_handle_t*, std::size_t suggested, uv_buf_t* buf) {
@@ -526,7 +702,8 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
       node->leave("stopped");
       flush_all();
       const int linger = static_cast<int>(config.leave_linger_ms);
-      for (auto& [id, s] : parents) zmq_setsockopt(s.zsock, ZMQ_LINGER, &linger, sizeof linger);
+      for (auto& [id, s] : parents)
+        if (s.zsock) zmq_setsockopt(s.zsock, ZMQ_LINGER, &linger, sizeof linger);
       if (router.zsock) zmq_setsockopt(router.zsock, ZMQ_LINGER, &linger, sizeof linger);
     }
     if (http_open) {
@@ -540,7 +717,7 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
     uv_close(reinterpret_cast<uv_handle_t*>(&async), nullptr);
     for (auto& [id, s] : parents) {
       close_poll(s.poll);
-      zmq_close(s.zsock);
+      if (s.zsock) zmq_close(s.zsock);
     }
     parents.clear();
     if (router.zsock) {
@@ -553,13 +730,46 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
       zmq_close(zap.zsock);
       zap.zsock = nullptr;
     }
+    if (monitor.zsock) {
+      close_poll(monitor.poll);
+      zmq_close(monitor.zsock);
+      monitor.zsock = nullptr;
+    }
+  }
+
+  // What a node started without them gets, and what it tells the operator about its trust.
+  void apply_defaults() {
+    // A peer closing a metrics connection early must not kill the process (writes then fail
+    // with EPIPE instead). Left alone if the embedding program handles SIGPIPE itself.
+    struct sigaction old {};
+    if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) std::signal(SIGPIPE, SIG_IGN);
+    const std::string& id = node_config.node_id;
+    if (node_config.parents.empty() && node_config.shard_count == 0 && node_config.run.empty()) node_config.run = make_run_id();
+    if (node_config.reconstruct) {
+      // An image larger than this host's memory cannot be held: refused before allocating.
+      const long pages = sysconf(_SC_PHYS_PAGES), page_bytes = sysconf(_SC_PAGESIZE);
+      if (pages > 0 && page_bytes > 0)
+        node_config.manifest_limits.image_bytes_max =
+            std::min<std::uint64_t>(node_config.manifest_limits.image_bytes_max, static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page_bytes));
+    }
+    if (!node_config.parents.empty() && node_config.shard_count == 0 && node_config.trust_keys.empty())
+      spdlog::warn("{}: unauthenticated: no trust key, so any parent can hand this node versions the trainer never published (--trust-key)", id);
+    if (node_config.expect_shards > 0 && node_config.shard_keys.empty())
+      spdlog::warn("{}: unauthenticated: no shard keys, so any client that says it is a trainer shard can add to versions (--shard-key)", id);
+    if ((node_config.parents.empty() || node_config.shard_count > 0) && !node_config.sign_key)
+      spdlog::warn("{}: versions are not signed (--sign-key), so relays and workers cannot check that they come from this publisher", id);
   }
 
   Status open() {
     uv_loop_init(&loop);
     loop_open = true;
     ctx = zmq_ctx_new();
+    apply_defaults();
     node = std::make_unique<Node>(node_config, *this, *this, this);
+    node->set_on_log([this](LogLevel level, const std::string& message) {
+      const auto l = level == LogLevel::kError ? spdlog::level::err : level == LogLevel::kWarn ? spdlog::level::warn : spdlog::level::info;
+      spdlog::log(l, "{}: {}", node_config.node_id, message);
+    });
     // Readers ask the node itself (its current() is thread-safe), so in-place updates can tell
     // when the last reader let go; the callback only wakes waiters.
     node->set_on_ready([this](std::shared_ptr<const ModelVersion> v) {
@@ -600,6 +810,7 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
         [](uv_timer_t* t) {
           auto* self = static_cast<Impl*>(t->data);
           self->node->tick();
+          self->close_idle_connections();
           self->drain_all();
         },
         config.tick_ms, config.tick_ms);
@@ -690,6 +901,20 @@ std::shared_ptr<const ModelVersion> NodeHost::wait_for_version(std::uint64_t min
     return v && v->version >= min_version;
   });
   return v && v->version >= min_version ? v : nullptr;
+}
+
+std::shared_ptr<const ModelVersion> NodeHost::wait_for_newer(const std::shared_ptr<const ModelVersion>& after, std::uint64_t timeout_ms) {
+  auto newer = [&](const std::shared_ptr<const ModelVersion>& v) {
+    return v && (!after || v->run > after->run || (v->run == after->run && v->version > after->version));
+  };
+  std::unique_lock lock(impl_->ready_mu);
+  std::shared_ptr<const ModelVersion> v;
+  impl_->ready_cv.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] {
+    Node* n = impl_->live_node.load();
+    v = n ? n->current() : nullptr;
+    return newer(v);
+  });
+  return newer(v) ? v : nullptr;
 }
 
 std::string NodeHost::bound_endpoint() const {

@@ -1,6 +1,10 @@
 #include "deltacast/transport/version_store.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
@@ -39,6 +43,29 @@ bool parse_u64(const std::string& text, int base, std::uint64_t& out) {
 
 std::string sidecar_of(const std::string& model_path) { return model_path.substr(0, model_path.size() - std::strlen(".safetensors")) + ".json"; }
 
+// Whether `dir` is (or can be made) a directory this process can create files in. Permission
+// bits alone do not tell (root, read-only mounts), so a probe file is created and removed.
+Status check_writable_dir(const std::string& dir, const std::string& probe_name) {
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) return Status::invalid_argument(dir + " is not a directory");
+  fs::create_directories(dir, ec);
+  if (ec) return Status::io_error("cannot create directory " + dir + ": " + ec.message());
+  const std::string probe = (fs::path(dir) / probe_name).string();
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    const int err = errno;
+    // A full disk is a state saves recover from (they are retried), not a wrong directory.
+    if (err == ENOSPC || err == EDQUOT) {
+      spdlog::warn("{} is full: versions will not be saved until there is room", dir);
+      return Status::ok();
+    }
+    return Status::io_error("cannot write in " + dir + ": " + std::strerror(err));
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return Status::ok();
+}
+
 }  // namespace
 
 VersionStore::VersionStore(std::string dir, std::string node_id, std::size_t keep_versions)
@@ -66,21 +93,60 @@ std::vector<std::pair<std::uint64_t, std::string>> VersionStore::files() const {
   return out;
 }
 
+bool VersionStore::is_temp_file(const std::string& name) const {
+  // <id>-v<digits>.safetensors.tmp.<pid> or <id>-v<digits>.json.tmp.<pid>. Requiring the digits
+  // right after the prefix keeps apart a node whose id extends ours ("w1" and "w1-v2").
+  const std::string prefix = node_id_ + "-v";
+  if (name.compare(0, prefix.size(), prefix) != 0) return false;
+  std::size_t i = prefix.size();
+  while (i < name.size() && std::isdigit(static_cast<unsigned char>(name[i]))) ++i;
+  if (i == prefix.size()) return false;
+  const std::string_view rest = std::string_view(name).substr(i);
+  return rest.starts_with(".safetensors.tmp.") || rest.starts_with(".json.tmp.");
+}
+
+Status VersionStore::prepare() const {
+  DC_RETURN_IF_ERROR(check_writable_dir(dir_, "." + node_id_ + ".probe." + std::to_string(::getpid())));
+  // Saves killed midway (SIGKILL, power loss) leave their temporary files: each as large as the
+  // model, never read, and otherwise never removed.
+  std::error_code ec;
+  std::vector<fs::path> stale;
+  for (const auto& e : fs::directory_iterator(dir_, ec))
+    if (is_temp_file(e.path().filename().string())) stale.push_back(e.path());
+  for (const auto& p : stale) {
+    if (fs::remove(p, ec)) spdlog::info("{}: removed {}, left by an earlier run", node_id_, p.string());
+    else if (ec) return Status::io_error("cannot remove " + p.string() + ": " + ec.message());
+  }
+  return Status::ok();
+}
+
 Status VersionStore::save(const ModelVersion& version) const {
   std::error_code ec;
   fs::create_directories(dir_, ec);
   if (ec) return Status::io_error("cannot create " + dir_ + ": " + ec.message());
   const std::string path = path_of(version.version);
+  // On failure write_safetensors has removed its temporary file and left `path` as it was.
   DC_RETURN_IF_ERROR(write_safetensors(path, ModelLayout{version.tensors, version.metadata, version.image.size()}, version.image));
-  const nlohmann::json j = {{"version", version.version}, {"checksum", hex64(version.checksum)}, {"image_xxh3", hex64(hash64(version.image))}};
+  nlohmann::json j = {{"version", version.version}, {"checksum", hex64(version.checksum)}, {"image_xxh3", hex64(hash64(version.image))}};
+  if (!version.run.empty()) j["run"] = {{"started_us", version.run.started_us}, {"nonce", hex64(version.run.nonce)}};
   const std::string text = j.dump(2) + "\n";
-  DC_RETURN_IF_ERROR(write_file_atomic(sidecar_of(path), std::string_view(text)));
+  if (Status st = write_file_atomic(sidecar_of(path), std::string_view(text)); !st.is_ok()) {
+    // A model file without its record never loads, and holds the space the next try needs.
+    fs::remove(path, ec);
+    fs::remove(sidecar_of(path), ec);
+    return st;
+  }
+  prune();  // only now: until this version is complete, the older ones are what a restart has
+  return Status::ok();
+}
+
+void VersionStore::prune() const {
+  std::error_code ec;
   const auto all = files();
   for (std::size_t i = keep_versions_; i < all.size(); ++i) {  // best effort
     fs::remove(sidecar_of(all[i].second), ec);
     fs::remove(all[i].second, ec);
   }
-  return Status::ok();
 }
 
 Result<std::shared_ptr<ModelVersion>> VersionStore::load(const std::string& path) {
@@ -98,6 +164,14 @@ Result<std::shared_ptr<ModelVersion>> VersionStore::load(const std::string& path
     if (!ok || !parse_u64(j["checksum"].get<std::string>(), 16, v->checksum) || !parse_u64(j["image_xxh3"].get<std::string>(), 16, image_hash) ||
         (v->version = j["version"].get<std::uint64_t>()) == 0)
       return Status::corruption(side + ": not a version record written by a deltacast worker (version, checksum, image_xxh3)");
+    // The run it belongs to; a record without one (an older worker's) resumes only through an anchor.
+    if (j.contains("run")) {
+      const auto& r = j["run"];
+      if (!r.is_object() || !r.contains("started_us") || !r["started_us"].is_number_unsigned() || !r.contains("nonce") || !r["nonce"].is_string() ||
+          !parse_u64(r["nonce"].get<std::string>(), 16, v->run.nonce))
+        return Status::corruption(side + ": its \"run\" is not {\"started_us\", \"nonce\"}");
+      v->run.started_us = r["started_us"].get<std::uint64_t>();
+    }
   }
   DC_ASSIGN_OR_RETURN(auto file, SafetensorsFile::open(path));
   const ByteSpan image = file.image();
@@ -126,6 +200,35 @@ std::shared_ptr<const ModelVersion> VersionStore::resume(NodeHost& host) const {
   std::shared_ptr<ModelVersion> v = std::move(saved).value();
   host.restore(v);
   return v;
+}
+
+void VersionSaver::offer(std::shared_ptr<const ModelVersion> v) {
+  unsaved_ = std::move(v);
+  try_save();
+}
+
+void VersionSaver::retry_if_due() {
+  if (unsaved_ && std::chrono::steady_clock::now() >= retry_at_) try_save();
+}
+
+void VersionSaver::try_save() {
+  const Status st = store_.save(*unsaved_);
+  if (st.is_ok()) {
+    if (!last_error_.empty()) spdlog::info("saving works again: version {} saved", unsaved_->version);
+    last_error_.clear();
+    unsaved_.reset();
+    return;
+  }
+  // An error when the failure starts or changes (a newer version, another reason); the same
+  // failure again every few seconds only at debug level, not to flood the log.
+  const std::string why = st.to_string();
+  if (why != last_error_)
+    spdlog::error("cannot save version {}: {}; serving it from memory, trying again in {} ms or at the next version", unsaved_->version, why,
+                  retry_.count());
+  else
+    spdlog::debug("still cannot save version {}: {}", unsaved_->version, why);
+  last_error_ = why;
+  retry_at_ = std::chrono::steady_clock::now() + retry_;
 }
 
 }  // namespace deltacast::transport

@@ -13,6 +13,23 @@ void set_key(wire::VersionKey* out, const VersionKey& k) {
 }
 VersionKey get_key(const wire::VersionKey& k) { return {k.version(), k.anchor()}; }
 
+void set_run(wire::RunId* out, const RunId& r) {
+  out->set_started_us(r.started_us);
+  out->set_nonce(r.nonce);
+}
+RunId get_run(const wire::RunId& r) { return {r.started_us(), r.nonce()}; }
+
+Status check_string(const std::string& s, std::size_t max, const char* what) {
+  if (s.size() > max) return Status::corruption(std::string(what) + " longer than " + std::to_string(max) + " bytes");
+  return Status::ok();
+}
+
+// Node ids name files, metrics and log lines: only plain names cross the wire.
+Status check_node_id(const std::string& id) {
+  if (!valid_node_id(id)) return Status::corruption("node id is not 1 to 128 letters, digits, '.', '_' or '-'");
+  return Status::ok();
+}
+
 }  // namespace
 
 Frames encode_message(const Message& message) {
@@ -29,8 +46,11 @@ Frames encode_message(const Message& message) {
           h->set_role(static_cast<std::uint32_t>(m.role));
           h->set_have_version(m.have_version);
           h->set_resume(m.resume);
+          set_run(h->mutable_run(), m.run);
+          h->set_serves_children(m.serves_children);
         } else if constexpr (std::is_same_v<T, Welcome>) {
           env.mutable_welcome()->set_newest_version(m.newest_version);
+          set_run(env.mutable_welcome()->mutable_run(), m.run);
         } else if constexpr (std::is_same_v<T, Refuse>) {
           env.mutable_refuse()->set_reason(m.reason);
         } else if constexpr (std::is_same_v<T, ManifestMsg>) {
@@ -59,8 +79,10 @@ Frames encode_message(const Message& message) {
           r->set_checksum(m.checksum);
           r->set_publish_to_ready_ms(m.publish_to_ready_ms);
           r->set_error(m.error);
+          set_run(r->mutable_run(), m.run);
         } else if constexpr (std::is_same_v<T, Heartbeat>) {
           env.mutable_heartbeat()->set_newest_version(m.newest_version);
+          set_run(env.mutable_heartbeat()->mutable_run(), m.run);
         } else if constexpr (std::is_same_v<T, Leave>) {
           env.mutable_leave()->set_node_id(m.node_id);
           env.mutable_leave()->set_reason(m.reason);
@@ -86,14 +108,19 @@ Result<Message> decode_message(const void* header, std::size_t header_bytes, Sha
     h.role = static_cast<Role>(env.hello().role());
     h.have_version = env.hello().have_version();
     h.resume = env.hello().resume();
+    h.run = get_run(env.hello().run());
+    h.serves_children = env.hello().serves_children();
+    DC_RETURN_IF_ERROR(check_node_id(h.node_id));
     return Message{h};
   }
   if (env.protocol_version() != kProtocolVersion)
     return Status::unsupported("peer speaks protocol version " + std::to_string(env.protocol_version()) + ", this node " +
                                std::to_string(kProtocolVersion));
   switch (env.body_case()) {
-    case wire::Envelope::kWelcome: return Message{Welcome{env.welcome().newest_version()}};
-    case wire::Envelope::kRefuse: return Message{Refuse{env.refuse().reason()}};
+    case wire::Envelope::kWelcome: return Message{Welcome{env.welcome().newest_version(), get_run(env.welcome().run())}};
+    case wire::Envelope::kRefuse:
+      DC_RETURN_IF_ERROR(check_string(env.refuse().reason(), kReasonBytesMax, "refusal reason"));
+      return Message{Refuse{env.refuse().reason()}};
     case wire::Envelope::kManifest: {
       const auto& mm = env.manifest();
       if (mm.shards() > kShardsMax || (mm.shards() > 1 && mm.shard() >= mm.shards())) return Status::corruption("bad shard numbers");
@@ -112,10 +139,15 @@ Result<Message> decode_message(const void* header, std::size_t header_bytes, Sha
     }
     case wire::Envelope::kReady: {
       const auto& r = env.ready();
-      return Message{Ready{r.node_id(), r.version(), r.checksum(), r.publish_to_ready_ms(), r.error()}};
+      DC_RETURN_IF_ERROR(check_node_id(r.node_id()));
+      DC_RETURN_IF_ERROR(check_string(r.error(), kReasonBytesMax, "error text"));
+      return Message{Ready{r.node_id(), r.version(), r.checksum(), r.publish_to_ready_ms(), r.error(), get_run(r.run())}};
     }
-    case wire::Envelope::kHeartbeat: return Message{Heartbeat{env.heartbeat().newest_version()}};
-    case wire::Envelope::kLeave: return Message{Leave{env.leave().node_id(), env.leave().reason(), env.leave().moved()}};
+    case wire::Envelope::kHeartbeat: return Message{Heartbeat{env.heartbeat().newest_version(), get_run(env.heartbeat().run())}};
+    case wire::Envelope::kLeave:
+      DC_RETURN_IF_ERROR(check_node_id(env.leave().node_id()));
+      DC_RETURN_IF_ERROR(check_string(env.leave().reason(), kReasonBytesMax, "leave reason"));
+      return Message{Leave{env.leave().node_id(), env.leave().reason(), env.leave().moved()}};
     default: return Status::corruption("message has no body");
   }
 }

@@ -75,10 +75,14 @@ dc_worker* dc_worker_start(const dc_worker_options* o, char* err, size_t err_len
   auto w = std::make_unique<dc_worker>();
   const std::string id = nc.node_id;
   w->host = std::make_unique<transport::NodeHost>(std::move(nc), std::move(hc));
-  std::uint64_t saved = 0;
+  std::shared_ptr<const runtime::ModelVersion> saved;
   if (o->state_dir && *o->state_dir) {
     w->store.emplace(o->state_dir, id, o->keep_versions ? o->keep_versions : 2);
-    if (auto v = w->store->resume(*w->host)) saved = v->version;
+    if (Status ps = w->store->prepare(); !ps.is_ok()) {
+      set_err(err, err_len, ps.with_context("state_dir").to_string());
+      return nullptr;
+    }
+    saved = w->store->resume(*w->host);
   }
   Status st = w->host->start_thread();
   if (!st.is_ok()) {
@@ -86,12 +90,17 @@ dc_worker* dc_worker_start(const dc_worker_options* o, char* err, size_t err_len
     return nullptr;
   }
   if (w->store) {
+    // A failed save (a full disk, say) is logged and retried; the worker keeps serving.
     w->saver = std::thread([w = w.get(), saved]() mutable {
+      transport::VersionSaver saver(*w->store);
       while (!w->stopping) {
-        auto v = w->host->wait_for_version(saved + 1, 100);
-        if (!v) continue;
-        saved = v->version;
-        if (Status ss = w->store->save(*v); !ss.is_ok()) spdlog::error("saving version {}: {}", v->version, ss.to_string());
+        auto v = w->host->wait_for_newer(saved, 100);
+        if (!v) {
+          saver.retry_if_due();
+          continue;
+        }
+        saved = v;
+        saver.offer(std::move(v));
       }
     });
   }

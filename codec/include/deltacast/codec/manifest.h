@@ -2,6 +2,8 @@
 // It travels first; chunks follow in any order. Layout: docs/FORMAT.md, "manifest".
 #pragma once
 
+#include <array>
+#include <compare>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -16,6 +18,23 @@ namespace deltacast {
 
 enum class VersionKind : std::uint8_t { kDelta = 0, kAnchor = 1 };
 
+// The publishing run a version belongs to (docs/FORMAT.md, "Run identity"). An origin picks one
+// when it starts: version numbers start again at 1 in every run, so a version is named by
+// (run, version). Runs are ordered by start time, then nonce: a node that has seen a run never
+// goes back to an older one. All zero: no run (manifest format 1, tests, the simulator).
+struct RunId {
+  std::uint64_t started_us = 0;  // when the origin started, microseconds since the Unix epoch
+  std::uint64_t nonce = 0;       // random
+  bool empty() const { return started_us == 0 && nonce == 0; }
+  auto operator<=>(const RunId&) const = default;
+};
+std::string to_string(const RunId& run);  // "<started_us hex>-<nonce hex>", or "none"
+
+// BLAKE2b-256 of a chunk payload: what a signed manifest vouches for.
+using PayloadDigest = std::array<std::uint8_t, 32>;
+inline constexpr std::size_t kSignerKeyBytes = 32;   // Ed25519 public key
+inline constexpr std::size_t kSignatureBytes = 64;   // Ed25519 signature
+
 struct ChunkEntry {
   std::uint64_t offset = 0;        // byte range [offset, offset + length) of the image
   std::uint64_t length = 0;
@@ -23,6 +42,7 @@ struct ChunkEntry {
   std::uint64_t payload_hash = 0;  // xxh3-64 of the encoded payload
   std::uint64_t content_hash = 0;  // xxh3-64 of the reconstructed bytes of the range
   std::uint64_t base_hash = 0;     // xxh3-64 of the base bytes of the range (deltas only)
+  PayloadDigest payload_digest{};  // BLAKE2b-256 of the payload (signed manifests only)
   bool operator==(const ChunkEntry&) const = default;
 };
 
@@ -36,22 +56,43 @@ struct Manifest {
   std::vector<ChunkEntry> chunks;                             // in image order, covering it exactly
   std::uint64_t base_checksum = 0;     // combine_chunk_hashes over base_hash (deltas only)
   std::uint64_t version_checksum = 0;  // combine_chunk_hashes over content_hash
+  RunId run;                           // format 2 only
+  // Signed (format 2): every chunk carries payload_digest, and the serialized manifest ends
+  // with the signer's Ed25519 public key and a signature over every byte before the signature.
+  bool is_signed = false;
+  std::array<std::uint8_t, kSignerKeyBytes> signer{};
+  std::array<std::uint8_t, kSignatureBytes> signature{};
 
   std::uint64_t payload_bytes_total() const;
   bool operator==(const Manifest&) const = default;
 };
 
-// Limits a parser enforces on untrusted manifests.
+// Limits a parser enforces on untrusted manifests (the hard ceilings of the format).
 inline constexpr std::uint64_t kTensorsMax = 1u << 24;
 inline constexpr std::uint64_t kChunksMax = 1u << 24;
 inline constexpr std::uint64_t kNameBytesMax = 1u << 16;
 inline constexpr std::uint64_t kMetadataBytesMax = 1u << 20;
 inline constexpr std::uint64_t kTensorRankMax = 16;
 
+// Limits a node configures below those ceilings: a manifest beyond them is refused before
+// anything is sized from it.
+struct ManifestLimits {
+  std::uint64_t tensors_max = kTensorsMax;
+  std::uint64_t chunks_max = kChunksMax;
+  std::uint64_t image_bytes_max = std::uint64_t{1} << 42;  // 4 TiB
+};
+
+// Format 1 when the manifest has no run and no signature, else format 2. A signed manifest is
+// serialized with its `signature` as it stands: sign it with runtime::sign_manifest.
 Bytes serialize_manifest(const Manifest& m);
 // Parses and validates: tensors inside the image and not overlapping, chunks covering the image
-// in order, checksums consistent with the chunk table.
-Result<Manifest> parse_manifest(ByteSpan data);
+// in order, checksums consistent with the chunk table, sizes and counts within `limits`. Does not
+// check the signature (runtime::verify_manifest does, against the keys a node trusts).
+Result<Manifest> parse_manifest(ByteSpan data, const ManifestLimits& limits = {});
+// ResourceExhausted if a parsed manifest is beyond `limits` (parse_manifest checks this itself).
+Status check_manifest_limits(const Manifest& m, const ManifestLimits& limits);
+// The bytes a manifest's signature covers: all but the trailing signature.
+ByteSpan manifest_signed_bytes(ByteSpan serialized_signed_manifest);
 
 // The segments of [offset, offset + length) given the tensor table: BF16 tensors become BF16
 // segments, other dtypes generic segments transposed by element size, bytes no tensor covers

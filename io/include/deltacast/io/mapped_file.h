@@ -1,9 +1,12 @@
 // Files mapped into memory. Readers get a read-only view for the file's lifetime; writers get
 // a writable mapping of a temporary file that replaces its destination only on commit(), so a
 // failed decode never leaves a half-written output behind.
+// Data already in memory is written with write(2) instead (write_parts_atomic): every write is
+// checked, so a full or failing disk is an error value, never a SIGBUS on a mapped page.
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -31,7 +34,9 @@ class MappedFile {
 
 class OutputFile {
  public:
-  // Creates `path`.tmp.<pid> of `size` bytes, mapped writable.
+  // Creates `path`.tmp.<pid> of `size` bytes, mapped writable. The blocks are reserved here
+  // (posix_fallocate), so a disk without room for them fails this call with an IOError instead
+  // of killing the process with SIGBUS when a page of the mapping is first written.
   static Result<OutputFile> create(const std::string& path, std::uint64_t size);
   OutputFile() = default;
   OutputFile(OutputFile&& o) noexcept;
@@ -50,7 +55,13 @@ class OutputFile {
   bool committed_ = false;
 };
 
-// Reads or writes a whole small file.
+// Writes `parts` back to back as `path`: into `path`.tmp.<pid> with write(2), its space
+// reserved first (posix_fallocate), then fsync and rename. Any failure (ENOSPC, EDQUOT, EIO, a
+// short write) is an IOError naming the file and the reason, and removes the temporary file, so
+// `path` is either its old self or complete.
+Status write_parts_atomic(const std::string& path, std::span<const ByteSpan> parts);
+
+// Reads or writes a whole small file (written as write_parts_atomic does).
 Result<Bytes> read_file(const std::string& path);
 Status write_file_atomic(const std::string& path, ByteSpan data);
 // The same for text (reports, configs, keys).

@@ -50,6 +50,8 @@ class SafetensorsWriter {
   std::uint64_t data_offset_ = 0;
 };
 
+// Writes a whole file from an image in memory, as write_parts_atomic does: on any failure
+// (a full disk included) an IOError, and nothing new at `path` and no temporary file left.
 Status write_safetensors(const std::string& path, const ModelLayout& layout, ByteSpan image);
 
 }  // namespace deltacast

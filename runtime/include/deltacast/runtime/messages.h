@@ -14,8 +14,16 @@
 
 namespace deltacast::runtime {
 
-// Bumped on any incompatible change to the messages or their meaning.
-inline constexpr std::uint32_t kProtocolVersion = 1;
+// Bumped on any incompatible change to the messages or their meaning. 2: run identity in
+// Hello, Welcome, Heartbeat and Ready.
+inline constexpr std::uint32_t kProtocolVersion = 2;
+
+// Bounds on what a peer may send (docs/RELIABILITY.md): strings longer than these are refused.
+inline constexpr std::size_t kNodeIdBytesMax = 128;
+inline constexpr std::size_t kReasonBytesMax = 1024;
+// Node names: letters, digits, '.', '_' and '-', at most kNodeIdBytesMax, not "." or "..",
+// so a name is safe as a file name and in logs and metrics.
+bool valid_node_id(const std::string& id);
 
 // Immutable bytes shared between the cache, send queues, ZeroMQ and decode tasks. The memory
 // lives as long as its last holder. A Blob may own a vector (share()) or memory someone else
@@ -57,6 +65,8 @@ struct Hello {
   std::string node_id;
   Role role = Role::kWorker;
   std::uint64_t have_version = 0;  // newest complete version the child holds, 0 for none
+  RunId run;                       // the run that version belongs to
+  bool serves_children = false;    // it relays: it passes up Ready messages of the nodes below it
   // The child already holds part of what it needs (it is re-attaching after a failover or a
   // restart): the parent sends nothing unasked and the child pulls exactly what it misses.
   bool resume = false;
@@ -64,6 +74,7 @@ struct Hello {
 // parent -> child: accepted.
 struct Welcome {
   std::uint64_t newest_version = 0;
+  RunId run;  // the run the parent serves; newest_version counts in it
 };
 // parent -> child: refused (protocol version, identity); the link is closed after it.
 struct Refuse {
@@ -106,10 +117,12 @@ struct Ready {
   std::uint64_t checksum = 0;
   std::uint64_t publish_to_ready_ms = 0;
   std::string error;  // last error, if any
+  RunId run;          // the run `version` belongs to
 };
 // both ways, every heartbeat_ms: liveness and the sender's newest version.
 struct Heartbeat {
   std::uint64_t newest_version = 0;
+  RunId run;
 };
 // both ways, when a node stops on purpose: its children move to their next parent at once and
 // its parent drops it at once, neither waiting for a timeout. Relays pass a child's Leave up

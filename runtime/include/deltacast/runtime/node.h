@@ -25,6 +25,7 @@
 
 #include "deltacast/codec/version.h"
 #include "deltacast/runtime/interfaces.h"
+#include "deltacast/runtime/trust.h"
 #include "deltacast/runtime/version_cache.h"
 
 namespace deltacast::runtime {
@@ -65,11 +66,34 @@ struct NodeConfig {
   bool virtual_payloads = false;
   std::size_t timings_versions_max = 64;    // per-version timings kept for metrics
   std::size_t ledger_workers_max = 100000;  // fleet ledger entries at the origin
+
+  // Trust (docs/RELIABILITY.md).
+  // Origin: the run it publishes in (make_run_id() at start; empty: unnamed, format 1 manifests).
+  // Trainer shards name their own.
+  RunId run;
+  // Origin and trainer shards: sign every manifest with this key.
+  std::shared_ptr<const SigningKey> sign_key;
+  // Relays and workers: forward and apply only versions whose manifest is signed by one of these
+  // keys (empty: any, unauthenticated).
+  std::vector<PublicKey> trust_keys;
+  // Origin merging trainer shards: accept only slices signed by one of these keys (empty: any).
+  std::vector<PublicKey> shard_keys;
+
+  // Bounds on what a peer can make this node do; a peer that breaks one is disconnected.
+  ManifestLimits manifest_limits;
+  std::uint64_t version_jump_max = 1u << 20;    // a version number at most this far past the newest known
+  std::uint32_t versions_requested_max = 16;    // missing deltas asked for at once (the rest next time)
+  std::uint64_t anchor_interval_ms_min = 5000;  // origin: anchors made on request at most this often
+  std::uint32_t needs_per_s_max = 200;          // Need messages a child may send per second (and burst)
+  std::uint32_t resends_per_chunk_max = 4;      // chunks sent again per child, per version, per chunk of it
 };
+
+enum class LogLevel : std::uint8_t { kInfo, kWarn, kError };
 
 // A verified, immutable model version as workers expose it.
 struct ModelVersion {
   std::uint64_t version = 0;
+  RunId run;  // the run it was published in
   std::uint64_t checksum = 0;
   std::vector<TensorInfo> tensors;
   std::vector<std::pair<std::string, std::string>> metadata;
@@ -97,11 +121,16 @@ struct NodeStats {
   std::uint64_t parent_failovers = 0;
   std::uint64_t versions_ready = 0;
   std::uint64_t images_allocated = 0;      // model-sized buffers allocated (workers)
+  std::uint64_t peers_dropped = 0;         // peers disconnected for breaking a bound
+  std::uint64_t untrusted_manifests = 0;   // manifests refused: unsigned, unknown signer, bad signature
+  std::uint64_t stale_run_manifests = 0;   // manifests of an older run, ignored
+  std::uint64_t runs_seen = 0;             // runs this node moved to
 };
 
 // What the origin knows of each worker (the fleet ledger).
 struct LedgerEntry {
   std::uint64_t version = 0;
+  RunId run;  // the run `version` belongs to: only the origin's own run counts as delivered
   std::uint64_t checksum = 0;
   std::uint64_t publish_to_ready_ms = 0;
   std::uint64_t updated_ms = 0;
@@ -150,7 +179,7 @@ class Node {
   Status publish(EncodedVersion&& version);
   Status publish(const EncodedVersion& version) { return publish(EncodedVersion(version)); }
   // The same from a manifest and shared payloads (one per chunk), which may be virtual.
-  Status publish(const Manifest& manifest, std::vector<SharedBytes> payloads);
+  Status publish(Manifest manifest, std::vector<SharedBytes> payloads);
   // Trainer-shard publisher: true once everything published has been handed to the transport.
   bool outbox_empty() const { return outbox_.empty(); }
   // Trainer-shard publisher: slices not yet known to be merged at the origin.
@@ -166,14 +195,18 @@ class Node {
   // trainer shards also asks every shard, whose own callback fires).
   // Trainer-shard publisher: called when the origin wants an anchor.
   void set_on_anchor_wanted(std::function<void()> callback) { on_anchor_wanted_ = std::move(callback); }
-
+  // What the node has to say to a person: refused peers, new runs, errors. Called on the loop thread.
+  void set_on_log(std::function<void(LogLevel, const std::string&)> callback) { on_log_ = std::move(callback); }
+  // The run whose versions this node holds and serves (empty until it sees one).
+  const RunId& run() const { return run_; }
   const NodeConfig& config() const { return config_; }
   const NodeStats& stats() const { return stats_; }
   const std::map<std::uint64_t, VersionTiming>& timings() const { return timings_; }
   const std::map<std::string, LedgerEntry>& ledger() const { return ledger_; }
   const VersionCache& cache() const { return cache_; }
   std::uint64_t current_version() const;
-  std::uint64_t newest_known_version() const { return std::max(parent_newest_, cache_.newest_version()); }
+  // The newest version of this node's run it knows of (cached, or the parent has it).
+  std::uint64_t newest_known_version() const { return std::max(usable_parent_newest(), cache_.newest_version()); }
   std::size_t child_count() const;
   // Per-version records held for children (subscriptions, chunks sent, backlog): bounded by the
   // cache, and by kSubscriptionsPerChildMax for versions a child asked for that are not here.
@@ -190,8 +223,14 @@ class Node {
   struct Child {
     std::string node_id;
     Role role = Role::kWorker;
+    bool serves_children = false;  // may pass up Ready messages of nodes below it
     bool welcomed = false;
     std::uint64_t last_heard_ms = 0;
+    // Need messages it may still send now: refilled at needs_per_s_max a second, up to that many.
+    double need_tokens = 0;
+    std::uint64_t need_tokens_ms = 0;
+    // Chunks sent again because it said `again`, per cached version (pruned with `sent`).
+    std::vector<std::pair<VersionKey, std::uint64_t>> resent;
     // Versions whose chunks go to it as they arrive, with when each was added. Kept while the
     // version is cached; one not (yet) here is forgotten after parent_timeout_ms (the child
     // asks again). Newest last: lookups search from the back.
@@ -235,15 +274,39 @@ class Node {
   Status shard_ready_to_publish();
 
   void handle_parent(const Message& m);
+  // The parent's newest version and run (Welcome, Heartbeat): bounded, and a newer run drops what
+  // this node holds of the old one from its cache.
+  // Returns false if the parent was dropped for it.
+  bool on_parent_newest(std::uint64_t newest, const RunId& run);
+  // What Welcome and Heartbeat say: the newest version and its run. A node whose parent serves a
+  // newer run passes that on, so its children ask for the new run's anchor at once.
+  Heartbeat heartbeat() const;
+  // The version an anchor must be newer than to help (0 when the parent serves another run).
+  std::uint64_t anchor_floor() const;
+  // Origin, trainer shards: the run and, with a signing key, the digests and signature.
+  SharedBytes seal_manifest(Manifest& manifest, const std::vector<SharedBytes>& payloads) const;
+  // A manifest from upstream: bounds, signature, run. False if it is not to be used.
+  bool admit_manifest(const ManifestMsg& m, std::shared_ptr<const Manifest>& parsed);
+  // A verified manifest of a newer run: everything of the old run goes.
+  void switch_run(const RunId& run);
+  void drop_cache();
+  // The newest version the parent has that this node can use (0 when the parent is in another run).
+  std::uint64_t usable_parent_newest() const;
+  // A peer broke a bound: logged, disconnected (a parent is replaced by the next one).
+  void drop_peer(PeerId peer, const std::string& why);
+  bool take_need_token(Child& c);
+  void log(LogLevel level, const std::string& message);
   void handle_child(PeerId from, Child& child, const Message& m);
   void on_hello(PeerId from, const Hello& hello);
   void on_manifest(const ManifestMsg& m, bool from_parent);
   void on_chunk(const ChunkMsg& m);
   void on_need(PeerId from, Child& child, const Need& need);
-  void on_ready_message(const Ready& r);
+  void on_ready_message(PeerId from, const Child& child, const Ready& r);
   void on_leave_message(PeerId from, const Leave& l);
 
   void connect_parent();
+  // Closes the link to the parent; tick() connects to the next one.
+  void give_up_parent();
   Hello make_hello() const;
   // On a fallback parent: a link to the preferred parent, opened every parent_return_ms.
   void probe_preferred_parent(std::uint64_t now_ms);
@@ -301,6 +364,8 @@ class Node {
   std::uint64_t left_parent_ms_ = 0;
   static constexpr std::uint64_t kLeaveLingerMs = 1000;
   std::uint64_t probe_ms_ = 0;       // when the last try began (or the move to a fallback)
+  std::uint64_t parent_connected_ms_ = 0;  // when the last parent link was opened
+  static constexpr std::uint64_t kReconnectMinMs = 500;
 
   // Downstream.
   std::map<PeerId, Child> children_;
@@ -324,6 +389,11 @@ class Node {
   std::vector<Message> outbox_;                      // shard publisher: not yet accepted
   std::deque<RetainedSlice> retained_;               // shard publisher: bounded by shard_slices_retained_max
   std::string last_error_;
+  RunId run_;         // the run of everything cached and held (config_.run at the origin)
+  RunId parent_run_;  // the run the parent says it serves (a hint, never trusted for content)
+  std::uint64_t anchor_made_ms_ = 0;  // origin: when an anchor was last asked of the publisher
+  bool anchor_made_ = false;
+  std::function<void(LogLevel, const std::string&)> on_log_;
   std::function<void(std::shared_ptr<const ModelVersion>)> on_ready_;
   std::function<void()> on_anchor_wanted_;
 };

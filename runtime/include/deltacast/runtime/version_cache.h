@@ -26,11 +26,11 @@ struct CachedVersion {
 class VersionCache {
  public:
   // verify_payloads = false only for the simulator's virtual payloads (sizes without bytes).
-  explicit VersionCache(std::uint64_t cache_bytes_max, bool verify_payloads = true)
-      : cache_bytes_max_(cache_bytes_max), verify_payloads_(verify_payloads) {}
+  explicit VersionCache(std::uint64_t cache_bytes_max, bool verify_payloads = true, ManifestLimits limits = {})
+      : cache_bytes_max_(cache_bytes_max), verify_payloads_(verify_payloads), limits_(limits) {}
   // Copies and moves forget the lookup memo, which points into the map it came from.
   VersionCache(const VersionCache& o)
-      : cache_bytes_max_(o.cache_bytes_max_), verify_payloads_(o.verify_payloads_), bytes_(o.bytes_), entries_(o.entries_) {}
+      : cache_bytes_max_(o.cache_bytes_max_), verify_payloads_(o.verify_payloads_), limits_(o.limits_), bytes_(o.bytes_), entries_(o.entries_) {}
   VersionCache& operator=(const VersionCache& o) {
     VersionCache copy(o);
     swap(copy);
@@ -44,6 +44,7 @@ class VersionCache {
   void swap(VersionCache& o) noexcept {
     std::swap(cache_bytes_max_, o.cache_bytes_max_);
     std::swap(verify_payloads_, o.verify_payloads_);
+    std::swap(limits_, o.limits_);
     std::swap(bytes_, o.bytes_);
     entries_.swap(o.entries_);
     last_found_ = o.last_found_ = nullptr;
@@ -53,11 +54,14 @@ class VersionCache {
   // `parsed`, if given, is `manifest` already parsed (ManifestMsg::parsed).
   Result<CachedVersion*> add_manifest(const VersionKey& key, SharedBytes manifest, std::uint64_t now_ms,
                                       std::shared_ptr<const Manifest> parsed = nullptr);
-  // Stores a chunk whose manifest is cached, after checking its index, size and payload hash.
+  // Stores a chunk whose manifest is cached, after checking its index, size and payload hash (and
+  // its BLAKE2b digest when the manifest is signed).
   // Returns true if it was new, false for a duplicate; Corruption for a payload that fails.
   Result<bool> add_chunk(const VersionKey& key, std::uint32_t index, SharedBytes payload, std::uint64_t now_ms);
   void drop_chunk(const VersionKey& key, std::uint32_t index);
   void erase(const VersionKey& key);
+  // Drops every version (a new run began).
+  void clear();
 
   CachedVersion* find(const VersionKey& key);
   const CachedVersion* find(const VersionKey& key) const;
@@ -81,6 +85,7 @@ class VersionCache {
  private:
   std::uint64_t cache_bytes_max_ = 0;
   bool verify_payloads_ = true;
+  ManifestLimits limits_;
   std::uint64_t bytes_ = 0;
   CachedVersion* last_found_ = nullptr;  // see find()
   std::map<VersionKey, CachedVersion> entries_;

@@ -32,7 +32,14 @@ struct CurveKeys {
 struct HostConfig {
   std::string bind_endpoint;                         // e.g. "tcp://127.0.0.1:7100"; empty: no children
   std::uint64_t queue_bytes_max = 256ull << 20;     // per peer, our side of the socket (one larger message may wait alone)
-  std::uint64_t message_bytes_max = 1ull << 30;     // larger incoming messages are refused by ZeroMQ
+  // Larger incoming messages are refused by ZeroMQ (and their connection closed): this bounds a
+  // frame in transit. Chunks are a few MiB, a 2 TB model's manifest some tens of MiB.
+  std::uint64_t message_bytes_max = 256ull << 20;
+  // A connection that sends nothing (not even ZeroMQ's pings, not a frame's next byte) for this
+  // long is closed; so is one whose handshake takes longer.
+  std::uint64_t peer_silence_ms_max = 10000;
+  std::size_t connections_max = 4096;     // connections to the listener at once; more are closed at once
+  std::uint64_t hello_timeout_ms = 10000; // a connection that has not said Hello by then is closed
   std::uint64_t tick_ms = 10;
   int send_hwm_messages = 64;                        // ZeroMQ's own per-peer queue, in messages
   std::uint64_t leave_linger_ms = 200;              // on stop(): time the Leave messages get to go out
@@ -43,6 +50,9 @@ struct HostConfig {
   std::vector<std::string> parent_server_keys;       // one per NodeConfig::parents entry
   // Serve GET /metrics (Prometheus text) on this "host:port"; empty: no metrics server.
   std::string metrics_listen;
+  std::size_t metrics_clients_max = 16;                   // metrics connections open at once
+  std::uint64_t metrics_timeout_ms = 5000;                // a metrics connection is closed after this long
+  std::uint64_t metrics_response_bytes_max = 64ull << 20; // a larger report is refused (503)
   // Fault injection for tests: sees every outgoing message and may alter it.
   std::function<void(runtime::Message&)> outgoing_filter;
 };
@@ -82,7 +92,12 @@ class NodeHost {
   // The newest verified version, from any thread.
   std::shared_ptr<const runtime::ModelVersion> current() const;
   // Blocks until a version >= min_version is current or timeout_ms passes; returns it or null.
+  // Numbers count within a run: after a new run began, its versions start again from 1.
   std::shared_ptr<const runtime::ModelVersion> wait_for_version(std::uint64_t min_version, std::uint64_t timeout_ms);
+  // Blocks until a version newer than `after` is current (a higher number in its run, or any
+  // version of a newer run; any version when `after` is null) or timeout_ms passes.
+  std::shared_ptr<const runtime::ModelVersion> wait_for_newer(const std::shared_ptr<const runtime::ModelVersion>& after,
+                                                               std::uint64_t timeout_ms);
   // The endpoint actually bound (resolves "tcp://127.0.0.1:*").
   std::string bound_endpoint() const;
 

@@ -2,13 +2,17 @@
 // instead of fetching an anchor. Each verified version is written as
 //   <dir>/<node_id>-v<version>.safetensors   the model, byte for byte what the trainer's
 //                                            checkpoint would be (any safetensors reader)
-//   <dir>/<node_id>-v<version>.json          {"version", "checksum", "image_xxh3"}: the version
-//                                            number, its checksum as in its manifest, and the
-//                                            xxh3-64 of the data section (checked on loading)
-// Both are written under temporary names and renamed, the JSON last, so a crash leaves no file
-// that loads.
+//   <dir>/<node_id>-v<version>.json          {"version", "checksum", "image_xxh3", "run"}: the
+//                                            version number, its checksum as in its manifest,
+//                                            the xxh3-64 of the data section (checked on
+//                                            loading) and the run it was published in
+//                                            ({"started_us", "nonce"}; absent for no run)
+// Both are written under temporary names (<name>.tmp.<pid>) and renamed, the JSON last, so a
+// crash leaves no file that loads; a save that fails (a full disk, say) leaves nothing of its
+// version and keeps the older ones.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,7 +27,14 @@ class VersionStore {
   // Keeps the newest `keep_versions` (at least 1) files of node `node_id` in `dir`.
   VersionStore(std::string dir, std::string node_id, std::size_t keep_versions = 2);
 
-  // Writes the version, then removes this node's older files beyond keep_versions.
+  // Call before the first save, as the worker starts: creates the directory if missing, checks
+  // that it is a directory this process can create files in, and removes the temporary files
+  // of this node's earlier runs (killed mid-save; each as large as the model). A full disk is
+  // not an error here (saves fail and are retried); anything else is, with its reason.
+  Status prepare() const;
+  // Writes the version, then removes this node's older files beyond keep_versions. On failure
+  // (IOError naming the file and the reason) no file of this version is left and the older
+  // versions are all kept.
   Status save(const runtime::ModelVersion& version) const;
   // The newest file that loads and verifies; older ones are tried when a newer one fails
   // (each failure named in `skipped`). NotFound when none does.
@@ -39,9 +50,38 @@ class VersionStore {
   std::vector<std::pair<std::uint64_t, std::string>> files() const;
 
  private:
+  bool is_temp_file(const std::string& name) const;
+  void prune() const;
+
   std::string dir_;
   std::string node_id_;
   std::size_t keep_versions_;
+};
+
+// Saves the newest version it is given, and keeps at it when the disk refuses (full, failing):
+// the failure is logged, the version kept in memory (the worker goes on serving it), and it is
+// tried again every `retry` or replaced by a newer version as soon as one is offered. Logs once
+// when saving works again. Used from one thread.
+class VersionSaver {
+ public:
+  static constexpr std::chrono::milliseconds save_retry_ms{5000};
+  explicit VersionSaver(const VersionStore& store, std::chrono::milliseconds retry = save_retry_ms) : store_(store), retry_(retry) {}
+  // Saves `v` now, in place of any older version not saved yet.
+  void offer(std::shared_ptr<const runtime::ModelVersion> v);
+  // Tries the version not saved yet again once `retry` has passed since the last failure.
+  void retry_if_due();
+  // The version that is ready but not on disk (null when there is none), and why.
+  const std::shared_ptr<const runtime::ModelVersion>& unsaved() const { return unsaved_; }
+  const std::string& last_error() const { return last_error_; }
+
+ private:
+  void try_save();
+
+  const VersionStore& store_;
+  std::chrono::milliseconds retry_;
+  std::shared_ptr<const runtime::ModelVersion> unsaved_;
+  std::string last_error_;  // empty while saves work
+  std::chrono::steady_clock::time_point retry_at_;
 };
 
 }  // namespace deltacast::transport

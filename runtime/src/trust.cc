@@ -1,0 +1,102 @@
+#include "deltacast/runtime/trust.h"
+
+#include <sodium.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+
+namespace deltacast::runtime {
+namespace {
+
+// libsodium must be initialised once before use; sodium_init() is safe to call repeatedly and
+// from several threads.
+void ensure_sodium() {
+  if (sodium_init() < 0) std::abort();  // no usable randomness source: nothing can be signed
+}
+
+Status parse_hex(const std::string& hex, std::span<std::uint8_t> out, const char* what) {
+  std::size_t len = 0;
+  if (hex.size() != out.size() * 2 ||
+      sodium_hex2bin(out.data(), out.size(), hex.data(), hex.size(), nullptr, &len, nullptr) != 0 || len != out.size())
+    return Status::invalid_argument(std::string(what) + " must be " + std::to_string(out.size() * 2) + " hex digits");
+  return Status::ok();
+}
+
+}  // namespace
+
+SigningKey make_signing_key() {
+  ensure_sodium();
+  SigningKey k;
+  crypto_sign_ed25519_keypair(k.public_key.data(), k.secret.data());
+  return k;
+}
+
+std::string to_hex(std::span<const std::uint8_t> bytes) {
+  std::string out(bytes.size() * 2 + 1, '\0');
+  sodium_bin2hex(out.data(), out.size(), bytes.data(), bytes.size());
+  out.pop_back();
+  return out;
+}
+
+Result<PublicKey> parse_public_key(const std::string& hex) {
+  PublicKey k;
+  DC_RETURN_IF_ERROR(parse_hex(hex, k, "an Ed25519 public key"));
+  return k;
+}
+
+Result<SigningKey> parse_signing_key(const std::string& secret_hex) {
+  SigningKey k;
+  DC_RETURN_IF_ERROR(parse_hex(secret_hex, k.secret, "an Ed25519 secret key"));
+  ensure_sodium();
+  crypto_sign_ed25519_sk_to_pk(k.public_key.data(), k.secret.data());
+  return k;
+}
+
+PayloadDigest payload_digest(ByteSpan payload) {
+  ensure_sodium();
+  PayloadDigest d;
+  crypto_generichash(d.data(), d.size(), payload.data(), payload.size(), nullptr, 0);
+  return d;
+}
+
+Bytes sign_manifest_with_digests(Manifest& m, const SigningKey& key) {
+  ensure_sodium();
+  m.is_signed = true;
+  m.signer = key.public_key;
+  m.signature = {};
+  Bytes bytes = serialize_manifest(m);
+  const ByteSpan covered = manifest_signed_bytes(bytes);
+  crypto_sign_ed25519_detached(m.signature.data(), nullptr, covered.data(), covered.size(), key.secret.data());
+  std::copy(m.signature.begin(), m.signature.end(), bytes.end() - static_cast<std::ptrdiff_t>(kSignatureBytes));
+  return bytes;
+}
+
+Bytes sign_manifest(Manifest& m, std::span<const ByteSpan> payloads, const SigningKey& key) {
+  for (std::size_t i = 0; i < m.chunks.size() && i < payloads.size(); ++i) m.chunks[i].payload_digest = payload_digest(payloads[i]);
+  return sign_manifest_with_digests(m, key);
+}
+
+Status verify_manifest(ByteSpan serialized, const Manifest& parsed, const std::vector<PublicKey>& trusted) {
+  if (!parsed.is_signed) return Status::corruption("manifest of v" + std::to_string(parsed.version) + " is not signed, and this node trusts only signed versions");
+  if (std::find(trusted.begin(), trusted.end(), parsed.signer) == trusted.end())
+    return Status::corruption("manifest of v" + std::to_string(parsed.version) + " is signed by key " + to_hex(parsed.signer) +
+                              ", which this node does not trust");
+  ensure_sodium();
+  const ByteSpan covered = manifest_signed_bytes(serialized);
+  if (serialized.size() < kSignatureBytes ||
+      crypto_sign_ed25519_verify_detached(serialized.data() + covered.size(), covered.data(), covered.size(), parsed.signer.data()) != 0)
+    return Status::corruption("manifest of v" + std::to_string(parsed.version) + ": the signature does not verify");
+  return Status::ok();
+}
+
+RunId make_run_id() {
+  ensure_sodium();
+  RunId r;
+  r.started_us = static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+  randombytes_buf(&r.nonce, sizeof r.nonce);
+  return r;
+}
+
+}  // namespace deltacast::runtime

@@ -1,0 +1,392 @@
+// Trust on the in-memory network: runs (a restarted trainer never has its old versions served
+// or exposed), signed versions (forged parents and unsigned versions are refused), and the
+// bounds on what one peer can make a node do.
+#include <catch2/catch.hpp>
+
+#include "deltacast/codec/hash.h"
+#include "deltacast/runtime/trust.h"
+#include "node_fixtures.h"
+
+using namespace deltacast;
+using namespace deltacast::test;
+
+namespace {
+
+constexpr RunId kRunA{1'700'000'000'000'000, 0xa};
+constexpr RunId kRunB{1'700'000'100'000'000, 0xb};
+
+NodeConfig origin_in(const RunId& run, std::shared_ptr<const SigningKey> key = nullptr, const std::string& name = "origin") {
+  NodeConfig c = origin_config();
+  c.node_id = name;
+  c.run = run;
+  c.sign_key = std::move(key);
+  return c;
+}
+
+// Every version a worker exposes, with its run, checked against the series of that run.
+struct Exposed {
+  std::vector<std::pair<RunId, std::uint64_t>> versions;
+  int wrong = 0;  // exposed bytes that the trainer never published in that run
+  void watch(Node& worker, const std::map<RunId, const Series*>& series) {
+    worker.set_on_ready([this, series](std::shared_ptr<const ModelVersion> v) {
+      versions.emplace_back(v->run, v->version);
+      auto s = series.find(v->run);
+      if (s == series.end() || v->version > s->second->images.size() || v->image != s->second->images[v->version - 1]) wrong++;
+    });
+  }
+};
+
+// A hand-driven child of `parent` that has said Hello (resuming: it is sent nothing unasked).
+struct RogueChild {
+  std::unique_ptr<FakeTransport> transport;
+  PeerId link = 0;
+  bool send(const Message& m) const { return transport->send(link, m); }
+};
+RogueChild attach(FakeNet& net, const std::string& name, const std::string& parent = "origin") {
+  RogueChild c{std::make_unique<FakeTransport>(net, name)};
+  c.link = c.transport->connect(parent);
+  Hello h;
+  h.node_id = name;
+  h.resume = true;
+  REQUIRE(c.send(h));
+  net.run();
+  return c;
+}
+
+void publish_run(Node& origin, const Series& s, std::uint64_t up_to) {
+  REQUIRE(origin.publish(s.anchor(1)).is_ok());
+  for (std::uint64_t v = 2; v <= up_to; ++v) REQUIRE(origin.publish(s.delta(v)).is_ok());
+}
+
+}  // namespace
+
+TEST_CASE("a restarted trainer's new run replaces the old one: nothing of the old run is served or exposed", "[runtime][trust]") {
+  Series a(5, /*seed=*/1), b(3, /*seed=*/2);
+  FakeNet net;
+  Node& origin_a = net.add(origin_in(kRunA));
+  net.add(relay_config("relay", {"origin"}));
+  Node& w1 = net.add(worker_config("w1", {"relay"}));
+  Exposed seen1;
+  seen1.watch(w1, {{kRunA, &a}, {kRunB, &b}});
+  publish_run(origin_a, a, 5);
+  REQUIRE(net.run_until([&] { return w1.current_version() == 5; }));
+
+  // The trainer restarts: a new origin process at the same address, version numbers from 1.
+  net.kill("origin");
+  Node& origin_b = net.add(origin_in(kRunB));
+  net.run_for(3000);  // the relay finds its parent gone and reconnects: to the new run
+  // A worker that joins now, before the new run published anything, gets nothing of run A.
+  Node& w2 = net.add(worker_config("w2", {"relay"}));
+  Exposed seen2;
+  seen2.watch(w2, {{kRunA, &a}, {kRunB, &b}});
+  net.run_for(5000);
+  CHECK(w2.current() == nullptr);
+  CHECK(net.node("relay").cache().entries().empty());  // the relay let go of run A once its parent named run B
+
+  publish_run(origin_b, b, 3);
+  REQUIRE(net.run_until([&] { return w1.current_version() == 3 && w2.current_version() == 3; }));
+  CHECK(w1.current()->run == kRunB);
+  CHECK(w1.current()->image == b.images[2]);
+  CHECK(w2.current()->image == b.images[2]);
+  CHECK(seen1.wrong == 0);
+  CHECK(seen2.wrong == 0);
+  // w1 exposed run A's versions, then only run B's: never back.
+  bool in_b = false;
+  for (const auto& [run, v] : seen1.versions) {
+    if (run == kRunB) in_b = true;
+    CHECK((!in_b || run == kRunB));
+  }
+  CHECK(in_b);
+  for (const auto& [run, v] : seen2.versions) CHECK(run == kRunB);
+  // The new origin's ledger says which run each worker holds.
+  REQUIRE(net.run_until([&] { return origin_b.ledger().count("w1") && origin_b.ledger().at("w1").version == 3; }));
+  CHECK(origin_b.ledger().at("w1").run == kRunB);
+  CHECK(net.node("relay").stats().runs_seen == 2);
+}
+
+TEST_CASE("a worker that learns of a new run stops exposing the old one until the new anchor verified", "[runtime][trust]") {
+  Series a(3, 1), b(2, 2);
+  FakeNet net;
+  Node& origin_a = net.add(origin_in(kRunA));
+  Node& w = net.add(worker_config("w", {"origin"}), /*deferred_tasks=*/true);
+  publish_run(origin_a, a, 3);
+  REQUIRE(net.run_until([&] { return w.current_version() == 3; }));
+  net.kill("origin");
+  Node& origin_b = net.add(origin_in(kRunB));
+  // Only the new run's manifest arrives; its chunks are lost with the link.
+  net.filter = [](const std::string&, const std::string& to, Message& m) { return !(to == "w" && std::holds_alternative<ChunkMsg>(m)); };
+  REQUIRE(origin_b.publish(b.anchor(1)).is_ok());
+  REQUIRE(net.run_until([&] { return w.run() == kRunB; }));
+  CHECK(w.current() == nullptr);  // run A's v3 is withdrawn, run B's v1 is not verified yet
+  net.filter = nullptr;
+  net.cut("w");  // the worker reconnects and asks for what it misses
+  REQUIRE(net.run_until([&] { return w.current_version() == 1; }));
+  CHECK(w.current()->image == b.images[0]);
+  CHECK(w.current()->run == kRunB);
+}
+
+TEST_CASE("a node never goes back to an older run", "[runtime][trust]") {
+  Series a(2, 1), b(2, 2);
+  FakeNet net;
+  Node& origin = net.add(origin_in(kRunB));
+  Node& w = net.add(worker_config("w", {"origin"}));
+  publish_run(origin, b, 2);
+  REQUIRE(net.run_until([&] { return w.current_version() == 2; }));
+  // An older run's manifests (a stale relay, a replay) are ignored.
+  Node& stale = net.add(origin_in(kRunA, nullptr, "stale"));
+  publish_run(stale, a, 2);
+  net.kill("origin");
+  NodeConfig wc = worker_config("w2", {"stale"});
+  Node& w2 = net.add(wc, false, std::make_shared<ModelVersion>(*w.current()));
+  net.run_for(3000);
+  CHECK(w2.current()->run == kRunB);
+  CHECK(w2.current()->image == b.images[1]);
+  CHECK(w2.stats().stale_run_manifests > 0);
+}
+
+TEST_CASE("relays and workers trusting a key refuse versions a forged parent signed with another key", "[runtime][trust]") {
+  Series real(3, 1), forged(3, 7);
+  auto trainer_key = std::make_shared<const SigningKey>(make_signing_key());
+  auto other_key = std::make_shared<const SigningKey>(make_signing_key());
+  FakeNet net;
+  Node& origin = net.add(origin_in(kRunA, trainer_key));
+  // The forged parent claims a newer run and a high version, signed with its own key.
+  Node& evil = net.add(origin_in(kRunB, other_key, "evil"));
+  REQUIRE(evil.publish(forged.anchor(3)).is_ok());
+  publish_run(origin, real, 3);
+
+  NodeConfig rc = relay_config("relay", {"evil", "origin"});
+  rc.trust_keys = {trainer_key->public_key};
+  Node& relay = net.add(rc);
+  NodeConfig wc = worker_config("w", {"evil", "relay"});
+  wc.trust_keys = {trainer_key->public_key};
+  Node& w = net.add(wc);
+  Exposed seen;
+  seen.watch(w, {{kRunA, &real}});
+  REQUIRE(net.run_until([&] { return w.current_version() == 3; }));
+  CHECK(w.current()->image == real.images[2]);
+  CHECK(w.run() == kRunA);
+  CHECK(seen.wrong == 0);
+  CHECK(w.stats().untrusted_manifests > 0);
+  CHECK(relay.stats().untrusted_manifests > 0);
+  CHECK(relay.run() == kRunA);
+}
+
+TEST_CASE("a node trusting a key refuses unsigned versions", "[runtime][trust]") {
+  Series s(2, 1);
+  auto key = std::make_shared<const SigningKey>(make_signing_key());
+  FakeNet net;
+  Node& origin = net.add(origin_in(kRunA));  // signs nothing
+  NodeConfig wc = worker_config("w", {"origin"});
+  wc.trust_keys = {key->public_key};
+  Node& w = net.add(wc);
+  publish_run(origin, s, 2);
+  net.run_for(3000);
+  CHECK(w.current() == nullptr);
+  CHECK(w.stats().untrusted_manifests > 0);
+}
+
+TEST_CASE("signed versions travel a relay tree and verify at every node", "[runtime][trust]") {
+  Series s(4, 3);
+  auto key = std::make_shared<const SigningKey>(make_signing_key());
+  FakeNet net;
+  Node& origin = net.add(origin_in(kRunA, key));
+  NodeConfig rc = relay_config("relay", {"origin"});
+  rc.trust_keys = {key->public_key};
+  net.add(rc);
+  NodeConfig wc = worker_config("w", {"relay"});
+  wc.trust_keys = {key->public_key};
+  Node& w = net.add(wc);
+  publish_run(origin, s, 4);
+  REQUIRE(net.run_until([&] { return w.current_version() == 4; }));
+  CHECK(w.current()->image == s.images[3]);
+  CHECK(w.stats().untrusted_manifests == 0);
+  const CachedVersion* cached = net.node("relay").cache().find({4, false});
+  REQUIRE(cached);
+  CHECK(cached->manifest->is_signed);
+  CHECK(cached->manifest->signer == key->public_key);
+}
+
+TEST_CASE("an origin merging shards accepts only slices signed by its shard keys", "[runtime][trust]") {
+  Series s(2, 4);
+  auto shard_key = std::make_shared<const SigningKey>(make_signing_key());
+  auto intruder_key = std::make_shared<const SigningKey>(make_signing_key());
+  FakeNet net;
+  NodeConfig oc = origin_in(kRunA);
+  oc.expect_shards = 1;
+  oc.shard_keys = {shard_key->public_key};
+  Node& origin = net.add(oc);
+  auto shard = [&](const std::string& id, std::shared_ptr<const SigningKey> key) -> Node& {
+    NodeConfig c;
+    c.node_id = id;
+    c.parents = {"origin"};
+    c.shard_index = 0;
+    c.shard_count = 1;
+    c.sign_key = std::move(key);
+    return net.add(c);
+  };
+  Node& intruder = shard("intruder", intruder_key);
+  net.run_for(500);
+  REQUIRE(intruder.publish(s.anchor(1)).is_ok());
+  net.run_for(2000);
+  CHECK(origin.cache().newest_version() == 0);  // nothing of the intruder's was merged
+  CHECK(origin.stats().untrusted_manifests > 0);
+  Node& trainer = shard("trainer-0", shard_key);
+  net.run_for(500);
+  REQUIRE(trainer.publish(s.anchor(1)).is_ok());
+  REQUIRE(net.run_until([&] { return origin.cache().newest_version() == 1; }));
+}
+
+TEST_CASE("a parent claiming an absurd newest version is dropped, and the worker stays responsive", "[runtime][trust]") {
+  Series s(3, 1);
+  FakeNet net;
+  Node& origin = net.add(origin_config());
+  net.add(relay_config("liar", {"origin"}));
+  Node& w = net.add(worker_config("w", {"liar", "origin"}));
+  publish_run(origin, s, 2);
+  REQUIRE(net.run_until([&] { return w.current_version() == 2; }));
+  net.filter = [](const std::string& from, const std::string&, Message& m) {
+    if (auto* hb = std::get_if<Heartbeat>(&m); hb && from == "liar") hb->newest_version = std::uint64_t{1} << 62;
+    return true;
+  };
+  net.run_for(2000);  // returns: no walk over 2^62 versions
+  CHECK(w.stats().peers_dropped > 0);
+  CHECK(w.newest_known_version() < 1000);
+  REQUIRE(origin.publish(s.delta(3)).is_ok());
+  REQUIRE(net.run_until([&] { return w.current_version() == 3; }));
+  CHECK(w.current()->image == s.images[2]);
+}
+
+TEST_CASE("a worker refuses a manifest whose image exceeds its limit, without allocating", "[runtime][trust]") {
+  Series s(2, 1);
+  FakeNet net;
+  Node& origin = net.add(origin_config());
+  NodeConfig wc = worker_config("w", {"origin"});
+  wc.manifest_limits.image_bytes_max = s.layout.image_size - 1;
+  Node& w = net.add(wc);
+  publish_run(origin, s, 2);
+  net.run_for(2000);
+  CHECK(w.current() == nullptr);
+  CHECK(w.stats().images_allocated == 0);
+  CHECK(w.last_error().find("above the limit") != std::string::npos);
+}
+
+TEST_CASE("a child flooding Need messages or asking for chunks again and again is dropped", "[runtime][trust]") {
+  Series s(2, 1);
+  FakeNet net;
+  Node& origin = net.add(origin_config());
+  publish_run(origin, s, 2);
+  const auto versions = s.delta(2).manifest.chunks.size();
+  SECTION("resends") {
+    RogueChild c = attach(net, "again");
+    REQUIRE(origin.child_count() == 1);
+    // Each round asks for every chunk of v2 again; within the rate limit, but past the resend bound.
+    for (int round = 0; round < 10 && origin.child_count() == 1; ++round) {
+      REQUIRE(c.send(Need{{2, false}, {}, false, /*again=*/true}));
+      net.run_for(100);
+    }
+    CHECK(origin.child_count() == 0);
+    CHECK(origin.stats().peers_dropped == 1);
+    // It cost at most resends_per_chunk_max times the version, plus the one it asked for first.
+    CHECK(origin.stats().retransmits_served <= (origin_config().resends_per_chunk_max + 1) * versions);
+  }
+  SECTION("rate") {
+    RogueChild c = attach(net, "flood");
+    for (int i = 0; i < 1000; ++i) REQUIRE(c.send(Need{{1, false}, {0}, false, false}));
+    net.run();
+    CHECK(origin.child_count() == 0);
+    CHECK(origin.stats().peers_dropped == 1);
+  }
+  SECTION("a second Hello on one link") {
+    RogueChild c = attach(net, "twice");
+    Hello h;
+    h.node_id = "twice";
+    REQUIRE(c.send(h));
+    net.run();
+    CHECK(origin.child_count() == 0);
+  }
+}
+
+TEST_CASE("an anchor asked for beyond the newest version costs the origin nothing; anchors on request are bounded in time", "[runtime][trust]") {
+  Series s(3, 1);
+  FakeNet net;
+  Node& origin = net.add(origin_config());
+  publish_run(origin, s, 3);
+  int anchors_made = 0;
+  origin.set_on_anchor_wanted([&] { anchors_made++; });
+  RogueChild c = attach(net, "asker");
+  REQUIRE(c.send(Need{{std::uint64_t{1} << 19, true}, {}, true, false}));
+  net.run_for(5000);
+  CHECK(anchors_made == 0);
+  // Anchors newer than v1, asked for again and again: made at most once per anchor_interval_ms_min.
+  for (int i = 0; i < 20; ++i) {
+    REQUIRE(c.send(Need{{1, true}, {}, true, false}));
+    net.run_for(500);
+  }
+  CHECK(anchors_made >= 1);
+  CHECK(anchors_made <= 1 + 10'000 / static_cast<int>(origin_config().anchor_interval_ms_min));
+}
+
+TEST_CASE("a worker reports only for itself; the origin ignores versions never published", "[runtime][trust]") {
+  Series s(2, 1);
+  FakeNet net;
+  Node& origin = net.add(origin_config());
+  publish_run(origin, s, 2);
+  RogueChild c = attach(net, "liar");
+  Ready future;
+  future.node_id = "liar";
+  future.version = 999;
+  REQUIRE(c.send(future));
+  net.run();
+  CHECK(origin.ledger().count("liar") == 0);
+  CHECK(origin.child_count() == 1);
+  Ready other;
+  other.node_id = "someone-else";
+  other.version = 2;
+  REQUIRE(c.send(other));
+  net.run();
+  CHECK(origin.ledger().count("someone-else") == 0);
+  CHECK(origin.child_count() == 0);
+}
+
+TEST_CASE("a signed chunk must match its BLAKE2b digest, whatever its xxh3", "[runtime][trust]") {
+  Series s(2, 1);
+  EncodedVersion ev = s.anchor(1);
+  auto key = make_signing_key();
+  std::vector<ByteSpan> spans(ev.payloads.begin(), ev.payloads.end());
+  Bytes signed_bytes = sign_manifest(ev.manifest, spans, key);
+  REQUIRE(verify_manifest(signed_bytes, *parse_manifest(signed_bytes), {key.public_key}).is_ok());
+  // A manifest whose digest of chunk 0 names other bytes than its xxh3 does: refused on the digest.
+  Manifest tampered = *parse_manifest(signed_bytes);
+  tampered.chunks[0].payload_digest[0] ^= 1;
+  Bytes tampered_bytes = sign_manifest_with_digests(tampered, key);
+  VersionCache cache(1 << 30);
+  REQUIRE(cache.add_manifest({1, true}, share(tampered_bytes), 0).is_ok());
+  auto r = cache.add_chunk({1, true}, 0, share(ev.payloads[0]), 0);
+  CHECK(r.status().code() == StatusCode::kCorruption);
+  CHECK(cache.add_chunk({1, true}, 1, share(ev.payloads[1]), 0).is_ok());
+}
+
+TEST_CASE("a signature covers every byte of the manifest", "[runtime][trust]") {
+  Series s(2, 1);
+  EncodedVersion ev = s.delta(2);
+  ev.manifest.run = kRunA;
+  auto key = make_signing_key();
+  std::vector<ByteSpan> spans(ev.payloads.begin(), ev.payloads.end());
+  const Bytes good = sign_manifest(ev.manifest, spans, key);
+  auto parsed = parse_manifest(good);
+  REQUIRE(parsed.is_ok());
+  CHECK(parsed->run == kRunA);
+  CHECK(parsed->is_signed);
+  CHECK(verify_manifest(good, *parsed, {key.public_key}).is_ok());
+  CHECK_FALSE(verify_manifest(good, *parsed, {make_signing_key().public_key}).is_ok());
+  // Flip each byte in turn (a sample of them for speed): either the parse or the signature fails.
+  for (std::size_t i = 0; i < good.size(); i += 1 + good.size() / 997) {
+    Bytes bad = good;
+    bad[i] ^= 0x10;
+    auto p = parse_manifest(bad);
+    if (!p.is_ok()) continue;
+    INFO("byte " << i);
+    CHECK_FALSE(verify_manifest(bad, *p, {key.public_key}).is_ok());
+  }
+}

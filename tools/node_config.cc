@@ -1,6 +1,8 @@
 #include "node_config.h"
 
 #include <cstdlib>
+#include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <spdlog/spdlog.h>
@@ -74,6 +76,56 @@ Status apply_log_level(const std::string& level) {
 
 namespace {
 
+// A config file's "limits": every bound on what peers can make a node do (docs/RELIABILITY.md).
+// Sizes take "64GB" or a number of bytes; the rest are counts or milliseconds.
+Status apply_limits(const json& limits, LoadedNode& out) {
+  if (!limits.is_object()) return Status::invalid_argument("must be an object");
+  runtime::NodeConfig& n = out.node;
+  transport::HostConfig& h = out.host;
+  auto bytes = [](std::uint64_t& field) {
+    return [&field](const json& v) -> Status {
+      if (v.is_number_unsigned()) {
+        field = v.get<std::uint64_t>();
+        return Status::ok();
+      }
+      if (!v.is_string()) return Status::invalid_argument("a size: \"64GB\" or a number of bytes");
+      DC_ASSIGN_OR_RETURN(field, parse_bytes(v.get<std::string>()));
+      return Status::ok();
+    };
+  };
+  auto count = [](auto& field) {
+    return [&field](const json& v) -> Status {
+      if (!v.is_number_unsigned()) return Status::invalid_argument("a whole number");
+      field = static_cast<std::remove_reference_t<decltype(field)>>(v.get<std::uint64_t>());
+      return Status::ok();
+    };
+  };
+  const std::map<std::string, std::function<Status(const json&)>> setters = {
+      {"image_bytes_max", bytes(n.manifest_limits.image_bytes_max)},
+      {"tensors_max", count(n.manifest_limits.tensors_max)},
+      {"chunks_max", count(n.manifest_limits.chunks_max)},
+      {"version_jump_max", count(n.version_jump_max)},
+      {"versions_requested_max", count(n.versions_requested_max)},
+      {"needs_per_s_max", count(n.needs_per_s_max)},
+      {"resends_per_chunk_max", count(n.resends_per_chunk_max)},
+      {"anchor_interval_ms_min", count(n.anchor_interval_ms_min)},
+      {"ledger_workers_max", count(n.ledger_workers_max)},
+      {"message_bytes_max", bytes(h.message_bytes_max)},
+      {"peer_silence_ms_max", count(h.peer_silence_ms_max)},
+      {"connections_max", count(h.connections_max)},
+      {"hello_timeout_ms", count(h.hello_timeout_ms)},
+      {"metrics_clients_max", count(h.metrics_clients_max)},
+      {"metrics_timeout_ms", count(h.metrics_timeout_ms)},
+      {"metrics_response_bytes_max", bytes(h.metrics_response_bytes_max)},
+  };
+  for (auto it = limits.begin(); it != limits.end(); ++it) {
+    auto setter = setters.find(it.key());
+    if (setter == setters.end()) return Status::invalid_argument("unknown limit \"" + it.key() + "\"");
+    DC_RETURN_IF_ERROR(setter->second(it.value()).with_context(it.key()));
+  }
+  return Status::ok();
+}
+
 // tcp://HOST:PORT with PORT 1-65535 (or * to listen on any free port); ipc:// and inproc:// as
 // ZeroMQ takes them. ZeroMQ itself would take port 99999 modulo 65536 without a word.
 Status check_endpoint(const std::string& endpoint, const char* what, bool listening) {
@@ -116,7 +168,7 @@ Result<LoadedNode> load_node_options(const NodeOptions& flags, bool worker) {
     if (j.is_discarded() || !j.is_object()) return Status::invalid_argument(flags.config_path + ": not a JSON object");
     static const std::set<std::string> known = {"id",        "listen",   "parents",  "cache_size", "queue_size", "keys",
                                                 "parent_keys", "allow_keys", "log_level", "relay",  "metrics",    "in_place",
-                                                "sign_key",  "trust_keys", "shard_keys"};
+                                                "sign_key",  "trust_keys", "shard_keys", "limits"};
     for (auto it = j.begin(); it != j.end(); ++it)
       if (!known.count(it.key())) return Status::invalid_argument(flags.config_path + ": unknown field \"" + it.key() + "\"");
     for (Status st : {get(j, "id", o.node_id), get(j, "listen", o.listen), get(j, "parents", o.parents), get(j, "cache_size", o.cache_size),
@@ -124,6 +176,7 @@ Result<LoadedNode> load_node_options(const NodeOptions& flags, bool worker) {
                       get(j, "allow_keys", o.allow_keys), get(j, "log_level", o.log_level), get(j, "relay", o.relay), get(j, "metrics", o.metrics), get(j, "in_place", o.in_place),
                       get(j, "sign_key", o.sign_key_path), get(j, "trust_keys", o.trust_keys), get(j, "shard_keys", o.shard_keys)})
       if (!st.is_ok()) return st.with_context(flags.config_path);
+    if (j.contains("limits")) o.limits_json = j["limits"].dump();
   }
   if (!flags.node_id.empty()) o.node_id = flags.node_id;
   if (!flags.listen.empty()) o.listen = flags.listen;
@@ -166,6 +219,7 @@ Result<LoadedNode> load_node_options(const NodeOptions& flags, bool worker) {
   for (const auto& p : o.parents) DC_RETURN_IF_ERROR(check_endpoint(p, "--parent", false));
   out.host.bind_endpoint = o.listen;
   out.host.metrics_listen = o.metrics;
+  if (!o.limits_json.empty()) DC_RETURN_IF_ERROR(apply_limits(nlohmann::json::parse(o.limits_json), out).with_context("config \"limits\""));
   if (!o.cache_size.empty()) {
     DC_ASSIGN_OR_RETURN(out.node.cache_bytes_max, parse_bytes(o.cache_size));
   }

@@ -21,6 +21,7 @@ struct NodeOptions {
   std::vector<std::string> parent_keys;   // parents' public keys, in --parent order
   std::vector<std::string> allow_keys;    // children's public keys allowed to connect
   std::string metrics;                    // host:port for GET /metrics
+  std::string limits_json;                // config file only: the "limits" object, as JSON text
   std::string sign_key_path;              // origin, trainer shards: Ed25519 key file (deltacast keygen --sign)
   std::vector<std::string> trust_keys;    // relays, workers: publishers' public keys (hex, or key files)
   std::vector<std::string> shard_keys;    // origin merging shards: the shards' public keys

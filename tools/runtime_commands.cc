@@ -99,8 +99,8 @@ int run_worker(const NodeOptions& o) {
     rusage ru{};
     getrusage(RUSAGE_SELF, &ru);
     const auto cpu_ms = (static_cast<std::int64_t>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000000 + ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1000;
-    std::printf("%s: version %" PRIu64 " ready, checksum %016" PRIx64 "%s, process CPU %" PRId64 " ms\n", id.c_str(), v->version, v->checksum, timing.c_str(),
-                cpu_ms);
+    std::printf("%s: version %" PRIu64 " ready, checksum %016" PRIx64 "%s, run %s, process CPU %" PRId64 " ms\n", id.c_str(), v->version, v->checksum,
+                timing.c_str(), to_string(v->run).c_str(), cpu_ms);
     std::fflush(stdout);
   });
   Status st = host.start_thread();
@@ -112,6 +112,7 @@ int run_worker(const NodeOptions& o) {
   while (!g_stop && !(o.exit_after_version && seen && seen->version >= o.exit_after_version)) {
     // Newer: a higher number, or any version of a new run (whose numbers start again at 1).
     auto v = host.wait_for_newer(seen, 200);
+    if (saver) saver->on_run(host.current_run());
     if (saver && v) saver->offer(v);
     else if (saver) saver->retry_if_due();
     if (!v) continue;

@@ -2,7 +2,8 @@
 # Every test, on a fresh Debian 12 machine: set up, then
 #   1. Release build, full suite (ctest);
 #   2. AddressSanitizer + UndefinedBehaviorSanitizer build, full suite;
-#   3. libFuzzer targets built with clang, each run for FUZZ_SECONDS (default 60).
+#   3. ThreadSanitizer build, the runtime and transport tests;
+#   4. libFuzzer targets built with clang, each run for FUZZ_SECONDS (default 60).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 fuzz_seconds=${FUZZ_SECONDS:-60}
@@ -15,6 +16,12 @@ bash "$root/tools/build.sh" "$root/build" -DDELTACAST_TESTS=ON
 echo "== sanitizer build and tests"
 bash "$root/tools/build.sh" "$root/build-asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDELTACAST_SANITIZE=ON -DDELTACAST_TESTS=ON
 (cd "$root/build-asan" && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j "$(nproc)")
+
+echo "== thread sanitizer build, runtime and transport tests"
+# Only the test binary: the runtime's and transport's threads (the loop, the decode pool, readers).
+cmake -S "$root" -B "$root/build-tsan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDELTACAST_TSAN=ON -DDELTACAST_TESTS=ON >/dev/null
+cmake --build "$root/build-tsan" -j "$(nproc)" --target deltacast_tests
+TSAN_OPTIONS="halt_on_error=1 suppressions=$root/tests/tsan.supp" "$root/build-tsan/tests/deltacast_tests" "[runtime],[transport]"
 
 echo "== fuzzing, ${fuzz_seconds}s per target"
 bash "$root/tools/build.sh" "$root/build-fuzz" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDELTACAST_FUZZ=ON \

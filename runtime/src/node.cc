@@ -50,8 +50,8 @@ Status Node::restore(std::shared_ptr<ModelVersion> version) {
     if (tensor_bytes != version->image.size()) return Status::invalid_argument("the restored tensors do not cover the image");
   }
   held_version_ = version->version;
-  run_ = version->run;  // its deltas come from the same run; another run's come through an anchor
   std::lock_guard lock(current_mu_);
+  run_ = version->run;  // its deltas come from the same run; another run's come through an anchor
   current_ = std::move(version);
   return Status::ok();
 }
@@ -66,6 +66,11 @@ std::shared_ptr<const ModelVersion> Node::current() const {
 }
 
 std::uint64_t Node::current_version() const { return held_version_; }
+
+RunId Node::run_from_any_thread() const {
+  std::lock_guard lock(current_mu_);
+  return run_;
+}
 
 std::size_t Node::child_count() const {
   return static_cast<std::size_t>(std::count_if(children_.begin(), children_.end(), [](const auto& kv) { return kv.second.welcomed; }));
@@ -365,7 +370,10 @@ bool Node::admit_manifest(const ManifestMsg& m, std::shared_ptr<const Manifest>&
 
 void Node::switch_run(const RunId& run) {
   if (!run_.empty()) log(LogLevel::kInfo, "run " + to_string(run) + " began; dropping everything of run " + to_string(run_));
-  run_ = run;
+  {
+    std::lock_guard lock(current_mu_);  // read by run_from_any_thread()
+    run_ = run;
+  }
   stats_.runs_seen++;
   drop_cache();
   published_us_.clear();

@@ -92,5 +92,26 @@ if [ -n "$decode_rate" ]; then
   fails "decode_rate on garbage" "safetensors" "$decode_rate" "$a" "$tmp/garbage.safetensors"
 fi
 
+# Operator traps: each a clear error before anything starts.
+fails "a port out of range" "port must be 1 to 65535" "$dc" relay --id r --listen tcp://127.0.0.1:99999 --parent tcp://127.0.0.1:7100
+fails "a parent port out of range" "port must be 1 to 65535" "$dc" worker --id w --parent tcp://127.0.0.1:0
+fails "a node id with a path in it" "node id '../../x'" "$dc" worker --id ../../x --parent tcp://127.0.0.1:7100 --out-dir "$tmp/out"
+fails "an unknown log level" "unknown log level 'bogus'" "$dc" worker --id w --parent tcp://127.0.0.1:7100 --log-level bogus
+echo '{"id": "w", "parents": ["tcp://127.0.0.1:7100"], "log_level": "loud"}' >"$tmp/level.json"
+fails "an unknown log level in a config" "unknown log level 'loud'" "$dc" worker --config "$tmp/level.json"
+echo '{"id": "w", "parents": ["tcp://127.0.0.1:7100"], "limits": {"connections_maxx": 5}}' >"$tmp/limits.json"
+fails "an unknown limit in a config" 'unknown limit "connections_maxx"' "$dc" worker --config "$tmp/limits.json"
+echo '{"id": "w", "parents": ["tcp://127.0.0.1:7100"], "limits": {"image_bytes_max": "lots"}}' >"$tmp/limits.json"
+fails "a limit that is not a size" "image_bytes_max" "$dc" worker --config "$tmp/limits.json"
+check "keygen" "$dc" keygen -o "$tmp/node.key"
+fails "keygen over an existing key" "exists" "$dc" keygen -o "$tmp/node.key"
+check "keygen --force" "$dc" keygen --force -o "$tmp/node.key"
+check "keygen --sign" "$dc" keygen --sign -o "$tmp/sign.key"
+check "the signing key is private" test "$(stat -c %a "$tmp/sign.key")" = 600
+fails "a trust key that is neither hex nor a key file" "neither a 64-hex-digit public key nor a key file" \
+  "$dc" worker --id w --parent tcp://127.0.0.1:7100 --trust-key abc
+fails "a CURVE key file given as a signing key" "not a signing key file" \
+  "$dc" publish --listen tcp://127.0.0.1:7199 --sign-key "$tmp/node.key" "$tmp/s/step-000000.safetensors"
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -123,6 +123,17 @@ TEST_CASE("a worker's saved versions load back bit-exact, and only the newest ar
   got = store.load_newest();
   REQUIRE(got.is_ok());
   CHECK((*got)->run == in_run.run);
+  // A new run numbers its versions from 1 again: its v1 is the newest, and the old run's go.
+  ModelVersion next_run = version(1);
+  next_run.run = RunId{1'700'000'100'000'000, 1};
+  REQUIRE(store.save(next_run).is_ok());
+  files = store.files();
+  REQUIRE(files.size() == 1);
+  CHECK(files[0].first == 1);
+  got = store.load_newest();
+  REQUIRE(got.is_ok());
+  CHECK((*got)->run == next_run.run);
+  CHECK((*got)->image == next_run.image);
   // Another node's files in the same directory are not ours.
   VersionStore other(dir.path.string(), "w2", 2);
   CHECK(other.load_newest().status().code() == StatusCode::kNotFound);

@@ -567,8 +567,10 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
   void drain_all() {
     if (stopping) return;
     drain_zap();
-    drain_monitor();
+    // Messages a connection sent before it closed are in the router's queue by the time its
+    // disconnect event is: read them first (a Leave, say), then let the child go.
     if (router.zsock) drain_router();
+    drain_monitor();
     std::vector<PeerId> ids;
     for (auto& [id, s] : parents) ids.push_back(id);
     for (auto id : ids) drain_parent(id);
@@ -915,6 +917,12 @@ std::shared_ptr<const ModelVersion> NodeHost::wait_for_newer(const std::shared_p
     return newer(v);
   });
   return newer(v) ? v : nullptr;
+}
+
+RunId NodeHost::current_run() const {
+  std::lock_guard lock(impl_->ready_mu);
+  Node* n = impl_->live_node.load();
+  return n ? n->run_from_any_thread() : RunId{};
 }
 
 std::string NodeHost::bound_endpoint() const {

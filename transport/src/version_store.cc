@@ -120,40 +120,22 @@ Status VersionStore::prepare() const {
   return Status::ok();
 }
 
-Status VersionStore::save(const ModelVersion& version) const {
-  std::error_code ec;
-  fs::create_directories(dir_, ec);
-  if (ec) return Status::io_error("cannot create " + dir_ + ": " + ec.message());
-  const std::string path = path_of(version.version);
-  // On failure write_safetensors has removed its temporary file and left `path` as it was.
-  DC_RETURN_IF_ERROR(write_safetensors(path, ModelLayout{version.tensors, version.metadata, version.image.size()}, version.image));
-  nlohmann::json j = {{"version", version.version}, {"checksum", hex64(version.checksum)}, {"image_xxh3", hex64(hash64(version.image))}};
-  if (!version.run.empty()) j["run"] = {{"started_us", version.run.started_us}, {"nonce", hex64(version.run.nonce)}};
-  const std::string text = j.dump(2) + "\n";
-  if (Status st = write_file_atomic(sidecar_of(path), std::string_view(text)); !st.is_ok()) {
-    // A model file without its record never loads, and holds the space the next try needs.
-    fs::remove(path, ec);
-    fs::remove(sidecar_of(path), ec);
-    return st;
-  }
-  prune();  // only now: until this version is complete, the older ones are what a restart has
-  return Status::ok();
-}
+namespace {
 
-void VersionStore::prune() const {
-  std::error_code ec;
-  const auto all = files();
-  for (std::size_t i = keep_versions_; i < all.size(); ++i) {  // best effort
-    fs::remove(sidecar_of(all[i].second), ec);
-    fs::remove(all[i].second, ec);
-  }
-}
-
-Result<std::shared_ptr<ModelVersion>> VersionStore::load(const std::string& path) {
-  auto v = std::make_shared<ModelVersion>();
+// The .json record of a saved version: its number, checksum, run, and the hash of its data.
+struct Record {
+  std::uint64_t version = 0;
+  std::uint64_t checksum = 0;
   std::uint64_t image_hash = 0;
+  RunId run;
+};
+
+Result<Record> read_record(const std::string& model_path) {
+  Record rec;
+  auto* v = &rec;
+  std::uint64_t& image_hash = rec.image_hash;
   {
-    const std::string side = sidecar_of(path);
+    const std::string side = sidecar_of(model_path);
     constexpr std::uintmax_t kRecordBytesMax = 4096;
     std::error_code ec;
     if (fs::file_size(side, ec) > kRecordBytesMax && !ec) return Status::corruption(side + ": larger than a version record can be");
@@ -173,9 +155,53 @@ Result<std::shared_ptr<ModelVersion>> VersionStore::load(const std::string& path
       v->run.started_us = r["started_us"].get<std::uint64_t>();
     }
   }
+  return rec;
+}
+
+}  // namespace
+
+Status VersionStore::save(const ModelVersion& version) const {
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  if (ec) return Status::io_error("cannot create " + dir_ + ": " + ec.message());
+  const std::string path = path_of(version.version);
+  // On failure write_safetensors has removed its temporary file and left `path` as it was.
+  DC_RETURN_IF_ERROR(write_safetensors(path, ModelLayout{version.tensors, version.metadata, version.image.size()}, version.image));
+  nlohmann::json j = {{"version", version.version}, {"checksum", hex64(version.checksum)}, {"image_xxh3", hex64(hash64(version.image))}};
+  if (!version.run.empty()) j["run"] = {{"started_us", version.run.started_us}, {"nonce", hex64(version.run.nonce)}};
+  const std::string text = j.dump(2) + "\n";
+  if (Status st = write_file_atomic(sidecar_of(path), std::string_view(text)); !st.is_ok()) {
+    // A model file without its record never loads, and holds the space the next try needs.
+    fs::remove(path, ec);
+    fs::remove(sidecar_of(path), ec);
+    return st;
+  }
+  prune(version.run);  // only now: until this version is complete, the older ones are what a restart has
+  return Status::ok();
+}
+
+void VersionStore::prune(const RunId& run) const {
+  std::error_code ec;
+  std::size_t kept = 0;
+  for (const auto& [number, path] : files()) {  // newest first; best effort
+    // Versions of another run are of no use to a restart (numbers start again in every run,
+    // so they are not older by number): they go, as do records that do not read.
+    auto rec = read_record(path);
+    if (rec.is_ok() && rec->run == run && kept++ < keep_versions_) continue;
+    fs::remove(sidecar_of(path), ec);
+    fs::remove(path, ec);
+  }
+}
+
+Result<std::shared_ptr<ModelVersion>> VersionStore::load(const std::string& path) {
+  DC_ASSIGN_OR_RETURN(Record rec, read_record(path));
+  auto v = std::make_shared<ModelVersion>();
+  v->version = rec.version;
+  v->checksum = rec.checksum;
+  v->run = rec.run;
   DC_ASSIGN_OR_RETURN(auto file, SafetensorsFile::open(path));
   const ByteSpan image = file.image();
-  if (hash64(image) != image_hash) return Status::corruption(path + ": the data does not match its saved hash (damaged on disk?)");
+  if (hash64(image) != rec.image_hash) return Status::corruption(path + ": the data does not match its saved hash (damaged on disk?)");
   v->tensors = file.layout().tensors;
   v->metadata = file.layout().metadata;
   v->image.assign(image.begin(), image.end());
@@ -205,6 +231,16 @@ std::shared_ptr<const ModelVersion> VersionStore::resume(NodeHost& host) const {
 void VersionSaver::offer(std::shared_ptr<const ModelVersion> v) {
   unsaved_ = std::move(v);
   try_save();
+}
+
+void VersionSaver::on_run(const RunId& run) {
+  if (run_ == run) return;
+  // The first call names the run the worker resumed in; only a change removes files.
+  if (run_) {
+    spdlog::info("run {} began: removing the saved versions of run {}", to_string(run), to_string(*run_));
+    store_.prune(run);
+  }
+  run_ = run;
 }
 
 void VersionSaver::retry_if_due() {

@@ -95,6 +95,7 @@ dc_worker* dc_worker_start(const dc_worker_options* o, char* err, size_t err_len
       transport::VersionSaver saver(*w->store);
       while (!w->stopping) {
         auto v = w->host->wait_for_newer(saved, 100);
+        saver.on_run(w->host->current_run());
         if (!v) {
           saver.retry_if_due();
           continue;

@@ -197,8 +197,10 @@ class Node {
   void set_on_anchor_wanted(std::function<void()> callback) { on_anchor_wanted_ = std::move(callback); }
   // What the node has to say to a person: refused peers, new runs, errors. Called on the loop thread.
   void set_on_log(std::function<void(LogLevel, const std::string&)> callback) { on_log_ = std::move(callback); }
-  // The run whose versions this node holds and serves (empty until it sees one).
+  // The run whose versions this node holds and serves (empty until it sees one). run() on the
+  // loop thread; run_from_any_thread() anywhere.
   const RunId& run() const { return run_; }
+  RunId run_from_any_thread() const;
   const NodeConfig& config() const { return config_; }
   const NodeStats& stats() const { return stats_; }
   const std::map<std::uint64_t, VersionTiming>& timings() const { return timings_; }

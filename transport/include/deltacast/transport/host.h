@@ -98,6 +98,8 @@ class NodeHost {
   // version of a newer run; any version when `after` is null) or timeout_ms passes.
   std::shared_ptr<const runtime::ModelVersion> wait_for_newer(const std::shared_ptr<const runtime::ModelVersion>& after,
                                                                std::uint64_t timeout_ms);
+  // The run the node holds or awaits versions of (empty before it knows one), from any thread.
+  RunId current_run() const;
   // The endpoint actually bound (resolves "tcp://127.0.0.1:*").
   std::string bound_endpoint() const;
 

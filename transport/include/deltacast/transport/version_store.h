@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,13 +46,17 @@ class VersionStore {
   // logging the files skipped. Returns it, or null when there is none.
   std::shared_ptr<const runtime::ModelVersion> resume(NodeHost& host) const;
 
+  // Removes this node's saved versions of any other run, and all but the newest keep_versions
+  // of `run` (save() does this after each save; a worker that moves to a new run does it at
+  // once, so a restart never resumes the old run).
+  void prune(const RunId& run) const;
+
   std::string path_of(std::uint64_t version) const;
   // This node's files, newest version first.
   std::vector<std::pair<std::uint64_t, std::string>> files() const;
 
  private:
   bool is_temp_file(const std::string& name) const;
-  void prune() const;
 
   std::string dir_;
   std::string node_id_;
@@ -70,6 +75,8 @@ class VersionSaver {
   void offer(std::shared_ptr<const runtime::ModelVersion> v);
   // Tries the version not saved yet again once `retry` has passed since the last failure.
   void retry_if_due();
+  // The worker holds (or awaits) versions of `run` now: saved versions of other runs go.
+  void on_run(const RunId& run);
   // The version that is ready but not on disk (null when there is none), and why.
   const std::shared_ptr<const runtime::ModelVersion>& unsaved() const { return unsaved_; }
   const std::string& last_error() const { return last_error_; }
@@ -82,6 +89,7 @@ class VersionSaver {
   std::shared_ptr<const runtime::ModelVersion> unsaved_;
   std::string last_error_;  // empty while saves work
   std::chrono::steady_clock::time_point retry_at_;
+  std::optional<RunId> run_;
 };
 
 }  // namespace deltacast::transport

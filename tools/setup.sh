@@ -5,7 +5,7 @@ set -euo pipefail
 packages=(build-essential cmake pkg-config git libzstd-dev libxxhash-dev nlohmann-json3-dev libcli11-dev
   libuv1-dev libzmq3-dev libprotobuf-dev protobuf-compiler libspdlog-dev libsodium-dev)
 if [ "${1:-}" = "--test" ]; then
-  packages+=(catch2 clang libclang-rt-14-dev)
+  packages+=(catch2 clang libclang-rt-14-dev python3 python3-zmq python3-protobuf)
 fi
 missing=()
 for p in "${packages[@]}"; do

@@ -364,6 +364,12 @@ bool Node::admit_manifest(const ManifestMsg& m, std::shared_ptr<const Manifest>&
     stats_.stale_run_manifests++;
     return false;
   }
+  if (const std::uint64_t now_us = clock_.unix_us();
+      parsed->run > run_ && now_us != 0 && parsed->run.started_us > now_us + config_.run_clock_skew_ms_max * 1000) {
+    drop_peer(parent_, "manifest of " + to_string(m.key) + " names run " + to_string(parsed->run) + ", which starts " +
+                           std::to_string((parsed->run.started_us - now_us) / 1000000) + " s in the future (run_clock_skew_ms_max)");
+    return false;
+  }
   if (parsed->run > run_) switch_run(parsed->run);
   return true;
 }
@@ -853,6 +859,13 @@ void Node::on_ready_message(PeerId from, const Child& child, const Ready& r) {
       log(LogLevel::kWarn, "ignored a Ready of " + r.node_id + " for v" + std::to_string(r.version) + ", never published in this run");
       return;
     }
+    // A version still cached has a known checksum: a report of another one is not believed.
+    const CachedVersion* cv = r.run == run_ ? cache_.find({r.version, false}) : nullptr;
+    if (!cv && r.run == run_) cv = cache_.find({r.version, true});
+    if (cv && cv->manifest->version_checksum != r.checksum) {
+      log(LogLevel::kWarn, "ignored a Ready of " + r.node_id + " for v" + std::to_string(r.version) + " with a checksum that version does not have");
+      return;
+    }
     if (!ledger_.count(r.node_id) && ledger_.size() >= config_.ledger_workers_max) return;
     LedgerEntry& e = ledger_[r.node_id];
     e.left = false;
@@ -865,7 +878,8 @@ void Node::on_ready_message(PeerId from, const Child& child, const Ready& r) {
       auto pub = published_us_.find(r.version);
       e.publish_to_ready_ms = pub != published_us_.end() ? (clock_.now_us() - pub->second) / 1000 : r.publish_to_ready_ms;
     }
-    if (!r.error.empty()) e.last_error = r.error;
+    // Kept short: the ledger is bounded in entries, and each entry in bytes.
+    if (!r.error.empty()) e.last_error = r.error.substr(0, kLedgerErrorBytesMax);
     e.updated_ms = clock_.now_ms();
   } else {
     send_to_parent(r);

@@ -20,7 +20,10 @@ using namespace deltacast::runtime;
 class ManualClock final : public Clock {
  public:
   std::uint64_t now_ms() const override { return now_; }
+  // Wall-clock time: unknown (0) unless a test sets where it starts.
+  std::uint64_t unix_us() const override { return unix_start_us ? unix_start_us + now_ * 1000 : 0; }
   void advance(std::uint64_t ms) { now_ += ms; }
+  std::uint64_t unix_start_us = 0;
 
  private:
   std::uint64_t now_ = 1000;

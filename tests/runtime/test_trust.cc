@@ -144,6 +144,22 @@ TEST_CASE("a node never goes back to an older run", "[runtime][trust]") {
   CHECK(w2.stats().stale_run_manifests > 0);
 }
 
+TEST_CASE("a run that says it starts in the future is refused, so one forged manifest cannot hold a node", "[runtime][trust]") {
+  Series real(2, 1), forged(2, 7);
+  FakeNet net;
+  net.clock.unix_start_us = kRunA.started_us;
+  const RunId far_future{kRunA.started_us + 86'400'000'000ull, 1};  // a day ahead
+  Node& evil = net.add(origin_in(far_future, nullptr, "evil"));
+  Node& origin = net.add(origin_in(kRunA));
+  publish_run(evil, forged, 2);
+  publish_run(origin, real, 2);
+  Node& w = net.add(worker_config("w", {"evil", "origin"}));
+  REQUIRE(net.run_until([&] { return w.current_version() == 2; }));
+  CHECK(w.run() == kRunA);
+  CHECK(w.current()->image == real.images[1]);
+  CHECK(w.stats().peers_dropped > 0);
+}
+
 TEST_CASE("relays and workers trusting a key refuse versions a forged parent signed with another key", "[runtime][trust]") {
   Series real(3, 1), forged(3, 7);
   auto trainer_key = std::make_shared<const SigningKey>(make_signing_key());
@@ -340,6 +356,17 @@ TEST_CASE("a worker reports only for itself; the origin ignores versions never p
   net.run();
   CHECK(origin.ledger().count("liar") == 0);
   CHECK(origin.child_count() == 1);
+  Ready wrong_checksum;
+  wrong_checksum.node_id = "liar";
+  wrong_checksum.version = 2;
+  wrong_checksum.checksum = s.checksum(2) ^ 1;
+  REQUIRE(c.send(wrong_checksum));
+  net.run();
+  CHECK(origin.ledger().count("liar") == 0);
+  wrong_checksum.checksum = s.checksum(2);
+  REQUIRE(c.send(wrong_checksum));
+  net.run();
+  CHECK(origin.ledger().count("liar") == 1);
   Ready other;
   other.node_id = "someone-else";
   other.version = 2;

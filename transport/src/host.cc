@@ -86,6 +86,8 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
   std::map<PeerId, int> fd_of;
   std::vector<std::pair<std::uint64_t, int>> shutdowns_due;  // (when, fd): after a Refuse had time to go out
   std::uint64_t connections_refused = 0;
+  std::uint64_t handshakes_failed = 0;
+  std::uint64_t idle_closed = 0;
   std::map<PeerId, Socket> parents;
   std::map<std::string, PeerId> child_by_identity;
   std::map<PeerId, std::string> identity_of;
@@ -124,6 +126,10 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
   std::uint64_t now_us() const override {
     return static_cast<std::uint64_t>(
         std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
+  }
+  std::uint64_t unix_us() const override {
+    return static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
   }
   std::uint64_t now_ms() const override {
     return static_cast<std::uint64_t>(
@@ -186,6 +192,12 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
     DC_RETURN_IF_ERROR(configure_common(router.zsock));
     int one = 1;
     zmq_setsockopt(router.zsock, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
+    // Children send small messages up (Hello, Need, Ready, Heartbeat, Leave); only trainer
+    // shards send chunks. A connection that has not even said Hello holds at most this much.
+    if (node_config.expect_shards == 0) {
+      const std::int64_t child_max = static_cast<std::int64_t>(std::min(config.message_bytes_max, config.child_message_bytes_max));
+      zmq_setsockopt(router.zsock, ZMQ_MAXMSGSIZE, &child_max, sizeof child_max);
+    }
     if (config.curve) {
       if (zmq_setsockopt(router.zsock, ZMQ_CURVE_SERVER, &one, sizeof one) ||
           zmq_setsockopt(router.zsock, ZMQ_CURVE_SECRETKEY, config.curve->secret_key.c_str(), 40))
@@ -453,6 +465,7 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
         return;
       default:
         // The refusals ZAP does not see: a plaintext peer, a wrong server key, a broken handshake.
+        if (handshakes_failed++ % 1000 != 0) return;  // once per thousand: a flood does not flood the log
         spdlog::warn("{}: refused a peer at {}: {}", node_config.node_id, address,
                      event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH       ? "authentication failed"
                      : event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ? "handshake protocol error (plaintext, or another security mechanism)"
@@ -482,7 +495,13 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
     std::vector<int> idle;
     for (const auto& [fd, c] : connections)
       if (!c.said_hello && now - c.accepted_ms > config.hello_timeout_ms) idle.push_back(fd);
-    for (int fd : idle) close_connection(fd, "no Hello within hello_timeout_ms (" + std::to_string(config.hello_timeout_ms) + " ms)");
+    for (int fd : idle) {
+      connections.erase(fd);
+      ::shutdown(fd, SHUT_RDWR);
+      if (idle_closed++ % 1000 == 0)
+        spdlog::warn("{}: closed a connection without a Hello within hello_timeout_ms ({} ms; {} so far)", node_config.node_id,
+                     config.hello_timeout_ms, idle_closed);
+    }
     std::erase_if(shutdowns_due, [&](const auto& due) {
       if (now < due.first) return false;
       if (connections.count(due.second)) close_connection(due.second, "the node let go of this child");

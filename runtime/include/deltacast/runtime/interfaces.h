@@ -35,6 +35,9 @@ class Clock {
   virtual std::uint64_t now_ms() const = 0;
   // Finer time for latency metrics; the default has millisecond resolution.
   virtual std::uint64_t now_us() const { return now_ms() * 1000; }
+  // Wall-clock time in microseconds since the Unix epoch, to judge a run's start time by; 0 if
+  // the clock does not know (tests, the simulator): no run is then judged to start too late.
+  virtual std::uint64_t unix_us() const { return 0; }
 };
 
 // Work for a TaskRunner: work() runs off the event loop (on a pool), then done() back on the

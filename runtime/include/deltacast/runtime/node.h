@@ -86,6 +86,9 @@ struct NodeConfig {
   std::uint64_t anchor_interval_ms_min = 5000;  // origin: anchors made on request at most this often
   std::uint32_t needs_per_s_max = 200;          // Need messages a child may send per second (and burst)
   std::uint32_t resends_per_chunk_max = 4;      // chunks sent again per child, per version, per chunk of it
+  // A run that says it started later than this past the node's own clock is refused: one forged
+  // manifest from the far future could otherwise hold a node that trusts no key in that run.
+  std::uint64_t run_clock_skew_ms_max = 600000;
 };
 
 enum class LogLevel : std::uint8_t { kInfo, kWarn, kError };
@@ -214,6 +217,7 @@ class Node {
   // cache, and by kSubscriptionsPerChildMax for versions a child asked for that are not here.
   std::size_t child_records() const;
   static constexpr std::size_t kSubscriptionsPerChildMax = 256;
+  static constexpr std::size_t kLedgerErrorBytesMax = 256;  // of each worker's last error in the ledger
   bool connected() const { return parent_ != 0 && welcomed_; }
   const std::string& last_error() const { return last_error_; }
 

@@ -38,6 +38,8 @@ struct HostConfig {
   // A connection that sends nothing (not even ZeroMQ's pings, not a frame's next byte) for this
   // long is closed; so is one whose handshake takes longer.
   std::uint64_t peer_silence_ms_max = 10000;
+  // Incoming messages from children (all but trainer shards' slices) are at most this large.
+  std::uint64_t child_message_bytes_max = 8ull << 20;
   std::size_t connections_max = 4096;     // connections to the listener at once; more are closed at once
   std::uint64_t hello_timeout_ms = 10000; // a connection that has not said Hello by then is closed
   std::uint64_t tick_ms = 10;

@@ -1,0 +1,1340 @@
+#!/usr/bin/env python3
+"""Hostile peers against real deltacast processes on 127.0.0.1.
+
+Each case starts real `deltacast publish`/`relay`/`worker` processes, plays a hostile peer with
+python3-zmq (a fake parent, a lying child, a forged trainer shard) or with raw TCP sockets (half
+frames, silent connections, metrics clients that hang up), and checks that the node keeps the
+bound docs/RUNTIME.md ("Security", "Runs", "Bounds on peers") promises. Every case asserts
+something that fails if its protection is missing.
+
+  fake-parent-heartbeat  a parent that says it has version 2^62
+  fake-parent-huge-image a parent that sends a well-formed manifest of a 1 TiB image
+  forged-parent-signed   parents that serve forged versions to a worker that trusts one key
+  shard-injection        clients that pose as trainer shards with unsigned or foreign slices
+  ready-for-other-id     a worker that reports for another id and for versions never published
+  need-flood             a child that asks for every chunk again, 20 times a second
+  anchor-beyond-newest   children that ask for an anchor newer than version 2^63
+  partial-frames         connections that send most of a huge frame and stall
+  idle-connections       300 connections that never speak
+  big-ready-ids          300 messages carrying 0.9 MB node ids
+  metrics-early-close    metrics clients that hang up at once, and one that never asks
+  plaintext-to-curve     plaintext and unknown-key clients of a CURVE relay
+
+Usage: python3 hostile_peers.py path/to/deltacast [case...]
+Prints "PASS name" or "FAIL name: why" per case, then "N passed, M failed"; exits 1 on a failure.
+Needs python3-zmq, python3-protobuf, protoc and libxxhash (all in tools/setup.sh --test).
+"""
+
+import ctypes
+import hashlib
+import os
+import re
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+try:
+    import zmq
+except ImportError:
+    # python3-zmq and python3-protobuf are Debian's: another python3 first on PATH (pyenv, a venv)
+    # does not see them, the system's does.
+    if os.path.realpath(sys.executable) != os.path.realpath("/usr/bin/python3") and os.access("/usr/bin/python3", os.X_OK):
+        os.execv("/usr/bin/python3", ["/usr/bin/python3"] + sys.argv)
+    print("hostile_peers.py needs python3-zmq (tools/setup.sh --test installs it)", file=sys.stderr)
+    sys.exit(1)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PROTO_DIR = os.path.join(ROOT, "transport", "proto")
+
+# What the nodes are built with (runtime/include/deltacast/runtime/node.h, transport host.h).
+VERSION_JUMP_MAX = 1 << 20
+RESENDS_PER_CHUNK_MAX = 4
+PEER_SILENCE_S = 10.0
+HELLO_TIMEOUT_S = 10.0
+METRICS_TIMEOUT_S = 5.0
+
+CASE_TIMEOUT_S = int(os.environ.get("HOSTILE_CASE_TIMEOUT", "90"))  # per case; ctest gives the whole run 600 s
+pb = None  # the generated deltacast_pb2 module
+ctx = None  # the zmq context
+DC = None  # the deltacast binary
+TMP = None  # this run's temp dir
+PORT_BASE = 0
+SHARED = {}  # checkpoints, anchors and their checksums, made once
+
+# ---- processes ------------------------------------------------------------------------------------
+
+PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _die_with_parent():
+    # A child outlives nothing of this script: killed with it, even by SIGKILL (ctest's timeout).
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+class Proc:
+    live = []
+
+    def __init__(self, name, args, logdir):
+        self.name = name
+        self.log_path = os.path.join(logdir, name + ".log")
+        self.args = [str(a) for a in args]
+        with open(self.log_path, "wb") as f:
+            self.p = subprocess.Popen(self.args, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                      preexec_fn=_die_with_parent)
+        self.pid = self.p.pid
+        Proc.live.append(self)
+
+    def log(self):
+        try:
+            with open(self.log_path, "r", errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def wait_log(self, pattern, timeout, count=1):
+        """Waits until `pattern` (a regex) occurs `count` times in the log; returns the last match or None."""
+        rx = re.compile(pattern)
+        deadline = time.time() + timeout
+        while True:
+            found = list(rx.finditer(self.log()))
+            if len(found) >= count:
+                return found[count - 1]
+            if time.time() > deadline:
+                return None
+            time.sleep(0.1)
+
+    def alive(self):
+        return self.p.poll() is None
+
+    def stat(self):
+        """(cpu seconds, rss bytes) of the process, or (None, None) once it is gone."""
+        try:
+            with open("/proc/%d/stat" % self.pid) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            ticks = os.sysconf("SC_CLK_TCK")
+            cpu = (int(fields[11]) + int(fields[12])) / ticks
+            rss = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+            return cpu, rss
+        except (OSError, IndexError, ValueError):
+            return None, None
+
+    def cpu(self):
+        return self.stat()[0]
+
+    def rss(self):
+        return self.stat()[1]
+
+    def kill(self):
+        if self.p.poll() is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            self.p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        if self in Proc.live:
+            Proc.live.remove(self)
+
+
+def kill_all():
+    for p in list(Proc.live):
+        p.kill()
+
+
+# ---- failures and timeouts ------------------------------------------------------------------------
+
+
+class CaseFailed(Exception):
+    pass
+
+
+class CaseTimeout(Exception):
+    pass
+
+
+class Case:
+    def __init__(self, name, index):
+        self.name = name
+        self.index = index
+        self.dir = os.path.join(TMP, name)
+        os.makedirs(self.dir)
+        self.problems = []
+        self.notes = []
+        self.procs = []
+        self.socks = []
+        self.raw = []
+
+    def port(self, k):
+        return PORT_BASE + self.index * 10 + k
+
+    def ep(self, k):
+        return "tcp://127.0.0.1:%d" % self.port(k)
+
+    def start(self, name, *args):
+        p = Proc(name, [DC] + list(args), self.dir)
+        self.procs.append(p)
+        return p
+
+    def expect(self, cond, why):
+        if not cond:
+            self.problems.append(why)
+        return cond
+
+    def require(self, cond, why):
+        if not cond:
+            self.problems.append(why)
+            raise CaseFailed(why)
+
+    def note(self, text):
+        self.notes.append(text)
+
+    def sock(self, kind, **opts):
+        s = ctx.socket(kind)
+        s.setsockopt(zmq.LINGER, 0)
+        for k, v in opts.items():
+            s.setsockopt(getattr(zmq, k), v)
+        self.socks.append(s)
+        return s
+
+    def tcp(self, port, timeout=5.0):
+        s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self.raw.append(s)
+        return s
+
+    def cleanup(self):
+        for s in self.socks:
+            try:
+                s.close(linger=0)
+            except zmq.ZMQError:
+                pass
+        for s in self.raw:
+            try:
+                s.close()
+            except OSError:
+                pass
+        for p in self.procs:
+            p.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _on_alarm(signum, frame):
+    raise CaseTimeout("case took more than %d s" % CASE_TIMEOUT_S)
+
+
+def _on_term(signum, frame):
+    raise SystemExit("stopped by signal %d" % signum)
+
+
+# ---- wire messages ------------------------------------------------------------------------------
+
+
+def envelope():
+    e = pb.Envelope()
+    e.protocol_version = 2
+    return e
+
+
+def run_of(run):
+    return run if run else (0, 0)
+
+
+def m_hello(node_id, role=1, have=0, resume=False, run=None, serves=False):
+    e = envelope()
+    h = e.hello
+    h.node_id = node_id
+    h.role = role
+    h.have_version = have
+    h.resume = resume
+    h.run.started_us, h.run.nonce = run_of(run)
+    h.serves_children = serves
+    return e.SerializeToString()
+
+
+def m_welcome(newest, run=None):
+    e = envelope()
+    e.welcome.newest_version = newest
+    e.welcome.run.started_us, e.welcome.run.nonce = run_of(run)
+    return e.SerializeToString()
+
+
+def m_heartbeat(newest, run=None):
+    e = envelope()
+    e.heartbeat.newest_version = newest
+    e.heartbeat.run.started_us, e.heartbeat.run.nonce = run_of(run)
+    return e.SerializeToString()
+
+
+def m_manifest(version, anchor, shard=0, shards=0, published_us=0):
+    e = envelope()
+    e.manifest.key.version = version
+    e.manifest.key.anchor = anchor
+    e.manifest.published_us = published_us
+    e.manifest.shard = shard
+    e.manifest.shards = shards
+    return e.SerializeToString()
+
+
+def m_chunk(version, anchor, index, shard=0):
+    e = envelope()
+    e.chunk.key.version = version
+    e.chunk.key.anchor = anchor
+    e.chunk.index = index
+    e.chunk.shard = shard
+    return e.SerializeToString()
+
+
+def m_need(version, anchor, chunks=(), want_anchor=False, again=False):
+    e = envelope()
+    e.need.key.version = version
+    e.need.key.anchor = anchor
+    e.need.chunks.extend(chunks)
+    e.need.want_anchor = want_anchor
+    e.need.again = again
+    return e.SerializeToString()
+
+
+def m_ready(node_id, version, checksum=0, run=None, error=""):
+    e = envelope()
+    r = e.ready
+    r.node_id = node_id
+    r.version = version
+    r.checksum = checksum
+    r.error = error
+    r.run.started_us, r.run.nonce = run_of(run)
+    return e.SerializeToString()
+
+
+def m_leave(node_id, reason="done"):
+    e = envelope()
+    e.leave.node_id = node_id
+    e.leave.reason = reason
+    return e.SerializeToString()
+
+
+def parse_env(frame):
+    e = pb.Envelope()
+    e.ParseFromString(bytes(frame))
+    return e
+
+
+def drain(sock, seconds, on_message=None):
+    """Receives from `sock` for `seconds`; returns the messages, each a list of zmq frames."""
+    out = []
+    deadline = time.time() + seconds
+    while True:
+        left = deadline - time.time()
+        if left <= 0:
+            return out
+        if not sock.poll(int(left * 1000) + 1):
+            continue
+        while True:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            out.append(frames)
+            if on_message:
+                on_message(frames)
+
+
+# ---- formats (docs/FORMAT.md) ---------------------------------------------------------------------
+
+_xxh = None
+
+
+def xxh3(data):
+    global _xxh
+    if _xxh is None:
+        for name in ("libxxhash.so.0", "libxxhash.so"):
+            try:
+                _xxh = ctypes.CDLL(name)
+                break
+            except OSError:
+                continue
+        if _xxh is None:
+            raise RuntimeError("libxxhash not found (tools/setup.sh installs libxxhash-dev)")
+        _xxh.XXH3_64bits.restype = ctypes.c_uint64
+        _xxh.XXH3_64bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    data = bytes(data)
+    return _xxh.XXH3_64bits(data, len(data))
+
+
+def combine(size, hashes):
+    return xxh3(struct.pack("<Q", size) + b"".join(struct.pack("<Q", h) for h in hashes))
+
+
+def varint(n):
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def string(s):
+    s = s.encode() if isinstance(s, str) else s
+    return varint(len(s)) + s
+
+
+class Reader:
+    def __init__(self, b):
+        self.b = bytes(b)
+        self.i = 0
+
+    def fixed(self, fmt):
+        v = struct.unpack_from(fmt, self.b, self.i)[0]
+        self.i += struct.calcsize(fmt)
+        return v
+
+    def raw(self, n):
+        v = self.b[self.i:self.i + n]
+        self.i += n
+        return v
+
+    def varint(self):
+        n = shift = 0
+        while True:
+            c = self.b[self.i]
+            self.i += 1
+            n |= (c & 0x7F) << shift
+            shift += 7
+            if not c & 0x80:
+                return n
+
+    def string(self):
+        return self.raw(self.varint())
+
+
+def parse_manifest(b):
+    r = Reader(b)
+    m = {}
+    if r.fixed("<I") != 0x4D464344:
+        raise ValueError("not a manifest")
+    m["format"] = r.fixed("<B")
+    m["kind"] = r.fixed("<B")
+    m["version"] = r.fixed("<Q")
+    m["base_version"] = r.fixed("<Q")
+    m["image_size"] = r.fixed("<Q")
+    m["run"] = (0, 0)
+    flags = 0
+    if m["format"] == 2:
+        m["run"] = (r.fixed("<Q"), r.fixed("<Q"))
+        flags = r.fixed("<B")
+    m["signed"] = bool(flags & 1)
+    m["metadata"] = [(r.string(), r.string()) for _ in range(r.varint())]
+    tensors = []
+    for _ in range(r.varint()):
+        name = r.string()
+        dtype = r.fixed("<B")
+        dims = [r.varint() for _ in range(r.varint())]
+        tensors.append({"name": name, "dtype": dtype, "dims": dims, "offset": r.varint(), "nbytes": r.varint()})
+    m["tensors"] = tensors
+    chunks = []
+    for _ in range(r.varint()):
+        c = {"length": r.varint(), "payload_bytes": r.varint(), "payload_hash": r.fixed("<Q"), "content_hash": r.fixed("<Q")}
+        c["base_hash"] = r.fixed("<Q") if m["kind"] == 0 else 0
+        c["digest"] = r.raw(32) if m["signed"] else b""
+        chunks.append(c)
+    m["chunks"] = chunks
+    m["base_checksum"] = r.fixed("<Q")
+    m["version_checksum"] = r.fixed("<Q")
+    if m["signed"]:
+        m["signer"] = r.raw(32)
+        m["signature"] = r.raw(64)
+    if r.i != len(r.b):
+        raise ValueError("trailing bytes after the manifest")
+    return m
+
+
+def write_manifest(m):
+    """Serializes a manifest dict (as parse_manifest returns); format 2 if it has a run or is signed."""
+    fmt = 2 if m["run"] != (0, 0) or m["signed"] else 1
+    out = struct.pack("<IBBQQQ", 0x4D464344, fmt, m["kind"], m["version"], m["base_version"], m["image_size"])
+    if fmt == 2:
+        out += struct.pack("<QQB", m["run"][0], m["run"][1], 1 if m["signed"] else 0)
+    out += varint(len(m["metadata"])) + b"".join(string(k) + string(v) for k, v in m["metadata"])
+    out += varint(len(m["tensors"]))
+    for t in m["tensors"]:
+        out += string(t["name"]) + bytes([t["dtype"]]) + varint(len(t["dims"])) + b"".join(varint(d) for d in t["dims"])
+        out += varint(t["offset"]) + varint(t["nbytes"])
+    out += varint(len(m["chunks"]))
+    for c in m["chunks"]:
+        out += varint(c["length"]) + varint(c["payload_bytes"]) + struct.pack("<QQ", c["payload_hash"], c["content_hash"])
+        if m["kind"] == 0:
+            out += struct.pack("<Q", c["base_hash"])
+        if m["signed"]:
+            out += c["digest"]
+    out += struct.pack("<QQ", m["base_checksum"], m["version_checksum"])
+    if m["signed"]:
+        out += m["signer"] + m["signature"]
+    return out
+
+
+def read_container(path):
+    """(manifest bytes, parsed manifest, [payloads]) of a .dcd file."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:8] != b"DELTACST":
+        raise ValueError(path + ": not a container")
+    mlen, mhash = struct.unpack_from("<QQ", data, 16)
+    manifest = data[32:32 + mlen]
+    if xxh3(manifest) != mhash:
+        raise ValueError(path + ": manifest hash mismatch")
+    m = parse_manifest(manifest)
+    payloads, at = [], 32 + mlen
+    for c in m["chunks"]:
+        payloads.append(data[at:at + c["payload_bytes"]])
+        at += c["payload_bytes"]
+    if at != len(data):
+        raise ValueError(path + ": trailing bytes")
+    return manifest, m, payloads
+
+
+def huge_anchor_manifest(version, image_size):
+    """A well-formed, consistent format 1 anchor manifest of one U8 tensor over `image_size` bytes."""
+    chunk = 1 << 31  # the largest chunk a manifest may list
+    chunks = []
+    for i in range(image_size // chunk):
+        content = xxh3(b"content %d" % i)
+        chunks.append({"length": chunk, "payload_bytes": 64, "payload_hash": xxh3(b"payload %d" % i), "content_hash": content,
+                       "base_hash": 0, "digest": b""})
+    m = {"kind": 1, "version": version, "base_version": 0, "image_size": image_size, "run": (0, 0), "signed": False,
+         "metadata": [], "tensors": [{"name": "w", "dtype": 1, "dims": [image_size], "offset": 0, "nbytes": image_size}],
+         "chunks": chunks, "base_checksum": 0, "version_checksum": combine(image_size, [c["content_hash"] for c in chunks])}
+    return write_manifest(m)
+
+
+# ---- shared inputs ------------------------------------------------------------------------------
+
+
+def run_dc(*args, timeout=120):
+    r = subprocess.run([DC] + [str(a) for a in args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout,
+                       preexec_fn=_die_with_parent)
+    if r.returncode != 0:
+        raise CaseFailed("deltacast %s failed: %s" % (" ".join(str(a) for a in args), r.stdout.decode(errors="replace")[-500:]))
+    return r.stdout.decode(errors="replace")
+
+
+def shared():
+    """Checkpoints (4, 16 MB), the anchor of each and its checksum: what every honest version must carry."""
+    if SHARED:
+        return SHARED
+    d = os.path.join(TMP, "shared")
+    os.makedirs(d)
+    run_dc("gen", "-q", "-o", os.path.join(d, "ckpt"), "--size", "16MB", "--steps", "3")
+    ckpts = sorted(os.path.join(d, "ckpt", f) for f in os.listdir(os.path.join(d, "ckpt")) if f.endswith(".safetensors"))
+    expected, anchors = {}, {}
+    for v, path in enumerate(ckpts, start=1):
+        out = os.path.join(d, "a%d.dcd" % v)
+        run_dc("encode", "-q", path, "-o", out, "--version", v)
+        m = re.search(r"version checksum ([0-9a-f]+)", run_dc("inspect", out))
+        expected[v] = m.group(1)
+        anchors[v] = out
+    # A tampered copy of the first checkpoint: a few bytes near its end changed.
+    tampered = os.path.join(d, "tampered.safetensors")
+    with open(ckpts[0], "rb") as f:
+        data = bytearray(f.read())
+    for i in range(len(data) - 4096, len(data), 97):
+        data[i] ^= 0x01
+    with open(tampered, "wb") as f:
+        f.write(data)
+    SHARED.update(dir=d, ckpts=ckpts, expected=expected, anchors=anchors, tampered=tampered)
+    return SHARED
+
+
+def ready_lines(proc):
+    """[(version, checksum)] of a worker's "version N ready, checksum C" lines."""
+    return [(int(v), c) for v, c in re.findall(r"version (\d+) ready, checksum ([0-9a-f]+)", proc.log())]
+
+
+def check_versions(t, worker, newest, expected):
+    got = ready_lines(worker)
+    t.expect(any(v == newest for v, _ in got), "%s never reported version %d ready (reported %s)" % (worker.name, newest, got))
+    for v, c in got:
+        t.expect(expected.get(v) == c, "%s exposed version %d with checksum %s, the publisher's is %s" %
+                 (worker.name, v, c, expected.get(v, "none")))
+
+
+def start_origin(t, name="origin", port=0, extra=(), files=None):
+    s = shared()
+    args = ["publish", "--listen", t.ep(port), "--linger-ms", "600000"] + list(extra)
+    args += s["ckpts"] if files is None else files
+    p = t.start(name, *args)
+    t.require(wait_until(lambda: listening(t.port(port)), 20), name + " did not start: " + p.log()[-300:])
+    return p
+
+
+def origin_run(t, port=0):
+    """The run an origin publishes in, from its Welcome to a relay that holds nothing (and is sent nothing)."""
+    probe = t.sock(zmq.DEALER)
+    probe.connect(t.ep(port))
+    probe.send(m_hello("run-probe", role=0))
+    for frames in drain(probe, 2.0):
+        e = parse_env(frames[0].bytes)
+        if e.WhichOneof("body") == "welcome":
+            probe.send(m_leave("run-probe"))
+            return (e.welcome.run.started_us, e.welcome.run.nonce)
+    raise CaseFailed("the origin did not welcome a relay")
+
+
+def metrics(port, timeout=5.0):
+    """(body text, seconds it took) of GET /metrics."""
+    t0 = time.time()
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    try:
+        s.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+        data = b""
+        while True:
+            b = s.recv(1 << 20)
+            if not b:
+                break
+            data += b
+    finally:
+        s.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    return body.decode(errors="replace"), time.time() - t0, head.split(b"\r\n")[0].decode(errors="replace")
+
+
+def metric(body, name):
+    m = re.search(r"^%s(?:\{[^}]*\})? (\S+)$" % re.escape(name), body, re.M)
+    return float(m.group(1)) if m else None
+
+
+def established(port):
+    """Connections ESTABLISHED to 127.0.0.1:port (the listener's side), as `ss -tn` counts them."""
+    if shutil.which("ss"):
+        r = subprocess.run(["ss", "-Htn", "state", "established", "( sport = :%d )" % port], stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL)
+        if r.returncode == 0:
+            return len([ln for ln in r.stdout.decode().splitlines() if ln.strip()])
+    n = 0
+    with open("/proc/net/tcp") as f:
+        for ln in f.readlines()[1:]:
+            parts = ln.split()
+            if parts[3] == "01" and int(parts[1].split(":")[1], 16) == port:
+                n += 1
+    return n
+
+
+def listening(port):
+    """True once something listens on 127.0.0.1:port (or on every address)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                for ln in f.readlines()[1:]:
+                    parts = ln.split()
+                    if parts[3] == "0A" and int(parts[1].split(":")[1], 16) == port:
+                        return True
+        except OSError:
+            pass
+    return False
+
+
+def wait_until(cond, timeout, step=0.1):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if cond():
+            return True
+        time.sleep(step)
+    return cond()
+
+
+# ---- cases ----------------------------------------------------------------------------------------
+
+
+def case_fake_parent_heartbeat(t):
+    """A fake parent serves a worker version 1, then says it has version 2^62 (a Heartbeat, then the
+    Welcome of every new link), then the most a parent may claim (version 1 + version_jump_max)."""
+    s = shared()
+    manifest, _, payloads = read_container(s["anchors"][1])
+    fake = t.sock(zmq.ROUTER)
+    fake.bind(t.ep(0))
+    w = t.start("worker", "worker", "--id", "w1", "--parent", t.ep(0))
+    phase = "serve"
+    hellos = {"serve": 0, "claim": 0, "most": 0}
+    needs = 0
+    ident = None
+    cpu0 = tcpu = None
+    peak_rss = 0
+    last_hb = 0.0
+    t0 = time.time()
+    claim_t = most_t = None
+    while time.time() - t0 < 25:
+        now = time.time()
+        if phase == "serve" and re.search(r"version 1 ready", w.log()):
+            phase, claim_t = "claim", now
+            cpu0, tcpu = w.cpu(), now
+            if ident is not None:
+                fake.send_multipart([ident, m_heartbeat(1 << 62)])
+        elif phase == "claim" and now - claim_t > 3.0:
+            phase, most_t = "most", now
+        elif phase == "most" and now - most_t > 2.5:
+            break
+        if ident is not None and now - last_hb > 0.25:
+            last_hb = now
+            fake.send_multipart([ident, m_heartbeat({"serve": 1, "claim": 1 << 62, "most": 1 + VERSION_JUMP_MAX}[phase])])
+        if phase != "serve":
+            peak_rss = max(peak_rss, w.rss() or 0)
+        if not fake.poll(50):
+            continue
+        frames = fake.recv_multipart()
+        body = parse_env(frames[1]).WhichOneof("body") if len(frames) >= 2 else None
+        if body == "need" and phase == "most":
+            needs += 1
+        if body != "hello":
+            continue
+        ident = frames[0]
+        hellos[phase] += 1
+        if phase == "serve":
+            fake.send_multipart([ident, m_welcome(1)])
+            fake.send_multipart([ident, m_manifest(1, True, published_us=int(time.time() * 1e6)), manifest])
+            for i, p in enumerate(payloads):
+                fake.send_multipart([ident, m_chunk(1, True, i), p])
+        else:
+            fake.send_multipart([ident, m_welcome(1 << 62 if phase == "claim" else 1 + VERSION_JUMP_MAX)])
+    t.require(hellos["serve"] > 0, "the worker never said Hello to its parent")
+    t.require(phase != "serve", "the worker did not take version 1 from the fake parent: " + w.log()[-300:])
+    cpu1 = w.cpu()
+    t.require(w.alive() and cpu1 is not None, "the worker died: " + w.log()[-400:])
+    busy = (cpu1 - cpu0) / (time.time() - tcpu)
+    t.note("after the claims: worker CPU %.0f%% of a core, peak RSS %.0f MB, Hellos %s, %d Needs in 2.5 s at 1 + version_jump_max" %
+           (100 * busy, peak_rss / 1e6, hellos, needs))
+    t.expect(busy < 0.25, "the worker used %.0f%% of a core after the claims" % (100 * busy))
+    t.expect(peak_rss < 300e6, "the worker's RSS reached %.0f MB" % (peak_rss / 1e6))
+    t.expect(re.search(r"parent \S+ dropped: it claims version %d" % (1 << 62), w.log()) is not None,
+             "the worker did not log that it dropped the parent")
+    t.expect(hellos["claim"] + hellos["most"] <= 15, "the worker reconnected %d times in 5.5 s (a busy reconnect loop)" %
+             (hellos["claim"] + hellos["most"]))
+    t.expect(needs <= 500, "the worker sent %d Needs in 2.5 s to a parent claiming 2^20 versions" % needs)
+    ts = time.time()
+    w.p.send_signal(signal.SIGTERM)
+    try:
+        w.p.wait(timeout=4)
+        t.note("exited %.1f s after SIGTERM" % (time.time() - ts))
+    except subprocess.TimeoutExpired:
+        t.expect(False, "the worker did not exit within 4 s of SIGTERM")
+
+
+def case_fake_parent_huge_image(t):
+    """A fake parent sends a consistent manifest of a 1 TiB image; the real origin is the second parent."""
+    s = shared()
+    fake = t.sock(zmq.ROUTER)
+    fake.bind(t.ep(0))
+    start_origin(t, port=1)
+    w = t.start("worker", "worker", "--id", "w1", "--parent", t.ep(0), "--parent", t.ep(1), "--exit-after-version", "4")
+    huge = huge_anchor_manifest(1, 1 << 40)
+    # The manifest checks out as a whole (this is what a parser sees before any limit).
+    parsed = parse_manifest(huge)
+    t.require(parsed["version_checksum"] == combine(parsed["image_size"], [c["content_hash"] for c in parsed["chunks"]]),
+              "the test's own manifest is not consistent")
+    served = 0
+    t0 = time.time()
+    ident = None
+    last_hb = 0.0
+    # Serve it (Welcome, Manifest, heartbeats) for 3 s, to every link the worker opens; then fall silent.
+    while time.time() - t0 < 3.0:
+        if fake.poll(50):
+            frames = fake.recv_multipart()
+            if len(frames) >= 2 and parse_env(frames[1]).WhichOneof("body") == "hello":
+                ident = frames[0]
+                fake.send_multipart([ident, m_welcome(1)])
+                fake.send_multipart([ident, m_manifest(1, True, published_us=int(time.time() * 1e6)), huge])
+                for i in range(4):
+                    fake.send_multipart([ident, m_chunk(1, True, i), b"\0" * 64])
+                served += 1
+        if ident is not None and time.time() - last_hb > 0.25:
+            last_hb = time.time()
+            fake.send_multipart([ident, m_heartbeat(1)])
+    t.require(served > 0, "the worker never said Hello to the fake parent")
+    fake.close(linger=0)
+    t.expect(w.wait_log(r"version 4 ready", 30) is not None, "the worker did not get version 4 from the real origin")
+    log = w.log()
+    t.expect("bad_alloc" not in log and "terminate" not in log and "Aborted" not in log, "the worker crashed: " + log[-300:])
+    t.expect(w.p.poll() in (None, 0), "the worker exited with %s" % w.p.poll())
+    t.expect(re.search(r"image of %d bytes, above the limit" % (1 << 40), log) is not None or
+             re.search(r"cannot allocate %d" % (1 << 40), log) is not None, "no refusal of the 1 TiB image logged")
+    check_versions(t, w, 4, s["expected"])
+
+
+def case_forged_parent_signed(t):
+    """Workers trusting the origin's key; first parents serve forgeries: unsigned v99, a bad signature
+    that names the trusted key, and a rogue origin signing with its own key."""
+    s = shared()
+    key = os.path.join(t.dir, "sign.key")
+    pub = run_dc("keygen", "--sign", "-o", key).strip().split()[-1]
+    rogue_key = os.path.join(t.dir, "rogue.key")
+    run_dc("keygen", "--sign", "-o", rogue_key)
+    t.require(re.fullmatch(r"[0-9a-f]{64}", pub) is not None, "keygen --sign printed no public key: " + pub)
+    start_origin(t, port=1, extra=["--sign-key", key])
+    start_origin(t, name="rogue", port=2, extra=["--sign-key", rogue_key], files=[s["tampered"]])
+    forged_path = os.path.join(t.dir, "forged.dcd")
+    run_dc("encode", "-q", s["tampered"], "-o", forged_path, "--version", "99")
+    forged, fm, payloads = read_container(forged_path)
+    t.require(fm["version"] == 99 and fm["kind"] == 1, "the forged anchor is not version 99")
+    # The same forgery, signed in name: format 2, digests, the trusted key as signer, a made-up signature.
+    bad = dict(fm, run=origin_run(t, port=1), signed=True, signer=bytes.fromhex(pub), signature=os.urandom(64))
+    bad["chunks"] = [dict(c, digest=hashlib.blake2b(p, digest_size=32).digest()) for c, p in zip(fm["chunks"], payloads)]
+    badsig = write_manifest(bad)
+    fake = t.sock(zmq.ROUTER)
+    fake.bind(t.ep(0))
+    workers = {
+        "unsigned": t.start("w-unsigned", "worker", "--id", "w-unsigned", "--trust-key", pub, "--parent", t.ep(0), "--parent", t.ep(1)),
+        "badsig": t.start("w-badsig", "worker", "--id", "w-badsig", "--trust-key", pub, "--parent", t.ep(0), "--parent", t.ep(1)),
+        "rogue": t.start("w-rogue", "worker", "--id", "w-rogue", "--trust-key", key, "--parent", t.ep(2), "--parent", t.ep(1)),
+    }
+    served = set()
+    t0 = time.time()
+    while time.time() - t0 < 4.0:
+        if not fake.poll(100):
+            continue
+        frames = fake.recv_multipart()
+        if len(frames) < 2 or parse_env(frames[1]).WhichOneof("body") != "hello":
+            continue
+        who = parse_env(frames[1]).hello.node_id
+        manifest = forged if who == "w-unsigned" else badsig
+        fake.send_multipart([frames[0], m_welcome(99, bad["run"] if who == "w-badsig" else None)])
+        fake.send_multipart([frames[0], m_manifest(99, True, published_us=int(time.time() * 1e6)), manifest])
+        for i, p in enumerate(payloads):
+            fake.send_multipart([frames[0], m_chunk(99, True, i), p])
+        served.add(who)
+    t.expect(served == {"w-unsigned", "w-badsig"}, "the fake parent served only %s" % sorted(served))
+    refusals = {"unsigned": r"is not signed, and this node trusts only signed versions",
+                "badsig": r"the signature does not verify",
+                "rogue": r"is signed by key"}
+    deadline = time.time() + 30
+    for kind, w in workers.items():
+        t.expect(w.wait_log(r"version 4 ready", max(1, deadline - time.time())) is not None,
+                 "%s did not get version 4 from the real origin" % w.name)
+        log = w.log()
+        t.expect(re.search(r"version 99 ready", log) is None, "%s exposed the forged version 99" % w.name)
+        t.expect(re.search(refusals[kind], log) is not None, "%s did not log the refusal (%s)" % (w.name, refusals[kind]))
+        check_versions(t, w, 4, s["expected"])
+
+
+def case_shard_injection(t):
+    """An origin merging one shard signed by K; clients pose as that shard with unsigned slices, a bad
+    signature naming K, and a real shard publisher signing with another key."""
+    s = shared()
+    key = os.path.join(t.dir, "shard.key")
+    pub = run_dc("keygen", "--sign", "-o", key).strip().split()[-1]
+    other = os.path.join(t.dir, "other.key")
+    run_dc("keygen", "--sign", "-o", other)
+    origin = t.start("origin", "publish", "--listen", t.ep(0), "--expect-shards", "1", "--shard-key", pub)
+    t.require(wait_until(lambda: listening(t.port(0)), 20), "the origin did not start")
+    w = t.start("worker", "worker", "--id", "w1", "--parent", t.ep(0), "--exit-after-version", "4")
+    # The anchor of a tampered checkpoint as slice 0 of 1 of version 1.
+    tampered_path = os.path.join(t.dir, "t1.dcd")
+    run_dc("encode", "-q", s["tampered"], "-o", tampered_path, "--version", "1")
+    forged, fm, payloads = read_container(tampered_path)
+    bad = dict(fm, run=(int(time.time() * 1e6), 1), signed=True, signer=bytes.fromhex(pub), signature=os.urandom(64))
+    bad["chunks"] = [dict(c, digest=hashlib.blake2b(p, digest_size=32).digest()) for c, p in zip(fm["chunks"], payloads)]
+    for n, manifest in enumerate([forged, write_manifest(bad)]):
+        c = t.sock(zmq.DEALER)
+        c.connect(t.ep(0))
+        c.send(m_hello("trainer-0", role=2))
+        c.send_multipart([m_manifest(1, True, shard=0, shards=1), manifest])
+        for i, p in enumerate(payloads):
+            c.send_multipart([m_chunk(1, True, i, shard=0), p])
+        drain(c, 1.0)
+    rogue = t.start("rogue-shard", "publish", "--shard", "0/1", "--parent", t.ep(0), "--sign-key", other, "--linger-ms", "20000",
+                    s["tampered"])
+    time.sleep(3.0)
+    rogue.kill()
+    t.expect(re.search(r"merged version", origin.log()) is None, "the origin merged a forged slice: " +
+             "; ".join(re.findall(r"merged version[^\n]*", origin.log())))
+    t.expect(re.search(r"slice 0: .*manifest of v1 is not signed", origin.log()) is not None, "no refusal of the unsigned slice logged")
+    t.expect(re.search(r"slice 0: .*manifest of v1: the signature does not verify", origin.log()) is not None,
+             "no refusal of the badly signed slice logged")
+    t.expect(re.search(r"slice 0: .*manifest of v1 is signed by key", origin.log()) is not None,
+             "no refusal of the slice signed by another key logged")
+    t.expect(not ready_lines(w), "the worker exposed a forged version: %s" % ready_lines(w))
+    t.start("shard", "publish", "--shard", "0/1", "--parent", t.ep(0), "--sign-key", key, "--linger-ms", "20000", *s["ckpts"])
+    t.expect(origin.wait_log(r"merged version 4 from 1 shards", 40) is not None, "the real shard's versions were not merged")
+    t.expect(w.wait_log(r"version 4 ready", 20) is not None, "the worker did not get the real merged version 4")
+    check_versions(t, w, 4, s["expected"])
+
+
+def case_ready_for_other_id(t):
+    """A worker "a" reports Ready for "b" at version 999; another reports itself at a version never published."""
+    origin = start_origin(t, extra=["--metrics", "127.0.0.1:%d" % t.port(1)])
+    t.require(origin.wait_log(r"published version 4", 30) is not None, "the origin did not publish")
+    run = origin_run(t)
+    a = t.sock(zmq.DEALER)
+    mon = a.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    t.socks.append(mon)
+    a.connect(t.ep(0))
+    a.send(m_hello("a", role=1, have=4, resume=True, run=run))
+    got = drain(a, 1.0)
+    t.require(any(parse_env(f[0].bytes).WhichOneof("body") == "welcome" for f in got), "the origin did not welcome a")
+    a.send(m_ready("b", 999, checksum=0x1234, run=run))
+    disconnected = mon.poll(3000) != 0
+    t.expect(disconnected, "a was not disconnected after reporting for b")
+    drain(a, 0.5)
+    later = drain(a, 1.5)
+    t.expect(not any(parse_env(f[0].bytes).WhichOneof("body") == "heartbeat" for f in later),
+             "the origin still sends heartbeats to a")
+    c = t.sock(zmq.DEALER)
+    c.connect(t.ep(0))
+    c.send(m_hello("c", role=1, have=4, resume=True, run=run))
+    drain(c, 0.5)
+    c.send(m_ready("c", 999, checksum=0x1234, run=run))
+    drain(c, 1.0)
+    body, _, _ = metrics(t.port(1))
+    t.expect('worker="b"' not in body, "the fleet ledger lists worker b: " + "; ".join(
+        ln for ln in body.splitlines() if 'worker="b"' in ln))
+    t.expect(not re.search(r'deltacast_worker_version\{[^}]*worker="c"[^}]*\} 999', body),
+             "the fleet ledger shows worker c at version 999, never published")
+    t.expect(re.search(r"child a dropped: sent a Ready for node 'b'", origin.log()) is not None, "no log of dropping a")
+
+
+def case_need_flood(t):
+    """Hello, then a Need for every chunk of every version, again=true, every 50 ms for 10 s."""
+    origin = start_origin(t, extra=["--metrics", "127.0.0.1:%d" % t.port(1)])
+    t.require(origin.wait_log(r"published version 4", 30) is not None, "the origin did not publish")
+    body, _, _ = metrics(t.port(1))
+    cache_bytes = metric(body, "deltacast_cache_bytes")
+    out0 = metric(body, "deltacast_bytes_out_total") or 0
+    c = t.sock(zmq.DEALER, RCVHWM=0)
+    c.connect(t.ep(0))
+    c.send(m_hello("flood", role=1))
+    chunks = {}
+    received = [0]
+
+    def note(frames):
+        received[0] += sum(len(f.bytes) for f in frames)
+        e = parse_env(frames[0].bytes)
+        if e.WhichOneof("body") == "manifest" and len(frames) > 1:
+            k = e.manifest.key
+            chunks[(k.version, k.anchor)] = len(parse_manifest(frames[1].bytes)["chunks"])
+
+    drain(c, 1.5, note)
+    t.require(len(chunks) >= 4, "the origin's catch-up did not send 4 versions (got %s)" % sorted(chunks))
+    needs = 0
+    t0 = time.time()
+    while time.time() - t0 < 10.0:
+        for (v, anchor), n in chunks.items():
+            c.send(m_need(v, anchor, range(n), again=True))
+            needs += 1
+        drain(c, 0.05, note)
+    drain(c, 1.0, note)
+    body, _, _ = metrics(t.port(1))
+    out = metric(body, "deltacast_bytes_out_total") - out0
+    bound = cache_bytes * (1 + RESENDS_PER_CHUNK_MAX) + (1 << 20)
+    t.note("%d Needs; origin bytes_out %.1f MB for versions of %.1f MB (bound %.1f MB); received %.1f MB" %
+           (needs, out / 1e6, cache_bytes / 1e6, bound / 1e6, received[0] / 1e6))
+    t.expect(out <= bound, "the origin sent %.1f MB to one child, more than (1 + resends_per_chunk_max) x %.1f MB" %
+             (out / 1e6, cache_bytes / 1e6))
+    t.expect(origin.alive(), "the origin died")
+
+
+def case_anchor_beyond_newest(t):
+    """Children ask for an anchor newer than version 2^63 (and than newest + 1), over and over for 5 s."""
+    origin = start_origin(t, extra=["--metrics", "127.0.0.1:%d" % t.port(1)])
+    t.require(origin.wait_log(r"published version 4", 30) is not None, "the origin did not publish")
+    run = origin_run(t)
+    time.sleep(0.5)
+    body, _, _ = metrics(t.port(1))
+    cache0 = metric(body, "deltacast_cache_bytes")
+    cpu0, t0 = origin.cpu(), time.time()
+    n = 0
+    while time.time() - t0 < 5.0:
+        c = t.sock(zmq.DEALER)
+        c.connect(t.ep(0))
+        c.send(m_hello("anc-%d" % n, role=1, have=4, resume=True, run=run))
+        for _ in range(5):
+            c.send(m_need(1 << 63, True, want_anchor=True))
+            c.send(m_need(5, True, want_anchor=True))
+            drain(c, 0.05)
+        c.close(linger=0)
+        t.socks.remove(c)
+        n += 1
+    cpu = origin.cpu() - cpu0
+    body, _, _ = metrics(t.port(1))
+    cache1 = metric(body, "deltacast_cache_bytes")
+    t.note("%d children, origin CPU %.2f s in %.1f s, cache %.1f -> %.1f MB" % (n, cpu, time.time() - t0, cache0 / 1e6, cache1 / 1e6))
+    t.expect(cache1 == cache0, "the origin made an anchor (its cache grew from %.1f to %.1f MB)" % (cache0 / 1e6, cache1 / 1e6))
+    t.expect(cpu < 1.0, "the origin used %.2f s of CPU in 5 s" % cpu)
+    t.expect(len(re.findall(r"published version", origin.log())) == 4, "the origin published more than its 4 versions")
+    t.expect(origin.alive(), "the origin died")
+
+
+ZMTP_GREETING = b"\xff" + b"\0" * 8 + b"\x7f" + bytes([3, 0]) + b"NULL".ljust(20, b"\0") + b"\0" + b"\0" * 31
+
+
+def zmtp_ready():
+    prop = bytes([11]) + b"Socket-Type" + struct.pack(">I", 6) + b"DEALER"
+    body = b"\x05READY" + prop
+    return bytes([0x04, len(body)]) + body
+
+
+def zmtp_handshake(sock, seconds=3.0):
+    """Greeting and READY (NULL mechanism, as a DEALER), then the peer's greeting and READY: a message
+    sent before the peer's READY arrives would be taken for a command and refused."""
+    sock.sendall(ZMTP_GREETING + zmtp_ready())
+    sock.settimeout(seconds)
+    data = b""
+    while len(data) < 66 or len(data) < 66 + data[65]:
+        b = sock.recv(4096)
+        if not b:
+            raise CaseFailed("the relay closed a connection during the ZMTP handshake")
+        data += b
+    return data
+
+
+def zmtp_welcomed(sock, seconds):
+    """Reads what a ZMTP 3.0 peer sent (greeting, commands, messages) until a Welcome comes; True if one did."""
+    sock.settimeout(0.2)
+    data = b""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        try:
+            b = sock.recv(65536)
+        except socket.timeout:
+            continue
+        except OSError:
+            return False
+        if not b:
+            return False
+        data += b
+        at = 0
+        while at + 2 <= len(data):
+            flags = data[at]
+            if flags & 0x02:
+                if at + 9 > len(data):
+                    break
+                size, head = struct.unpack_from(">Q", data, at + 1)[0], 9
+            else:
+                size, head = data[at + 1], 2
+            if at + head + size > len(data):
+                break
+            body = data[at + head:at + head + size]
+            at += head + size
+            if not flags & 0x04:
+                try:
+                    if parse_env(body).WhichOneof("body") == "welcome":
+                        return True
+                except Exception:
+                    pass
+    return False
+
+
+def closed_by_peer(sock):
+    """True once the peer has closed the connection (reads and drops what it sent)."""
+    sock.setblocking(False)
+    try:
+        while True:
+            b = sock.recv(65536)
+            if not b:
+                return True
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+def case_partial_frames(t):
+    """Raw ZMTP 3.0 connections: 3 declare a 1 TiB frame and stream into it; 3 declare a frame within
+    what a child may send (child_message_bytes_max, 8 MiB), send most of it and stall."""
+    relay = t.start("relay", "relay", "--id", "relay", "--listen", t.ep(1), "--parent", t.ep(0))
+    t.require(wait_until(lambda: listening(t.port(1)), 20), "the relay did not start")
+    rss0 = relay.rss()
+    block = b"\0" * (1 << 20)
+    peak = [rss0]
+
+    def sample():
+        r = relay.rss()
+        if r:
+            peak[0] = max(peak[0], r)
+        return r
+
+    # Beyond the message bound: cut off after the header, nothing of it held.
+    early = 0
+    for _ in range(3):
+        s = t.tcp(t.port(1))
+        sent = 0
+        zmtp_handshake(s)
+        s.settimeout(10)
+        try:
+            s.sendall(b"\x02" + struct.pack(">Q", 1 << 40))
+            while sent < 600 << 20:
+                s.sendall(block)
+                sent += len(block)
+                if sent % (32 << 20) == 0 and (sample() or 0) > 1 << 30:
+                    break
+        except (ConnectionResetError, BrokenPipeError):
+            early += 1
+        except socket.timeout:
+            pass  # the relay stopped reading: not closed
+        t.note("1 TiB frame: %d MiB sent before the relay closed the connection" % (sent >> 20))
+        sample()
+    t.expect(early == 3, "%d of 3 connections declaring a 1 TiB frame were not closed while sending" % (3 - early))
+    t.require(relay.alive(), "the relay died: " + relay.log()[-400:])
+    # Within the bound: held while it arrives, closed once the peer falls silent. Two of them say
+    # Hello first, so no Hello timeout closes them: only the silence does.
+    stalled = []
+    for k in range(3):
+        s = t.tcp(t.port(1))
+        hello = m_hello("stall-%d" % k, role=1) if k < 2 else b""
+        zmtp_handshake(s)
+        s.settimeout(10)
+        s.sendall((bytes([0, len(hello)]) + hello if hello else b"") + b"\x02" + struct.pack(">Q", 6 << 20))
+        for _ in range(5):
+            s.sendall(block)
+        if hello:
+            t.expect(zmtp_welcomed(s, 3.0), "the relay did not welcome stall-%d" % k)
+        stalled.append(s)
+        sample()
+    stall_t = time.time()
+    closed_at = {}
+    while time.time() - stall_t < PEER_SILENCE_S + 6 and len(closed_at) < len(stalled):
+        sample()
+        for i, s in enumerate(stalled):
+            if i not in closed_at and closed_by_peer(s):
+                closed_at[i] = time.time() - stall_t
+        time.sleep(0.2)
+    time.sleep(0.5)
+    after = sample()
+    t.note("relay RSS %.0f MB at start, peak %.0f MB, %.0f MB after; stalled connections (2 after a Hello) closed after %s s" %
+           (rss0 / 1e6, peak[0] / 1e6, (after or 0) / 1e6, [round(closed_at[i], 1) if i in closed_at else None for i in range(3)]))
+    t.expect(peak[0] < 1 << 30, "the relay's RSS reached %.0f MB" % (peak[0] / 1e6))
+    t.expect(len(closed_at) == 3, "%d of 3 stalled connections still open %.0f s after they fell silent" %
+             (3 - len(closed_at), PEER_SILENCE_S + 6))
+    t.expect(after is not None and after < rss0 + (100 << 20), "the relay kept %.0f MB after the connections closed" %
+             (((after or 0) - rss0) / 1e6))
+    t.expect(relay.alive(), "the relay died")
+
+
+def case_idle_connections(t):
+    """300 TCP connections to a relay that never speak; a real worker joins meanwhile."""
+    s = shared()
+    start_origin(t)
+    relay = t.start("relay", "relay", "--id", "relay", "--listen", t.ep(1), "--parent", t.ep(0))
+    t.require(wait_until(lambda: listening(t.port(1)), 20), "the relay did not start")
+    port = t.port(1)
+    t0 = time.time()
+    idle = []
+    for _ in range(300):
+        idle.append(t.tcp(port))
+    opened = time.time() - t0
+    wait_until(lambda: established(port) >= 300, 3)
+    n0 = established(port)
+    w = t.start("worker", "worker", "--id", "w1", "--parent", t.ep(1), "--exit-after-version", "4")
+    t.expect(w.wait_log(r"version 4 ready", 30) is not None, "the worker got nothing through the relay")
+    check_versions(t, w, 4, s["expected"])
+    closed = wait_until(lambda: established(port) <= 1, HELLO_TIMEOUT_S + 5 - (time.time() - t0), 0.25)
+    n1 = established(port)
+    took = time.time() - t0
+    t.note("%d established after opening 300 (in %.1f s); %d left %.1f s later" % (n0, opened, n1, took))
+    t.expect(n0 >= 300, "only %d of the 300 connections were established" % n0)
+    t.expect(closed, "%d connections still established %.0f s after they opened (hello_timeout_ms is %.0f s)" %
+             (n1, took, HELLO_TIMEOUT_S))
+    t.expect(relay.alive(), "the relay died")
+
+
+def case_big_ready_ids(t):
+    """300 messages with 0.9 MB node ids: Readys from children that say they relay, and Hellos."""
+    origin = start_origin(t, extra=["--metrics", "127.0.0.1:%d" % t.port(1)])
+    t.require(origin.wait_log(r"published version 4", 30) is not None, "the origin did not publish")
+    run = origin_run(t)
+    time.sleep(0.5)
+    rss0 = origin.rss()
+    big = "x" * 900000
+    peak = rss0
+    for k in range(3):
+        c = t.sock(zmq.DEALER)
+        c.connect(t.ep(0))
+        c.send(m_hello("relay-%d" % k, role=0, have=4, resume=True, run=run, serves=True))
+        drain(c, 0.3)
+        for i in range(70):
+            c.send(m_ready(big[:-i - 1] + "%d" % i, 4, checksum=1, run=run))
+            drain(c, 0.01)
+        peak = max(peak, origin.rss() or 0)
+    for k in range(90):
+        c = t.sock(zmq.DEALER)
+        c.connect(t.ep(0))
+        c.send(m_hello(big[:-k - 1] + "%d" % k, role=1, serves=True))
+        c.send(m_ready(big, 4, run=run))
+        if k % 10 == 0:
+            peak = max(peak, origin.rss() or 0)
+    time.sleep(2.0)
+    peak = max(peak, origin.rss() or 0)
+    body, took, status = metrics(t.port(1))
+    dropped = len(re.findall(r"dropped a message from child", origin.log()))
+    t.note("%d messages refused; origin RSS %.0f MB, peak %.0f MB; /metrics %d bytes in %.0f ms" %
+           (dropped, rss0 / 1e6, peak / 1e6, len(body), took * 1e3))
+    t.expect(dropped >= 250, "only %d of the 300 oversized messages reached the origin's checks" % dropped)
+    t.expect(peak - rss0 < 100e6, "the origin's RSS grew by %.0f MB" % ((peak - rss0) / 1e6))
+    t.expect(len(body) < 256 << 10 and "xxxxxxxx" not in body, "/metrics is %d bytes or lists the big ids" % len(body))
+    t.expect(took < 1.0 and status.endswith("200 OK"), "/metrics answered %r in %.2f s" % (status, took))
+    t.expect(origin.alive(), "the origin died")
+
+
+def case_metrics_early_close(t):
+    """200 metrics clients that ask and hang up at once (half with a reset); one that never asks."""
+    origin = start_origin(t, extra=["--metrics", "127.0.0.1:%d" % t.port(1)])
+    port = t.port(1)
+    for i in range(200):
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        s.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+        if i % 2 == 0:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # a reset, not a close
+        elif i % 4 == 1:
+            time.sleep(0.002)  # the origin may be writing by now
+        s.close()
+    time.sleep(0.5)
+    t.require(origin.alive(), "the origin died (exit %s%s): %s" % (
+        origin.p.poll(), ", SIGPIPE" if origin.p.poll() == -signal.SIGPIPE else "", origin.log()[-300:]))
+    body, took, status = metrics(port)
+    t.expect(status.endswith("200 OK") and "deltacast_bytes_out_total" in body, "/metrics no longer answers: %r" % status)
+    s = t.tcp(port, timeout=METRICS_TIMEOUT_S + 5)
+    t0 = time.time()
+    try:
+        while s.recv(4096):
+            pass
+    except OSError:
+        pass
+    took = time.time() - t0
+    t.note("a silent metrics connection was closed after %.1f s" % took)
+    t.expect(took <= METRICS_TIMEOUT_S + 2, "a silent metrics connection stayed open %.1f s" % took)
+    t.expect(origin.alive(), "the origin died")
+
+
+def case_plaintext_to_curve(t):
+    """A CURVE relay; a plaintext client and a CURVE client with a key it does not allow."""
+    keyf = os.path.join(t.dir, "relay.key")
+    relay_pub = run_dc("keygen", "-o", keyf).strip().split()[-1]
+    allowed_pub, _ = zmq.curve_keypair()
+    relay = t.start("relay", "relay", "--id", "relay", "--listen", t.ep(1), "--parent", t.ep(0), "--keys", keyf,
+                    "--parent-key", relay_pub, "--allow-key", allowed_pub.decode())
+    t.require(wait_until(lambda: listening(t.port(1)), 20), "the relay did not start")
+    plain = t.sock(zmq.DEALER)
+    plain.connect(t.ep(1))
+    plain.send(m_hello("plain", role=1))
+    pub, sec = zmq.curve_keypair()
+    stranger = t.sock(zmq.DEALER, CURVE_SERVERKEY=relay_pub.encode(), CURVE_PUBLICKEY=pub, CURVE_SECRETKEY=sec)
+    stranger.connect(t.ep(1))
+    stranger.send(m_hello("stranger", role=1))
+    got = drain(plain, 2.5) + drain(stranger, 0.5)
+    t.expect(not got, "the relay answered a client it should refuse (%d messages)" % len(got))
+    t.expect(relay.wait_log(r"refused a peer at .*(handshake|protocol|mechanism)", 3) is not None,
+             "the relay did not log the plaintext client's refusal")
+    t.expect(relay.wait_log(r"refused a peer whose key %s" % re.escape(pub.decode()), 3) is not None,
+             "the relay did not log the unknown key's refusal")
+    t.expect(relay.alive(), "the relay died")
+
+
+CASES = [
+    ("fake-parent-heartbeat", case_fake_parent_heartbeat),
+    ("fake-parent-huge-image", case_fake_parent_huge_image),
+    ("forged-parent-signed", case_forged_parent_signed),
+    ("shard-injection", case_shard_injection),
+    ("ready-for-other-id", case_ready_for_other_id),
+    ("need-flood", case_need_flood),
+    ("anchor-beyond-newest", case_anchor_beyond_newest),
+    ("partial-frames", case_partial_frames),
+    ("idle-connections", case_idle_connections),
+    ("big-ready-ids", case_big_ready_ids),
+    ("metrics-early-close", case_metrics_early_close),
+    ("plaintext-to-curve", case_plaintext_to_curve),
+]
+
+
+def main(argv):
+    global pb, ctx, DC, TMP, PORT_BASE
+    if len(argv) < 2 or argv[1] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 2
+    DC = os.path.abspath(argv[1])
+    names = argv[2:] or [n for n, _ in CASES]
+    known = dict(CASES)
+    for n in names:
+        if n not in known:
+            print("unknown case %s; cases: %s" % (n, " ".join(known)), file=sys.stderr)
+            return 2
+    if not os.access(DC, os.X_OK):
+        print("not an executable: " + DC, file=sys.stderr)
+        return 2
+    # Ports below the kernel's ephemeral range (where outgoing connections take theirs), as
+    # fleet_test.sh picks them: 200 per invocation, from the pid; each case takes 10.
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        ephemeral_low = int(f.read().split()[0])
+    if ephemeral_low < 30000:
+        print("the kernel's ephemeral ports start at %d, among this test's (10000-29999)" % ephemeral_low, file=sys.stderr)
+        return 1
+    PORT_BASE = 10000 + (os.getpid() % 100) * 200
+    signal.signal(signal.SIGTERM, _on_term)
+    signal.signal(signal.SIGALRM, _on_alarm)
+    # Named after this process: what a run killed by SIGKILL left behind is removed by the next one.
+    for stale in os.listdir(tempfile.gettempdir()):
+        m = re.fullmatch(r"hostile_peers\.(\d+)\..*", stale)
+        if m and not os.path.exists("/proc/" + m.group(1)):
+            shutil.rmtree(os.path.join(tempfile.gettempdir(), stale), ignore_errors=True)
+    TMP = tempfile.mkdtemp(prefix="hostile_peers.%d." % os.getpid())
+    passed = failed = 0
+    started = time.time()
+    try:
+        subprocess.run(["protoc", "--python_out=" + TMP, "-I", PROTO_DIR, os.path.join(PROTO_DIR, "deltacast.proto")], check=True)
+        sys.path.insert(0, TMP)
+        import deltacast_pb2
+        pb = deltacast_pb2
+        ctx = zmq.Context()
+        for name in names:
+            index = [n for n, _ in CASES].index(name)
+            t = Case(name, index)
+            t0 = time.time()
+            signal.alarm(CASE_TIMEOUT_S)
+            try:
+                known[name](t)
+            except CaseFailed as e:
+                if str(e) not in t.problems:
+                    t.problems.append(str(e))
+            except CaseTimeout as e:
+                t.problems.append(str(e))
+            except Exception as e:  # a bug here, or the node answered something unparseable
+                t.problems.append("%s: %s" % (type(e).__name__, e))
+                traceback.print_exc()
+            finally:
+                signal.alarm(0)
+            took = time.time() - t0
+            if t.problems:
+                failed += 1
+                print("FAIL %s: %s (%.1f s)" % (name, "; ".join(t.problems), took))
+            else:
+                passed += 1
+                print("PASS %s (%.1f s)" % (name, took))
+            if t.problems or os.environ.get("HOSTILE_VERBOSE"):  # the processes' last words
+                for p in t.procs:
+                    tail = p.log().splitlines()[-int(os.environ.get("HOSTILE_VERBOSE") or 8):]
+                    print("  --- %s (%s)" % (p.name, "running" if p.alive() else "exit %s" % p.p.poll()))
+                    for ln in tail:
+                        print("  " + ln[:300])
+            for n in t.notes:
+                print("  " + n)
+            sys.stdout.flush()
+            t.cleanup()
+    finally:
+        signal.alarm(0)
+        kill_all()
+        if ctx is not None:
+            ctx.destroy(linger=0)
+        shutil.rmtree(TMP, ignore_errors=True)
+    print("run time %.0f s" % (time.time() - started))
+    print("%d passed, %d failed" % (passed, failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -18,8 +18,6 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "deltacast assumes a li
 namespace deltacast {
 namespace {
 
-constexpr std::uint64_t kSegmentsMax = 1u << 20;
-
 // Grows a per-thread scratch buffer without shrinking it, so steady-state encoding and
 // decoding allocate nothing.
 std::uint8_t* scratch(Bytes& buf, std::size_t bytes) {
@@ -185,6 +183,8 @@ void encode_generic_anchor(const std::uint8_t* next, std::size_t bytes, std::siz
 }
 
 Status check_segments(std::span<const Segment> segments, std::size_t range_bytes) {
+  // A decoder refuses more (plan_chunks keeps chunks below this).
+  if (segments.size() > kSegmentsMax) return Status::invalid_argument("more segments than a chunk may hold");
   std::uint64_t total = 0;
   for (const auto& s : segments) {
     if (s.bytes == 0) return Status::invalid_argument("empty segment");

@@ -237,9 +237,12 @@ std::vector<Segment> segments_for_range(const std::vector<TensorInfo>& tensors, 
 std::vector<std::pair<std::uint64_t, std::uint64_t>> plan_chunks(const std::vector<TensorInfo>& tensors,
                                                                  std::uint64_t image_size, std::uint64_t chunk_bytes) {
   chunk_bytes = std::clamp<std::uint64_t>(chunk_bytes, 64, kChunkBytesMax);
+  // A chunk payload holds at most kSegmentsMax segments: a chunk of many tiny tensors of
+  // alternating dtypes ends before it has more.
   std::vector<std::pair<std::uint64_t, std::uint64_t>> chunks;
   std::uint64_t start = 0;
   auto it = tensors.begin();
+  auto first = tensors.begin();  // the first tensor that ends after `start`
   while (start < image_size) {
     std::uint64_t end = std::min(image_size, start + chunk_bytes);
     if (end < image_size) {
@@ -250,6 +253,17 @@ std::vector<std::pair<std::uint64_t, std::uint64_t>> plan_chunks(const std::vect
         std::uint64_t aligned = it->offset + (end - it->offset) / es * es;
         if (aligned > start) end = aligned;
         else end = std::min(image_size, it->offset + ((start + chunk_bytes - it->offset) / es + 1) * es);
+      }
+    }
+    // k tensors in the range make at most 2k + 1 segments; only then are they counted.
+    while (first != tensors.end() && first->offset + first->nbytes <= start) ++first;
+    const auto past = std::partition_point(first, tensors.end(), [&](const TensorInfo& t) { return t.offset < end; });
+    if (2 * static_cast<std::uint64_t>(past - first) + 1 > kSegmentsMax) {
+      const auto segs = segments_for_range(tensors, start, end - start);
+      if (segs.size() > kSegmentsMax) {
+        // Segments change kind only where a tensor (or a gap between tensors) begins or ends.
+        end = start;
+        for (std::size_t k = 0; k < kSegmentsMax; ++k) end += segs[k].bytes;
       }
     }
     chunks.emplace_back(start, end - start);

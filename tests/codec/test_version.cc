@@ -1,8 +1,11 @@
 #include <catch2/catch.hpp>
 
+#include <nlohmann/json.hpp>
+
 #include "deltacast/codec/hash.h"
 #include "deltacast/codec/version.h"
 #include "deltacast/common/thread_pool.h"
+#include "deltacast/io/safetensors.h"
 #include "test_util.h"
 
 using namespace deltacast;
@@ -174,4 +177,219 @@ TEST_CASE("slices published by several shards merge into one version", "[codec][
   auto dup = shards;
   dup[1] = shards[0];
   CHECK_FALSE(merge_shards(dup).is_ok());
+}
+
+namespace {
+// `count` one-element tensors as MoE checkpoints hold them (per-expert biases and norms): BF16,
+// F32, F16 and zero-size ones mixed, so neighbours rarely share a segment kind. With `holes`,
+// a few bytes no tensor covers before some of them.
+ModelLayout many_tiny_tensors(std::size_t count, bool holes) {
+  ModelLayout m;
+  m.metadata = {{"format", "pt"}, {"experts", "many"}};
+  for (std::size_t i = 0; i < count; ++i) {
+    TensorInfo t;
+    t.name = "model.layers." + std::to_string(i / 256) + ".experts." + std::to_string(i % 256) + ".b";
+    switch (i % 7) {
+      case 1: case 4: t.dtype = DType::kF32; break;
+      case 5: t.dtype = DType::kF16; break;
+      default: t.dtype = DType::kBF16;
+    }
+    t.shape = {i % 13 == 12 ? 0u : 1u};
+    if (holes && i % 1000 == 999) m.image_size += 2;
+    t.offset = m.image_size;
+    t.nbytes = t.shape[0] * dtype_size(t.dtype);
+    m.image_size += t.nbytes;
+    m.tensors.push_back(std::move(t));
+  }
+  return m;
+}
+
+// The segments of every chunk, derived byte by byte from the tensor table: what
+// segments_for_range must return, without its search or its merging.
+std::vector<std::vector<Segment>> reference_segments(const ModelLayout& l, const Manifest& m) {
+  std::vector<Segment> kind(l.image_size, Segment{SegmentClass::kGeneric, 1, 1});
+  for (const auto& t : l.tensors)
+    for (std::uint64_t b = t.offset; b < t.offset + t.nbytes; ++b)
+      kind[b] = {t.dtype == DType::kBF16 ? SegmentClass::kBF16 : SegmentClass::kGeneric, static_cast<std::uint8_t>(dtype_size(t.dtype)), 1};
+  std::vector<std::vector<Segment>> out;
+  for (const auto& c : m.chunks) {
+    auto& segs = out.emplace_back();
+    for (std::uint64_t b = c.offset; b < c.offset + c.length; ++b) {
+      if (!segs.empty() && segs.back().cls == kind[b].cls && segs.back().elem_size == kind[b].elem_size) segs.back().bytes++;
+      else segs.push_back(kind[b]);
+    }
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("50000 one-element tensors of mixed dtypes round trip bit-exactly", "[codec][version]") {
+  const ModelLayout layout = many_tiny_tensors(50000, /*holes=*/true);
+  Bytes base = test::random_bytes(layout.image_size, 11);
+  Bytes next = base;
+  std::mt19937_64 rng(12);
+  std::uint64_t bf16_values = 0;
+  for (const auto& t : layout.tensors) {
+    if (t.nbytes == 0) continue;
+    if (t.dtype == DType::kBF16) {
+      bf16_values++;
+      if (rng() % 3 == 0) next[t.offset] ^= 1;  // one ulp
+    } else if (rng() % 4 == 0) {
+      next[t.offset] ^= 2;
+    }
+  }
+  ThreadPool pool(2);
+  for (const std::uint64_t chunk_bytes : {kDefaultChunkBytes, std::uint64_t{4096}}) {
+    CAPTURE(chunk_bytes);
+    VersionEncodeOptions opt;
+    opt.chunk_bytes = chunk_bytes;
+    for (const bool delta : {true, false}) {
+      CAPTURE(delta);
+      auto ev = encode_version(layout, 2, delta ? 1 : 0, delta ? ByteSpan(base) : ByteSpan(), next, opt, pool);
+      REQUIRE(ev.is_ok());
+      const Manifest& m = ev->manifest;
+      CHECK(m.tensors == layout.tensors);
+      if (chunk_bytes == kDefaultChunkBytes) CHECK(m.chunks.size() == 1);
+      for (const auto& c : m.chunks) CHECK(c.length <= chunk_bytes);
+      CHECK(m.chunks.size() >= (layout.image_size + chunk_bytes - 1) / chunk_bytes);
+
+      // Each chunk's segments are the tensor table's, and the payload carries exactly those.
+      const auto expect = reference_segments(layout, m);
+      std::uint64_t segments = 0, covered = 0;
+      for (std::size_t i = 0; i < m.chunks.size(); ++i) {
+        const ChunkEntry& c = m.chunks[i];
+        CHECK(c.offset == covered);
+        covered += c.length;
+        const auto segs = segments_for_range(m.tensors, c.offset, c.length);
+        CHECK(segs == expect[i]);
+        segments += segs.size();
+        auto described = describe_chunk(ev->payloads[i]);
+        REQUIRE(described.is_ok());
+        std::uint64_t bf16 = 0;
+        for (const auto& s : segs)
+          if (s.cls == SegmentClass::kBF16) bf16 += s.bytes / 2;
+        CHECK(described->bf16_values == bf16);
+      }
+      CHECK(covered == layout.image_size);
+      // Mixed neighbours make thousands of segments; one-element tensors give no cut a place to
+      // fall inside a tensor, so each tensor lies in one chunk.
+      CHECK(segments > 20000);
+      CHECK(ev->stats.bf16_values == bf16_values);
+      for (const auto& t : layout.tensors) {
+        const auto it = std::upper_bound(m.chunks.begin(), m.chunks.end(), t.offset,
+                                         [](std::uint64_t off, const ChunkEntry& c) { return off < c.offset; });
+        CHECK(t.offset + t.nbytes <= std::prev(it)->offset + std::prev(it)->length);
+      }
+
+      // Through the container and back, bit-exactly.
+      Bytes file = container_prefix(m);
+      for (const auto& pl : ev->payloads) file.insert(file.end(), pl.begin(), pl.end());
+      auto view = parse_container(file);
+      REQUIRE(view.is_ok());
+      CHECK(view->manifest == m);
+      Bytes out(layout.image_size);
+      REQUIRE(decode_version(view->manifest, view->payloads, delta ? ByteSpan(base) : ByteSpan(), out, pool).is_ok());
+      CHECK(out == next);
+    }
+  }
+}
+
+TEST_CASE("the safetensors header of 50000 tiny tensors is written and read back exactly", "[codec][version][io]") {
+  const ModelLayout layout = many_tiny_tensors(50000, /*holes=*/false);
+  const Bytes header = safetensors_header(layout);
+  // The compact JSON, tensors in image order, padded with spaces to 8 bytes.
+  std::string text = R"({"__metadata__":{"format":"pt","experts":"many"})";
+  for (const auto& t : layout.tensors)
+    text += ",\"" + t.name + "\":{\"dtype\":\"" + std::string(dtype_name(t.dtype)) + "\",\"shape\":[" + std::to_string(t.shape[0]) +
+            "],\"data_offsets\":[" + std::to_string(t.offset) + "," + std::to_string(t.offset + t.nbytes) + "]}";
+  text += "}";
+  text.append((8 - text.size() % 8) % 8, ' ');
+  Bytes expect;
+  ByteWriter(expect).u64(text.size());
+  expect.insert(expect.end(), text.begin(), text.end());
+  CHECK(header == expect);
+
+  Bytes file = header;
+  const Bytes image = test::random_bytes(layout.image_size, 3);
+  file.insert(file.end(), image.begin(), image.end());
+  auto parsed = parse_safetensors(file);
+  REQUIRE(parsed.is_ok());
+  CHECK(parsed->model.tensors == layout.tensors);
+  CHECK(parsed->model.metadata == layout.metadata);
+  CHECK(parsed->data_offset == header.size());
+}
+
+TEST_CASE("safetensors headers keep nlohmann's key order and repeated-key rule", "[codec][version][io]") {
+  // Enough keys to go past a short scan. A repeated key keeps its first place and takes its last
+  // value, as ordered_json does; zero-size tensors at one offset keep their header order.
+  std::string json = R"({"__metadata__":{)";
+  for (int i = 0; i < 12; ++i) json += "\"m" + std::to_string(i) + "\":\"v" + std::to_string(i) + "\",";
+  json += R"("m3":"again"},)";
+  for (int i = 19; i >= 0; --i) json += "\"z" + std::to_string(i) + R"(":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},)";
+  json += R"("a":{"dtype":"BF16","shape":[1],"data_offsets":[0,2]},"z7":{"dtype":"BF16","shape":[0],"data_offsets":[2,2]}})";
+  Bytes file;
+  ByteWriter(file).u64(json.size());
+  file.insert(file.end(), json.begin(), json.end());
+  file.push_back(1);
+  file.push_back(2);
+  auto parsed = parse_safetensors(file);
+  REQUIRE(parsed.is_ok());
+  std::vector<std::string> names;
+  for (const auto& t : parsed->model.tensors) names.push_back(t.name);
+  std::vector<std::string> expect;
+  for (int i = 19; i >= 0; --i)
+    if (i != 7) expect.push_back("z" + std::to_string(i));
+  expect.push_back("a");
+  expect.push_back("z7");
+  CHECK(names == expect);
+  CHECK(parsed->model.tensors.back().dtype == DType::kBF16);
+  REQUIRE(parsed->model.metadata.size() == 12);
+  CHECK(parsed->model.metadata[3] == std::pair<std::string, std::string>{"m3", "again"});
+  CHECK(parsed->model.metadata[11] == std::pair<std::string, std::string>{"m11", "v11"});
+
+  // The writer's bytes are what ordered_json's operator[] makes, repeated names included.
+  ModelLayout l = test::make_layout({{DType::kBF16, 1}, {DType::kF32, 2}, {DType::kBF16, 0}});
+  for (int i = 0; i < 30; ++i) l.tensors.push_back(l.tensors[static_cast<std::size_t>(i % 3)]);
+  for (std::size_t i = 3; i < l.tensors.size(); ++i) l.tensors[i].name = "n" + std::to_string(i % 17);
+  l.tensors[5].name = "quote \" backslash \\ tab \t unicode \xc3\xa9";
+  l.tensors[20].name = "__metadata__";  // replaces the metadata entry, in its place
+  l.metadata = {{"k", "1"}, {"j", "2"}, {"k", "3"}};
+  nlohmann::ordered_json j, meta;
+  for (const auto& [k, v] : l.metadata) meta[k] = v;
+  j["__metadata__"] = meta;
+  for (const auto& t : l.tensors)
+    j[t.name] = {{"dtype", std::string(dtype_name(t.dtype))}, {"shape", t.shape}, {"data_offsets", {t.offset, t.offset + t.nbytes}}};
+  std::string reference = j.dump();
+  reference.append((8 - reference.size() % 8) % 8, ' ');
+  const Bytes header = safetensors_header(l);
+  CHECK(std::string(header.begin() + 8, header.end()) == reference);
+}
+
+TEST_CASE("no chunk holds more segments than a decoder accepts", "[codec][version]") {
+  // 1.1 million scalars, BF16 and F32 in turn: 3.3 MB, one 4 MiB chunk by size, but every
+  // tensor its own segment, and a payload may hold at most 2^20.
+  constexpr std::uint64_t kSegmentsMax = 1u << 20;
+  std::vector<TensorInfo> tensors(1100000);
+  std::uint64_t image_size = 0;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    tensors[i].dtype = i % 2 ? DType::kF32 : DType::kBF16;
+    tensors[i].offset = image_size;
+    tensors[i].nbytes = dtype_size(tensors[i].dtype);
+    image_size += tensors[i].nbytes;
+  }
+  const auto chunks = plan_chunks(tensors, image_size, kDefaultChunkBytes);
+  REQUIRE(chunks.size() == 2);
+  std::uint64_t at = 0;
+  for (const auto& [offset, length] : chunks) {
+    CHECK(offset == at);
+    at += length;
+    CHECK(segments_for_range(tensors, offset, length).size() <= kSegmentsMax);
+  }
+  CHECK(at == image_size);
+  CHECK(chunks[0].first + chunks[0].second == tensors[kSegmentsMax].offset);  // a cut between tensors
+  // Nor does the encoder write one, whatever it is given.
+  const std::vector<Segment> too_many(kSegmentsMax + 1, Segment{SegmentClass::kGeneric, 1, 1});
+  const Bytes next(too_many.size());
+  CHECK(encode_anchor_chunk(too_many, next, ChunkEncodeOptions::defaults()).status().code() == StatusCode::kInvalidArgument);
+  CHECK(encode_delta_chunk(too_many, next, next, ChunkEncodeOptions::defaults()).status().code() == StatusCode::kInvalidArgument);
 }

@@ -39,6 +39,9 @@ struct Segment {
 
 // The largest chunk the format allows: positions inside a chunk fit in 32 bits.
 inline constexpr std::uint64_t kChunkBytesMax = std::uint64_t{1} << 31;
+// Segments in one chunk payload (docs/FORMAT.md, "Chunk payload"): plan_chunks ends a chunk
+// before it holds more.
+inline constexpr std::uint64_t kSegmentsMax = std::uint64_t{1} << 20;
 
 struct ChunkEncodeOptions {
   std::vector<BackendChoice> delta_backends;   // tried for every delta stream

@@ -100,7 +100,8 @@ ByteSpan manifest_signed_bytes(ByteSpan serialized_signed_manifest);
 std::vector<Segment> segments_for_range(const std::vector<TensorInfo>& tensors, std::uint64_t offset, std::uint64_t length);
 
 // Cuts an image into chunks of about chunk_bytes: every cut falls on an element boundary of the
-// tensor it crosses, large tensors are split and small ones grouped. Returns (offset, length).
+// tensor it crosses, large tensors are split and small ones grouped, and no chunk holds more
+// than kSegmentsMax segments. Returns (offset, length).
 std::vector<std::pair<std::uint64_t, std::uint64_t>> plan_chunks(const std::vector<TensorInfo>& tensors,
                                                                  std::uint64_t image_size, std::uint64_t chunk_bytes);
 

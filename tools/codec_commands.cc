@@ -10,7 +10,9 @@
 #include "deltacast/codec/hash.h"
 #include "deltacast/common/thread_pool.h"
 #include "deltacast/io/safetensors.h"
+#include "deltacast/runtime/trust.h"
 #include "gen.h"
+#include "node_config.h"
 #include "progress.h"
 
 namespace deltacast::tools {
@@ -144,6 +146,7 @@ struct EncodeOptions {
   std::uint64_t version = 0, base_version = 0;
   bool max_effort = false;
   bool v2 = false;
+  std::string sign_key_path;
 };
 
 int run_encode(const EncodeOptions& o) {
@@ -159,10 +162,17 @@ int run_encode(const EncodeOptions& o) {
   }
   auto chunk = parse_bytes(o.chunk_size);
   if (!chunk.is_ok()) return fail(chunk.status().message());
+  std::optional<runtime::SigningKey> sign_key;
+  if (!o.sign_key_path.empty()) {
+    auto k = read_signing_key_file(o.sign_key_path);
+    if (!k.is_ok()) return fail(k.status().to_string());
+    sign_key = *k;
+  }
   VersionEncodeOptions opt;
   opt.chunk_bytes = *chunk;
   if (o.v2) opt.chunk = ChunkEncodeOptions::smallest();
   if (o.max_effort) opt.chunk = ChunkEncodeOptions::max_effort();
+  if (sign_key) opt.payload_digest = runtime::payload_digest;
   ThreadPool pool(o.common.threads);
   ProgressBar bar("encode", next->layout().image_size, !o.common.quiet);
   opt.progress = bar_callback(bar);
@@ -170,6 +180,7 @@ int run_encode(const EncodeOptions& o) {
   auto ev = encode_version(next->layout(), version, o.base_version, anchor ? ByteSpan() : base->image(), next->image(), opt, pool);
   bar.finish();
   if (!ev.is_ok()) return fail(ev.status().to_string());
+  if (sign_key) runtime::sign_manifest_with_digests(ev->manifest, *sign_key);
   Bytes prefix = container_prefix(ev->manifest);
   const std::uint64_t total = prefix.size() + ev->manifest.payload_bytes_total();
   auto out = OutputFile::create(o.output, total);
@@ -183,8 +194,8 @@ int run_encode(const EncodeOptions& o) {
   }
   if (Status st = out->commit(); !st.is_ok()) return fail(st.to_string());
   const double image = static_cast<double>(next->layout().image_size);
-  std::printf("%s version %" PRIu64 "%s: %zu chunks, %s -> %s (%.3f%% of the checkpoint data)\n", anchor ? "anchor" : "delta",
-              version, anchor ? "" : (" from " + std::to_string(o.base_version)).c_str(), ev->manifest.chunks.size(),
+  std::printf("%s version %" PRIu64 "%s%s: %zu chunks, %s -> %s (%.3f%% of the checkpoint data)\n", anchor ? "anchor" : "delta",
+              version, anchor ? "" : (" from " + std::to_string(o.base_version)).c_str(), sign_key ? ", signed" : "", ev->manifest.chunks.size(),
               format_bytes(image).c_str(), format_bytes(static_cast<double>(total)).c_str(), 100.0 * static_cast<double>(total) / image);
   return 0;
 }
@@ -195,7 +206,21 @@ struct DecodeOptions {
   CommonOptions common;
   std::vector<std::string> inputs;
   std::string output;
+  std::vector<std::string> trust_keys;
 };
+
+// With trust keys, a file decodes only if one of them signed its manifest and every payload
+// matches the digest the manifest gives for it.
+Status check_signed(const ContainerView& c, const std::vector<std::string>& trust_keys) {
+  if (trust_keys.empty()) return Status::ok();
+  std::vector<runtime::PublicKey> trusted;
+  for (const auto& k : trust_keys) {
+    DC_ASSIGN_OR_RETURN(runtime::PublicKey key, read_public_key(k));
+    trusted.push_back(key);
+  }
+  DC_RETURN_IF_ERROR(runtime::verify_manifest(c.manifest_bytes, c.manifest, trusted));
+  return runtime::verify_payloads(c.manifest, c.payloads);
+}
 
 int run_decode(const DecodeOptions& o) {
   auto file = MappedFile::open(o.inputs.back());
@@ -203,6 +228,7 @@ int run_decode(const DecodeOptions& o) {
   auto c = parse_container(file->bytes());
   if (!c.is_ok()) return fail(o.inputs.back() + ": " + c.status().to_string());
   const Manifest& m = c->manifest;
+  if (Status st = check_signed(*c, o.trust_keys); !st.is_ok()) return fail(o.inputs.back() + ": " + st.to_string() + " (nothing written)");
   Result<SafetensorsFile> base = Status::not_found("no base");
   if (m.kind == VersionKind::kDelta) {
     if (o.inputs.size() != 2) return fail("a delta needs its base checkpoint: deltacast decode BASE.safetensors DELTA -o OUT");
@@ -222,8 +248,9 @@ int run_decode(const DecodeOptions& o) {
   bar.finish();
   if (!st.is_ok()) return fail(st.to_string() + " (nothing written to " + o.output + ")");
   if (Status cs = writer->commit(); !cs.is_ok()) return fail(cs.to_string());
-  std::printf("version %" PRIu64 " verified: %zu chunks, checksum %016" PRIx64 ", wrote %s\n", m.version, m.chunks.size(),
-              m.version_checksum, o.output.c_str());
+  std::printf("version %" PRIu64 " verified%s: %zu chunks, checksum %016" PRIx64 ", wrote %s\n", m.version,
+              o.trust_keys.empty() ? "" : (", signed by " + runtime::to_hex(m.signer)).c_str(), m.chunks.size(), m.version_checksum,
+              o.output.c_str());
   return 0;
 }
 
@@ -331,6 +358,8 @@ int run_inspect(const InspectOptions& o) {
   std::printf("%s: deltacast %s, version %" PRIu64, path.c_str(), m.kind == VersionKind::kDelta ? "delta" : "anchor", m.version);
   if (m.kind == VersionKind::kDelta) std::printf(" from base %" PRIu64 " (base checksum %016" PRIx64 ")", m.base_version, m.base_checksum);
   std::printf("\n  version checksum %016" PRIx64 "\n", m.version_checksum);
+  if (m.is_signed) std::printf("  signed by %s (decode --trust-key checks it)\n", runtime::to_hex(m.signer).c_str());
+  if (!m.run.empty()) std::printf("  run %s\n", to_string(m.run).c_str());
   std::printf("  image %s in %zu tensors, %zu chunks; file %s = %.4f%% of the image\n", format_bytes(image).c_str(), m.tensors.size(),
               m.chunks.size(), format_bytes(total).c_str(), 100.0 * total / image);
   for (const auto& [k, v] : m.metadata) std::printf("  metadata %s = %s\n", k.c_str(), v.c_str());
@@ -414,6 +443,7 @@ Command add_encode_command(CLI::App& app) {
   sub->add_option("--base-version", o->base_version, "Version number of BASE")->capture_default_str();
   sub->add_flag("--v2", o->v2, "Also try codec v2 on every delta chunk and keep the smaller (about 30% smaller, slower to decode)");
   sub->add_flag("--max-effort", o->max_effort, "Also try codec v2 and zstd -19 on every stream (smallest, slowest)");
+  sub->add_option("--sign-key", o->sign_key_path, "Sign the file with this Ed25519 key file (deltacast keygen --sign); decode --trust-key checks it");
   add_common(sub, o->common);
   return {sub, [o] { return run_encode(*o); }};
 }
@@ -423,6 +453,9 @@ Command add_decode_command(CLI::App& app) {
   CLI::App* sub = app.add_subcommand("decode", "Rebuild a checkpoint from BASE and a delta, or from an anchor, verifying every checksum");
   sub->add_option("inputs", o->inputs, "[BASE.safetensors] DELTA")->required()->expected(1, 2)->check(CLI::ExistingFile);
   sub->add_option("-o,--out", o->output, "Output safetensors file (written only if everything verifies)")->required();
+  sub->add_option("--trust-key", o->trust_keys,
+                  "Decode only a file signed by this Ed25519 public key (hex, or a key file from keygen --sign); repeatable")
+      ->allow_extra_args(false);
   add_common(sub, o->common);
   return {sub, [o] { return run_decode(*o); }};
 }

@@ -19,6 +19,7 @@
 #include "commands.h"
 #include "deltacast/common/stats.h"
 #include "deltacast/common/thread_pool.h"
+#include "deltacast/runtime/trust.h"
 #include "deltacast/transport/host.h"
 #include "gen.h"
 #include "progress.h"
@@ -356,17 +357,49 @@ int NetBench::throughput() {
   // The runtime and the plain baselines take turns on the same versions, so drift in this
   // shared machine's speed hits both alike.
   std::uint64_t payload_bytes = 0;
-  std::vector<double> plain, plain_tree, per_worker;
+  std::vector<double> plain, plain_tree, per_worker, per_worker_signed;
   {
-    Fleet f;
-    const std::string origin_ep = ep(), relay_ep = ep();
-    NodeHost& origin = f.add(config("origin", {}, true, false), origin_ep);
-    NodeHost& relay = f.add(config("relay", {origin_ep}, true, false), relay_ep);
-    std::vector<NodeHost*> sinks;
-    // Sinks take every chunk (hash-checked, cached) but neither decode nor relay: the
-    // transport and the relay alone.
-    for (int i = 0; i < 4; ++i) sinks.push_back(&f.add(config("sink-" + std::to_string(i), {relay_ep}, false, false), ""));
-    if (!wait_until(relay, [](Node& n) { return n.connected() && n.child_count() == 4; })) return fail("the tree did not form");
+    // Two trees: one as above, one whose origin signs every version and whose relay and sinks
+    // check the signature and every payload's BLAKE2b digest (--sign-key, --trust-key).
+    struct Tree {
+      Fleet f;
+      NodeHost* origin = nullptr;
+      std::vector<NodeHost*> sinks;
+    };
+    auto make_tree = [&](Tree& t, std::shared_ptr<const runtime::SigningKey> key) {
+      const std::string origin_ep = ep(), relay_ep = ep();
+      NodeConfig oc = config("origin", {}, true, false);
+      oc.sign_key = key;
+      std::vector<runtime::PublicKey> trusted;
+      if (key) trusted.push_back(key->public_key);
+      NodeConfig rc = config("relay", {origin_ep}, true, false);
+      rc.trust_keys = trusted;
+      t.origin = &t.f.add(oc, origin_ep);
+      NodeHost& relay = t.f.add(rc, relay_ep);
+      // Sinks take every chunk (hash-checked, cached) but neither decode nor relay: the
+      // transport and the relay alone.
+      for (int i = 0; i < 4; ++i) {
+        NodeConfig sc = config("sink-" + std::to_string(i), {relay_ep}, false, false);
+        sc.trust_keys = trusted;
+        t.sinks.push_back(&t.f.add(sc, ""));
+      }
+      return wait_until(relay, [](Node& n) { return n.connected() && n.child_count() == 4; });
+    };
+    // Microseconds from publish to the slowest sink's last chunk; 0 if a sink never got it all.
+    auto deliver = [&](Tree& t, const EncodedVersion& ev) -> std::uint64_t {
+      const std::uint64_t v = ev.manifest.version;
+      if (Status st = t.origin->call([&] { return t.origin->node().publish(ev); }); !st.is_ok()) return 0;
+      std::uint64_t worst = 0;
+      const std::uint64_t pub = timing_of(*t.origin, v, &VersionTiming::published_us);
+      for (auto* sink : t.sinks) {
+        if (!wait_until(*sink, [v](Node& n) { return has_all_chunks(n, v); })) return 0;
+        worst = std::max(worst, timing_of(*sink, v, &VersionTiming::last_chunk_us) - pub);
+      }
+      return std::max<std::uint64_t>(worst, 1);
+    };
+    Tree unsigned_tree, signed_tree;
+    if (!make_tree(unsigned_tree, nullptr) || !make_tree(signed_tree, std::make_shared<const runtime::SigningKey>(runtime::make_signing_key())))
+      return fail("the tree did not form");
     ProgressBar bar("throughput", versions_.size());
     for (std::size_t i = 0; i < versions_.size(); ++i) {
       const EncodedVersion& ev = versions_[i];
@@ -381,15 +414,12 @@ int NetBench::throughput() {
         port_ += 8;
         payload_bytes = ev.manifest.payload_bytes_total();
       }
-      Status st = origin.call([&] { return origin.node().publish(ev); });
-      if (!st.is_ok()) return fail(st.to_string());
-      std::uint64_t worst = 0;
-      const std::uint64_t pub = timing_of(origin, v, &VersionTiming::published_us);
-      for (auto* sink : sinks) {
-        if (!wait_until(*sink, [v](Node& n) { return has_all_chunks(n, v); })) return fail("a sink never received version " + std::to_string(v));
-        worst = std::max(worst, timing_of(*sink, v, &VersionTiming::last_chunk_us) - pub);
+      const std::uint64_t worst = deliver(unsigned_tree, ev), worst_signed = deliver(signed_tree, ev);
+      if (!worst || !worst_signed) return fail("a sink never received version " + std::to_string(v));
+      if (timed) {
+        per_worker.push_back(bytes_v / (static_cast<double>(worst) / 1e6) / 1e9);
+        per_worker_signed.push_back(bytes_v / (static_cast<double>(worst_signed) / 1e6) / 1e9);
       }
-      if (timed) per_worker.push_back(bytes_v / (static_cast<double>(std::max<std::uint64_t>(worst, 1)) / 1e6) / 1e9);
       bar.update(i + 1);
     }
   }
@@ -403,8 +433,11 @@ int NetBench::throughput() {
   std::printf("   plain ZeroMQ through a forwarding relay to 4 PULLs, per worker   %6.2f GB/s\n", plain_tree_gbps);
   std::printf("   deltacast origin -> relay -> 4 workers, slowest worker           %6.2f GB/s = %.0f%% of the plain tree\n", tree,
               100 * tree / plain_tree_gbps);
-  std::printf("   deltacast delivered to all 4 workers together                    %6.2f GB/s = %.0f%% of one plain stream\n\n",
+  std::printf("   deltacast delivered to all 4 workers together                    %6.2f GB/s = %.0f%% of one plain stream\n",
               4 * tree, 100 * 4 * tree / plain_gbps);
+  const double tree_signed = median(per_worker_signed);
+  std::printf("   deltacast signed, relay and workers checking (--trust-key)       %6.2f GB/s = %.0f%% of unsigned\n\n", tree_signed,
+              100 * tree_signed / tree);
 
   return 0;
 }

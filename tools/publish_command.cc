@@ -15,6 +15,7 @@
 #include "commands.h"
 #include "deltacast/common/thread_pool.h"
 #include "deltacast/io/safetensors.h"
+#include "deltacast/runtime/trust.h"
 #include "deltacast/transport/host.h"
 #include "gen.h"
 #include "node_config.h"
@@ -155,6 +156,7 @@ int run_publish(PublishOptions& o) {
   VersionEncodeOptions vopt;
   vopt.chunk_bytes = *chunk;
   if (o.v2) vopt.chunk = ChunkEncodeOptions::smallest();
+  if (cfg->node.sign_key) vopt.payload_digest = runtime::payload_digest;  // on the pool, not the node's loop
   std::optional<SafetensorsFile> prev;
   std::uint64_t version = 0;
   std::atomic<bool> anchor_wanted{false};

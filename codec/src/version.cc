@@ -68,6 +68,7 @@ Result<EncodedVersion> encode_version(const ModelLayout& layout, std::uint64_t v
     c.length = len;
     c.payload_bytes = payload->size();
     c.payload_hash = hash64(*payload);
+    if (options.payload_digest) c.payload_digest = options.payload_digest(*payload);
     c.content_hash = delta ? *h.content : hash64(nb);
     c.base_hash = delta ? *h.base : 0;
     ev.payloads[i] = std::move(payload).value();
@@ -85,6 +86,7 @@ Result<EncodedVersion> encode_version(const ModelLayout& layout, std::uint64_t v
     m.base_checksum = combine_chunk_hashes(m.image_size, hashes);
   }
   for (auto& s : stats) ev.stats.add(s);
+  ev.payload_digests = static_cast<bool>(options.payload_digest);
   return ev;
 }
 
@@ -243,6 +245,7 @@ Result<ContainerView> parse_container(ByteSpan file) {
     auto m = parse_manifest(mbytes);
     if (!m.is_ok()) return m.status().with_context("manifest");
     v.manifest = std::move(m).value();
+    v.manifest_bytes = mbytes;
   }
   v.payloads.reserve(v.manifest.chunks.size());
   for (std::size_t i = 0; i < v.manifest.chunks.size(); ++i) {

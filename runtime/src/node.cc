@@ -560,12 +560,14 @@ void Node::on_shard_chunk(PeerId from, const ChunkMsg& m) {
   for (auto& sl : s.slices) slices.push_back(std::move(*sl));
   const VersionKey key = m.key;
   shard_slices_.erase(it);
+  // Each slice's chunks were checked above against its manifest's digests when it was signed.
+  const bool digests_known = std::all_of(slices.begin(), slices.end(), [](const EncodedVersion& e) { return e.manifest.is_signed; });
   auto merged = merge_shards(std::move(slices));
   if (!merged.is_ok()) {
     set_error(to_string(key) + ": " + merged.status().to_string());
     return;
   }
-  if (Status st = publish(std::move(merged).value()); !st.is_ok()) {
+  if (Status st = publish_version(std::move(merged->manifest), share_payloads(merged->payloads), digests_known); !st.is_ok()) {
     set_error(to_string(key) + ": " + st.to_string());
     return;
   }
@@ -750,10 +752,56 @@ void Node::on_manifest(const ManifestMsg& m, bool) {
   advance();
 }
 
+// Checks a chunk's xxh3 and BLAKE2b digest against the manifest it arrived for.
+class Node::CheckTask final : public Task {
+ public:
+  CheckTask(Node& node, const ChunkMsg& m, std::shared_ptr<const Manifest> manifest)
+      : node_(&node), alive_(node.alive_), m_(m), manifest_(std::move(manifest)) {}
+  void work() override {
+    const ChunkEntry& e = manifest_->chunks[m_.index];
+    ok_ = hash64(*m_.payload) == e.payload_hash && payload_digest(*m_.payload) == e.payload_digest;
+  }
+  void done() override {
+    if (*alive_) node_->on_chunk_checked(m_, manifest_, ok_);
+  }
+
+ private:
+  Node* node_;
+  std::shared_ptr<bool> alive_;
+  ChunkMsg m_;
+  std::shared_ptr<const Manifest> manifest_;
+  bool ok_ = false;
+};
+
 void Node::on_chunk(const ChunkMsg& m) {
-  const std::uint64_t now = clock_.now_ms();
   stats_.chunks_in++;
-  auto r = cache_.add_chunk(m.key, m.index, m.payload, now);
+  if (!check_off_loop(m)) accept_chunk(m, false);
+}
+
+bool Node::check_off_loop(const ChunkMsg& m) {
+  if (!tasks_ || config_.virtual_payloads || !m.payload) return false;
+  const CachedVersion* v = cache_.find(m.key);
+  // What is not a new chunk of the right size of a signed version, add_chunk deals with here.
+  if (!v || !v->manifest->is_signed || m.index >= v->chunks.size() || v->chunks[m.index] ||
+      m.payload->size() != v->manifest->chunks[m.index].payload_bytes)
+    return false;
+  if (check_bytes_in_flight_ + m.payload->size() > config_.check_bytes_in_flight_max) return false;
+  check_bytes_in_flight_ += m.payload->size();
+  tasks_->run(std::make_unique<CheckTask>(*this, m, v->manifest), m.payload->size());
+  return true;
+}
+
+void Node::on_chunk_checked(const ChunkMsg& m, const std::shared_ptr<const Manifest>& manifest, bool ok) {
+  check_bytes_in_flight_ -= m.payload->size();
+  const CachedVersion* v = cache_.find(m.key);
+  if (!v || v->manifest != manifest) return;  // the version went, or another run's took its place
+  // A chunk that failed is checked again here, so the error says which hash it failed.
+  accept_chunk(m, ok);
+}
+
+void Node::accept_chunk(const ChunkMsg& m, bool hashes_checked) {
+  const std::uint64_t now = clock_.now_ms();
+  auto r = cache_.add_chunk(m.key, m.index, m.payload, now, hashes_checked);
   if (!r.is_ok()) {
     if (r.status().code() == StatusCode::kCorruption) {
       // Never forwarded, never applied: ask for it again at once.
@@ -1315,31 +1363,31 @@ Status Node::shard_ready_to_publish() {
 Status Node::publish(EncodedVersion&& ev) {
   // Checked before the payloads are taken, so a refused version is left as it was.
   if (config_.shard_count > 0) DC_RETURN_IF_ERROR(shard_ready_to_publish());
-  std::vector<SharedBytes> payloads;
-  payloads.reserve(ev.payloads.size());
-  for (auto& p : ev.payloads) payloads.push_back(share(std::move(p)));
-  return publish(std::move(ev.manifest), std::move(payloads));
+  return publish_version(std::move(ev.manifest), share_payloads(ev.payloads), ev.payload_digests);
 }
 
-SharedBytes Node::seal_manifest(Manifest& m, const std::vector<SharedBytes>& payloads) const {
+SharedBytes Node::seal_manifest(Manifest& m, const std::vector<SharedBytes>& payloads, bool digests_known) const {
   m.run = config_.shard_count > 0 ? config_.run : run_;
   if (!config_.sign_key || config_.virtual_payloads) {
     m.is_signed = false;
     return share(serialize_manifest(m));
   }
+  if (digests_known) return share(sign_manifest_with_digests(m, *config_.sign_key));
   std::vector<ByteSpan> spans;
   spans.reserve(payloads.size());
   for (const auto& p : payloads) spans.push_back(p->span());
   return share(sign_manifest(m, spans, *config_.sign_key));
 }
 
-Status Node::publish(Manifest m, std::vector<SharedBytes> payloads) {
+Status Node::publish(Manifest m, std::vector<SharedBytes> payloads) { return publish_version(std::move(m), std::move(payloads), false); }
+
+Status Node::publish_version(Manifest m, std::vector<SharedBytes> payloads, bool digests_known) {
   const VersionKey key{m.version, m.kind == VersionKind::kAnchor};
   if (payloads.size() != m.chunks.size()) return Status::invalid_argument("a version needs one payload per chunk of its manifest");
   if (config_.shard_count > 0) {
     // A trainer shard: the slice goes up to the origin, which merges the slices.
     DC_RETURN_IF_ERROR(shard_ready_to_publish());
-    SharedBytes sealed = seal_manifest(m, payloads);
+    SharedBytes sealed = seal_manifest(m, payloads, digests_known);
     RetainedSlice r{key, std::move(sealed), std::move(payloads)};
     retained_.push_back(std::move(r));
     queue_slice(retained_.back(), nullptr);
@@ -1359,7 +1407,7 @@ Status Node::publish(Manifest m, std::vector<SharedBytes> payloads) {
     }
     return Status::ok();
   }
-  SharedBytes sealed = seal_manifest(m, payloads);
+  SharedBytes sealed = seal_manifest(m, payloads, digests_known);
   auto r = cache_.add_manifest(key, std::move(sealed), now, std::make_shared<const Manifest>(std::move(m)));
   if (!r.is_ok()) return r.status();
   published_us_.emplace(key.version, now_us);  // an anchor made later keeps the version's first time

@@ -90,6 +90,16 @@ Status verify_manifest(ByteSpan serialized, const Manifest& parsed, const std::v
   return Status::ok();
 }
 
+Status verify_payloads(const Manifest& m, std::span<const ByteSpan> payloads) {
+  if (!m.is_signed) return Status::corruption("manifest of v" + std::to_string(m.version) + " is not signed: its payloads have no digests");
+  if (payloads.size() != m.chunks.size())
+    return Status::corruption(std::to_string(payloads.size()) + " payloads for " + std::to_string(m.chunks.size()) + " chunks");
+  for (std::size_t i = 0; i < payloads.size(); ++i)
+    if (payload_digest(payloads[i]) != m.chunks[i].payload_digest)
+      return Status::corruption("chunk " + std::to_string(i) + " of v" + std::to_string(m.version) + " does not match the digest its signed manifest gives");
+  return Status::ok();
+}
+
 RunId make_run_id() {
   ensure_sodium();
   RunId r;

@@ -12,4 +12,8 @@ cp "$tmp/step-000001.safetensors" "$here/next.safetensors"
 "$dc" encode -q -j1 --chunk-size 16KiB --base-version 1 "$here/base.safetensors" "$here/next.safetensors" -o "$here/delta.dcd"
 "$dc" encode -q -j1 --chunk-size 16KiB --base-version 1 --v2 "$here/base.safetensors" "$here/next.safetensors" -o "$here/delta-v2.dcd"
 "$dc" encode -q -j1 --chunk-size 16KiB --version 2 "$here/next.safetensors" -o "$here/anchor.dcd"
+# A signed anchor, signed with a key kept for this test only (Ed25519 signatures are
+# deterministic, so the file is reproducible).
+[ -e "$here/test.sign.key" ] || "$dc" keygen --sign -o "$here/test.sign.key"
+"$dc" encode -q -j1 --chunk-size 16KiB --version 2 --sign-key "$here/test.sign.key" "$here/next.safetensors" -o "$here/anchor-signed.dcd"
 "$dc" inspect "$here/delta.dcd" | grep checksum

@@ -1,12 +1,16 @@
-// NodeHost over real ZeroMQ sockets on loopback, in one process: the version callback, the
-// blocking wait, metrics over HTTP, and a bad bind address.
+// NodeHost over real ZeroMQ sockets on loopback, in one process: the version callback (signed
+// versions, checked on the task pool), the blocking wait, metrics over HTTP, a bad bind
+// address, and the bound on what one child can make a busy node queue.
 #include <catch2/catch.hpp>
 
 #include <atomic>
 #include <chrono>
 #include <thread>
 
+#include <zmq.h>
+
 #include "deltacast/runtime/metrics.h"
+#include "deltacast/runtime/trust.h"
 #include "deltacast/transport/host.h"
 #include "test_util.h"
 
@@ -21,9 +25,12 @@ TEST_CASE("a worker host announces versions by callback and by blocking wait", "
   VersionEncodeOptions opt;
   opt.chunk_bytes = 32 << 10;
 
+  // Signed: the worker checks each chunk's digest on the host's task pool.
+  auto key = std::make_shared<const SigningKey>(make_signing_key());
   NodeConfig oc;
   oc.node_id = "origin";
   oc.serve_children = true;
+  oc.sign_key = key;
   transport::HostConfig oh;
   oh.bind_endpoint = "tcp://127.0.0.1:*";
   transport::NodeHost origin(oc, oh);
@@ -36,6 +43,7 @@ TEST_CASE("a worker host announces versions by callback and by blocking wait", "
   wc.node_id = "w";
   wc.parents = {ep};
   wc.reconstruct = true;
+  wc.trust_keys = {key->public_key};
   transport::NodeHost worker(wc, transport::HostConfig{});
   std::atomic<std::uint64_t> announced{0};
   worker.set_on_version([&](std::shared_ptr<const ModelVersion> v) { announced = v->version; });
@@ -78,4 +86,72 @@ TEST_CASE("a host that cannot bind says why", "[transport][host]") {
   Status st = host.start_thread();
   CHECK(st.code() == StatusCode::kIOError);
   CHECK(st.message().find("cannot bind") != std::string::npos);
+}
+
+namespace {
+// How many 1 MiB messages one client gets into a node whose loop is busy for a while: what
+// ZeroMQ queues for the node (child_queue_messages_max), plus the kernel's socket buffers.
+int messages_taken_while_busy(std::size_t child_queue_messages_max) {
+  NodeConfig c;
+  c.node_id = "busy";
+  c.serve_children = true;
+  transport::HostConfig h;
+  h.bind_endpoint = "tcp://127.0.0.1:*";
+  h.child_queue_messages_max = child_queue_messages_max;
+  transport::NodeHost host(c, h);
+  REQUIRE(host.start_thread().is_ok());
+  std::atomic<bool> release{false};
+  host.post([&] {
+    while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  });
+  void* ctx = zmq_ctx_new();
+  void* s = zmq_socket(ctx, ZMQ_DEALER);
+  const int one = 1, sndbuf = 64 << 10, linger = 0;
+  zmq_setsockopt(s, ZMQ_SNDHWM, &one, sizeof one);
+  zmq_setsockopt(s, ZMQ_SNDBUF, &sndbuf, sizeof sndbuf);
+  zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+  REQUIRE(zmq_connect(s, host.bound_endpoint().c_str()) == 0);
+  std::vector<char> message(1 << 20, 'x');
+  // Sends until nothing more has been taken for a second (however slow this build is).
+  int taken = 0;
+  const auto start = std::chrono::steady_clock::now();
+  auto last_taken = start;
+  while (std::chrono::steady_clock::now() - last_taken < std::chrono::seconds(1) &&
+         std::chrono::steady_clock::now() - start < std::chrono::seconds(60)) {
+    if (zmq_send(s, message.data(), message.size(), ZMQ_DONTWAIT) >= 0) {
+      ++taken;
+      last_taken = std::chrono::steady_clock::now();
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+  release = true;
+  zmq_close(s);
+  zmq_ctx_term(ctx);
+  host.stop();
+  return taken;
+}
+}  // namespace
+
+TEST_CASE("a child cannot make a busy node queue more than child_queue_messages_max of its messages", "[transport][host][load]") {
+  const int bounded = messages_taken_while_busy(8);
+  const int loose = messages_taken_while_busy(64);
+  INFO("queue of 8: " << bounded << " messages taken; queue of 64: " << loose);
+  // The rest past the queue sits in socket buffers (a few MiB on loopback) and the client's own
+  // queue of one; the difference is the queue's.
+  CHECK(bounded < 32);
+  CHECK(loose - bounded >= 40);
+}
+
+TEST_CASE("a child queue bound of zero is refused: ZeroMQ would read it as no bound", "[transport][host]") {
+  NodeConfig c;
+  c.node_id = "x";
+  c.serve_children = true;
+  transport::HostConfig h;
+  h.bind_endpoint = "tcp://127.0.0.1:*";
+  h.child_queue_messages_max = 0;
+  transport::NodeHost host(c, h);
+  Status st = host.start_thread();
+  CHECK(st.code() == StatusCode::kInvalidArgument);
+  CHECK(st.message().find("child_queue_messages_max") != std::string::npos);
 }

@@ -202,36 +202,81 @@ TEST_CASE("a node trusting a key refuses unsigned versions", "[runtime][trust]")
   CHECK(w.stats().untrusted_manifests > 0);
 }
 
+namespace {
+// origin (signing with `key`) -> relay -> worker "w", both trusting the key.
+struct SignedTree {
+  Node& origin;
+  Node& relay;
+  Node& w;
+};
+SignedTree signed_tree(FakeNet& net, const std::shared_ptr<const SigningKey>& key, bool deferred_tasks) {
+  Node& origin = net.add(origin_in(kRunA, key));
+  NodeConfig rc = relay_config("relay", {"origin"});
+  rc.trust_keys = {key->public_key};
+  Node& relay = net.add(rc, deferred_tasks);
+  NodeConfig wc = worker_config("w", {"relay"});
+  wc.trust_keys = {key->public_key};
+  return {origin, relay, net.add(wc, deferred_tasks)};
+}
+}  // namespace
+
 TEST_CASE("signed versions travel a relay tree and verify at every node", "[runtime][trust]") {
   Series s(4, 3);
   auto key = std::make_shared<const SigningKey>(make_signing_key());
   FakeNet net;
-  Node& origin = net.add(origin_in(kRunA, key));
-  NodeConfig rc = relay_config("relay", {"origin"});
-  rc.trust_keys = {key->public_key};
-  net.add(rc);
-  NodeConfig wc = worker_config("w", {"relay"});
-  wc.trust_keys = {key->public_key};
-  Node& w = net.add(wc);
+  auto [origin, relay, w] = signed_tree(net, key, false);
   publish_run(origin, s, 4);
   REQUIRE(net.run_until([&] { return w.current_version() == 4; }));
   CHECK(w.current()->image == s.images[3]);
   CHECK(w.stats().untrusted_manifests == 0);
-  const CachedVersion* cached = net.node("relay").cache().find({4, false});
+  const CachedVersion* cached = relay.cache().find({4, false});
   REQUIRE(cached);
   CHECK(cached->manifest->is_signed);
   CHECK(cached->manifest->signer == key->public_key);
 }
 
-TEST_CASE("an origin merging shards accepts only slices signed by its shard keys", "[runtime][trust]") {
+TEST_CASE("chunks of signed versions are checked on the task runner, and a damaged one is still caught there", "[runtime][trust]") {
+  Series s(4, 3);
+  auto key = std::make_shared<const SigningKey>(make_signing_key());
+  FakeNet net;
+  auto [origin, relay, w] = signed_tree(net, key, /*deferred_tasks=*/true);
+  int damaged = 0;
+  net.filter = [&](const std::string& from, const std::string& to, Message& m) {
+    auto* c = std::get_if<ChunkMsg>(&m);
+    if (from == "origin" && to == "relay" && c && damaged < 2) {
+      Bytes b(c->payload->data(), c->payload->data() + c->payload->size());
+      b[b.size() / 3] ^= 0x04;
+      c->payload = share(std::move(b));
+      damaged++;
+    }
+    return true;
+  };
+  publish_run(origin, s, 4);
+  REQUIRE(net.run_until([&] { return w.current_version() == 4; }));
+  CHECK(w.current()->image == s.images[3]);
+  CHECK(damaged == 2);
+  // The relay refused both after their check, so neither was cached or forwarded, and asked
+  // for them again.
+  CHECK(relay.stats().corrupt_chunks == 2);
+  CHECK(w.stats().corrupt_chunks == 0);
+  const CachedVersion* cached = relay.cache().find({4, false});
+  REQUIRE(cached);
+  CHECK(cached->complete());
+}
+
+TEST_CASE("an origin merging shards accepts only slices signed by its shard keys, and signs the merge", "[runtime][trust]") {
   Series s(2, 4);
   auto shard_key = std::make_shared<const SigningKey>(make_signing_key());
   auto intruder_key = std::make_shared<const SigningKey>(make_signing_key());
+  auto origin_key = std::make_shared<const SigningKey>(make_signing_key());
   FakeNet net;
-  NodeConfig oc = origin_in(kRunA);
+  NodeConfig oc = origin_in(kRunA, origin_key);
   oc.expect_shards = 1;
   oc.shard_keys = {shard_key->public_key};
   Node& origin = net.add(oc);
+  NodeConfig wc = worker_config("w", {"origin"});
+  wc.trust_keys = {origin_key->public_key};
+  Node& w = net.add(wc);
   auto shard = [&](const std::string& id, std::shared_ptr<const SigningKey> key) -> Node& {
     NodeConfig c;
     c.node_id = id;
@@ -251,6 +296,11 @@ TEST_CASE("an origin merging shards accepts only slices signed by its shard keys
   net.run_for(500);
   REQUIRE(trainer.publish(s.anchor(1)).is_ok());
   REQUIRE(net.run_until([&] { return origin.cache().newest_version() == 1; }));
+  // The merged version carries the slices' digests under the origin's signature.
+  REQUIRE(net.run_until([&] { return w.current_version() == 1; }));
+  CHECK(w.current()->image == s.images[0]);
+  CHECK(w.stats().untrusted_manifests == 0);
+  CHECK(origin.cache().find({1, true})->manifest->signer == origin_key->public_key);
 }
 
 TEST_CASE("a parent claiming an absurd newest version is dropped, and the worker stays responsive", "[runtime][trust]") {

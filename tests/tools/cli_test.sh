@@ -113,5 +113,25 @@ fails "a trust key that is neither hex nor a key file" "neither a 64-hex-digit p
 fails "a CURVE key file given as a signing key" "not a signing key file" \
   "$dc" publish --listen tcp://127.0.0.1:7199 --sign-key "$tmp/node.key" "$tmp/s/step-000000.safetensors"
 
+# Signed files: decode --trust-key takes only a file its key signed, whole.
+check "encode --sign-key" "$dc" encode -q --chunk-size 64KiB --sign-key "$tmp/sign.key" \
+  "$tmp/s/step-000000.safetensors" "$tmp/s/step-000001.safetensors" -o "$tmp/signed.dcd"
+check "decode --trust-key (the key file)" "$dc" decode -q --trust-key "$tmp/sign.key" "$tmp/s/step-000000.safetensors" "$tmp/signed.dcd" -o "$tmp/rs.safetensors"
+check "a signed file decodes identical" cmp "$tmp/rs.safetensors" "$tmp/s/step-000001.safetensors"
+check "inspect names the signer" "$dc" inspect "$tmp/signed.dcd"
+grep -q "signed by $(sed -n 's/.*"public_key": "\([0-9a-f]*\)".*/\1/p' "$tmp/sign.key")" "$tmp/out" || { failed=$((failed + 1)); echo "FAILED: inspect does not name the signer"; }
+check "keygen --sign another" "$dc" keygen --sign -o "$tmp/other.key"
+fails "a file signed by another key" "does not trust" \
+  "$dc" decode -q --trust-key "$tmp/other.key" "$tmp/s/step-000000.safetensors" "$tmp/signed.dcd" -o "$tmp/y.safetensors"
+fails "an unsigned file where a signed one is wanted" "not signed" \
+  "$dc" decode -q --trust-key "$tmp/sign.key" "$tmp/s/step-000000.safetensors" "$tmp/d1.dcd" -o "$tmp/y.safetensors"
+cp "$tmp/signed.dcd" "$tmp/forged.dcd"
+size=$(stat -c %s "$tmp/forged.dcd")
+# The signed digest catches a changed payload before any checksum is looked at.
+printf '\x55' | dd of="$tmp/forged.dcd" bs=1 seek=$((size - 10)) conv=notrunc status=none
+fails "a signed file with a changed payload" "does not match the digest" \
+  "$dc" decode -q --trust-key "$tmp/sign.key" "$tmp/s/step-000000.safetensors" "$tmp/forged.dcd" -o "$tmp/y.safetensors"
+test -e "$tmp/y.safetensors" && { failed=$((failed + 1)); echo "FAILED: a refused signed file left an output file"; }
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

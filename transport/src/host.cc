@@ -195,8 +195,13 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
     // Children send small messages up (Hello, Need, Ready, Heartbeat, Leave); only trainer
     // shards send chunks. A connection that has not even said Hello holds at most this much.
     if (node_config.expect_shards == 0) {
+      if (config.child_queue_messages_max < 1 || config.child_queue_messages_max > 65536)
+        return Status::invalid_argument("child_queue_messages_max must be 1 to 65536, not " + std::to_string(config.child_queue_messages_max));
       const std::int64_t child_max = static_cast<std::int64_t>(std::min(config.message_bytes_max, config.child_message_bytes_max));
-      zmq_setsockopt(router.zsock, ZMQ_MAXMSGSIZE, &child_max, sizeof child_max);
+      const int child_queue = static_cast<int>(config.child_queue_messages_max);
+      if (zmq_setsockopt(router.zsock, ZMQ_MAXMSGSIZE, &child_max, sizeof child_max) ||
+          zmq_setsockopt(router.zsock, ZMQ_RCVHWM, &child_queue, sizeof child_queue))
+        return Status::io_error(zmq_error("setsockopt"));
     }
     if (config.curve) {
       if (zmq_setsockopt(router.zsock, ZMQ_CURVE_SERVER, &one, sizeof one) ||

@@ -19,8 +19,46 @@ void set_run(wire::RunId* out, const RunId& r) {
 }
 RunId get_run(const wire::RunId& r) { return {r.started_us(), r.nonce()}; }
 
+// Length of the UTF-8 sequence at s[i], 0 if it is not one or is a control character: text
+// that log lines, the ledger and metrics can carry as is.
+std::size_t text_char_bytes(const std::string& s, std::size_t i) {
+  const auto c = static_cast<unsigned char>(s[i]);
+  if (c < 0x80) return c < 0x20 || c == 0x7f ? 0 : 1;
+  const std::size_t n = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+  if (n == 0 || i + n > s.size()) return 0;
+  for (std::size_t k = 1; k < n; ++k)
+    if ((static_cast<unsigned char>(s[i + k]) & 0xc0) != 0x80) return 0;
+  return n;
+}
+
+bool printable_utf8(const std::string& s) {
+  for (std::size_t i = 0, n = 0; i < s.size(); i += n)
+    if ((n = text_char_bytes(s, i)) == 0) return false;
+  return true;
+}
+
+// What this node sends as text: control characters and broken sequences become '?', and it is
+// cut at a character boundary to `max` bytes, so a receiver's check_string passes.
+std::string wire_text(const std::string& s, std::size_t max) {
+  std::string out;
+  out.reserve(std::min(s.size(), max));
+  for (std::size_t i = 0; i < s.size();) {
+    const std::size_t n = text_char_bytes(s, i);
+    if (out.size() + std::max<std::size_t>(n, 1) > max) break;
+    if (n == 0) {
+      out += '?';
+      ++i;
+    } else {
+      out.append(s, i, n);
+      i += n;
+    }
+  }
+  return out;
+}
+
 Status check_string(const std::string& s, std::size_t max, const char* what) {
   if (s.size() > max) return Status::corruption(std::string(what) + " longer than " + std::to_string(max) + " bytes");
+  if (!printable_utf8(s)) return Status::corruption(std::string(what) + " is not UTF-8 text");
   return Status::ok();
 }
 
@@ -52,7 +90,7 @@ Frames encode_message(const Message& message) {
           env.mutable_welcome()->set_newest_version(m.newest_version);
           set_run(env.mutable_welcome()->mutable_run(), m.run);
         } else if constexpr (std::is_same_v<T, Refuse>) {
-          env.mutable_refuse()->set_reason(m.reason);
+          env.mutable_refuse()->set_reason(wire_text(m.reason, kReasonBytesMax));
         } else if constexpr (std::is_same_v<T, ManifestMsg>) {
           auto* mm = env.mutable_manifest();
           set_key(mm->mutable_key(), m.key);
@@ -78,14 +116,14 @@ Frames encode_message(const Message& message) {
           r->set_version(m.version);
           r->set_checksum(m.checksum);
           r->set_publish_to_ready_ms(m.publish_to_ready_ms);
-          r->set_error(m.error);
+          r->set_error(wire_text(m.error, kReasonBytesMax));
           set_run(r->mutable_run(), m.run);
         } else if constexpr (std::is_same_v<T, Heartbeat>) {
           env.mutable_heartbeat()->set_newest_version(m.newest_version);
           set_run(env.mutable_heartbeat()->mutable_run(), m.run);
         } else if constexpr (std::is_same_v<T, Leave>) {
           env.mutable_leave()->set_node_id(m.node_id);
-          env.mutable_leave()->set_reason(m.reason);
+          env.mutable_leave()->set_reason(wire_text(m.reason, kReasonBytesMax));
           env.mutable_leave()->set_moved(m.moved);
         }
       },

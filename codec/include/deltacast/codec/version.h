@@ -22,6 +22,9 @@ struct VersionEncodeOptions {
   std::uint64_t chunk_bytes = kDefaultChunkBytes;
   ChunkEncodeOptions chunk = ChunkEncodeOptions::defaults();
   ProgressFn progress;
+  // When set, fills every chunk's payload_digest as its payload is made, on the executor's
+  // threads (runtime::payload_digest, for a publisher that signs): signing then hashes nothing.
+  std::function<PayloadDigest(ByteSpan payload)> payload_digest;
 };
 
 struct ModelLayout {
@@ -34,6 +37,7 @@ struct EncodedVersion {
   Manifest manifest;
   std::vector<Bytes> payloads;  // one per manifest chunk
   ChunkStats stats;             // summed over chunks
+  bool payload_digests = false; // every chunk's payload_digest is filled in (options.payload_digest)
 };
 
 // A delta from `base` to `next` (same layout), or an anchor of `next` when base is empty.
@@ -73,6 +77,7 @@ inline constexpr std::uint64_t kManifestBytesMax = 1ull << 32;
 Bytes container_prefix(const Manifest& manifest);
 struct ContainerView {
   Manifest manifest;
+  ByteSpan manifest_bytes;         // the manifest as serialized (what a signature covers)
   std::vector<ByteSpan> payloads;  // point into the parsed buffer
 };
 Result<ContainerView> parse_container(ByteSpan file);

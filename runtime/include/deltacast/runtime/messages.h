@@ -48,6 +48,13 @@ class OwnedBlob final : public Blob {
   Bytes bytes_;
 };
 inline SharedBytes share(Bytes b) { return std::make_shared<const OwnedBlob>(std::move(b)); }
+// Takes every buffer of `payloads` over (leaving them empty), shared.
+inline std::vector<SharedBytes> share_payloads(std::vector<Bytes>& payloads) {
+  std::vector<SharedBytes> out;
+  out.reserve(payloads.size());
+  for (auto& p : payloads) out.push_back(share(std::move(p)));
+  return out;
+}
 
 // A version travels as a delta (from version - 1) or as an anchor (full snapshot).
 struct VersionKey {

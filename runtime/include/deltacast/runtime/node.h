@@ -89,6 +89,10 @@ struct NodeConfig {
   // A run that says it started later than this past the node's own clock is refused: one forged
   // manifest from the far future could otherwise hold a node that trusts no key in that run.
   std::uint64_t run_clock_skew_ms_max = 600000;
+  // A chunk of a signed version has its BLAKE2b digest checked on the TaskRunner, several at
+  // once, before it is cached or forwarded. Past this many payload bytes waiting for a check, the
+  // loop checks them itself (and reads nothing else meanwhile, so the network waits).
+  std::uint64_t check_bytes_in_flight_max = 256ull << 20;
 };
 
 enum class LogLevel : std::uint8_t { kInfo, kWarn, kError };
@@ -289,8 +293,11 @@ class Node {
   Heartbeat heartbeat() const;
   // The version an anchor must be newer than to help (0 when the parent serves another run).
   std::uint64_t anchor_floor() const;
-  // Origin, trainer shards: the run and, with a signing key, the digests and signature.
-  SharedBytes seal_manifest(Manifest& manifest, const std::vector<SharedBytes>& payloads) const;
+  // Origin, trainer shards: the run and, with a signing key, the digests and signature. With
+  // digests_known the manifest's payload digests were checked against the payloads already
+  // (slices of signed shards) and are signed as they are.
+  SharedBytes seal_manifest(Manifest& manifest, const std::vector<SharedBytes>& payloads, bool digests_known) const;
+  Status publish_version(Manifest manifest, std::vector<SharedBytes> payloads, bool digests_known);
   // A manifest from upstream: bounds, signature, run. False if it is not to be used.
   bool admit_manifest(const ManifestMsg& m, std::shared_ptr<const Manifest>& parsed);
   // A verified manifest of a newer run: everything of the old run goes.
@@ -306,6 +313,12 @@ class Node {
   void on_hello(PeerId from, const Hello& hello);
   void on_manifest(const ManifestMsg& m, bool from_parent);
   void on_chunk(const ChunkMsg& m);
+  // A chunk of a signed version goes to the TaskRunner for its hashes; false if it is checked
+  // here instead (no runner, nothing to check, or check_bytes_in_flight_max reached).
+  class CheckTask;
+  bool check_off_loop(const ChunkMsg& m);
+  void on_chunk_checked(const ChunkMsg& m, const std::shared_ptr<const Manifest>& manifest, bool ok);
+  void accept_chunk(const ChunkMsg& m, bool hashes_checked);
   void on_need(PeerId from, Child& child, const Need& need);
   void on_ready_message(PeerId from, const Child& child, const Ready& r);
   void on_leave_message(PeerId from, const Leave& l);
@@ -386,6 +399,7 @@ class Node {
   bool pumping_ = false;  // pump_decodes is on the stack (inline task runners)
   std::uint64_t generation_ = 0;  // invalidates decode results of abandoned assemblies
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  std::uint64_t check_bytes_in_flight_ = 0;  // payload bytes on the TaskRunner for their hashes
 
   std::map<std::uint64_t, VersionTiming> timings_;
   std::map<std::uint64_t, std::uint64_t> published_us_;  // version -> origin publish time (us)

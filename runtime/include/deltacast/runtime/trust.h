@@ -40,6 +40,10 @@ Bytes sign_manifest_with_digests(Manifest& manifest, const SigningKey& key);
 // signature holds. Corruption names what failed.
 Status verify_manifest(ByteSpan serialized, const Manifest& parsed, const std::vector<PublicKey>& trusted);
 
+// Checks every payload of a signed manifest against its digest; Corruption names the first
+// chunk that differs. The manifest's signature is verify_manifest's to check.
+Status verify_payloads(const Manifest& signed_manifest, std::span<const ByteSpan> payloads);
+
 // A fresh run identity: the current wall-clock time and a random nonce.
 RunId make_run_id();
 

@@ -57,7 +57,10 @@ class VersionCache {
   // Stores a chunk whose manifest is cached, after checking its index, size and payload hash (and
   // its BLAKE2b digest when the manifest is signed).
   // Returns true if it was new, false for a duplicate; Corruption for a payload that fails.
-  Result<bool> add_chunk(const VersionKey& key, std::uint32_t index, SharedBytes payload, std::uint64_t now_ms);
+  // `hashes_checked`: the caller checked both hashes already (off the loop, against the same
+  // manifest), so only index and size are.
+  Result<bool> add_chunk(const VersionKey& key, std::uint32_t index, SharedBytes payload, std::uint64_t now_ms,
+                         bool hashes_checked = false);
   void drop_chunk(const VersionKey& key, std::uint32_t index);
   void erase(const VersionKey& key);
   // Drops every version (a new run began).

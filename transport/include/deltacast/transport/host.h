@@ -40,6 +40,10 @@ struct HostConfig {
   std::uint64_t peer_silence_ms_max = 10000;
   // Incoming messages from children (all but trainer shards' slices) are at most this large.
   std::uint64_t child_message_bytes_max = 8ull << 20;
+  // Messages from one child that ZeroMQ holds before the loop reads them (1 to 65536); past it
+  // that connection is not read until the loop catches up, and TCP pushes back on the child.
+  // With child_message_bytes_max it bounds what one child can make this node buffer.
+  std::size_t child_queue_messages_max = 8;
   std::size_t connections_max = 4096;     // connections to the listener at once; more are closed at once
   std::uint64_t hello_timeout_ms = 10000; // a connection that has not said Hello by then is closed
   std::uint64_t tick_ms = 10;

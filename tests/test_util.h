@@ -1,7 +1,11 @@
-// Helpers shared by the tests: deterministic random bytes and small tensor tables.
+// Helpers shared by the tests: deterministic random bytes, small tensor tables, temporary
+// directories.
 #pragma once
 
+#include <unistd.h>
+
 #include <cstdint>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
@@ -9,6 +13,22 @@
 #include "deltacast/codec/version.h"
 
 namespace deltacast::test {
+
+// A fresh directory under the system's temporary directory, removed with everything in it.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    path = std::filesystem::temp_directory_path() / ("dc-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter()++));
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  static int& counter() {
+    static int n = 0;
+    return n;
+  }
+};
 
 inline Bytes random_bytes(std::size_t n, std::uint64_t seed) {
   std::mt19937_64 rng(seed);

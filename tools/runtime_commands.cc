@@ -14,7 +14,7 @@
 #include "deltacast/common/thread_pool.h"
 #include "deltacast/io/safetensors.h"
 #include "deltacast/transport/host.h"
-#include "deltacast/transport/version_store.h"
+#include "deltacast/transport/worker.h"
 #include "gen.h"
 #include "node_config.h"
 
@@ -28,8 +28,9 @@ using transport::NodeHost;
 std::atomic<NodeHost*> g_signal_host{nullptr};
 std::atomic<bool> g_stop{false};
 
-void stop_on_signals(NodeHost& host) {
-  g_signal_host = &host;
+// host: stopped from the handler (a relay's run() returns); null: g_stop alone (a worker polls it).
+void stop_on_signals(NodeHost* host) {
+  g_signal_host = host;
   auto handler = [](int) {
     g_stop = true;
     if (NodeHost* h = g_signal_host.load()) h->stop();
@@ -51,7 +52,7 @@ int run_relay(const NodeOptions& o) {
   if (cfg->host.bind_endpoint.empty()) return fail("a relay needs --listen (or \"listen\" in its config)");
   if (cfg->node.parents.empty()) return fail("a relay needs at least one --parent");
   NodeHost host(cfg->node, cfg->host);
-  stop_on_signals(host);
+  stop_on_signals(&host);
   spdlog::info("relay {} listening on {}, parents {}", cfg->node.node_id, cfg->host.bind_endpoint, fmt::join(cfg->node.parents, ", "));
   Status st = host.run();
   if (!st.is_ok()) return fail(st.to_string());
@@ -60,71 +61,58 @@ int run_relay(const NodeOptions& o) {
 
 // ---- worker -------------------------------------------------------------------------------------
 
+// One line per version ready, with the time from publish to ready measured here (the origin's
+// own figure also counts the Ready's way back up the tree) and the CPU this process has used so
+// far: the difference between two lines is what a version cost the host (receive, decode,
+// verify).
+void print_version_line(const std::string& id, const ModelVersion& v, const Node& node) {
+  std::string timing;
+  const auto& timings = node.timings();
+  if (auto t = timings.find(v.version); t != timings.end() && t->second.published_us && t->second.ready_us >= t->second.published_us) {
+    const VersionTiming& vt = t->second;
+    auto ms = [&](std::uint64_t us) { return std::to_string(us >= vt.published_us ? (us - vt.published_us) / 1000 : 0); };
+    timing = ", " + ms(vt.ready_us) + " ms after publish";
+    if (vt.first_chunk_us && vt.last_chunk_us) timing += " (chunks arrived " + ms(vt.first_chunk_us) + "-" + ms(vt.last_chunk_us) + " ms)";
+  }
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  const auto cpu_ms = (static_cast<std::int64_t>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000000 + ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1000;
+  std::printf("%s: version %" PRIu64 " ready, checksum %016" PRIx64 "%s, run %s, process CPU %" PRId64 " ms\n", id.c_str(), v.version, v.checksum,
+              timing.c_str(), to_string(v.run).c_str(), cpu_ms);
+  std::fflush(stdout);
+}
+
 int run_worker(const NodeOptions& o) {
   set_log_level(o.log_level);
   auto cfg = load_node_options(o, /*worker=*/true);
   if (!cfg.is_ok()) return fail(cfg.status().to_string());
   if (cfg->node.parents.empty()) return fail("a worker needs at least one --parent");
-  NodeHost host(cfg->node, cfg->host);
-  stop_on_signals(host);
-  std::optional<transport::VersionStore> store;
-  if (!o.out_dir.empty()) {
-    store.emplace(o.out_dir, cfg->node.node_id, o.keep_versions);
-    // A wrong --out-dir is reported now, not at the first version; temporary files of earlier
-    // runs killed mid-save are removed.
-    if (Status st = store->prepare(); !st.is_ok()) return fail(st.with_context("--out-dir").to_string());
-  }
-  if (store && !o.no_resume) {
-    // A restarted worker starts from the newest version it saved, and fetches only the deltas
-    // after it (an anchor only if its parents no longer have them).
-    if (auto saved = store->resume(host)) {
-      std::printf("%s: resumed version %" PRIu64 ", checksum %016" PRIx64 "\n", cfg->node.node_id.c_str(), saved->version, saved->checksum);
-      std::fflush(stdout);
-    }
-  }
-  // Every version exposed is reported from the loop thread as it happens; the main thread
-  // writes out the newest one it sees (a slow disk skips versions rather than hold images).
-  // With the time from publish to ready, measured here (the origin's own figure also counts
-  // the Ready's way back up the tree), and the CPU this process has used so far: the
-  // difference between two lines is what a version cost the host (receive, decode, verify).
-  host.set_on_version([id = cfg->node.node_id, &host](std::shared_ptr<const ModelVersion> v) {
-    std::string timing;
-    const auto& timings = host.node().timings();
-    if (auto t = timings.find(v->version); t != timings.end() && t->second.published_us && t->second.ready_us >= t->second.published_us) {
-      const VersionTiming& vt = t->second;
-      auto ms = [&](std::uint64_t us) { return std::to_string(us >= vt.published_us ? (us - vt.published_us) / 1000 : 0); };
-      timing = ", " + ms(vt.ready_us) + " ms after publish";
-      if (vt.first_chunk_us && vt.last_chunk_us) timing += " (chunks arrived " + ms(vt.first_chunk_us) + "-" + ms(vt.last_chunk_us) + " ms)";
-    }
-    rusage ru{};
-    getrusage(RUSAGE_SELF, &ru);
-    const auto cpu_ms = (static_cast<std::int64_t>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000000 + ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1000;
-    std::printf("%s: version %" PRIu64 " ready, checksum %016" PRIx64 "%s, run %s, process CPU %" PRId64 " ms\n", id.c_str(), v->version, v->checksum,
-                timing.c_str(), to_string(v->run).c_str(), cpu_ms);
+  transport::WorkerOptions wo;
+  wo.node = cfg->node;
+  wo.host = cfg->host;
+  wo.out_dir = o.out_dir;
+  wo.keep_versions = o.keep_versions;
+  wo.resume = !o.no_resume;
+  wo.on_version = [id = cfg->node.node_id](std::shared_ptr<const ModelVersion> v, const Node& node) { print_version_line(id, *v, node); };
+  stop_on_signals(nullptr);
+  auto worker = transport::Worker::start(std::move(wo));
+  if (!worker.is_ok()) return fail(worker.status().to_string());
+  if (auto saved = (*worker)->resumed()) {
+    std::printf("%s: resumed version %" PRIu64 ", checksum %016" PRIx64 "\n", cfg->node.node_id.c_str(), saved->version, saved->checksum);
     std::fflush(stdout);
-  });
-  Status st = host.start_thread();
-  if (!st.is_ok()) return fail(st.to_string());
-  std::shared_ptr<const ModelVersion> seen = host.current();
-  // A failed save (full or failing disk) is logged and retried; the worker keeps serving.
-  std::optional<transport::VersionSaver> saver;
-  if (store) saver.emplace(*store);
-  while (!g_stop && !(o.exit_after_version && seen && seen->version >= o.exit_after_version)) {
-    // Newer: a higher number, or any version of a new run (whose numbers start again at 1).
-    auto v = host.wait_for_newer(seen, 200);
-    if (saver) saver->on_run(host.current_run());
-    if (saver && v) saver->offer(v);
-    else if (saver) saver->retry_if_due();
-    if (!v) continue;
-    seen = v;
-    if (o.exit_after_version && v->version >= o.exit_after_version) break;
   }
-  g_signal_host = nullptr;
-  host.stop();
-  // Exiting at --exit-after-version with that version not on disk is a failure to report.
-  if (saver && saver->unsaved() && !g_stop)
-    return fail("version " + std::to_string(saver->unsaved()->version) + " is ready but not saved: " + saver->last_error());
-  if (saver && saver->unsaved()) spdlog::warn("stopping with version {} not saved", saver->unsaved()->version);
+  std::shared_ptr<const ModelVersion> seen = (*worker)->current();
+  bool reached = o.exit_after_version && seen && seen->version >= o.exit_after_version;
+  while (!g_stop && !reached) {
+    // Newer: a higher number, or any version of a new run (whose numbers start again at 1).
+    if (auto v = (*worker)->wait_for_newer(seen, 200)) seen = v;
+    reached = o.exit_after_version && seen && seen->version >= o.exit_after_version;
+  }
+  // Exiting at --exit-after-version with that version not on disk is a failure to report; on
+  // a signal, a warning.
+  Status st = (*worker)->stop(/*save_current=*/reached);
+  if (!st.is_ok() && reached) return fail(st.message());
+  if (!st.is_ok()) spdlog::warn("stopping with {}", st.message());
   return 0;
 }
 

@@ -5,26 +5,12 @@
 #include <memory>
 #include <string>
 
-#include <spdlog/spdlog.h>
-
-#include <atomic>
-#include <optional>
-#include <thread>
-
-#include "deltacast/transport/host.h"
-#include "deltacast/transport/version_store.h"
+#include "deltacast/transport/worker.h"
 
 using namespace deltacast;
 
 struct dc_worker {
-  std::unique_ptr<transport::NodeHost> host;
-  std::optional<transport::VersionStore> store;
-  std::thread saver;  // saves the newest version to `store`
-  std::atomic<bool> stopping{false};
-  ~dc_worker() {
-    stopping = true;
-    if (saver.joinable()) saver.join();
-  }
+  std::unique_ptr<transport::Worker> worker;
 };
 
 struct dc_version {
@@ -56,64 +42,35 @@ dc_worker* dc_worker_start(const dc_worker_options* o, char* err, size_t err_len
     set_err(err, err_len, "at least one parent is required");
     return nullptr;
   }
-  runtime::NodeConfig nc;
-  nc.node_id = o->node_id;
+  transport::WorkerOptions wo;
+  wo.node.node_id = o->node_id;
   for (std::size_t i = 0; i < o->parent_count; ++i) {
     if (!o->parents[i]) {
       set_err(err, err_len, "parent endpoint is NULL");
       return nullptr;
     }
-    nc.parents.emplace_back(o->parents[i]);
+    wo.node.parents.emplace_back(o->parents[i]);
   }
-  nc.reconstruct = true;
-  nc.serve_children = o->listen && *o->listen;
-  if (o->cache_bytes_max) nc.cache_bytes_max = o->cache_bytes_max;
-  nc.in_place = o->in_place != 0;
-  transport::HostConfig hc;
-  if (nc.serve_children) hc.bind_endpoint = o->listen;
-  if (o->metrics) hc.metrics_listen = o->metrics;
-  auto w = std::make_unique<dc_worker>();
-  const std::string id = nc.node_id;
-  w->host = std::make_unique<transport::NodeHost>(std::move(nc), std::move(hc));
-  std::shared_ptr<const runtime::ModelVersion> saved;
-  if (o->state_dir && *o->state_dir) {
-    w->store.emplace(o->state_dir, id, o->keep_versions ? o->keep_versions : 2);
-    if (Status ps = w->store->prepare(); !ps.is_ok()) {
-      set_err(err, err_len, ps.with_context("state_dir").to_string());
-      return nullptr;
-    }
-    saved = w->store->resume(*w->host);
-  }
-  Status st = w->host->start_thread();
-  if (!st.is_ok()) {
-    set_err(err, err_len, st.to_string());
+  if (o->cache_bytes_max) wo.node.cache_bytes_max = o->cache_bytes_max;
+  wo.node.in_place = o->in_place != 0;
+  if (o->listen && *o->listen) wo.host.bind_endpoint = o->listen;
+  if (o->metrics) wo.host.metrics_listen = o->metrics;
+  if (o->state_dir && *o->state_dir) wo.out_dir = o->state_dir;
+  wo.keep_versions = o->keep_versions ? o->keep_versions : 2;
+  auto w = transport::Worker::start(std::move(wo));
+  if (!w.is_ok()) {
+    set_err(err, err_len, w.status().to_string());
     return nullptr;
   }
-  if (w->store) {
-    // A failed save (a full disk, say) is logged and retried; the worker keeps serving.
-    w->saver = std::thread([w = w.get(), saved]() mutable {
-      transport::VersionSaver saver(*w->store);
-      while (!w->stopping) {
-        auto v = w->host->wait_for_newer(saved, 100);
-        saver.on_run(w->host->current_run());
-        if (!v) {
-          saver.retry_if_due();
-          continue;
-        }
-        saved = v;
-        saver.offer(std::move(v));
-      }
-    });
-  }
-  return w.release();
+  return new dc_worker{std::move(w).value()};
 }
 
 void dc_worker_stop(dc_worker* worker) { delete worker; }
 
-dc_version* dc_worker_current(dc_worker* worker) { return worker ? wrap(worker->host->current()) : nullptr; }
+dc_version* dc_worker_current(dc_worker* worker) { return worker ? wrap(worker->worker->current()) : nullptr; }
 
 dc_version* dc_worker_wait(dc_worker* worker, uint64_t min_version, uint64_t timeout_ms) {
-  return worker ? wrap(worker->host->wait_for_version(min_version, timeout_ms)) : nullptr;
+  return worker ? wrap(worker->worker->wait_for_version(min_version, timeout_ms)) : nullptr;
 }
 
 uint64_t dc_version_number(const dc_version* v) { return v ? v->v->version : 0; }

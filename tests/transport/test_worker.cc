@@ -1,0 +1,95 @@
+// transport::Worker, the class the CLI worker, the C ABI and Python share: it saves what it
+// verifies, resumes from it after a restart, reports a version it could not save, and refuses
+// bad options with the option named.
+#include <catch2/catch.hpp>
+
+#include <fstream>
+
+#include "deltacast/transport/worker.h"
+#include "test_util.h"
+
+using namespace deltacast;
+using namespace deltacast::runtime;
+using test::TempDir;
+
+namespace {
+
+struct Origin {
+  transport::NodeHost host;
+  explicit Origin(NodeConfig c) : host(std::move(c), listener()) { REQUIRE(host.start_thread().is_ok()); }
+  static transport::HostConfig listener() {
+    transport::HostConfig h;
+    h.bind_endpoint = "tcp://127.0.0.1:*";
+    return h;
+  }
+  static NodeConfig config() {
+    NodeConfig c;
+    c.node_id = "origin";
+    c.serve_children = true;
+    return c;
+  }
+  ~Origin() { host.stop(); }
+};
+
+transport::WorkerOptions options(const std::string& parent, const std::string& out_dir) {
+  transport::WorkerOptions o;
+  o.node.node_id = "w";
+  o.node.parents = {parent};
+  o.out_dir = out_dir;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("a worker saves what it verified and resumes from it after a restart", "[transport][worker]") {
+  auto layout = test::make_layout({{DType::kBF16, 50000}});
+  Bytes v1 = test::random_bytes(layout.image_size, 3), v2 = v1;
+  for (std::size_t i = 0; i < v2.size(); i += 97) v2[i] ^= 2;
+  InlineExecutor ex;
+  VersionEncodeOptions opt;
+  opt.chunk_bytes = 16 << 10;
+  Origin origin(Origin::config());
+  REQUIRE(origin.host.call([&] { return origin.host.node().publish(*encode_version(layout, 1, 0, {}, v1, opt, ex)); }).is_ok());
+  REQUIRE(origin.host.call([&] { return origin.host.node().publish(*encode_version(layout, 2, 1, v1, v2, opt, ex)); }).is_ok());
+  TempDir dir;
+  std::atomic<int> announced{0};
+  {
+    auto o = options(origin.host.bound_endpoint(), dir.path.string());
+    o.on_version = [&](std::shared_ptr<const ModelVersion>, const Node& node) {
+      CHECK(node.config().node_id == "w");  // the worker's own node, on its loop thread
+      announced++;
+    };
+    auto w = transport::Worker::start(std::move(o));
+    REQUIRE(w.is_ok());
+    CHECK((*w)->resumed() == nullptr);
+    auto got = (*w)->wait_for_version(2, 20000);
+    REQUIRE(got);
+    CHECK(got->image == v2);
+    REQUIRE((*w)->stop(/*save_current=*/true).is_ok());
+    CHECK((*w)->stop().is_ok());  // again: nothing more to do
+  }
+  CHECK(announced >= 1);
+  CHECK(std::filesystem::exists(dir.path / "w-v2.safetensors"));
+  // Restarted: version 2 is there at once, from disk, before any parent answers.
+  auto again = transport::Worker::start(options("tcp://127.0.0.1:1", dir.path.string()));
+  REQUIRE(again.is_ok());
+  REQUIRE((*again)->resumed());
+  CHECK((*again)->resumed()->version == 2);
+  REQUIRE((*again)->current());
+  CHECK((*again)->current()->image == v2);
+}
+
+TEST_CASE("a worker's bad options are refused with the option named", "[transport][worker]") {
+  transport::WorkerOptions o = options("tcp://127.0.0.1:1", "");
+  o.node.parents.clear();
+  auto none = transport::Worker::start(o);
+  REQUIRE(!none.is_ok());
+  CHECK(none.status().code() == StatusCode::kInvalidArgument);
+  CHECK(none.status().message().find("parent") != std::string::npos);
+  TempDir dir;
+  const auto file = dir.path / "a-file";
+  std::ofstream(file) << "not a directory";
+  auto bad_dir = transport::Worker::start(options("tcp://127.0.0.1:1", file.string()));
+  REQUIRE(!bad_dir.is_ok());
+  CHECK(bad_dir.status().to_string().find("out dir " + file.string()) != std::string::npos);
+}

@@ -1,0 +1,76 @@
+// A worker as a rollout process embeds it: a NodeHost that rebuilds and verifies every version,
+// the versions it keeps on disk, resuming from the newest after a restart, and a thread that
+// saves each new version while the host goes on. The CLI's `deltacast worker`, the C ABI and
+// the Python package are front ends of this class.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "deltacast/transport/host.h"
+#include "deltacast/transport/version_store.h"
+
+namespace deltacast::transport {
+
+struct WorkerOptions {
+  runtime::NodeConfig node;  // node_id and parents required; reconstruct is set
+  HostConfig host;           // bind_endpoint set: it serves other workers too (peer to peer)
+  // Each verified version is saved here (safetensors + a JSON record; docs/RUNTIME.md); empty:
+  // nothing is saved. A save that fails (a full disk) is logged and retried, the worker goes on.
+  std::string out_dir;
+  std::size_t keep_versions = 2;
+  bool resume = true;  // start from the newest version saved in out_dir, if one verifies
+  // Called on the loop thread each time a version becomes current (keep it short), with the
+  // node for its timings and counters.
+  std::function<void(std::shared_ptr<const runtime::ModelVersion>, const runtime::Node&)> on_version;
+};
+
+class Worker {
+ public:
+  // Checks the options, prepares out_dir (created if missing; temporary files of earlier runs
+  // removed), resumes from it, and starts the host and the saver. The error names the option.
+  static Result<std::unique_ptr<Worker>> start(WorkerOptions options);
+  ~Worker();  // stop(), without waiting for a save
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  // Stops the host and the saver. With save_current the saver first saves the current version
+  // if it is not on disk yet. Returns IOError naming the version when one that was ready is
+  // not on disk (a full disk, say); the worker is stopped either way. Idempotent.
+  Status stop(bool save_current = false);
+
+  // The newest verified version (null before the first), from any thread.
+  std::shared_ptr<const runtime::ModelVersion> current() const { return host_->current(); }
+  // Blocks until a version >= min_version is current, or timeout_ms passes (null).
+  std::shared_ptr<const runtime::ModelVersion> wait_for_version(std::uint64_t min_version, std::uint64_t timeout_ms) {
+    return host_->wait_for_version(min_version, timeout_ms);
+  }
+  // Blocks until a version newer than `after` (or of a newer run) is current, or timeout_ms.
+  std::shared_ptr<const runtime::ModelVersion> wait_for_newer(const std::shared_ptr<const runtime::ModelVersion>& after,
+                                                               std::uint64_t timeout_ms) {
+    return host_->wait_for_newer(after, timeout_ms);
+  }
+  // The version resumed from out_dir at start, or null.
+  const std::shared_ptr<const runtime::ModelVersion>& resumed() const { return resumed_; }
+  NodeHost& host() { return *host_; }
+
+ private:
+  Worker() = default;
+  void save_loop();
+
+  std::unique_ptr<NodeHost> host_;
+  std::optional<VersionStore> store_;
+  std::shared_ptr<const runtime::ModelVersion> resumed_;
+  std::thread saver_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<bool> save_current_{false};
+  bool stopped_ = false;
+  // Written by the saver thread, read after it has been joined.
+  std::shared_ptr<const runtime::ModelVersion> unsaved_;
+  std::string save_error_;
+};
+
+}  // namespace deltacast::transport

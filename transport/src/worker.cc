@@ -1,0 +1,73 @@
+#include "deltacast/transport/worker.h"
+
+#include <spdlog/spdlog.h>
+
+namespace deltacast::transport {
+
+Result<std::unique_ptr<Worker>> Worker::start(WorkerOptions o) {
+  if (o.node.node_id.empty()) return Status::invalid_argument("a worker needs a node id");
+  if (o.node.parents.empty()) return Status::invalid_argument("a worker needs at least one parent");
+  o.node.reconstruct = true;
+  o.node.serve_children = !o.host.bind_endpoint.empty();
+  std::unique_ptr<Worker> w(new Worker);
+  const std::string id = o.node.node_id;
+  w->host_ = std::make_unique<NodeHost>(std::move(o.node), std::move(o.host));
+  if (!o.out_dir.empty()) {
+    w->store_.emplace(o.out_dir, id, o.keep_versions);
+    // A wrong out dir is reported now, not at the first version.
+    DC_RETURN_IF_ERROR(w->store_->prepare().with_context("out dir " + o.out_dir));
+    // A restarted worker starts from the newest version it saved, and fetches only the deltas
+    // after it (an anchor only if its parents no longer have them).
+    if (o.resume) w->resumed_ = w->store_->resume(*w->host_);
+  }
+  if (o.on_version)
+    w->host_->set_on_version([cb = std::move(o.on_version), host = w->host_.get()](std::shared_ptr<const runtime::ModelVersion> v) {
+      cb(std::move(v), host->node());
+    });
+  DC_RETURN_IF_ERROR(w->host_->start_thread());
+  if (w->store_) w->saver_ = std::thread([p = w.get()] { p->save_loop(); });
+  return w;
+}
+
+// Saves each new version as it becomes current; a slow disk skips versions rather than hold
+// images. A failed save is retried by the VersionSaver; the worker keeps serving.
+void Worker::save_loop() {
+  VersionSaver saver(*store_);
+  std::shared_ptr<const runtime::ModelVersion> seen = resumed_;
+  while (!stopping_) {
+    auto v = host_->wait_for_newer(seen, 100);
+    saver.on_run(host_->current_run());
+    if (!v) {
+      saver.retry_if_due();
+      continue;
+    }
+    seen = v;
+    saver.offer(std::move(v));
+  }
+  if (save_current_) {
+    auto v = host_->current();
+    if (v && v != seen) {
+      saver.on_run(host_->current_run());
+      saver.offer(std::move(v));
+    }
+  }
+  unsaved_ = saver.unsaved();
+  save_error_ = saver.last_error();
+}
+
+Status Worker::stop(bool save_current) {
+  if (stopped_) return Status::ok();
+  stopped_ = true;
+  save_current_ = save_current;
+  stopping_ = true;
+  if (saver_.joinable()) saver_.join();
+  host_->stop();
+  if (unsaved_) return Status::io_error("version " + std::to_string(unsaved_->version) + " is ready but not saved: " + save_error_);
+  return Status::ok();
+}
+
+Worker::~Worker() {
+  if (Status st = stop(); !st.is_ok()) spdlog::warn("stopping with {}", st.message());
+}
+
+}  // namespace deltacast::transport

@@ -17,6 +17,7 @@
 #include "deltacast/io/safetensors.h"
 #include "deltacast/runtime/trust.h"
 #include "deltacast/transport/host.h"
+#include "deltacast/transport/publisher.h"
 #include "gen.h"
 #include "node_config.h"
 
@@ -25,8 +26,6 @@ namespace {
 
 using namespace deltacast::runtime;
 using transport::NodeHost;
-
-std::atomic<bool> g_publish_stop{false};
 
 struct PublishOptions {
   NodeOptions node;
@@ -44,62 +43,17 @@ struct PublishOptions {
   std::uint32_t expect_shards = 0;  // origin: merge versions from N trainer shards
 };
 
-struct Delivery {
-  std::size_t workers_ready = 0;
-  std::uint64_t max_ms = 0;
-  std::uint64_t median_ms = 0;
-};
+std::atomic<transport::Publisher*> g_publisher{nullptr};
 
-Delivery delivery_of(NodeHost& host, std::uint64_t version) {
-  return host.call([&] {
-    Delivery d;
-    std::vector<std::uint64_t> times;
-    for (const auto& [id, e] : host.node().ledger()) {
-      // A worker counts only for versions of this run: another run's v5 is not this run's v5.
-      if (e.version < version || e.run != host.node().run()) continue;
-      d.workers_ready++;
-      if (e.version == version) times.push_back(e.publish_to_ready_ms);
-    }
-    if (!times.empty()) {
-      std::sort(times.begin(), times.end());
-      d.max_ms = times.back();
-      d.median_ms = times[times.size() / 2];
-    }
-    return d;
-  });
-}
-
-// Waits until `wait_workers` workers hold `version` and prints its delivery; false on timeout.
-bool report_delivery(NodeHost& host, std::uint64_t version, const PublishOptions& o, const std::function<void()>& between) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(o.wait_timeout_ms);
-  Delivery d;
-  while (!g_publish_stop && std::chrono::steady_clock::now() < deadline) {
-    between();
-    d = delivery_of(host, version);
-    if (d.workers_ready >= o.wait_workers) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+void print_delivery(std::uint64_t version, const transport::Delivery& d, std::size_t wanted) {
   std::printf("version %" PRIu64 ": ready on %zu/%zu workers, publish to ready: median %" PRIu64 " ms, slowest %" PRIu64 " ms\n", version,
-              d.workers_ready, o.wait_workers, d.median_ms, d.max_ms);
+              d.workers_ready, wanted, d.median_ms, d.max_ms);
   std::fflush(stdout);
-  return d.workers_ready >= o.wait_workers;
 }
 
-// Runs fn on the loop thread and returns its result.
-
-// Files in a directory ready to publish: *.safetensors, untouched for a second, by name.
-std::vector<std::string> scan_dir(const std::string& dir, const std::set<std::string>& done) {
-  std::vector<std::string> out;
-  std::error_code ec;
-  const auto now = std::filesystem::file_time_type::clock::now();
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-    if (!e.is_regular_file() || e.path().extension() != ".safetensors") continue;
-    if (done.count(e.path().string())) continue;
-    if (now - e.last_write_time() < std::chrono::seconds(1)) continue;
-    out.push_back(e.path().string());
-  }
-  std::sort(out.begin(), out.end());
-  return out;
+transport::Checkpoint checkpoint_of(SafetensorsFile file) {
+  auto owner = std::make_shared<const SafetensorsFile>(std::move(file));
+  return {owner->layout(), owner->image(), owner};
 }
 
 int run_publish(PublishOptions& o) {
@@ -118,7 +72,6 @@ int run_publish(PublishOptions& o) {
     if (o.expect_shards) return fail("--shard and --expect-shards are for different processes");
     cfg->node.shard_index = shard_index;
     cfg->node.shard_count = shard_count;
-    cfg->node.serve_children = false;
   } else {
     if (cfg->host.bind_endpoint.empty()) return fail("publish needs --listen: the endpoint relays and workers connect to");
     if (!cfg->node.parents.empty()) return fail("the publisher is the origin: it has no --parent (trainer shards use --shard I/N)");
@@ -129,124 +82,104 @@ int run_publish(PublishOptions& o) {
   if (!o.expect_shards && o.files.empty() && o.watch_dir.empty()) return fail("give checkpoints to publish, or --watch DIR");
   auto chunk = parse_bytes(o.chunk_size);
   if (!chunk.is_ok()) return fail(chunk.status().message());
-  NodeHost host(cfg->node, cfg->host);
-  if (Status st = host.start_thread(); !st.is_ok()) return fail(st.to_string());
-  std::signal(SIGINT, [](int) { g_publish_stop = true; });
-  std::signal(SIGTERM, [](int) { g_publish_stop = true; });
+  transport::PublisherOptions po;
+  po.node = cfg->node;
+  po.host = cfg->host;
+  po.anchor_every = o.anchor_every;
+  po.encode.chunk_bytes = *chunk;
+  if (o.v2) po.encode.chunk = ChunkEncodeOptions::smallest();
+  po.threads = o.threads;
+  auto started = transport::Publisher::start(std::move(po));
+  if (!started.is_ok()) return fail(started.status().to_string());
+  transport::Publisher& pub = **started;
+  g_publisher = &pub;
+  auto on_signal = [](int) {
+    if (transport::Publisher* p = g_publisher.load()) p->interrupt();
+  };
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  const std::uint64_t wait_ms = o.wait_timeout_ms;
+  auto finish = [&](int rc) {
+    g_publisher = nullptr;
+    pub.stop();
+    return rc;
+  };
   if (shard_mode) std::printf("trainer shard %u of %u, sending to %s\n", shard_index, shard_count, cfg->node.parents.front().c_str());
-  else std::printf("origin listening on %s, run %s\n", host.bound_endpoint().c_str(), to_string(host.call([&] { return host.node().run(); })).c_str());
+  else std::printf("origin listening on %s, run %s\n", pub.host().bound_endpoint().c_str(), to_string(pub.run()).c_str());
   if (o.expect_shards) {
     // Merge and broadcast what the trainer shards send, until stopped.
     std::uint64_t reported = 0;
     int rc = 0;
-    while (!g_publish_stop) {
-      const std::uint64_t newest = host.call([&] { return host.node().cache().newest_version(); });
-      for (; reported < newest; ++reported) {
+    while (!pub.interrupted()) {
+      for (const std::uint64_t newest = pub.newest_version(); reported < newest; ++reported) {
         std::printf("merged version %" PRIu64 " from %u shards\n", reported + 1, o.expect_shards);
         std::fflush(stdout);
-        if (o.wait_workers > 0 && !report_delivery(host, reported + 1, o, [] {})) rc = 1;
+        if (o.wait_workers == 0) continue;
+        const transport::Delivery d = pub.wait_for_delivery(reported + 1, o.wait_workers, wait_ms);
+        print_delivery(reported + 1, d, o.wait_workers);
+        if (d.workers_ready < o.wait_workers) rc = 1;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    host.stop();
-    return rc;
+    return finish(rc);
   }
 
-  ThreadPool pool(o.threads);
-  VersionEncodeOptions vopt;
-  vopt.chunk_bytes = *chunk;
-  if (o.v2) vopt.chunk = ChunkEncodeOptions::smallest();
-  if (cfg->node.sign_key) vopt.payload_digest = runtime::payload_digest;  // on the pool, not the node's loop
-  std::optional<SafetensorsFile> prev;
-  std::uint64_t version = 0;
-  std::atomic<bool> anchor_wanted{false};
-  host.post([&] { host.node().set_on_anchor_wanted([&] { anchor_wanted = true; }); });
-
-  auto publish_encoded = [&](Result<EncodedVersion> ev) -> Status {
-    if (!ev.is_ok()) return ev.status();
-    auto shared = std::make_shared<EncodedVersion>(std::move(ev).value());
-    for (;;) {
-      Status st = host.call([&] { return host.node().publish(std::move(*shared)); });
-      // A trainer shard's previous slice may still be on its way to the origin.
-      if (st.code() != StatusCode::kResourceExhausted || g_publish_stop) return st;
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-  };
-  // Any anchor published answers the requests made before it.
-  auto publish_anchor = [&]() -> Status {
-    anchor_wanted = false;
-    return publish_encoded(encode_version(prev->layout(), version, 0, {}, prev->image(), vopt, pool));
-  };
-  // An anchor someone asked for; a failure is logged, the next request tries again.
-  auto serve_anchor_request = [&] {
-    if (!anchor_wanted.exchange(false) || !prev) return;
-    if (Status st = publish_anchor(); !st.is_ok()) spdlog::error("anchor of version {}: {}", version, st.to_string());
-  };
-
-  std::set<std::string> published;
+  std::optional<transport::CheckpointDirectory> watched;
+  if (!o.watch_dir.empty()) watched.emplace(o.watch_dir);
   std::size_t next_file = 0;
   int rc = 0;
-  while (!g_publish_stop) {
+  while (!pub.interrupted()) {
     std::string path;
     if (next_file < o.files.size()) {
       path = o.files[next_file++];
-    } else if (!o.watch_dir.empty()) {
-      auto fresh = scan_dir(o.watch_dir, published);
-      if (fresh.empty()) {
-        serve_anchor_request();
+      if (watched) watched->mark_taken(path);
+    } else if (watched) {
+      path = watched->next();
+      if (path.empty()) {
+        if (Status st = pub.serve_anchor_request(); !st.is_ok()) spdlog::error("{}", st.to_string());
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
         continue;
       }
-      path = fresh.front();
     } else {
       break;
     }
-    published.insert(path);
     auto next = SafetensorsFile::open(path);
     if (!next.is_ok()) {
       rc = fail(next.status().to_string());
       break;
     }
-    const bool same_layout = prev && prev->layout().tensors == next->layout().tensors;
-    ++version;
     const auto t0 = std::chrono::steady_clock::now();
-    Status st;
-    if (!same_layout) {
-      // First checkpoint, or the model changed shape: start a new chain with an anchor.
-      anchor_wanted = false;
-      st = publish_encoded(encode_version(next->layout(), version, 0, {}, next->image(), vopt, pool));
-    } else {
-      st = publish_encoded(encode_version(next->layout(), version, version - 1, prev->image(), next->image(), vopt, pool));
-    }
-    prev = std::move(next).value();
-    if (st.is_ok() && same_layout && (version % o.anchor_every == 0 || anchor_wanted.exchange(false))) st = publish_anchor();
-    if (!st.is_ok()) {
-      rc = fail(path + ": " + st.to_string());
+    auto version = pub.publish(checkpoint_of(std::move(next).value()));
+    if (!version.is_ok()) {
+      rc = fail(path + ": " + version.status().to_string());
       break;
     }
     const double encode_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    spdlog::info("published version {} from {} (encoded in {:.0f} ms)", version, path, encode_ms);
-    if (o.wait_workers > 0 && !shard_mode && !report_delivery(host, version, o, serve_anchor_request)) {
-      rc = fail("version " + std::to_string(version) + " did not reach every worker within " + std::to_string(o.wait_timeout_ms) + " ms");
-      break;
+    spdlog::info("published version {} from {} (encoded in {:.0f} ms)", *version, path, encode_ms);
+    if (o.wait_workers > 0 && !shard_mode) {
+      const transport::Delivery d = pub.wait_for_delivery(*version, o.wait_workers, wait_ms);
+      print_delivery(*version, d, o.wait_workers);
+      if (d.workers_ready < o.wait_workers) {
+        rc = fail("version " + std::to_string(*version) + " did not reach every worker within " + std::to_string(wait_ms) + " ms");
+        break;
+      }
     }
     if (o.interval_ms) std::this_thread::sleep_for(std::chrono::milliseconds(o.interval_ms));
   }
   // Keep serving for a while: late workers and retransmits.
   const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(o.linger_ms);
-  while (!g_publish_stop && std::chrono::steady_clock::now() < end) {
-    serve_anchor_request();
+  while (!pub.interrupted() && std::chrono::steady_clock::now() < end) {
+    if (Status st = pub.serve_anchor_request(); !st.is_ok()) spdlog::error("{}", st.to_string());
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  auto ledger = host.call([&] { return host.node().ledger(); });
+  auto ledger = pub.ledger();
   if (!ledger.empty()) {
     std::printf("fleet ledger:\n");
     for (const auto& [id, e] : ledger)
       std::printf("  %-20s version %-6" PRIu64 " checksum %016" PRIx64 " run %s%s%s\n", id.c_str(), e.version, e.checksum, to_string(e.run).c_str(),
                   e.last_error.empty() ? "" : "  last error: ", e.last_error.c_str());
   }
-  host.stop();
-  return rc;
+  return finish(rc);
 }
 
 struct KeygenOptions {

@@ -1,0 +1,108 @@
+// transport::Publisher, the class `deltacast publish` and Python share: its anchor policy, its
+// checks of the options, and a worker that receives what it publishes.
+#include <catch2/catch.hpp>
+
+#include "deltacast/transport/publisher.h"
+#include "deltacast/transport/worker.h"
+#include "test_util.h"
+
+using namespace deltacast;
+using namespace deltacast::runtime;
+
+namespace {
+
+transport::PublisherOptions origin_options() {
+  transport::PublisherOptions o;
+  o.node.node_id = "origin";
+  o.host.bind_endpoint = "tcp://127.0.0.1:*";
+  o.encode.chunk_bytes = 16 << 10;
+  o.threads = 2;
+  return o;
+}
+
+transport::Checkpoint checkpoint(const ModelLayout& layout, Bytes image) {
+  auto owner = std::make_shared<const Bytes>(std::move(image));
+  return {layout, ByteSpan(*owner), owner};
+}
+
+}  // namespace
+
+TEST_CASE("a publisher sends anchors first, on a new layout and every anchor_every, deltas between", "[transport][publisher]") {
+  auto layout = test::make_layout({{DType::kBF16, 40000}});
+  auto other_layout = test::make_layout({{DType::kBF16, 30000}, {DType::kF32, 100}});
+  std::vector<Bytes> images;
+  for (int i = 0; i < 3; ++i) {
+    Bytes next = i == 0 ? test::random_bytes(layout.image_size, 7) : images.back();
+    for (std::size_t k = static_cast<std::size_t>(i); k < next.size(); k += 101) next[k] ^= 1;
+    images.push_back(std::move(next));
+  }
+  auto o = origin_options();
+  o.anchor_every = 3;
+  auto started = transport::Publisher::start(o);
+  REQUIRE(started.is_ok());
+  transport::Publisher& pub = **started;
+  auto cached = [&](std::uint64_t v, bool anchor) {
+    return pub.host().call([&] { return pub.host().node().cache().find({v, anchor}) != nullptr; });
+  };
+  for (const Bytes& image : images) REQUIRE(pub.publish(checkpoint(layout, image)).is_ok());
+  CHECK(pub.version() == 3);
+  CHECK(cached(1, true));    // the first: an anchor
+  CHECK(!cached(1, false));
+  CHECK(cached(2, false));   // then deltas
+  CHECK(!cached(2, true));
+  CHECK(cached(3, false));   // every third version: its delta and an anchor
+  CHECK(cached(3, true));
+  auto v4 = pub.publish(checkpoint(other_layout, test::random_bytes(other_layout.image_size, 9)));
+  REQUIRE(v4.is_ok());
+  CHECK(*v4 == 4);
+  CHECK(cached(4, true));    // a new layout: an anchor, no delta
+  CHECK(!cached(4, false));
+  CHECK(pub.serve_anchor_request().is_ok());  // nobody asked: nothing to do
+
+  // A worker that joins now gets the newest version, bit for bit.
+  transport::WorkerOptions wo;
+  wo.node.node_id = "w";
+  wo.node.parents = {pub.host().bound_endpoint()};
+  auto w = transport::Worker::start(std::move(wo));
+  REQUIRE(w.is_ok());
+  auto got = (*w)->wait_for_version(4, 20000);
+  REQUIRE(got);
+  CHECK(got->tensors == other_layout.tensors);
+  const transport::Delivery d = pub.wait_for_delivery(4, 1, 20000);
+  CHECK(d.workers_ready == 1);
+  CHECK(pub.ledger().at("w").version == 4);
+  REQUIRE((*w)->stop().is_ok());
+}
+
+TEST_CASE("a publisher's options that cannot work are refused with the reason", "[transport][publisher]") {
+  auto refused = [](transport::PublisherOptions o, const std::string& words) {
+    auto p = transport::Publisher::start(std::move(o));
+    REQUIRE(!p.is_ok());
+    CHECK(p.status().code() == StatusCode::kInvalidArgument);
+    INFO(p.status().to_string());
+    CHECK(p.status().message().find(words) != std::string::npos);
+  };
+  auto o = origin_options();
+  o.host.bind_endpoint.clear();
+  refused(o, "listen");
+  o = origin_options();
+  o.node.parents = {"tcp://127.0.0.1:1"};
+  refused(o, "no parent");
+  o = origin_options();
+  o.anchor_every = 0;
+  refused(o, "anchor_every");
+  o = origin_options();
+  o.node.shard_count = 2;
+  o.node.shard_index = 0;
+  refused(o, "origin as parent");
+  o.node.parents = {"tcp://127.0.0.1:1"};
+  o.node.shard_index = 2;
+  refused(o, "index");
+  // An origin merging shards publishes nothing itself.
+  o = origin_options();
+  o.node.expect_shards = 2;
+  auto merger = transport::Publisher::start(o);
+  REQUIRE(merger.is_ok());
+  auto layout = test::make_layout({{DType::kBF16, 100}});
+  CHECK(!(*merger)->publish(checkpoint(layout, Bytes(layout.image_size, 0))).is_ok());
+}

@@ -1,0 +1,116 @@
+// The publishing side as a trainer process embeds it: an origin (or a trainer shard) on a
+// NodeHost, the anchor policy, the encoder pool, back-pressure, and the fleet's delivery as
+// the ledger reports it. The CLI's `deltacast publish` and the Python package are front ends
+// of this class.
+//
+// Policy: the first checkpoint, and any checkpoint whose tensor table differs from the one
+// before, is published as an anchor; the others as a delta from the one before. After every
+// `anchor_every` versions, and whenever a relay or worker asked for one, an anchor of the
+// newest version follows its delta.
+#pragma once
+
+#include <atomic>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "deltacast/common/thread_pool.h"
+#include "deltacast/transport/host.h"
+
+namespace deltacast::transport {
+
+// A checkpoint to publish: its tensor table and image. `owner` keeps the image's bytes alive
+// (a mapped file, a buffer): the publisher holds it until the next checkpoint, which it
+// encodes against this one.
+struct Checkpoint {
+  ModelLayout layout;
+  ByteSpan image;
+  std::shared_ptr<const void> owner;
+};
+
+struct PublisherOptions {
+  // An origin: host.bind_endpoint set, no parents; expect_shards > 0 to merge what trainer
+  // shards send instead of publishing itself. A trainer shard: shard_index and shard_count
+  // set, parents = {the origin}.
+  runtime::NodeConfig node;
+  HostConfig host;
+  std::uint64_t anchor_every = 25;  // 1 to 10^6
+  VersionEncodeOptions encode;      // chunk size, codec; digests are added when node.sign_key is set
+  std::size_t threads = 0;          // encoder threads; 0: one per core
+};
+
+// How far a version has got: workers of this run that hold it (or newer), and its publish to
+// ready times among those that reported this very version.
+struct Delivery {
+  std::size_t workers_ready = 0;
+  std::uint64_t median_ms = 0;
+  std::uint64_t max_ms = 0;
+};
+
+class Publisher {
+ public:
+  // Checks the options (the error names what is wrong) and starts the host.
+  static Result<std::unique_ptr<Publisher>> start(PublisherOptions options);
+  ~Publisher();
+  Publisher(const Publisher&) = delete;
+  Publisher& operator=(const Publisher&) = delete;
+
+  // Publishes `next` as the next version (see the policy above) and returns its number. A
+  // trainer shard waits while its previous slice is still on its way to the origin; interrupt()
+  // ends that wait with ResourceExhausted. A version that fails is not counted: the next
+  // publish() reuses its number.
+  Result<std::uint64_t> publish(Checkpoint next);
+  // Publishes an anchor of the newest version if a relay or worker asked for one since the last
+  // anchor; call it while idle. OK when there was nothing to do.
+  Status serve_anchor_request();
+  // Waits until `workers` workers of this run hold `version`, serving anchor requests meanwhile,
+  // or until timeout_ms passes or interrupt(); returns the delivery reached.
+  Delivery wait_for_delivery(std::uint64_t version, std::size_t workers, std::uint64_t timeout_ms);
+  Delivery delivery(std::uint64_t version);
+
+  // Makes a waiting publish() or wait_for_delivery() return soon. Only sets a flag: safe from
+  // a signal handler.
+  void interrupt() { interrupted_ = true; }
+  bool interrupted() const { return interrupted_; }
+
+  std::uint64_t version() const { return version_; }  // the newest published, 0 before any
+  // The newest version the node holds: at an origin merging shards, the newest merged.
+  std::uint64_t newest_version();
+  RunId run();
+  std::map<std::string, runtime::LedgerEntry> ledger();
+  NodeHost& host() { return *host_; }
+  void stop();
+
+ private:
+  explicit Publisher(PublisherOptions options);
+  Status publish_encoded(Result<EncodedVersion> version);
+  Status publish_anchor();
+
+  PublisherOptions options_;
+  std::unique_ptr<NodeHost> host_;
+  ThreadPool pool_;
+  std::optional<Checkpoint> prev_;
+  std::uint64_t version_ = 0;
+  std::atomic<bool> anchor_wanted_{false};
+  std::atomic<bool> interrupted_{false};
+};
+
+// New checkpoints in a directory a trainer writes to: *.safetensors files untouched for a
+// second (so not being written), oldest name first, each once.
+class CheckpointDirectory {
+ public:
+  explicit CheckpointDirectory(std::filesystem::path dir) : dir_(std::move(dir)) {}
+  // The next file to publish, or empty when none is ready; marks it taken.
+  std::string next();
+  void mark_taken(const std::string& path) { taken_.insert(path); }
+
+ private:
+  std::filesystem::path dir_;
+  std::set<std::string> taken_;
+};
+
+}  // namespace deltacast::transport

@@ -1,0 +1,153 @@
+#include "deltacast/transport/publisher.h"
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include "deltacast/runtime/trust.h"
+
+namespace deltacast::transport {
+
+namespace {
+// Whether the options make an origin or a trainer shard that can work; the reason if not.
+Status check_options(const PublisherOptions& o) {
+  const runtime::NodeConfig& n = o.node;
+  if (o.anchor_every < 1 || o.anchor_every > 1000000) return Status::invalid_argument("anchor_every must be 1 to 1000000");
+  if (n.shard_count > 0) {
+    if (n.shard_index >= n.shard_count) return Status::invalid_argument("a trainer shard's index must be below the shard count");
+    if (n.parents.empty()) return Status::invalid_argument("a trainer shard sends its slices to the origin: give it the origin as parent");
+    if (n.expect_shards) return Status::invalid_argument("a trainer shard does not merge shards (expect_shards is the origin's)");
+    return Status::ok();
+  }
+  if (o.host.bind_endpoint.empty()) return Status::invalid_argument("an origin needs an endpoint to listen on, for relays and workers");
+  if (!n.parents.empty()) return Status::invalid_argument("the origin has no parent (trainer shards do: shard_index, shard_count)");
+  return Status::ok();
+}
+}  // namespace
+
+Publisher::Publisher(PublisherOptions options) : options_(std::move(options)), pool_(options_.threads) {}
+
+Result<std::unique_ptr<Publisher>> Publisher::start(PublisherOptions o) {
+  DC_RETURN_IF_ERROR(check_options(o));
+  o.node.serve_children = o.node.shard_count == 0;
+  o.node.reconstruct = false;
+  // Digests on the encoder pool, as each chunk is made: the loop only signs.
+  if (o.node.sign_key) o.encode.payload_digest = runtime::payload_digest;
+  std::unique_ptr<Publisher> p(new Publisher(std::move(o)));
+  p->host_ = std::make_unique<NodeHost>(p->options_.node, p->options_.host);
+  DC_RETURN_IF_ERROR(p->host_->start_thread());
+  p->host_->call([q = p.get()] {
+    q->host_->node().set_on_anchor_wanted([q] { q->anchor_wanted_ = true; });
+    return 0;
+  });
+  return p;
+}
+
+Publisher::~Publisher() { stop(); }
+
+void Publisher::stop() {
+  if (host_) host_->stop();
+}
+
+Status Publisher::publish_encoded(Result<EncodedVersion> ev) {
+  if (!ev.is_ok()) return ev.status();
+  auto shared = std::make_shared<EncodedVersion>(std::move(ev).value());
+  for (;;) {
+    Status st = host_->call([&] { return host_->node().publish(std::move(*shared)); });
+    // A trainer shard's previous slice may still be on its way to the origin; a refused
+    // publish leaves the version as it was, for the next try.
+    if (st.code() != StatusCode::kResourceExhausted || interrupted_) return st;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+Status Publisher::publish_anchor() {
+  // Any anchor published answers the requests made before it.
+  anchor_wanted_ = false;
+  return publish_encoded(encode_version(prev_->layout, version_, 0, {}, prev_->image, options_.encode, pool_));
+}
+
+Result<std::uint64_t> Publisher::publish(Checkpoint next) {
+  if (options_.node.expect_shards) return Status::invalid_argument("an origin merging trainer shards publishes nothing itself");
+  const bool same_layout = prev_ && prev_->layout.tensors == next.layout.tensors;
+  const std::uint64_t version = version_ + 1;
+  Status st;
+  if (!same_layout) {
+    // The first checkpoint, or the model changed shape: a new chain starts with an anchor.
+    anchor_wanted_ = false;
+    st = publish_encoded(encode_version(next.layout, version, 0, {}, next.image, options_.encode, pool_));
+  } else {
+    st = publish_encoded(encode_version(next.layout, version, version - 1, prev_->image, next.image, options_.encode, pool_));
+  }
+  if (!st.is_ok()) return st;
+  version_ = version;
+  prev_ = std::move(next);
+  if (same_layout && (version % options_.anchor_every == 0 || anchor_wanted_.exchange(false))) DC_RETURN_IF_ERROR(publish_anchor());
+  return version;
+}
+
+Status Publisher::serve_anchor_request() {
+  if (!anchor_wanted_.exchange(false) || !prev_) return Status::ok();
+  return publish_anchor().with_context("anchor of version " + std::to_string(version_));
+}
+
+Delivery Publisher::delivery(std::uint64_t version) {
+  return host_->call([&] {
+    Delivery d;
+    std::vector<std::uint64_t> times;
+    for (const auto& [id, e] : host_->node().ledger()) {
+      // A worker counts only for versions of this run: another run's v5 is not this run's v5.
+      if (e.version < version || e.run != host_->node().run()) continue;
+      d.workers_ready++;
+      if (e.version == version) times.push_back(e.publish_to_ready_ms);
+    }
+    if (!times.empty()) {
+      std::sort(times.begin(), times.end());
+      d.max_ms = times.back();
+      d.median_ms = times[times.size() / 2];
+    }
+    return d;
+  });
+}
+
+Delivery Publisher::wait_for_delivery(std::uint64_t version, std::size_t workers, std::uint64_t timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  Delivery d;
+  while (!interrupted_) {
+    (void)serve_anchor_request();  // a failure is the node's to log; the next request tries again
+    d = delivery(version);
+    if (d.workers_ready >= workers || std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return d;
+}
+
+std::uint64_t Publisher::newest_version() {
+  return host_->call([&] { return host_->node().cache().newest_version(); });
+}
+
+RunId Publisher::run() {
+  return host_->call([&] { return host_->node().run(); });
+}
+
+std::map<std::string, runtime::LedgerEntry> Publisher::ledger() {
+  return host_->call([&] { return host_->node().ledger(); });
+}
+
+std::string CheckpointDirectory::next() {
+  std::vector<std::string> ready;
+  std::error_code ec;
+  const auto now = std::filesystem::file_time_type::clock::now();
+  for (const auto& e : std::filesystem::directory_iterator(dir_, ec)) {
+    if (!e.is_regular_file() || e.path().extension() != ".safetensors") continue;
+    if (taken_.count(e.path().string())) continue;
+    if (now - e.last_write_time() < std::chrono::seconds(1)) continue;
+    ready.push_back(e.path().string());
+  }
+  if (ready.empty()) return {};
+  const std::string first = *std::min_element(ready.begin(), ready.end());
+  taken_.insert(first);
+  return first;
+}
+
+}  // namespace deltacast::transport

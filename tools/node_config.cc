@@ -14,22 +14,25 @@ namespace deltacast::tools {
 
 using json = nlohmann::json;
 
+// Repeatable options take one value each time (--allow-key K ckpt.safetensors: the checkpoint
+// is not a second key).
 void add_node_options(CLI::App* sub, NodeOptions& o, bool worker) {
   sub->add_option("--config", o.config_path, "JSON config file (docs/RUNTIME.md); flags override it")->check(CLI::ExistingFile);
   sub->add_option("--id", o.node_id, "Node name, unique in the fleet");
   sub->add_option("--listen", o.listen, worker ? "Serve other workers on this endpoint (peer to peer)" : "Endpoint to serve children on, e.g. tcp://0.0.0.0:7100");
-  sub->add_option("--parent", o.parents, "Parent endpoint; repeat for fallbacks, most preferred first");
+  sub->add_option("--parent", o.parents, "Parent endpoint; repeat for fallbacks, most preferred first")->allow_extra_args(false);
   sub->add_option("--cache-size", o.cache_size, "Version cache bound, e.g. 8GB");
   sub->add_option("--queue-size", o.queue_size, "Send queue bound per peer, e.g. 256MB");
   sub->add_option("--keys", o.keys_path, "This node's CURVE key file (deltacast keygen); turns encryption on");
-  sub->add_option("--parent-key", o.parent_keys, "Public key of each --parent, in order");
-  sub->add_option("--allow-key", o.allow_keys, "Public key of a child allowed to connect (repeat); none: any child with our key");
+  sub->add_option("--parent-key", o.parent_keys, "Public key of each --parent, in order")->allow_extra_args(false);
+  sub->add_option("--allow-key", o.allow_keys, "Public key of a child allowed to connect (repeat); none: any child with our key")->allow_extra_args(false);
   sub->add_option("--metrics", o.metrics, "Serve Prometheus metrics on host:port (GET /metrics; deltacast status reads it)");
   if (worker) sub->add_flag("--in-place", o.in_place, "Apply versions into the one image (half the memory; readers pause during updates)");
   sub->add_option("--sign-key", o.sign_key_path, "Sign every version with this Ed25519 key file (deltacast keygen --sign): origin, trainer shards")
       ->check(CLI::ExistingFile);
   sub->add_option("--trust-key", o.trust_keys,
-                  "Forward and apply only versions signed by this publisher key (64 hex digits or a key file; repeat)");
+                  "Forward and apply only versions signed by this publisher key (64 hex digits or a key file; repeat)")
+      ->allow_extra_args(false);
   sub->add_option("--log-level", o.log_level, "trace, debug, info (default), warn, error, critical, off");
 }
 
@@ -115,7 +118,7 @@ Status apply_limits(const json& limits, LoadedNode& out) {
       {"message_bytes_max", bytes(h.message_bytes_max)},
       {"child_message_bytes_max", bytes(h.child_message_bytes_max)},
       {"child_queue_messages_max", count(h.child_queue_messages_max)},
-      {"peer_silence_ms_max", count(h.peer_silence_ms_max)},
+      {"handshake_timeout_ms", count(h.handshake_timeout_ms)},
       {"connections_max", count(h.connections_max)},
       {"hello_timeout_ms", count(h.hello_timeout_ms)},
       {"metrics_clients_max", count(h.metrics_clients_max)},

@@ -233,7 +233,8 @@ Command add_publish_command(CLI::App& app) {
   sub->add_option("--shard", o->shard, "Trainer shard I/N: send this slice of every version to the origin at --parent");
   sub->add_option("--expect-shards", o->expect_shards, "Origin: versions come as slices from N trainer shards; merge and broadcast them");
   sub->add_option("--shard-key", o->node.shard_keys,
-                  "Origin merging shards: accept only slices signed by this shard key (64 hex digits or a key file; repeat)");
+                  "Origin merging shards: accept only slices signed by this shard key (64 hex digits or a key file; repeat)")
+      ->allow_extra_args(false);
   add_node_options(sub, o->node, /*worker=*/false);
   return {sub, [o] { return run_publish(*o); }};
 }

@@ -1166,6 +1166,7 @@ void Node::start_assembly(const CachedVersion& v) {
     }
     spare_.reset();
     a->staging->version = v.key.version;
+    a->staging->base_version = v.key.anchor ? 0 : v.manifest->base_version;
     a->staging->run = v.manifest->run;
     a->staging->checksum = v.manifest->version_checksum;
     a->staging->tensors = v.manifest->tensors;
@@ -1304,6 +1305,7 @@ void Node::finish_assembly() {
   std::unique_ptr<Assembly> a = std::move(assembly_);
   if (a->in_place) {
     a->staging->version = a->key.version;
+    a->staging->base_version = a->key.anchor ? 0 : a->manifest->base_version;
     a->staging->run = a->manifest->run;
     a->staging->checksum = a->manifest->version_checksum;
     a->staging->tensors = a->manifest->tensors;

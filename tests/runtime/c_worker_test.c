@@ -2,6 +2,9 @@
  * read the image and the tensor table, check the version against an expected checksum.
  * With STATE_DIR: the worker saves its versions there; a second worker started on the same
  * directory must hold the saved version at once, before hearing from its parent.
+ * With DC_TRUST_KEY (hex): only versions signed by that key are taken, and a second worker
+ * trusting another key must get nothing. With DC_CURVE_PUBLIC, DC_CURVE_SECRET and
+ * DC_PARENT_KEY (Z85): the links are CURVE.
  * Usage: c_worker_test PARENT_ENDPOINT VERSION EXPECTED_CHECKSUM_HEX [STATE_DIR] */
 #include <inttypes.h>
 #include <stdio.h>
@@ -31,6 +34,31 @@ int main(int argc, char** argv) {
   o.parents = parents;
   o.parent_count = 1;
   o.state_dir = state_dir;
+  const char* trust[] = {getenv("DC_TRUST_KEY")};
+  if (trust[0]) {
+    o.trust_keys = trust;
+    o.trust_key_count = 1;
+  }
+  const char* parent_keys[] = {getenv("DC_PARENT_KEY")};
+  if (parent_keys[0]) {
+    o.curve_public_key = getenv("DC_CURVE_PUBLIC");
+    o.curve_secret_key = getenv("DC_CURVE_SECRET");
+    o.parent_server_keys = parent_keys;
+    o.parent_server_key_count = 1;
+  }
+  /* Options that cannot work are refused, each with a reason. */
+  const char* bad_key[] = {"not-a-key"};
+  dc_worker_options bad_trust = o;
+  bad_trust.trust_keys = bad_key;
+  bad_trust.trust_key_count = 1;
+  dc_worker_options half_curve = o;
+  half_curve.curve_public_key = "0123456789012345678901234567890123456789";
+  half_curve.curve_secret_key = NULL;
+  if (dc_worker_start(&bad_trust, err, sizeof err) != NULL || strstr(err, "trust_keys[0]") == NULL ||
+      dc_worker_start(&half_curve, err, sizeof err) != NULL || strstr(err, "CURVE") == NULL) {
+    fprintf(stderr, "a bad trust key or half a CURVE key pair must be refused with a reason (last: %s)\n", err);
+    return 1;
+  }
   dc_worker* w = dc_worker_start(&o, err, sizeof err);
   if (!w) {
     fprintf(stderr, "start: %s\n", err);
@@ -53,10 +81,35 @@ int main(int argc, char** argv) {
   }
   int ok = image != NULL && covered == size && dc_version_number(v) >= want && dc_version_checksum(v) == checksum &&
            dc_version_tensor(v, dc_version_tensor_count(v), &name, &dtype, &offset, &nbytes) == -1;
+  /* Tensors by name: every name finds its own index; an unknown one finds nothing. */
+  for (size_t i = 0; ok && i < dc_version_tensor_count(v); ++i) {
+    dc_version_tensor(v, i, &name, &dtype, &offset, &nbytes);
+    ok = dc_version_find_tensor(v, name) == (long)i;
+  }
+  ok = ok && dc_version_find_tensor(v, "no.such.tensor") == -1 && dc_version_find_tensor(v, NULL) == -1;
+  /* From an anchor (0) or a delta from an earlier version. */
+  ok = ok && (dc_version_base(v) == 0 || dc_version_base(v) < dc_version_number(v));
   printf("version %" PRIu64 ", %zu bytes, %zu tensors, checksum %016" PRIx64 ": %s\n", dc_version_number(v), size,
          dc_version_tensor_count(v), dc_version_checksum(v), ok ? "ok" : "WRONG");
   const uint64_t got = dc_version_number(v);
   dc_version_release(v);
+  if (ok && trust[0]) {
+    /* The same trust key with its last digit changed: another key, so nothing verifies. */
+    char other[65];
+    snprintf(other, sizeof other, "%s", trust[0]);
+    other[63] = other[63] == '0' ? '1' : '0';
+    const char* other_trust[] = {other};
+    dc_worker_options u = o;
+    u.node_id = "c-untrusting";
+    u.trust_keys = other_trust;
+    u.state_dir = NULL;
+    dc_worker* untrusting = dc_worker_start(&u, err, sizeof err);
+    dc_version* none = untrusting ? dc_worker_wait(untrusting, 1, 3000) : NULL;
+    ok = untrusting != NULL && none == NULL;
+    printf("a worker trusting another key holds nothing: %s\n", ok ? "ok" : "WRONG");
+    if (none) dc_version_release(none);
+    if (untrusting) dc_worker_stop(untrusting);
+  }
   if (ok && state_dir) {
     /* Wait until the background saver has written the version, then restart on the directory. */
     char record[4096];

@@ -9,8 +9,8 @@
 #   corrupt     a relay that corrupts every 3rd chunk; the worker refetches, never applies
 #   slow        a stopped worker does not delay its siblings, and catches up when resumed
 #   auth        CURVE everywhere; a worker without an allowed key gets nothing
-#   c-abi       a worker embedded through the C ABI (tests/runtime/c_worker_test.c), restarted
-#               on its state directory
+#   c-abi       a worker embedded through the C ABI (tests/runtime/c_worker_test.c), signed
+#               versions over CURVE, restarted on its state directory
 #   watch       the publisher watching a directory that checkpoints appear in
 #   shards      2 trainer shards publish their slices; the origin merges them
 #   fleet-init  a fleet run from the configs deltacast fleet-init writes (CURVE on)
@@ -277,9 +277,16 @@ test_auth() {
 
 test_c_abi() {
   local ok=0
-  start origin "$dc" publish --listen "$(ep 0)" --linger-ms 30000 "${ckpts[@]}"
-  timeout 90 "$cworker" "$(ep 0)" $versions "${expected[$versions]}" "$tmp/cstate" >"$tmp/c.log" 2>&1 || ok=1
+  # Signed versions over CURVE links, as a secured fleet runs.
+  "$dc" keygen --sign -o "$tmp/c-sign.key" >"$tmp/c-sign.pub" || ok=1
+  for n in c-origin c-worker; do "$dc" keygen -o "$tmp/$n.key" >"$tmp/$n.pub" || ok=1; done
+  start origin "$dc" publish --listen "$(ep 0)" --linger-ms 30000 --sign-key "$tmp/c-sign.key" --keys "$tmp/c-origin.key" \
+    --allow-key "$(cat "$tmp/c-worker.pub")" "${ckpts[@]}"
+  DC_TRUST_KEY=$(cat "$tmp/c-sign.pub") DC_PARENT_KEY=$(cat "$tmp/c-origin.pub") DC_CURVE_PUBLIC=$(cat "$tmp/c-worker.pub") \
+    DC_CURVE_SECRET=$(sed -n 's/.*"secret_key": "\([^"]*\)".*/\1/p' "$tmp/c-worker.key") \
+    timeout 90 "$cworker" "$(ep 0)" $versions "${expected[$versions]}" "$tmp/cstate" >"$tmp/c.log" 2>&1 || ok=1
   grep -q "checksum.*: ok" "$tmp/c.log" || ok=1
+  grep -q "a worker trusting another key holds nothing: ok" "$tmp/c.log" || { echo "  a C worker took versions its key did not sign"; ok=1; }
   grep -q "restarted: holds version $versions at once: ok" "$tmp/c.log" || { echo "  the C worker did not resume from its state dir"; ok=1; }
   rm -rf "$tmp/cstate"
   result c-abi $ok

@@ -55,7 +55,7 @@ PROTO_DIR = os.path.join(ROOT, "transport", "proto")
 # What the nodes are built with (runtime/include/deltacast/runtime/node.h, transport host.h).
 VERSION_JUMP_MAX = 1 << 20
 RESENDS_PER_CHUNK_MAX = 4
-PEER_SILENCE_S = 10.0
+CHILD_TIMEOUT_S = 10.0  # NodeConfig::child_timeout_ms: a silent child is dropped and its connection closed
 HELLO_TIMEOUT_S = 10.0
 METRICS_TIMEOUT_S = 5.0
 
@@ -1084,7 +1084,7 @@ def case_partial_frames(t):
     t.expect(early == 3, "%d of 3 connections declaring a 1 TiB frame were not closed while sending" % (3 - early))
     t.require(relay.alive(), "the relay died: " + relay.log()[-400:])
     # Within the bound: held while it arrives, closed once the peer falls silent. Two of them say
-    # Hello first, so no Hello timeout closes them: only the silence does.
+    # Hello first, so no Hello timeout closes them: only the node's child timeout does.
     stalled = []
     for k in range(3):
         s = t.tcp(t.port(1))
@@ -1100,7 +1100,7 @@ def case_partial_frames(t):
         sample()
     stall_t = time.time()
     closed_at = {}
-    while time.time() - stall_t < PEER_SILENCE_S + 6 and len(closed_at) < len(stalled):
+    while time.time() - stall_t < CHILD_TIMEOUT_S + 6 and len(closed_at) < len(stalled):
         sample()
         for i, s in enumerate(stalled):
             if i not in closed_at and closed_by_peer(s):
@@ -1112,7 +1112,7 @@ def case_partial_frames(t):
            (rss0 / 1e6, peak[0] / 1e6, (after or 0) / 1e6, [round(closed_at[i], 1) if i in closed_at else None for i in range(3)]))
     t.expect(peak[0] < 1 << 30, "the relay's RSS reached %.0f MB" % (peak[0] / 1e6))
     t.expect(len(closed_at) == 3, "%d of 3 stalled connections still open %.0f s after they fell silent" %
-             (3 - len(closed_at), PEER_SILENCE_S + 6))
+             (3 - len(closed_at), CHILD_TIMEOUT_S + 6))
     t.expect(after is not None and after < rss0 + (100 << 20), "the relay kept %.0f MB after the connections closed" %
              (((after or 0) - rss0) / 1e6))
     t.expect(relay.alive(), "the relay died")

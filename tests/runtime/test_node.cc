@@ -467,6 +467,7 @@ TEST_CASE("in-place workers keep one image and pause readers while applying", "[
   REQUIRE(net.run_until([&] { return w.current_version() == 2; }));
   REQUIRE(w.current());
   CHECK(w.current()->image == s.images[1]);
+  CHECK(w.current()->base_version == 1);  // applied in place over version 1
   for (std::uint64_t v = 3; v <= 5; ++v) REQUIRE(origin.publish(s.delta(v)).is_ok());
   REQUIRE(net.run_until([&] { return w.current_version() == 5; }));
   CHECK(bad == 0);

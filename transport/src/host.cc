@@ -158,13 +158,16 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
     int linger = 0;
     std::int64_t maxmsg = static_cast<std::int64_t>(config.message_bytes_max);
     int hwm = config.send_hwm_messages;
-    // A peer that goes silent (mid-frame, say) is cut off after peer_silence_ms_max: ZeroMQ pings
-    // every second and drops a connection that sends nothing back. A handshake gets as long.
-    const int ping_ms = 1000, silence_ms = static_cast<int>(config.peer_silence_ms_max);
+    // No ZeroMQ heartbeats: libzmq 4.3.4 aborts the process (assertion !_io_error in
+    // stream_engine_base.cpp) when its heartbeat timer fires on a connection whose input is
+    // stopped by a full receive queue and whose peer has hung up, which any child can arrange.
+    // Silence is the node's to judge instead: parent_timeout_ms and child_timeout_ms (a child
+    // stalled mid-frame sends nothing, so it is dropped and its connection shut), and
+    // hello_timeout_ms before a Hello. The handshake is bounded here.
+    const int handshake_ms = static_cast<int>(std::min<std::uint64_t>(config.handshake_timeout_ms, INT32_MAX));
     if (zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger) || zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) ||
         zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm) || zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof hwm) ||
-        zmq_setsockopt(s, ZMQ_HEARTBEAT_IVL, &ping_ms, sizeof ping_ms) || zmq_setsockopt(s, ZMQ_HEARTBEAT_TIMEOUT, &silence_ms, sizeof silence_ms) ||
-        zmq_setsockopt(s, ZMQ_HANDSHAKE_IVL, &silence_ms, sizeof silence_ms))
+        zmq_setsockopt(s, ZMQ_HANDSHAKE_IVL, &handshake_ms, sizeof handshake_ms))
       return Status::io_error(zmq_error("setsockopt"));
     return Status::ok();
   }

@@ -4,7 +4,11 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
 
+#include "deltacast/runtime/trust.h"
 #include "deltacast/transport/worker.h"
 
 using namespace deltacast;
@@ -16,6 +20,7 @@ struct dc_worker {
 struct dc_version {
   std::shared_ptr<const runtime::ModelVersion> v;
   std::vector<std::string> dtype_names;
+  std::unordered_map<std::string_view, std::size_t> by_name;  // views of v's tensor names
 };
 
 namespace {
@@ -26,38 +31,67 @@ dc_version* wrap(std::shared_ptr<const runtime::ModelVersion> v) {
   if (!v) return nullptr;
   auto* out = new dc_version;
   out->v = std::move(v);
-  for (const auto& t : out->v->tensors) out->dtype_names.emplace_back(dtype_name(t.dtype));
+  for (std::size_t i = 0; i < out->v->tensors.size(); ++i) {
+    out->dtype_names.emplace_back(dtype_name(out->v->tensors[i].dtype));
+    out->by_name.emplace(out->v->tensors[i].name, i);
+  }
   return out;
 }
-}  // namespace
 
-extern "C" {
+// A list of C strings, each non-NULL; the error names `what` and the index.
+Status strings_of(const char* const* items, std::size_t count, const char* what, std::vector<std::string>& out) {
+  if (count && !items) return Status::invalid_argument(std::string(what) + " is NULL but its count is " + std::to_string(count));
+  for (std::size_t i = 0; i < count; ++i) {
+    if (!items[i]) return Status::invalid_argument(std::string(what) + "[" + std::to_string(i) + "] is NULL");
+    out.emplace_back(items[i]);
+  }
+  return Status::ok();
+}
 
-dc_worker* dc_worker_start(const dc_worker_options* o, char* err, size_t err_len) {
-  if (!o || !o->node_id || !*o->node_id) {
-    set_err(err, err_len, "node_id is required");
-    return nullptr;
-  }
-  if (!o->parents || o->parent_count == 0) {
-    set_err(err, err_len, "at least one parent is required");
-    return nullptr;
-  }
+// The options as a WorkerOptions, or why they cannot be.
+Result<transport::WorkerOptions> options_of(const dc_worker_options* o) {
+  if (!o || !o->node_id || !*o->node_id) return Status::invalid_argument("node_id is required");
+  if (!o->parents || o->parent_count == 0) return Status::invalid_argument("at least one parent is required");
   transport::WorkerOptions wo;
   wo.node.node_id = o->node_id;
-  for (std::size_t i = 0; i < o->parent_count; ++i) {
-    if (!o->parents[i]) {
-      set_err(err, err_len, "parent endpoint is NULL");
-      return nullptr;
-    }
-    wo.node.parents.emplace_back(o->parents[i]);
-  }
+  DC_RETURN_IF_ERROR(strings_of(o->parents, o->parent_count, "parents", wo.node.parents));
   if (o->cache_bytes_max) wo.node.cache_bytes_max = o->cache_bytes_max;
   wo.node.in_place = o->in_place != 0;
   if (o->listen && *o->listen) wo.host.bind_endpoint = o->listen;
   if (o->metrics) wo.host.metrics_listen = o->metrics;
   if (o->state_dir && *o->state_dir) wo.out_dir = o->state_dir;
   wo.keep_versions = o->keep_versions ? o->keep_versions : 2;
-  auto w = transport::Worker::start(std::move(wo));
+  std::vector<std::string> keys;
+  DC_RETURN_IF_ERROR(strings_of(o->trust_keys, o->trust_key_count, "trust_keys", keys));
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    auto k = runtime::parse_public_key(keys[i]);
+    if (!k.is_ok()) return k.status().with_context("trust_keys[" + std::to_string(i) + "]");
+    wo.node.trust_keys.push_back(*k);
+  }
+  const bool curve = o->curve_public_key || o->curve_secret_key || o->parent_server_key_count;
+  if (curve) {
+    if (!o->curve_public_key || !o->curve_secret_key || std::strlen(o->curve_public_key) != 40 || std::strlen(o->curve_secret_key) != 40)
+      return Status::invalid_argument("CURVE needs curve_public_key and curve_secret_key, 40 Z85 characters each");
+    if (o->parent_server_key_count != o->parent_count)
+      return Status::invalid_argument("CURVE needs one parent_server_keys entry per parent (" + std::to_string(o->parent_count) + ")");
+    DC_RETURN_IF_ERROR(strings_of(o->parent_server_keys, o->parent_server_key_count, "parent_server_keys", wo.host.parent_server_keys));
+    for (const auto& k : wo.host.parent_server_keys)
+      if (k.size() != 40) return Status::invalid_argument("parent_server_keys: each is 40 Z85 characters");
+    wo.host.curve = transport::CurveKeys{o->curve_public_key, o->curve_secret_key};
+  }
+  return wo;
+}
+}  // namespace
+
+extern "C" {
+
+dc_worker* dc_worker_start(const dc_worker_options* o, char* err, size_t err_len) {
+  auto options = options_of(o);
+  if (!options.is_ok()) {
+    set_err(err, err_len, options.status().message());
+    return nullptr;
+  }
+  auto w = transport::Worker::start(std::move(options).value());
   if (!w.is_ok()) {
     set_err(err, err_len, w.status().to_string());
     return nullptr;
@@ -74,6 +108,7 @@ dc_version* dc_worker_wait(dc_worker* worker, uint64_t min_version, uint64_t tim
 }
 
 uint64_t dc_version_number(const dc_version* v) { return v ? v->v->version : 0; }
+uint64_t dc_version_base(const dc_version* v) { return v ? v->v->base_version : 0; }
 uint64_t dc_version_checksum(const dc_version* v) { return v ? v->v->checksum : 0; }
 
 const uint8_t* dc_version_image(const dc_version* v, size_t* size) {
@@ -92,6 +127,12 @@ int dc_version_tensor(const dc_version* v, size_t i, const char** name, const ch
   if (offset) *offset = t.offset;
   if (nbytes) *nbytes = t.nbytes;
   return 0;
+}
+
+long dc_version_find_tensor(const dc_version* v, const char* name) {
+  if (!v || !name) return -1;
+  auto it = v->by_name.find(name);
+  return it == v->by_name.end() ? -1 : static_cast<long>(it->second);
 }
 
 void dc_version_release(dc_version* v) { delete v; }

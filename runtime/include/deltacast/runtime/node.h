@@ -100,6 +100,9 @@ enum class LogLevel : std::uint8_t { kInfo, kWarn, kError };
 // A verified, immutable model version as workers expose it.
 struct ModelVersion {
   std::uint64_t version = 0;
+  // The version this one was rebuilt from as a delta; 0 when it came from an anchor (or from
+  // disk): a whole new image. A consumer holding base_version can take just what changed.
+  std::uint64_t base_version = 0;
   RunId run;  // the run it was published in
   std::uint64_t checksum = 0;
   std::vector<TensorInfo> tensors;

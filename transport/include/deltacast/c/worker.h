@@ -7,6 +7,13 @@
  *
  * Thread safety: every function may be called from any thread, except that a worker must not
  * be used after dc_worker_stop returns.
+ *
+ * Errors: dc_worker_start returns NULL and writes why to err (truncated to err_len). The other
+ * functions return NULL, 0 or -1 for a NULL argument or an index or name that does not exist,
+ * as each says; they fail in no other way.
+ *
+ * Options: zero-initialise the struct (dc_worker_options o = {0};) and set what you need;
+ * fields added later are zero for "the default".
  */
 #ifndef DELTACAST_C_WORKER_H
 #define DELTACAST_C_WORKER_H
@@ -36,6 +43,18 @@ typedef struct dc_worker_options {
                                    resumes from the newest saved one: dc_worker_current returns
                                    it at once and only the deltas after it are fetched */
   size_t keep_versions;         /* versions kept in state_dir; 0: 2 */
+  /* Signed versions: accept only versions signed by one of these Ed25519 public keys (64 hex
+     digits each, `deltacast keygen --sign` prints one). None: any version is accepted, and the
+     worker logs that it is unauthenticated. */
+  const char* const* trust_keys;
+  size_t trust_key_count;
+  /* CURVE (encrypted, authenticated links; `deltacast keygen` makes a key pair, Z85, 40
+     characters each): this worker's own key pair, and each parent's public key, one per
+     parent in the same order. Set all or none. */
+  const char* curve_public_key;
+  const char* curve_secret_key;
+  const char* const* parent_server_keys;
+  size_t parent_server_key_count;
 } dc_worker_options;
 
 /* Starts a worker. Returns NULL on failure and writes the reason to err (if not NULL). */
@@ -52,6 +71,9 @@ dc_version* dc_worker_current(dc_worker* worker);
 dc_version* dc_worker_wait(dc_worker* worker, uint64_t min_version, uint64_t timeout_ms);
 
 uint64_t dc_version_number(const dc_version* version);
+/* The version this one was rebuilt from as a delta, or 0 when it came whole (an anchor, or
+ * from state_dir): a reader holding the base version can take only what changed. */
+uint64_t dc_version_base(const dc_version* version);
 uint64_t dc_version_checksum(const dc_version* version);
 /* The whole model image (the safetensors data section). */
 const uint8_t* dc_version_image(const dc_version* version, size_t* size);
@@ -60,6 +82,8 @@ size_t dc_version_tensor_count(const dc_version* version);
  * the image and byte size. Returns 0, or -1 if i is out of range. */
 int dc_version_tensor(const dc_version* version, size_t i, const char** name, const char** dtype, uint64_t* offset,
                       uint64_t* nbytes);
+/* The index of the tensor called `name` (for dc_version_tensor), or -1 if there is none. */
+long dc_version_find_tensor(const dc_version* version, const char* name);
 void dc_version_release(dc_version* version);
 
 #ifdef __cplusplus

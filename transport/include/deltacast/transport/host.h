@@ -35,9 +35,9 @@ struct HostConfig {
   // Larger incoming messages are refused by ZeroMQ (and their connection closed): this bounds a
   // frame in transit. Chunks are a few MiB, a 2 TB model's manifest some tens of MiB.
   std::uint64_t message_bytes_max = 256ull << 20;
-  // A connection that sends nothing (not even ZeroMQ's pings, not a frame's next byte) for this
-  // long is closed; so is one whose handshake takes longer.
-  std::uint64_t peer_silence_ms_max = 10000;
+  // A connection whose ZeroMQ handshake (CURVE included) takes longer is closed. Silence after
+  // it is the node's to judge (NodeConfig::parent_timeout_ms, child_timeout_ms).
+  std::uint64_t handshake_timeout_ms = 10000;
   // Incoming messages from children (all but trainer shards' slices) are at most this large.
   std::uint64_t child_message_bytes_max = 8ull << 20;
   // Messages from one child that ZeroMQ holds before the loop reads them (1 to 65536); past it

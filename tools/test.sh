@@ -7,20 +7,21 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 fuzz_seconds=${FUZZ_SECONDS:-60}
+echo "== setup ($(date +%T))"
 bash "$root/tools/setup.sh" --test
 
-echo "== release build and tests"
+echo "== release build and tests ($(date +%T), setup done)"
 bash "$root/tools/build.sh" "$root/build" -DDELTACAST_TESTS=ON
 (cd "$root/build" && ctest --output-on-failure -j "$(nproc)")
 
-echo "== sanitizer build and tests"
+echo "== sanitizer build and tests ($(date +%T))"
 bash "$root/tools/build.sh" "$root/build-asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDELTACAST_SANITIZE=ON -DDELTACAST_TESTS=ON
 # A small quarantine: ASan's default holds 256 MiB of freed memory, which the memory bounds the
 # hostile-peer tests check would read as growth. Leaks inside libzmq: tests/lsan.supp.
 (cd "$root/build-asan" && ASAN_OPTIONS=detect_leaks=1:quarantine_size_mb=16 LSAN_OPTIONS="suppressions=$root/tests/lsan.supp" \
   UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j "$(nproc)")
 
-echo "== thread sanitizer build, runtime and transport tests"
+echo "== thread sanitizer build, runtime and transport tests ($(date +%T))"
 # Only the test binary: the runtime's and transport's threads (the loop, the decode pool, readers).
 # Not the [load] cases: they push megabytes through ZeroMQ to measure a queue bound, and under
 # ThreadSanitizer's memory interceptors that takes minutes and measures nothing (Release and
@@ -29,5 +30,6 @@ cmake -S "$root" -B "$root/build-tsan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDELTA
 cmake --build "$root/build-tsan" -j "$(nproc)" --target deltacast_tests
 TSAN_OPTIONS="halt_on_error=1 suppressions=$root/tests/tsan.supp" "$root/build-tsan/tests/deltacast_tests" "[runtime]~[load],[transport]~[load]"
 
-echo "== fuzzing, ${fuzz_seconds}s per target"
+echo "== fuzzing, ${fuzz_seconds}s per target ($(date +%T))"
 bash "$root/tools/fuzz.sh" "$fuzz_seconds"
+echo "== all passed ($(date +%T))"

@@ -578,6 +578,13 @@ def start_origin(t, name="origin", port=0, extra=(), files=None):
     return p
 
 
+def published_origin(t):
+    """An origin with metrics on t.port(1) that has published the 4 shared versions."""
+    origin = start_origin(t, extra=["--metrics", "127.0.0.1:%d" % t.port(1)])
+    t.require(origin.wait_log(r"published version 4", 30) is not None, "the origin did not publish")
+    return origin
+
+
 def origin_run(t, port=0):
     """The run an origin publishes in, from its Welcome to a relay that holds nothing (and is sent nothing)."""
     probe = t.sock(zmq.DEALER)
@@ -870,8 +877,7 @@ def case_shard_injection(t):
 
 def case_ready_for_other_id(t):
     """A worker "a" reports Ready for "b" at version 999; another reports itself at a version never published."""
-    origin = start_origin(t, extra=["--metrics", "127.0.0.1:%d" % t.port(1)])
-    t.require(origin.wait_log(r"published version 4", 30) is not None, "the origin did not publish")
+    origin = published_origin(t)
     run = origin_run(t)
     a = t.sock(zmq.DEALER)
     mon = a.get_monitor_socket(zmq.EVENT_DISCONNECTED)
@@ -903,8 +909,7 @@ def case_ready_for_other_id(t):
 
 def case_need_flood(t):
     """Hello, then a Need for every chunk of every version, again=true, every 50 ms for 10 s."""
-    origin = start_origin(t, extra=["--metrics", "127.0.0.1:%d" % t.port(1)])
-    t.require(origin.wait_log(r"published version 4", 30) is not None, "the origin did not publish")
+    origin = published_origin(t)
     body, _, _ = metrics(t.port(1))
     cache_bytes = metric(body, "deltacast_cache_bytes")
     out0 = metric(body, "deltacast_bytes_out_total") or 0
@@ -943,8 +948,7 @@ def case_need_flood(t):
 
 def case_anchor_beyond_newest(t):
     """Children ask for an anchor newer than version 2^63 (and than newest + 1), over and over for 5 s."""
-    origin = start_origin(t, extra=["--metrics", "127.0.0.1:%d" % t.port(1)])
-    t.require(origin.wait_log(r"published version 4", 30) is not None, "the origin did not publish")
+    origin = published_origin(t)
     run = origin_run(t)
     time.sleep(0.5)
     body, _, _ = metrics(t.port(1))
@@ -1147,8 +1151,7 @@ def case_idle_connections(t):
 
 def case_big_ready_ids(t):
     """300 messages with 0.9 MB node ids: Readys from children that say they relay, and Hellos."""
-    origin = start_origin(t, extra=["--metrics", "127.0.0.1:%d" % t.port(1)])
-    t.require(origin.wait_log(r"published version 4", 30) is not None, "the origin did not publish")
+    origin = published_origin(t)
     run = origin_run(t)
     time.sleep(0.5)
     rss0 = origin.rss()

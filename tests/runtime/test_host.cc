@@ -17,6 +17,17 @@
 using namespace deltacast;
 using namespace deltacast::runtime;
 
+namespace {
+// What a host with these settings says when it starts (it stops again at once).
+Status start_status(const transport::HostConfig& h) {
+  NodeConfig c;
+  c.node_id = "x";
+  c.serve_children = true;
+  transport::NodeHost host(c, h);
+  return host.start_thread();
+}
+}  // namespace
+
 TEST_CASE("a worker host announces versions by callback and by blocking wait", "[transport][host]") {
   auto layout = test::make_layout({{DType::kBF16, 100000}});
   Bytes v1 = test::random_bytes(layout.image_size, 1), v2 = v1;
@@ -79,13 +90,9 @@ TEST_CASE("a worker host announces versions by callback and by blocking wait", "
 }
 
 TEST_CASE("a host that cannot bind says why", "[transport][host]") {
-  NodeConfig c;
-  c.node_id = "x";
-  c.serve_children = true;
   transport::HostConfig h;
   h.bind_endpoint = "tcp://256.1.1.1:1";
-  transport::NodeHost host(c, h);
-  Status st = host.start_thread();
+  Status st = start_status(h);
   CHECK(st.code() == StatusCode::kIOError);
   CHECK(st.message().find("cannot bind") != std::string::npos);
 }
@@ -151,14 +158,10 @@ TEST_CASE("a child cannot make a busy node queue more than child_queue_messages_
 }
 
 TEST_CASE("a child queue bound of zero is refused: ZeroMQ would read it as no bound", "[transport][host]") {
-  NodeConfig c;
-  c.node_id = "x";
-  c.serve_children = true;
   transport::HostConfig h;
   h.bind_endpoint = "tcp://127.0.0.1:*";
   h.child_queue_messages_max = 0;
-  transport::NodeHost host(c, h);
-  Status st = host.start_thread();
+  Status st = start_status(h);
   CHECK(st.code() == StatusCode::kInvalidArgument);
   CHECK(st.message().find("child_queue_messages_max") != std::string::npos);
 }

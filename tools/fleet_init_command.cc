@@ -1,12 +1,15 @@
 // deltacast fleet-init: key pairs and config files for a whole fleet, CURVE on everywhere and
 // every version signed by the origin and checked by every relay and worker.
-//   deltacast fleet-init -o fleet/ --origin tcp://10.0.0.1:7100
-//       --relay eu=tcp://10.1.0.1:7101 --relay us=tcp://10.2.0.1:7101 --workers-per-relay 8
-// writes fleet/<node>.key (mode 0600) and fleet/<node>.json for the origin, each relay and each
-// worker, and fleet/origin.sign.key (Ed25519); every worker gets its relay as parent and the next
-// relay as fallback, every server allows exactly the keys of the nodes configured to connect to
-// it, and every relay and worker trusts exactly the origin's signing key. Paths in the configs
-// are absolute, so a config works from any directory.
+//   deltacast fleet-init -o fleet/ --fleet fleet.json --endpoints endpoints.json
+// plans the fleet with topology::plan_fleet, the tree `deltacast plan` prints and the simulator
+// runs, and writes fleet/<node id>.key (mode 0600) and fleet/<node id>.json for every node
+// ("origin", "eu-west.relay-0", "eu-west.w17") and fleet/origin.sign.key
+// (Ed25519), and fleet/fleet.json, the description it planned. Every node's parents are its planned [parent, fallback, last resort]; every server
+// allows exactly the keys of the nodes whose parents name it; every relay and worker trusts
+// exactly the origin's signing key. Paths in the configs are absolute, so a config works from
+// any directory. The shorthand
+//   deltacast fleet-init -o fleet/ --origin tcp://10.0.0.1:7100 --relay eu=tcp://10.1.0.1:7101 ...
+// builds the fleet description itself: one region per relay, --workers-per-relay workers each.
 #include <sys/stat.h>
 
 #include <cstdio>
@@ -17,117 +20,220 @@
 #include "commands.h"
 #include "deltacast/io/mapped_file.h"
 #include "deltacast/runtime/trust.h"
+#include "deltacast/topology/plan.h"
 #include "deltacast/transport/host.h"
 
 namespace deltacast::tools {
 namespace {
 
+using topology::NodeKind;
+using Endpoints = std::map<std::string, std::string>;  // node id -> endpoint it listens on
+
 struct FleetInitOptions {
   std::string out_dir;
-  std::string origin;
-  std::vector<std::string> relays;  // NAME=ENDPOINT
-  std::size_t workers_per_relay = 2;
+  std::string fleet;                 // fleet description (or scenario)
+  std::string endpoints;             // JSON object: node id -> endpoint
+  std::uint32_t local_ports = 0;     // else: forwarding nodes on 127.0.0.1, from this port up
+  std::string origin;                // shorthand: the origin's endpoint
+  std::vector<std::string> relays;   // shorthand: NAME=ENDPOINT, a region each
+  std::uint32_t workers_per_relay = 2;
   std::string worker_cache_size;
 };
 
-struct PlannedNode {
-  std::string id;
-  std::string listen;
-  std::vector<std::string> parents;  // node ids
-  transport::CurveKeys keys;
-};
+// The shorthand's fleet: a region per relay, the origin in the first; the description goes
+// through the same parser as a file, so region names are checked the same way.
+Result<std::string> shorthand_fleet(const FleetInitOptions& o, Endpoints& endpoints) {
+  if (o.origin.empty()) return Status::invalid_argument("give --fleet FILE, or --origin ENDPOINT with --relay NAME=ENDPOINT");
+  if (o.relays.empty()) return Status::invalid_argument("give at least one --relay NAME=ENDPOINT");
+  endpoints["origin"] = o.origin;
+  nlohmann::json regions = nlohmann::json::array(), wan = nlohmann::json::array();
+  std::string first;
+  for (const auto& r : o.relays) {
+    const auto eq = r.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == r.size()) return Status::invalid_argument("--relay wants NAME=ENDPOINT, got '" + r + "'");
+    const std::string name = r.substr(0, eq);
+    if (!endpoints.emplace(name + ".relay-0", r.substr(eq + 1)).second) return Status::invalid_argument("two relays are called " + name);
+    regions.push_back({{"name", name}, {"workers", o.workers_per_relay}, {"relays", 1}});
+    if (first.empty()) first = name;
+    else wan.push_back({{"between", {first, name}}, {"latency_ms", 50}, {"bandwidth", "10Gbit"}});
+  }
+  const nlohmann::json fleet = {
+      {"origin", {{"region", first}, {"uplink", "100Gbit"}}},
+      {"fanout_max", std::max<std::uint32_t>(8, o.workers_per_relay)},
+      {"defaults",
+       {{"lan", {{"latency_ms", 0.1}, {"bandwidth", "25Gbit"}}},
+        {"worker_nic", {{"uplink", "25Gbit"}, {"downlink", "25Gbit"}}},
+        {"relay_nic", {{"uplink", "100Gbit"}, {"downlink", "100Gbit"}}},
+        {"worker_relays", false}}},
+      {"regions", regions},
+      {"wan", wan}};
+  return fleet.dump(2) + "\n";
+}
 
-Status write_text(const std::string& path, const std::string& text, mode_t mode) {
-  DC_RETURN_IF_ERROR(write_file_atomic(path, std::string_view(text)));
-  ::chmod(path.c_str(), mode);
+Result<Endpoints> read_endpoints(const std::string& path) {
+  DC_ASSIGN_OR_RETURN(Bytes text, read_file(path));
+  const auto j = nlohmann::json::parse(text.begin(), text.end(), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return Status::invalid_argument(path + ": want a JSON object of node id -> endpoint");
+  Endpoints out;
+  for (const auto& [id, ep] : j.items()) {
+    if (!ep.is_string() || ep.get<std::string>().empty()) return Status::invalid_argument(path + ": \"" + id + "\": want an endpoint string");
+    out[id] = ep.get<std::string>();
+  }
+  return out;
+}
+
+// The endpoint each node listens on ("" for nodes that serve nobody): from the endpoints file,
+// or consecutive loopback ports.
+Result<std::vector<std::string>> assign_endpoints(const topology::Plan& plan, const Endpoints& given, std::uint32_t local_ports) {
+  for (const auto& [id, ep] : given)
+    if (plan.find(id) < 0) return Status::invalid_argument("endpoint for \"" + id + "\", a node the plan does not have");
+  std::vector<std::string> listen(plan.nodes.size());
+  std::uint32_t port = local_ports;
+  for (std::size_t i = 0; i < plan.nodes.size(); ++i) {
+    const auto& n = plan.nodes[i];
+    if (!n.forwards) continue;
+    if (local_ports > 0) {
+      if (port > 65535) return Status::invalid_argument("--local-ports: the fleet needs ports beyond 65535");
+      listen[i] = "tcp://127.0.0.1:" + std::to_string(port++);
+    } else if (auto it = given.find(n.id); it != given.end()) {
+      listen[i] = it->second;
+    } else {
+      return Status::invalid_argument("no endpoint for " + n.id + ", which serves " + std::to_string(n.children.size()) +
+                                      " nodes in the plan (give it in --endpoints, or use --local-ports)");
+    }
+  }
+  return listen;
+}
+
+Status write_text(const std::filesystem::path& path, const std::string& text, mode_t mode) {
+  std::error_code ec;
+  std::filesystem::create_directories(path.parent_path(), ec);
+  if (ec) return Status::io_error("cannot create " + path.parent_path().string() + ": " + ec.message());
+  DC_RETURN_IF_ERROR(write_file_atomic(path.string(), std::string_view(text)));
+  if (::chmod(path.c_str(), mode) != 0) return Status::io_error("cannot set the mode of " + path.string());
   return Status::ok();
 }
 
-int run_fleet_init(const FleetInitOptions& o) {
-  if (o.relays.empty()) return fail("give at least one --relay NAME=ENDPOINT");
-  std::map<std::string, PlannedNode> nodes;
-  std::vector<std::string> order;
-  auto add = [&](PlannedNode n) -> Status {
-    if (nodes.count(n.id)) return Status::invalid_argument("two nodes are called " + n.id);
-    DC_ASSIGN_OR_RETURN(n.keys, transport::make_curve_keys());
-    order.push_back(n.id);
-    nodes[n.id] = std::move(n);
-    return Status::ok();
-  };
-  if (Status st = add({"origin", o.origin, {}, {}}); !st.is_ok()) return fail(st.to_string());
-  std::vector<std::string> relay_ids;
-  for (const auto& r : o.relays) {
-    const auto eq = r.find('=');
-    if (eq == std::string::npos || eq == 0 || eq + 1 == r.size()) return fail("--relay wants NAME=ENDPOINT, got '" + r + "'");
-    const std::string id = "relay-" + r.substr(0, eq);
-    if (Status st = add({id, r.substr(eq + 1), {"origin"}, {}}); !st.is_ok()) return fail(st.to_string());
-    relay_ids.push_back(id);
+struct FleetFiles {
+  std::filesystem::path dir;
+  const topology::Plan* plan;
+  std::vector<std::string> listen;
+  std::vector<transport::CurveKeys> keys;
+  std::vector<std::vector<int>> clients;  // per node: the nodes whose parents name it
+  std::string sign_key_path, sign_public;
+  std::string worker_cache_size;
+};
+
+nlohmann::json node_config(const FleetFiles& f, int i) {
+  const auto& n = f.plan->nodes[i];
+  nlohmann::json cfg = {{"id", n.id}, {"keys", (f.dir / (n.id + ".key")).string()}};
+  if (n.kind == NodeKind::kOrigin) cfg["sign_key"] = f.sign_key_path;
+  else cfg["trust_keys"] = {f.sign_public};
+  if (!f.listen[i].empty()) cfg["listen"] = f.listen[i];
+  if (n.kind == NodeKind::kWorker && n.forwards) cfg["relay"] = true;
+  std::vector<std::string> eps, pubs, allowed;
+  for (int p : f.plan->upstream(i)) {
+    eps.push_back(f.listen[p]);
+    pubs.push_back(f.keys[p].public_key);
   }
-  for (std::size_t r = 0; r < relay_ids.size(); ++r) {
-    for (std::size_t w = 0; w < o.workers_per_relay; ++w) {
-      PlannedNode n{"worker-" + relay_ids[r].substr(6) + "-" + std::to_string(w), "", {relay_ids[r]}, {}};
-      if (relay_ids.size() > 1) n.parents.push_back(relay_ids[(r + 1) % relay_ids.size()]);
-      if (Status st = add(std::move(n)); !st.is_ok()) return fail(st.to_string());
-    }
+  if (!eps.empty()) {
+    cfg["parents"] = eps;
+    cfg["parent_keys"] = pubs;
   }
-  std::error_code ec;
-  std::filesystem::create_directories(o.out_dir, ec);
-  if (ec) return fail("cannot create " + o.out_dir + ": " + ec.message());
-  const std::filesystem::path dir = std::filesystem::absolute(o.out_dir, ec);
-  if (ec) return fail("cannot resolve " + o.out_dir + ": " + ec.message());
+  for (int c : f.clients[i]) allowed.push_back(f.keys[c].public_key);
+  if (!allowed.empty()) cfg["allow_keys"] = allowed;
+  if (n.kind == NodeKind::kWorker && !f.worker_cache_size.empty()) cfg["cache_size"] = f.worker_cache_size;
+  return cfg;
+}
+
+Status write_fleet(FleetFiles& f) {
+  const auto& nodes = f.plan->nodes;
+  f.clients.assign(nodes.size(), {});
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    for (int p : f.plan->upstream(static_cast<int>(i))) f.clients[p].push_back(static_cast<int>(i));
+    DC_ASSIGN_OR_RETURN(auto keys, transport::make_curve_keys());
+    f.keys.push_back(std::move(keys));
+  }
   // The origin signs every version; every other node trusts exactly that key.
   const runtime::SigningKey sign_key = runtime::make_signing_key();
-  const std::string sign_key_path = (dir / "origin.sign.key").string();
-  const std::string sign_public = runtime::to_hex(sign_key.public_key);
-  nlohmann::json sign_json = {{"type", "ed25519"}, {"public_key", sign_public}, {"secret_key", runtime::to_hex(sign_key.secret)}};
-  if (Status st = write_text(sign_key_path, sign_json.dump(2) + "\n", 0600); !st.is_ok()) return fail(st.to_string());
-  for (const auto& id : order) {
-    const PlannedNode& n = nodes[id];
-    const std::string key_path = (dir / (id + ".key")).string();
-    nlohmann::json key = {{"public_key", n.keys.public_key}, {"secret_key", n.keys.secret_key}};
-    if (Status st = write_text(key_path, key.dump(2) + "\n", 0600); !st.is_ok()) return fail(st.to_string());
-    nlohmann::json cfg = {{"id", id}, {"keys", key_path}};
-    if (n.parents.empty()) cfg["sign_key"] = sign_key_path;
-    else cfg["trust_keys"] = {sign_public};
-    if (!n.listen.empty()) cfg["listen"] = n.listen;
-    if (!n.parents.empty()) {
-      std::vector<std::string> eps, pubs;
-      for (const auto& p : n.parents) {
-        eps.push_back(nodes[p].listen);
-        pubs.push_back(nodes[p].keys.public_key);
-      }
-      cfg["parents"] = eps;
-      cfg["parent_keys"] = pubs;
-    }
-    std::vector<std::string> allowed;
-    for (const auto& other : order)
-      for (const auto& p : nodes[other].parents)
-        if (p == id) allowed.push_back(nodes[other].keys.public_key);
-    if (!allowed.empty()) cfg["allow_keys"] = allowed;
-    if (id.rfind("worker-", 0) == 0 && !o.worker_cache_size.empty()) cfg["cache_size"] = o.worker_cache_size;
-    const std::string cfg_path = (dir / (id + ".json")).string();
-    if (Status st = write_text(cfg_path, cfg.dump(2) + "\n", 0644); !st.is_ok()) return fail(st.to_string());
+  f.sign_key_path = (f.dir / "origin.sign.key").string();
+  f.sign_public = runtime::to_hex(sign_key.public_key);
+  const nlohmann::json sign_json = {{"type", "ed25519"}, {"public_key", f.sign_public}, {"secret_key", runtime::to_hex(sign_key.secret)}};
+  DC_RETURN_IF_ERROR(write_text(f.sign_key_path, sign_json.dump(2) + "\n", 0600));
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    const nlohmann::json key = {{"public_key", f.keys[i].public_key}, {"secret_key", f.keys[i].secret_key}};
+    DC_RETURN_IF_ERROR(write_text(f.dir / (nodes[i].id + ".key"), key.dump(2) + "\n", 0600));
+    DC_RETURN_IF_ERROR(write_text(f.dir / (nodes[i].id + ".json"), node_config(f, static_cast<int>(i)).dump(2) + "\n", 0644));
   }
-  std::printf("wrote keys and configs for %zu nodes to %s (CURVE on every link, versions signed by %s)\n\n", order.size(), o.out_dir.c_str(),
-              sign_public.c_str());
-  std::printf("  deltacast publish --config %s/origin.json CHECKPOINTS...\n", o.out_dir.c_str());
-  for (const auto& id : relay_ids) std::printf("  deltacast relay --config %s/%s.json\n", o.out_dir.c_str(), id.c_str());
-  for (const auto& id : order)
-    if (id.rfind("worker-", 0) == 0) std::printf("  deltacast worker --config %s/%s.json\n", o.out_dir.c_str(), id.c_str());
-  return 0;
+  return Status::ok();
+}
+
+void print_commands(const topology::Plan& plan, const std::string& out) {
+  auto command = [](NodeKind k) { return k == NodeKind::kOrigin ? "publish" : k == NodeKind::kRelay ? "relay" : "worker"; };
+  if (plan.nodes.size() <= 64) {
+    for (const auto& n : plan.nodes) std::printf("  deltacast %s --config %s/%s.json\n", command(n.kind), out.c_str(), n.id.c_str());
+    return;
+  }
+  std::map<NodeKind, std::size_t> count;
+  for (const auto& n : plan.nodes) ++count[n.kind];
+  std::printf("  deltacast publish --config %s/origin.json\n", out.c_str());
+  std::printf("  deltacast relay --config %s/REGION.relay-N.json    (%zu relays)\n", out.c_str(), count[NodeKind::kRelay]);
+  std::printf("  deltacast worker --config %s/REGION.wN.json        (%zu workers)\n", out.c_str(), count[NodeKind::kWorker]);
+}
+
+Status run(const FleetInitOptions& o) {
+  Endpoints endpoints;
+  std::string fleet_text;  // the description planned, kept beside the configs
+  if (!o.fleet.empty()) {
+    if (!o.origin.empty() || !o.relays.empty()) return Status::invalid_argument("give either --fleet or --origin/--relay, not both");
+    DC_ASSIGN_OR_RETURN(Bytes text, read_file(o.fleet));
+    fleet_text.assign(text.begin(), text.end());
+    if (!o.endpoints.empty() && o.local_ports > 0) return Status::invalid_argument("give --endpoints or --local-ports, not both");
+    if (!o.endpoints.empty()) {
+      DC_ASSIGN_OR_RETURN(endpoints, read_endpoints(o.endpoints));
+    } else if (o.local_ports == 0) {
+      return Status::invalid_argument("give --endpoints FILE or --local-ports PORT for the nodes that listen");
+    }
+  } else {
+    DC_ASSIGN_OR_RETURN(fleet_text, shorthand_fleet(o, endpoints));
+  }
+  auto spec = topology::parse_fleet_or_scenario(fleet_text);
+  if (!spec.is_ok()) return Status::invalid_argument((o.fleet.empty() ? "the fleet" : o.fleet) + ": " + spec.status().message());
+  DC_ASSIGN_OR_RETURN(topology::Plan plan, topology::plan_fleet(*spec, topology::Shape::kTree));
+  for (const auto& w : plan.warnings) std::printf("plan: %s\n", w.c_str());
+  FleetFiles files{.plan = &plan, .worker_cache_size = o.worker_cache_size};
+  DC_ASSIGN_OR_RETURN(files.listen, assign_endpoints(plan, endpoints, o.local_ports));
+  std::error_code ec;
+  std::filesystem::create_directories(o.out_dir, ec);
+  if (ec) return Status::io_error("cannot create " + o.out_dir + ": " + ec.message());
+  files.dir = std::filesystem::absolute(o.out_dir, ec);
+  if (ec) return Status::io_error("cannot resolve " + o.out_dir + ": " + ec.message());
+  DC_RETURN_IF_ERROR(write_fleet(files));
+  DC_RETURN_IF_ERROR(write_text(files.dir / "fleet.json", fleet_text, 0644));
+  std::printf("wrote keys and configs for %zu nodes to %s: the tree `deltacast plan` draws, CURVE on every link, versions signed by %s\n\n",
+              plan.nodes.size(), o.out_dir.c_str(), files.sign_public.c_str());
+  print_commands(plan, o.out_dir);
+  return Status::ok();
 }
 
 }  // namespace
 
 Command add_fleet_init_command(CLI::App& app) {
   auto o = std::make_shared<FleetInitOptions>();
-  CLI::App* sub = app.add_subcommand("fleet-init", "Write CURVE keys and config files for an origin, its relays and their workers");
+  CLI::App* sub = app.add_subcommand("fleet-init", "Write CURVE keys and config files for every node of a planned fleet");
   sub->add_option("-o,--out", o->out_dir, "Directory for the keys and configs")->required();
-  sub->add_option("--origin", o->origin, "Endpoint the origin listens on")->required();
-  sub->add_option("--relay", o->relays, "A relay as NAME=ENDPOINT; repeat per region")->required();
-  sub->add_option("--workers-per-relay", o->workers_per_relay, "Workers to configure under each relay")->capture_default_str();
+  sub->add_option("--fleet", o->fleet, "Fleet description (JSON, docs/TOPOLOGY.md) or a simulator scenario")->check(CLI::ExistingFile);
+  sub->add_option("--endpoints", o->endpoints, "JSON object: node id -> the endpoint it listens on, for every node that serves others")
+      ->check(CLI::ExistingFile);
+  sub->add_option("--local-ports", o->local_ports, "Instead: every serving node on 127.0.0.1, ports from this one up (a trial on one host)");
+  sub->add_option("--origin", o->origin, "Shorthand: the endpoint the origin listens on");
+  sub->add_option("--relay", o->relays, "Shorthand: a relay as NAME=ENDPOINT, a region of its own; repeat per region");
+  sub->add_option("--workers-per-relay", o->workers_per_relay, "Shorthand: workers in each relay's region")->capture_default_str();
   sub->add_option("--worker-cache-size", o->worker_cache_size, "Cache bound for the workers, e.g. 1GB");
-  return {sub, [o] { return run_fleet_init(*o); }};
+  return {sub, [o] {
+            const Status st = run(*o);
+            return st.is_ok() ? 0 : fail(st.to_string());
+          }};
 }
 
 }  // namespace deltacast::tools

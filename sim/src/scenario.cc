@@ -150,7 +150,7 @@ Result<Scenario> parse_scenario(std::string_view text) {
       DC_RETURN_IF_ERROR(number(f, where, "for_s", fs.for_s, 0, 1e7));
       if (f.contains("crash") == f.contains("partition")) return field_error(where, "want one of \"crash\" (a node id) or \"partition\" (two regions)");
       if (f.contains("crash")) {
-        if (!f["crash"].is_string()) return field_error(where + ".crash", "want a node id such as \"us-west/relay-0\"");
+        if (!f["crash"].is_string()) return field_error(where + ".crash", "want a node id such as \"us-west.relay-0\"");
         fs.kind = FaultSpec::Kind::kCrash;
         fs.node = f["crash"].get<std::string>();
       } else {
@@ -394,7 +394,7 @@ Result<Report> run_scenario(const Scenario& sc, const RunOptions& o) {
         bucket = rb.node_id;
       }
       for (std::uint32_t i = 0; i < r.workers; ++i) {
-        NodeConfig wc = base_config(r.name + "/w" + std::to_string(i));
+        NodeConfig wc = base_config(r.name + ".w" + std::to_string(i));
         wc.parents = {bucket};
         wc.reconstruct = true;
         workers.push_back(net.add(wc, r.name, r.worker_nic, initial, sc.object_store.poll_ms / 2, host_of(true, r.name)));

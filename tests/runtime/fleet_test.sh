@@ -13,7 +13,8 @@
 #               versions over CURVE, restarted on its state directory
 #   watch       the publisher watching a directory that checkpoints appear in
 #   shards      2 trainer shards publish their slices; the origin merges them
-#   fleet-init  a fleet run from the configs deltacast fleet-init writes (CURVE on)
+#   fleet-init  a planned fleet (relay-less region, relaying rollout hosts) run from the configs
+#               deltacast fleet-init writes (CURVE on, versions signed)
 # Every worker's every exposed version is checked against the publisher's checksum.
 # Usage: fleet_test.sh path/to/deltacast path/to/corrupting_relay path/to/c_worker_test [test...]
 set -uo pipefail
@@ -339,25 +340,38 @@ test_shards() {
 
 test_fleet_init() {
   local ok=0
-  # Written with a relative path: the configs must still work from any directory.
-  (cd "$tmp" && "$dc" fleet-init -o fleet --origin "$(ep 0)" --relay a="$(ep 1)" --relay b="$(ep 2)" --workers-per-relay 2 >/dev/null) || ok=1
-  grep -q '"keys"' "$tmp/fleet/worker-a-0.json" && grep -q '"allow_keys"' "$tmp/fleet/relay-a.json" || { echo "  configs without CURVE"; ok=1; }
-  grep -q '"trust_keys"' "$tmp/fleet/worker-a-0.json" && grep -q '"trust_keys"' "$tmp/fleet/relay-a.json" &&
+  # Region a: a relay feeding two hosts, one of which relays to the third; region b: no relay,
+  # its first host relays. Written with a relative path: the configs must work from anywhere.
+  cat >"$tmp/fleet.json" <<EOF
+{"origin": {"region": "a", "uplink": "100Gbit"}, "fanout_max": 2,
+ "defaults": {"lan": {"latency_ms": 0.1, "bandwidth": "25Gbit"}, "worker_nic": {"uplink": "25Gbit", "downlink": "25Gbit"},
+              "relay_nic": {"uplink": "100Gbit", "downlink": "100Gbit"}},
+ "regions": [{"name": "a", "workers": 3, "relays": 1}, {"name": "b", "workers": 2, "relays": 0}],
+ "wan": [{"between": ["a", "b"], "latency_ms": 30, "bandwidth": "10Gbit"}]}
+EOF
+  (cd "$tmp" && "$dc" fleet-init -o fleet --fleet fleet.json --local-ports "$port_base" >/dev/null) || ok=1
+  grep -q '"keys"' "$tmp/fleet/a.w0.json" && grep -q '"allow_keys"' "$tmp/fleet/a.relay-0.json" || { echo "  configs without CURVE"; ok=1; }
+  grep -q '"trust_keys"' "$tmp/fleet/a.w0.json" && grep -q '"trust_keys"' "$tmp/fleet/a.relay-0.json" &&
     grep -q '"sign_key"' "$tmp/fleet/origin.json" || { echo "  configs without signed versions"; ok=1; }
-  grep -q "\"$tmp/fleet/worker-a-0.key\"" "$tmp/fleet/worker-a-0.json" || { echo "  key paths are not absolute"; ok=1; }
+  grep -q "\"$tmp/fleet/a.w0.key\"" "$tmp/fleet/a.w0.json" || { echo "  key paths are not absolute"; ok=1; }
   [ "$(stat -c %a "$tmp/fleet/origin.key")" = 600 ] && [ "$(stat -c %a "$tmp/fleet/origin.sign.key")" = 600 ] ||
     { echo "  key file readable by others"; ok=1; }
-  start relay-a "$dc" relay --config "$tmp/fleet/relay-a.json"
-  start relay-b "$dc" relay --config "$tmp/fleet/relay-b.json"
-  for w in a-0 a-1 b-0 b-1; do start "w$w" "$dc" worker --config "$tmp/fleet/worker-$w.json" --exit-after-version $versions; done
-  timeout 120 "$dc" publish --config "$tmp/fleet/origin.json" --wait-workers 4 --wait-timeout-ms 30000 --linger-ms 500 "${ckpts[@]}" \
+  local relaying
+  relaying=$(grep -l '"relay": true' "$tmp"/fleet/?.w*.json | wc -l)
+  [ "$relaying" -ge 2 ] || { echo "  expected rollout hosts that relay in the plan, got $relaying"; ok=1; }
+  start a-relay-0 "$dc" relay --config "$tmp/fleet/a.relay-0.json"
+  local workers=(a.w0 a.w1 a.w2 b.w0 b.w1) w log
+  # Rollout hosts that relay stay up: their children still fetch from them.
+  for w in "${workers[@]}"; do start "${w//./-}" "$dc" worker --config "$tmp/fleet/$w.json"; done
+  timeout 120 "$dc" publish --config "$tmp/fleet/origin.json" --wait-workers 5 --wait-timeout-ms 30000 --linger-ms 500 "${ckpts[@]}" \
     >"$tmp/origin.log" 2>&1 || ok=1
-  for w in a-0 a-1 b-0 b-1; do
-    wait_for "$tmp/w$w.log" "version $versions ready" 10 || { echo "  worker-$w did not reach version $versions"; ok=1; }
-    check_worker "$tmp/w$w.log" || ok=1
-    ! grep -q "unauthenticated" "$tmp/w$w.log" || { echo "  worker-$w runs unauthenticated"; ok=1; }
+  for w in "${workers[@]}"; do
+    log="$tmp/${w//./-}.log"
+    wait_for "$log" "version $versions ready" 10 || { echo "  $w did not reach version $versions"; ok=1; }
+    check_worker "$log" || ok=1
+    ! grep -q "unauthenticated" "$log" || { echo "  $w runs unauthenticated"; ok=1; }
   done
-  rm -rf "$tmp/fleet"
+  rm -rf "$tmp/fleet" "$tmp/fleet.json"
   result fleet-init $ok
 }
 

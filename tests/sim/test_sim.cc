@@ -101,8 +101,8 @@ TEST_CASE("fault scenarios keep the invariants across 200 seeds", "[sim][faults]
     // Fault times vary with the seed, within the first versions' transfers.
     const double at = 1.0 + static_cast<double>(seed % 50) / 1000;
     const std::string faults[] = {
-        R"([{"at_s": )" + std::to_string(at) + R"(, "for_s": 2, "crash": "b/relay-0"}])",
-        R"([{"at_s": )" + std::to_string(at) + R"(, "for_s": 1, "crash": "b/w1"}])",
+        R"([{"at_s": )" + std::to_string(at) + R"(, "for_s": 2, "crash": "b.relay-0"}])",
+        R"([{"at_s": )" + std::to_string(at) + R"(, "for_s": 1, "crash": "b.w1"}])",
         R"([{"at_s": )" + std::to_string(at) + R"(, "for_s": 3, "partition": ["a", "b"]}])",
         "[]",
     };
@@ -173,7 +173,7 @@ TEST_CASE("crashes on shared hosts keep the invariants", "[sim][cpu][faults]") {
                               "cpu": {"cores": 1, "workers_per_host": 2, "net_ns_per_byte": 20}})";
   for (std::uint64_t seed = 1; seed <= 20; ++seed) {
     const double at = 1.0 + static_cast<double>(seed % 50) / 100;
-    for (const std::string node : {"b/relay-0", "b/w1"}) {
+    for (const std::string node : {"b.relay-0", "b.w1"}) {
       const Scenario sc = parse(scenario_json(model, run, R"([{"at_s": )" + std::to_string(at) + R"(, "for_s": 1, "crash": ")" + node + R"("}])", R"(, "bandwidth": "50Mbit")"));
       RunOptions o;
       o.seed = seed;

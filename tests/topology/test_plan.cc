@@ -158,7 +158,7 @@ TEST_CASE("a region with no WAN link to the origin's is fed by the region before
   auto plan = plan_fleet(spec);
   REQUIRE(plan.is_ok());
   check_tree(spec, *plan);
-  const int head_b = plan->find("b/relay-0"), head_c = plan->find("c/w0");
+  const int head_b = plan->find("b.relay-0"), head_c = plan->find("c.w0");
   REQUIRE(head_b > 0);
   REQUIRE(head_c > 0);
   CHECK(plan->nodes[head_b].parent == 0);
@@ -174,7 +174,7 @@ TEST_CASE("without worker relays a relay takes every worker, and the plan says t
   auto plan = plan_fleet(spec);
   REQUIRE(plan.is_ok());
   check_tree(spec, *plan);
-  const int relay = plan->find("a/relay-0");
+  const int relay = plan->find("a.relay-0");
   CHECK(plan->nodes[relay].children.size() == 20);
   CHECK_FALSE(plan->warnings.empty());
 }
@@ -203,7 +203,7 @@ TEST_CASE("plans draw as DOT and SVG", "[topology]") {
   const std::string dot = plan_to_dot(*plan);
   CHECK(dot.rfind("digraph fleet {", 0) == 0);
   CHECK(dot.find("subgraph \"cluster_b\"") != std::string::npos);
-  CHECK(dot.find("\"origin\" -> \"a/relay-0\"") != std::string::npos);
+  CHECK(dot.find("\"origin\" -> \"a.relay-0\"") != std::string::npos);
   CHECK(dot.find("style=dashed") != std::string::npos);
   const std::string svg = plan_to_svg(*plan);
   CHECK(svg.rfind("<svg", 0) == 0);

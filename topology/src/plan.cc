@@ -66,6 +66,13 @@ int Plan::fallback_exit(int node) const {
   return -1;
 }
 
+std::vector<int> Plan::upstream(int node) const {
+  std::vector<int> out;
+  for (int p : {nodes[node].parent, nodes[node].fallback, nodes[node].last_resort})
+    if (p >= 0) out.push_back(p);
+  return out;
+}
+
 int Plan::max_depth() const {
   int d = 0;
   for (const auto& n : nodes) d = std::max(d, n.depth);
@@ -206,13 +213,13 @@ Result<Plan> plan_fleet(const FleetSpec& spec, Shape shape) {
   for (const std::string& name : order) {
     const RegionSpec& r = *spec.region(name);
     if (shape == Shape::kStar) {
-      for (std::uint32_t i = 0; i < r.workers; ++i) attach(add(name + "/w" + std::to_string(i), NodeKind::kWorker, r), 0);
+      for (std::uint32_t i = 0; i < r.workers; ++i) attach(add(name + ".w" + std::to_string(i), NodeKind::kWorker, r), 0);
       continue;
     }
     std::vector<int> members;
     if (shape == Shape::kTree)
-      for (std::uint32_t i = 0; i < r.relays; ++i) members.push_back(add(name + "/relay-" + std::to_string(i), NodeKind::kRelay, r));
-    for (std::uint32_t i = 0; i < r.workers; ++i) members.push_back(add(name + "/w" + std::to_string(i), NodeKind::kWorker, r));
+      for (std::uint32_t i = 0; i < r.relays; ++i) members.push_back(add(name + ".relay-" + std::to_string(i), NodeKind::kRelay, r));
+    for (std::uint32_t i = 0; i < r.workers; ++i) members.push_back(add(name + ".w" + std::to_string(i), NodeKind::kWorker, r));
     if (members.empty()) continue;
     const bool workers_forward = r.worker_relays || shape == Shape::kWorkerRelayTree;
 

@@ -55,7 +55,7 @@ struct FaultSpec {
   enum class Kind { kCrash, kPartition } kind = Kind::kCrash;
   double at_s = 0;
   double for_s = 0;      // crash: restart after this long (0: never); partition: heal after
-  std::string node;      // crash: a node id of the plan ("us-west/relay-0")
+  std::string node;      // crash: a node id of the plan ("us-west.relay-0")
   std::string a, b;      // partition: two regions
 };
 

@@ -28,7 +28,7 @@ enum class NodeKind : std::uint8_t { kOrigin, kRelay, kWorker };
 const char* kind_name(NodeKind kind);
 
 struct PlannedNode {
-  std::string id;           // "origin", "eu-west/relay-0", "eu-west/w17"
+  std::string id;           // "origin", "eu-west.relay-0", "eu-west.w17": valid node ids
   NodeKind kind = NodeKind::kWorker;
   std::string region;
   int parent = -1;          // index in Plan::nodes; -1 for the origin
@@ -55,6 +55,8 @@ struct Plan {
   // Children of `node`, recursively (not the node itself).
   std::vector<int> descendants(int node) const;
   int max_depth() const;
+  // The runtime's parents list of `node`: [parent, fallback, last resort], those it has.
+  std::vector<int> upstream(int node) const;
   // Where `node` ends up when its parent dies: the first node outside the parent's subtree
   // along its fallbacks (through siblings that fall back themselves), or -1 if the chain
   // loops, leads into the parent's subtree other than through siblings, or ends.

@@ -4,8 +4,11 @@
 #include <cinttypes>
 #include <cstdio>
 #include <limits>
+#include <string_view>
+#include <unordered_set>
 
 #include "deltacast/codec/hash.h"
+#include "deltacast/common/text.h"
 
 namespace deltacast {
 
@@ -67,6 +70,24 @@ Status validate_tensors(const std::vector<TensorInfo>& tensors, std::uint64_t im
     if (t.offset > image_size || t.nbytes > image_size - t.offset)
       return Status::corruption("tensor '" + t.name + "': extends past the end of the image");
     prev_end = t.offset + t.nbytes;
+  }
+  return Status::ok();
+}
+
+Status validate_names(const std::vector<TensorInfo>& tensors, const std::vector<std::pair<std::string, std::string>>& metadata) {
+  std::unordered_set<std::string_view> seen;
+  seen.reserve(std::max(tensors.size(), metadata.size()));
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const std::string& name = tensors[i].name;
+    if (!is_utf8(name)) return Status::corruption("tensor " + std::to_string(i) + ": name is not UTF-8");
+    if (name == "__metadata__") return Status::corruption("tensor " + std::to_string(i) + ": called __metadata__, the safetensors metadata key");
+    if (!seen.insert(name).second) return Status::corruption("two tensors are called '" + name + "'");
+  }
+  seen.clear();
+  for (std::size_t i = 0; i < metadata.size(); ++i) {
+    const auto& [key, value] = metadata[i];
+    if (!is_utf8(key) || !is_utf8(value)) return Status::corruption("metadata entry " + std::to_string(i) + " is not UTF-8");
+    if (!seen.insert(key).second) return Status::corruption("metadata key '" + key + "' appears twice");
   }
   return Status::ok();
 }
@@ -168,6 +189,7 @@ Result<Manifest> parse_manifest(ByteSpan data, const ManifestLimits& limits) {
       if (!r.varint(d)) return Status::corruption("truncated tensor shape");
     if (!r.varint(t.offset) || !r.varint(t.nbytes)) return Status::corruption("truncated tensor entry");
   }
+  DC_RETURN_IF_ERROR(validate_names(m.tensors, m.metadata));
   DC_RETURN_IF_ERROR(validate_tensors(m.tensors, m.image_size));
 
   const std::size_t chunk_entry_min = (m.kind == VersionKind::kDelta ? 26 : 18) + (m.is_signed ? sizeof(PayloadDigest) : 0);
@@ -199,6 +221,8 @@ Result<Manifest> parse_manifest(ByteSpan data, const ManifestLimits& limits) {
     for (std::size_t i = 0; i < m.chunks.size(); ++i) hashes[i] = m.chunks[i].base_hash;
     if (combine_chunk_hashes(m.image_size, hashes) != m.base_checksum)
       return Status::corruption("base checksum does not match the chunk base hashes");
+  } else if (m.base_version != 0 || m.base_checksum != 0) {
+    return Status::corruption("an anchor with a base version or base checksum");
   }
   return m;
 }

@@ -40,6 +40,7 @@ Result<EncodedVersion> encode_version(const ModelLayout& layout, std::uint64_t v
   if (next.size() != layout.image_size) return Status::invalid_argument("image size does not match the layout");
   if (delta && base.size() != next.size()) return Status::invalid_argument("base and new images differ in size");
   if (Status st = validate_tensors(layout.tensors, layout.image_size); !st.is_ok()) return Status::invalid_argument(st.message());
+  if (Status st = validate_names(layout.tensors, layout.metadata); !st.is_ok()) return Status::invalid_argument(st.message());
 
   EncodedVersion ev;
   Manifest& m = ev.manifest;

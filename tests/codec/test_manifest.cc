@@ -50,6 +50,32 @@ TEST_CASE("manifest parser rejects inconsistent tables", "[codec][manifest]") {
     m.tensors[0].shape = {11};
     CHECK_FALSE(parse_manifest(serialize_manifest(m)).is_ok());
   }
+  // A safetensors header is written from these names: each must be one it can hold.
+  SECTION("a tensor name that is not UTF-8") {
+    m.tensors[0].name = "w\xc0\xaf";  // overlong '/'
+    CHECK(parse_manifest(serialize_manifest(m)).status().message().find("not UTF-8") != std::string::npos);
+  }
+  SECTION("two tensors of one name") {
+    m.tensors[1].name = m.tensors[0].name;
+    CHECK(parse_manifest(serialize_manifest(m)).status().message().find("two tensors") != std::string::npos);
+  }
+  SECTION("a tensor called __metadata__") {
+    m.tensors[1].name = "__metadata__";
+    CHECK(parse_manifest(serialize_manifest(m)).status().code() == StatusCode::kCorruption);
+  }
+  SECTION("metadata that is not UTF-8") {
+    m.metadata[1].second = "\xed\xa0\x80";  // a surrogate
+    CHECK(parse_manifest(serialize_manifest(m)).status().message().find("not UTF-8") != std::string::npos);
+  }
+  SECTION("a metadata key twice") {
+    m.metadata[1].first = m.metadata[0].first;
+    CHECK(parse_manifest(serialize_manifest(m)).status().message().find("appears twice") != std::string::npos);
+  }
+  SECTION("an anchor that names a base") {
+    m = sample_manifest(VersionKind::kAnchor);
+    m.base_version = 3;
+    CHECK(parse_manifest(serialize_manifest(m)).status().code() == StatusCode::kCorruption);
+  }
   SECTION("wrong version checksum") {
     m.version_checksum ^= 1;
     CHECK_FALSE(parse_manifest(serialize_manifest(m)).is_ok());

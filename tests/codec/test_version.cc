@@ -140,6 +140,17 @@ TEST_CASE("an empty model encodes and decodes", "[codec][version]") {
   CHECK(decode_version(v->manifest, v->payloads, {}, {}, ex).is_ok());
 }
 
+TEST_CASE("layouts whose names a safetensors header cannot hold are refused before encoding", "[codec][version]") {
+  ModelLayout l = test::make_layout({{DType::kBF16, 4}, {DType::kBF16, 4}});
+  const Bytes image(l.image_size, 0);
+  InlineExecutor ex;
+  SECTION("two tensors of one name") { l.tensors[1].name = l.tensors[0].name; }
+  SECTION("a name that is not UTF-8") { l.tensors[1].name = "\xff"; }
+  SECTION("a metadata key twice") { l.metadata = {{"k", "1"}, {"k", "2"}}; }
+  auto ev = encode_version(l, 1, 0, {}, image, {}, ex);
+  CHECK(ev.status().code() == StatusCode::kInvalidArgument);
+}
+
 TEST_CASE("slices published by several shards merge into one version", "[codec][version]") {
   // Two shards of one model: each encodes its own tensors; the merged version equals what one
   // publisher would have made from the concatenated image.

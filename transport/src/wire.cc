@@ -1,6 +1,7 @@
 #include "deltacast/transport/wire.h"
 
 #include "deltacast.pb.h"
+#include "deltacast/common/text.h"
 
 namespace deltacast::transport {
 namespace {
@@ -23,12 +24,8 @@ RunId get_run(const wire::RunId& r) { return {r.started_us(), r.nonce()}; }
 // that log lines, the ledger and metrics can carry as is.
 std::size_t text_char_bytes(const std::string& s, std::size_t i) {
   const auto c = static_cast<unsigned char>(s[i]);
-  if (c < 0x80) return c < 0x20 || c == 0x7f ? 0 : 1;
-  const std::size_t n = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
-  if (n == 0 || i + n > s.size()) return 0;
-  for (std::size_t k = 1; k < n; ++k)
-    if ((static_cast<unsigned char>(s[i + k]) & 0xc0) != 0x80) return 0;
-  return n;
+  if (c < 0x20 || c == 0x7f) return 0;
+  return utf8_sequence_bytes(s, i);
 }
 
 bool printable_utf8(const std::string& s) {

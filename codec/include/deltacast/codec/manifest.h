@@ -107,5 +107,9 @@ std::vector<std::pair<std::uint64_t, std::uint64_t>> plan_chunks(const std::vect
 
 // Checks a tensor table against an image size: sorted, inside, non-overlapping, sizes matching shapes.
 Status validate_tensors(const std::vector<TensorInfo>& tensors, std::uint64_t image_size);
+// Checks the names a layout gives its tensors and metadata, so that a safetensors header can be
+// written from them: UTF-8 throughout, tensor names unique and not "__metadata__", metadata
+// keys unique.
+Status validate_names(const std::vector<TensorInfo>& tensors, const std::vector<std::pair<std::string, std::string>>& metadata);
 
 }  // namespace deltacast

@@ -142,6 +142,9 @@ int run_bench(const BenchOptions& o) {
   auto chunk = parse_bytes(o.chunk_size);
   if (!chunk.is_ok()) return fail(chunk.status().message());
   InlineExecutor one_core;
+  // Kept across runs and methods, as a publisher and a worker keep theirs.
+  ChunkEncoderPool encoders;
+  ChunkDecoderPool decoders;
   VersionEncodeOptions vopt;
   vopt.chunk_bytes = *chunk;
   ZstdCtx z;
@@ -165,13 +168,13 @@ int run_bench(const BenchOptions& o) {
       const VersionEncodeOptions& opt = m == &dc ? vopt : v1_only;
       std::optional<EncodedVersion> ev;
       auto enc = time_runs(o.runs, [&] {
-        auto r = encode_version(s.layout, p + 1, p, base, next, opt, one_core);
+        auto r = encode_version(s.layout, p + 1, p, base, next, opt, one_core, &encoders);
         if (r.is_ok()) ev = std::move(r).value();
       });
       if (!ev) return fail("deltacast encode failed");
       std::vector<ByteSpan> payloads(ev->payloads.begin(), ev->payloads.end());
       Status dst;
-      auto dec = time_runs(o.runs, [&] { dst = decode_version(ev->manifest, payloads, base, out, one_core); });
+      auto dec = time_runs(o.runs, [&] { dst = decode_version(ev->manifest, payloads, base, out, one_core, {}, &decoders); });
       if (!dst.is_ok()) return fail("deltacast decode failed: " + dst.to_string());
       if (std::memcmp(out.data(), next.data(), image) != 0) return fail("deltacast round trip is not bit-exact");
       m->bytes += container_prefix(ev->manifest).size() + ev->manifest.payload_bytes_total();
@@ -250,13 +253,13 @@ int run_bench(const BenchOptions& o) {
   for (int k = 0; k < 2; ++k) {
     std::optional<EncodedVersion> ev;
     auto enc = time_runs(o.runs, [&] {
-      auto r = encode_version(s.layout, 1, 0, s.images[0], s.images[1], k == 0 ? vopt : v1_only, pool);
+      auto r = encode_version(s.layout, 1, 0, s.images[0], s.images[1], k == 0 ? vopt : v1_only, pool, &encoders);
       if (r.is_ok()) ev = std::move(r).value();
     });
     if (!ev) return fail("deltacast encode failed");
     std::vector<ByteSpan> payloads(ev->payloads.begin(), ev->payloads.end());
     Status dst;
-    auto dec = time_runs(o.runs, [&] { dst = decode_version(ev->manifest, payloads, s.images[0], out, pool); });
+    auto dec = time_runs(o.runs, [&] { dst = decode_version(ev->manifest, payloads, s.images[0], out, pool, {}, &decoders); });
     if (!dst.is_ok() || std::memcmp(out.data(), s.images[1].data(), image) != 0) return fail("parallel round trip failed");
     add_rates(mt_enc[k], enc, image);
     add_rates(mt_dec[k], dec, image);
@@ -312,13 +315,13 @@ int run_bench(const BenchOptions& o) {
     ByteSpan last = s.images.back();
     std::optional<EncodedVersion> av;
     auto enc = time_runs(o.runs, [&] {
-      auto r = encode_version(s.layout, pairs, 0, ByteSpan(), last, vopt, one_core);
+      auto r = encode_version(s.layout, pairs, 0, ByteSpan(), last, vopt, one_core, &encoders);
       if (r.is_ok()) av = std::move(r).value();
     });
     if (!av) return fail("anchor encode failed");
     std::vector<ByteSpan> payloads(av->payloads.begin(), av->payloads.end());
     Status dst;
-    auto dec = time_runs(o.runs, [&] { dst = decode_version(av->manifest, payloads, ByteSpan(), out, one_core); });
+    auto dec = time_runs(o.runs, [&] { dst = decode_version(av->manifest, payloads, ByteSpan(), out, one_core, {}, &decoders); });
     if (!dst.is_ok() || std::memcmp(out.data(), last.data(), image) != 0) return fail("anchor round trip failed");
     const std::uint64_t anchor_bytes = container_prefix(av->manifest).size() + av->manifest.payload_bytes_total();
     std::fprintf(stderr, "measuring zstd -19 of the raw checkpoint (slow)...\n");

@@ -370,8 +370,9 @@ int run_inspect(const InspectOptions& o) {
   };
   std::map<std::string, std::map<std::string, Usage>> usage;  // stream name -> backend -> usage
   if (o.chunks) std::printf("\n  %-6s %-14s %-12s %-12s %-18s\n", "chunk", "offset", "length", "payload", "payload hash");
+  ChunkDecoder decoder;
   for (std::size_t i = 0; i < m.chunks.size(); ++i) {
-    auto st = describe_chunk(c->payloads[i]);
+    auto st = decoder.describe(c->payloads[i]);
     if (!st.is_ok()) return fail(path + ": chunk " + std::to_string(i) + ": " + st.status().to_string());
     for (const auto& s : st->streams) {
       auto& u = usage[std::string(s.name)][s.coder.empty() ? backend_label(s.report.choice) : std::string(s.coder)];

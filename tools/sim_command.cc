@@ -38,6 +38,7 @@ int run_sim(const SimOptions& o) {
       if (name == n) chosen.push_back(s);
   }
   std::vector<sim::Report> reports;
+  sim::EncodedVersionCache encoded;  // real payloads, encoded once for every strategy
   int rc = 0;
   for (bool compressed : o.raw_too ? std::vector<bool>{true, false} : std::vector<bool>{true}) {
     for (sim::Strategy s : chosen) {
@@ -45,6 +46,7 @@ int run_sim(const SimOptions& o) {
       ro.strategy = s;
       ro.compressed = compressed;
       ro.seed = o.seed;
+      ro.encoded = &encoded;
       std::fprintf(stderr, "running %s%s (seed %llu) ...\n", sim::strategy_name(s), compressed ? "" : ", raw BF16", static_cast<unsigned long long>(o.seed));
       auto r = sim::run_scenario(*sc, ro);
       if (!r.is_ok()) return fail(r.status().to_string());

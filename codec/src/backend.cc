@@ -16,17 +16,21 @@ struct DCtxDeleter {
   void operator()(ZSTD_DCtx* d) const { ZSTD_freeDCtx(d); }
 };
 
-// One context per thread and kind: contexts are expensive to create and not thread-safe.
-ZSTD_CCtx* thread_cctx() {
-  thread_local std::unique_ptr<ZSTD_CCtx, CCtxDeleter> ctx(ZSTD_createCCtx());
-  return ctx.get();
-}
-ZSTD_DCtx* thread_dctx() {
-  thread_local std::unique_ptr<ZSTD_DCtx, DCtxDeleter> ctx(ZSTD_createDCtx());
-  return ctx.get();
-}
+}  // namespace
 
-void encode_with(BackendChoice choice, ByteSpan raw, Bytes& out) {
+struct StreamEncoder::State {
+  std::unique_ptr<ZSTD_CCtx, CCtxDeleter> cctx{ZSTD_createCCtx()};
+  Bytes sample, trial, best;
+  std::vector<std::uint16_t> rans;
+};
+
+struct StreamDecoder::State {
+  std::unique_ptr<ZSTD_DCtx, DCtxDeleter> dctx{ZSTD_createDCtx()};
+};
+
+namespace {
+
+void encode_with(StreamEncoder::State& s, BackendChoice choice, ByteSpan raw, Bytes& out) {
   out.clear();
   switch (choice.backend) {
     case Backend::kRaw:
@@ -34,7 +38,7 @@ void encode_with(BackendChoice choice, ByteSpan raw, Bytes& out) {
       return;
     case Backend::kZstd: {
       out.resize(ZSTD_compressBound(raw.size()));
-      std::size_t n = ZSTD_compressCCtx(thread_cctx(), out.data(), out.size(), raw.data(), raw.size(), choice.level);
+      std::size_t n = ZSTD_compressCCtx(s.cctx.get(), out.data(), out.size(), raw.data(), raw.size(), choice.level);
       if (ZSTD_isError(n)) {
         out.assign(raw.begin(), raw.end());  // cannot happen with a correct bound; raw still decodes
         return;
@@ -43,7 +47,7 @@ void encode_with(BackendChoice choice, ByteSpan raw, Bytes& out) {
       return;
     }
     case Backend::kRans:
-      rans::encode(raw, out);
+      rans::encode(raw, out, s.rans);
       return;
   }
 }
@@ -69,14 +73,15 @@ constexpr std::size_t kSampleSlices = 4;
 constexpr std::size_t kSampleSliceBytes = 16u << 10;
 constexpr double kShortlistSlack = 1.03;
 
-std::vector<BackendChoice> shortlist(ByteSpan raw, const std::vector<BackendChoice>& candidates) {
+std::vector<BackendChoice> shortlist(StreamEncoder::State& s, ByteSpan raw, const std::vector<BackendChoice>& candidates) {
   std::vector<BackendChoice> out;
   if (raw.size() <= kFullTrialBytesMax) {
     for (const auto& c : candidates)
       if (c.backend != Backend::kRaw) out.push_back(c);
     return out;
   }
-  thread_local Bytes sample, trial;
+  Bytes& sample = s.sample;
+  Bytes& trial = s.trial;
   sample.clear();
   const std::size_t stride = raw.size() / kSampleSlices;
   for (std::size_t k = 0; k < kSampleSlices; ++k) {
@@ -87,7 +92,7 @@ std::vector<BackendChoice> shortlist(ByteSpan raw, const std::vector<BackendChoi
   std::size_t best = sample.size();  // raw
   for (const auto& c : candidates) {
     if (c.backend == Backend::kRaw) continue;
-    encode_with(c, sample, trial);
+    encode_with(s, c, sample, trial);
     sized.emplace_back(trial.size(), c);
     best = std::min(best, trial.size());
   }
@@ -99,14 +104,28 @@ std::vector<BackendChoice> shortlist(ByteSpan raw, const std::vector<BackendChoi
 
 }  // namespace
 
-StreamReport write_stream(ByteSpan raw, const std::vector<BackendChoice>& candidates, Bytes& out) {
-  thread_local Bytes best;
-  thread_local Bytes trial;
+StreamEncoder::StreamEncoder() : s_(std::make_unique<State>()) {}
+StreamEncoder::~StreamEncoder() = default;
+StreamEncoder::StreamEncoder(StreamEncoder&&) noexcept = default;
+StreamEncoder& StreamEncoder::operator=(StreamEncoder&&) noexcept = default;
+
+std::size_t StreamEncoder::scratch_bytes() const {
+  return ZSTD_sizeof_CCtx(s_->cctx.get()) + s_->sample.capacity() + s_->trial.capacity() + s_->best.capacity() +
+         s_->rans.capacity() * sizeof(std::uint16_t);
+}
+
+void StreamEncoder::release() {
+  s_ = std::make_unique<State>();
+}
+
+StreamReport StreamEncoder::write(ByteSpan raw, const std::vector<BackendChoice>& candidates, Bytes& out) {
+  Bytes& best = s_->best;
+  Bytes& trial = s_->trial;
   BackendChoice best_choice{Backend::kRaw, 0};
   ByteSpan best_bytes = raw;
   if (!raw.empty()) {
-    for (const auto& c : shortlist(raw, candidates)) {
-      encode_with(c, raw, trial);
+    for (const auto& c : shortlist(*s_, raw, candidates)) {
+      encode_with(*s_, c, raw, trial);
       if (trial.size() < best_bytes.size()) {
         best.swap(trial);
         best_bytes = best;
@@ -143,7 +162,14 @@ Result<StreamRef> read_stream(ByteReader& r, std::uint64_t raw_bytes_max) {
   return ref;
 }
 
-Status decode_stream(const StreamRef& ref, MutableByteSpan out) {
+StreamDecoder::StreamDecoder() : s_(std::make_unique<State>()) {}
+StreamDecoder::~StreamDecoder() = default;
+StreamDecoder::StreamDecoder(StreamDecoder&&) noexcept = default;
+StreamDecoder& StreamDecoder::operator=(StreamDecoder&&) noexcept = default;
+
+std::size_t StreamDecoder::scratch_bytes() const { return ZSTD_sizeof_DCtx(s_->dctx.get()); }
+
+Status StreamDecoder::decode(const StreamRef& ref, MutableByteSpan out) {
   if (out.size() != ref.raw_bytes) return Status::invalid_argument("decode_stream: output size mismatch");
   switch (ref.choice.backend) {
     case Backend::kRaw:
@@ -153,7 +179,7 @@ Status decode_stream(const StreamRef& ref, MutableByteSpan out) {
       if (ZSTD_getFrameContentSize(ref.body.data(), ref.body.size()) != out.size()) {
         return Status::corruption("zstd frame size does not match the stream header");
       }
-      std::size_t n = ZSTD_decompressDCtx(thread_dctx(), out.data(), out.size(), ref.body.data(), ref.body.size());
+      std::size_t n = ZSTD_decompressDCtx(s_->dctx.get(), out.data(), out.size(), ref.body.data(), ref.body.size());
       if (ZSTD_isError(n)) return Status::corruption(std::string("zstd: ") + ZSTD_getErrorName(n));
       if (n != out.size()) return Status::corruption("zstd frame decodes to the wrong size");
       return Status::ok();

@@ -1,7 +1,6 @@
 #include "bf16_v2.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 
 #if defined(__x86_64__)
@@ -140,10 +139,8 @@ DC_TARGET_POP
 
 namespace {
 
-std::atomic<int> level_cap{2};
-
-// The highest scan level both the CPU and the cap allow.
-int level() {
+// The highest scan level the CPU has (a property of the machine, found once).
+int cpu_level() {
 #if defined(__x86_64__)
   static const int cpu = [] {
     if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("popcnt") &&
@@ -154,7 +151,7 @@ int level() {
       return 1;
     return 2;
   }();
-  return std::min(cpu, level_cap.load(std::memory_order_relaxed));
+  return cpu;
 #else
   return 0;
 #endif
@@ -162,14 +159,19 @@ int level() {
 
 }  // namespace
 
-SectionCounts encode(const std::uint8_t* base, const std::uint8_t* next, std::size_t n,
-                     const std::vector<BackendChoice>& exception_backends, Bytes& out, Hasher64* base_hash, Hasher64* next_hash) {
+std::size_t EncodeScratch::bytes() const {
+  std::size_t b = (pos.capacity() + gap.capacity()) * 4 + (olds.capacity() + news.capacity()) * 2 + cls.capacity() + coded.capacity() +
+                  remainders.capacity() + exceptions.capacity();
+  for (int c = 0; c < kClassesMax; ++c) b += (by_class[c].capacity() + gaps_of[c].capacity()) * 4;
+  return b;
+}
+
+SectionCounts encode(const std::uint8_t* base, const std::uint8_t* next, std::size_t n, int level,
+                     const std::vector<BackendChoice>& exception_backends, EncodeScratch& scratch, StreamEncoder& streams,
+                     Bytes& out, Hasher64* base_hash, Hasher64* next_hash) {
   const auto* a = reinterpret_cast<const std::uint16_t*>(base);
   const auto* b = reinterpret_cast<const std::uint16_t*>(next);
-  thread_local std::vector<std::uint32_t> pos, gap;
-  thread_local std::vector<std::uint16_t> olds, news;  // at each change, taken while in cache
-  thread_local std::vector<std::uint8_t> cls;
-  thread_local Bytes coded, remainders, exceptions;
+  auto& [pos, gap, olds, news, cls, coded, remainders, exceptions, by_class, gaps_of] = scratch;
   pos.clear();
   olds.clear();
   news.clear();
@@ -204,14 +206,13 @@ SectionCounts encode(const std::uint8_t* base, const std::uint8_t* next, std::si
   gap.resize(k_total);
   std::array<std::uint64_t, kClassesMax> count{};
 #if defined(__x86_64__)
-  if (level() >= 2 && classes == 8) gfni::class_gaps_8x(a, n, e0, pos, cls, gap, count);
-  else if (level() >= 1) wide::class_gaps(a, n, e0, classes, pos, cls, gap, count);
+  if (level >= 2 && classes == 8) gfni::class_gaps_8x(a, n, e0, pos, cls, gap, count);
+  else if (level >= 1) wide::class_gaps(a, n, e0, classes, pos, cls, gap, count);
   else
 #endif
     portable::class_gaps(a, n, e0, classes, pos, cls, gap, count);
 
   // Each class's changes (indices into pos, in segment order) and gaps, and its Rice parameter.
-  thread_local std::array<std::vector<std::uint32_t>, kClassesMax> by_class, gaps_of;
   std::array<std::uint8_t, kClassesMax> rice{};
   for (auto& v : by_class) v.clear();
   for (auto& v : gaps_of) v.clear();
@@ -292,7 +293,7 @@ SectionCounts encode(const std::uint8_t* base, const std::uint8_t* next, std::si
   w.bytes(remainders);
   sc.coded_bytes = coded.size();
   sc.remainder_bytes = remainders.size();
-  sc.exceptions_stream = write_stream(exceptions, exception_backends, out);
+  sc.exceptions_stream = streams.write(exceptions, exception_backends, out);
   sc.v1_estimate_bytes += static_cast<double>(2 * sc.exceptions);
   sc.section_bytes = out.size() - start;
   return sc;
@@ -326,21 +327,22 @@ Result<Section> parse(ByteReader& r, std::uint64_t n) {
   return s;
 }
 
-Status decode(const Section& s, const std::uint8_t* base, ByteSpan exceptions, Changes& out, Hasher64* base_hash) {
+Status decode(const Section& s, const std::uint8_t* base, ByteSpan exceptions, int level, std::vector<std::uint32_t>& gaps,
+              Changes& out, Hasher64* base_hash) {
   const auto* a = reinterpret_cast<const std::uint16_t*>(base);
 #if defined(__x86_64__)
-  switch (level()) {
-    case 2: return gfni::decode_changes(s, a, exceptions, out, base_hash);
-    case 1: return wide::decode_changes(s, a, exceptions, out, base_hash);
+  switch (level) {
+    case 2: return gfni::decode_changes(s, a, exceptions, gaps, out, base_hash);
+    case 1: return wide::decode_changes(s, a, exceptions, gaps, out, base_hash);
     default: break;
   }
 #endif
-  return portable::decode_changes(s, a, exceptions, out, base_hash);
+  return portable::decode_changes(s, a, exceptions, gaps, out, base_hash);
 }
 
 }  // namespace deltacast::bf16v2
 
+
 namespace deltacast {
-void cap_scan_level(int level) { bf16v2::level_cap.store(std::clamp(level, 0, kScanLevelMax)); }
-int scan_level() { return bf16v2::level(); }
+int scan_level_for(int wanted) { return wanted < 0 ? bf16v2::cpu_level() : std::min(wanted, bf16v2::cpu_level()); }
 }  // namespace deltacast

@@ -32,9 +32,20 @@ struct SectionCounts {
 
 // Appends the section for n values at `base` -> `next`, feeding the hashers (where set) the
 // bytes of each as it reads them.
-SectionCounts encode(const std::uint8_t* base, const std::uint8_t* next, std::size_t n,
-                     const std::vector<BackendChoice>& exception_backends, Bytes& out, Hasher64* base_hash = nullptr,
-                     Hasher64* next_hash = nullptr);
+// Working memory of the encoder, kept between sections by its owner (ChunkEncoder).
+struct EncodeScratch {
+  std::vector<std::uint32_t> pos, gap;
+  std::vector<std::uint16_t> olds, news;  // at each change, taken while in cache
+  std::vector<std::uint8_t> cls;
+  Bytes coded, remainders, exceptions;
+  std::array<std::vector<std::uint32_t>, kClassesMax> by_class, gaps_of;
+  std::size_t bytes() const;
+};
+
+// Encodes a section of n values with the scan kernels of `level` (deltacast::scan_level_for).
+SectionCounts encode(const std::uint8_t* base, const std::uint8_t* next, std::size_t n, int level,
+                     const std::vector<BackendChoice>& exception_backends, EncodeScratch& scratch, StreamEncoder& streams,
+                     Bytes& out, Hasher64* base_hash = nullptr, Hasher64* next_hash = nullptr);
 
 // A section as it sits in a payload, parsed but not decoded.
 struct Section {
@@ -60,6 +71,9 @@ struct Changes {
 };
 // `exceptions` is the decoded exceptions stream (2 bytes per exception). `base_hash`, when
 // set, is fed the section's base bytes (all of them, on success) as the decoder reads them.
-Status decode(const Section& s, const std::uint8_t* base, ByteSpan exceptions, Changes& out, Hasher64* base_hash = nullptr);
+// Decodes a parsed section's changes against the base values; `gaps` is working memory (4 bytes
+// per change) kept by the caller.
+Status decode(const Section& s, const std::uint8_t* base, ByteSpan exceptions, int level, std::vector<std::uint32_t>& gaps,
+              Changes& out, Hasher64* base_hash = nullptr);
 
 }  // namespace deltacast::bf16v2

@@ -18,7 +18,7 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "deltacast assumes a li
 namespace deltacast {
 namespace {
 
-// Grows a per-thread scratch buffer without shrinking it, so steady-state encoding and
+// Grows an encoder's or decoder's scratch buffer without shrinking it, so steady-state encoding and
 // decoding allocate nothing.
 std::uint8_t* scratch(Bytes& buf, std::size_t bytes) {
   if (buf.size() < bytes) buf.resize(bytes);
@@ -63,10 +63,26 @@ void stream_fence() {
 #endif
 }
 
+}  // namespace
+
+struct ChunkEncoder::State {
+  StreamEncoder streams;
+  bf16v2::EncodeScratch v2;
+  Bytes pos, val, exc, xor_bytes, shuffled, exponents, sign_mantissa;
+  std::size_t bytes() const {
+    std::size_t b = streams.scratch_bytes() + v2.bytes();
+    for (const Bytes* x : {&pos, &val, &exc, &xor_bytes, &shuffled, &exponents, &sign_mantissa}) b += x->capacity();
+    return b;
+  }
+};
+
+namespace {
 
 struct SectionWriter {
+  ChunkEncoder::State& s;
   Bytes& out;
   const ChunkEncodeOptions& options;
+  int level;  // v2 scan kernels
   ChunkStats* stats;
   double v1_excess_bytes = 0;  // v2 sections: how much larger v1 would be (an estimate)
   // Where set, the section encoders feed them the base and new bytes, in order, as they read them.
@@ -77,16 +93,15 @@ struct SectionWriter {
     if (next_hash) next_hash->update(next, bytes);
   }
   void stream(std::string_view name, ByteSpan raw, const std::vector<BackendChoice>& backends) {
-    StreamReport rep = write_stream(raw, backends, out);
+    StreamReport rep = s.streams.write(raw, backends, out);
     if (stats) stats->streams.push_back({name, rep});
   }
 };
 
 void encode_bf16_delta(const std::uint8_t* base, const std::uint8_t* next, std::size_t n, SectionWriter& w) {
-  thread_local Bytes pos_buf, val_buf, exc_buf;
-  std::uint8_t* pos = scratch(pos_buf, n * 5 + 16);
-  std::uint8_t* val = scratch(val_buf, n + 16);
-  std::uint8_t* exc = scratch(exc_buf, n * 2 + 16);
+  std::uint8_t* pos = scratch(w.s.pos, n * 5 + 16);
+  std::uint8_t* val = scratch(w.s.val, n + 16);
+  std::uint8_t* exc = scratch(w.s.exc, n * 2 + 16);
   std::uint8_t* const pos0 = pos;
   std::uint8_t* const val0 = val;
   std::uint8_t* const exc0 = exc;
@@ -127,7 +142,8 @@ void encode_bf16_delta(const std::uint8_t* base, const std::uint8_t* next, std::
 }
 
 void encode_bf16_delta_v2(const std::uint8_t* base, const std::uint8_t* next, std::size_t n, SectionWriter& w) {
-  const bf16v2::SectionCounts sc = bf16v2::encode(base, next, n, w.options.delta_backends, w.out, w.base_hash, w.next_hash);
+  const bf16v2::SectionCounts sc = bf16v2::encode(base, next, n, w.level, w.options.delta_backends, w.s.v2, w.s.streams, w.out,
+                                                   w.base_hash, w.next_hash);
   w.v1_excess_bytes += sc.v1_estimate_bytes - static_cast<double>(sc.section_bytes);
   if (!w.stats) return;
   w.stats->bf16_values += n;
@@ -143,14 +159,13 @@ void encode_bf16_delta_v2(const std::uint8_t* base, const std::uint8_t* next, st
 void encode_generic_delta(const std::uint8_t* base, const std::uint8_t* next, std::size_t bytes, std::size_t es,
                           SectionWriter& w) {
   w.hash(base, next, bytes);
-  thread_local Bytes xor_buf, shuf_buf;
-  std::uint8_t* x = scratch(xor_buf, bytes + 1);
+  std::uint8_t* x = scratch(w.s.xor_bytes, bytes + 1);
   std::uint64_t changed = 0;
   for (std::size_t i = 0; i < bytes; ++i) {
     x[i] = base[i] ^ next[i];
     changed += x[i] != 0;
   }
-  std::uint8_t* s = scratch(shuf_buf, bytes + 1);
+  std::uint8_t* s = scratch(w.s.shuffled, bytes + 1);
   shuffle(x, bytes / es, es, s);
   w.stream("xor", ByteSpan(s, bytes), w.options.delta_backends);
   if (w.stats) {
@@ -160,9 +175,8 @@ void encode_generic_delta(const std::uint8_t* base, const std::uint8_t* next, st
 }
 
 void encode_bf16_anchor(const std::uint8_t* next, std::size_t n, SectionWriter& w) {
-  thread_local Bytes exp_buf, sm_buf;
-  std::uint8_t* e = scratch(exp_buf, n + 1);
-  std::uint8_t* sm = scratch(sm_buf, n + 1);
+  std::uint8_t* e = scratch(w.s.exponents, n + 1);
+  std::uint8_t* sm = scratch(w.s.sign_mantissa, n + 1);
   const auto* v = reinterpret_cast<const std::uint16_t*>(next);
   for (std::size_t i = 0; i < n; ++i) {
     std::uint16_t x = v[i];
@@ -175,8 +189,7 @@ void encode_bf16_anchor(const std::uint8_t* next, std::size_t n, SectionWriter& 
 }
 
 void encode_generic_anchor(const std::uint8_t* next, std::size_t bytes, std::size_t es, SectionWriter& w) {
-  thread_local Bytes shuf_buf;
-  std::uint8_t* s = scratch(shuf_buf, bytes + 1);
+  std::uint8_t* s = scratch(w.s.shuffled, bytes + 1);
   shuffle(next, bytes / es, es, s);
   w.stream("bytes", ByteSpan(s, bytes), w.options.anchor_backends);
   if (w.stats) w.stats->generic_bytes += bytes;
@@ -299,18 +312,18 @@ Result<ParsedChunk> parse_chunk(ByteSpan payload) {
   return pc;
 }
 
-// Decoded streams of one section, in per-thread scratch memory.
+// Decoded streams of one section, in the decoder's memory.
 struct DecodedStreams {
   std::array<ByteSpan, 3> s{};
 };
 
 using SectionBuffers = std::array<Bytes, 3>;
 
-Status decode_streams(const ParsedSection& sec, SectionBuffers& bufs, DecodedStreams& d) {
+Status decode_streams(const ParsedSection& sec, StreamDecoder& streams, SectionBuffers& bufs, DecodedStreams& d) {
   for (int k = 0; k < sec.stream_count; ++k) {
     std::uint8_t* p = scratch(bufs[k], sec.streams[k].raw_bytes + 1);
     MutableByteSpan out(p, sec.streams[k].raw_bytes);
-    if (Status st = decode_stream(sec.streams[k], out); !st.is_ok()) return st.with_context(sec.names[k]);
+    if (Status st = streams.decode(sec.streams[k], out); !st.is_ok()) return st.with_context(sec.names[k]);
     d.s[k] = ByteSpan(p, out.size());
   }
   return Status::ok();
@@ -444,8 +457,19 @@ void ChunkStats::add(const ChunkStats& o) {
   v2_chunks += o.v2_chunks;
 }
 
-Result<Bytes> encode_delta_chunk(std::span<const Segment> segments, ByteSpan base, ByteSpan next,
-                                 const ChunkEncodeOptions& options, ChunkStats* stats, ChunkHashes* hashes) {
+ChunkEncoder::ChunkEncoder(std::size_t scratch_bytes_max) : scratch_bytes_max_(scratch_bytes_max), s_(std::make_unique<State>()) {}
+ChunkEncoder::~ChunkEncoder() = default;
+ChunkEncoder::ChunkEncoder(ChunkEncoder&&) noexcept = default;
+ChunkEncoder& ChunkEncoder::operator=(ChunkEncoder&&) noexcept = default;
+
+std::size_t ChunkEncoder::scratch_bytes() const { return s_->bytes(); }
+
+void ChunkEncoder::trim() {
+  if (s_->bytes() > scratch_bytes_max_) s_ = std::make_unique<State>();
+}
+
+Result<Bytes> ChunkEncoder::encode_delta(std::span<const Segment> segments, ByteSpan base, ByteSpan next,
+                                         const ChunkEncodeOptions& options, ChunkStats* stats, ChunkHashes* hashes) {
   if (base.size() != next.size()) return Status::invalid_argument("base and new ranges differ in size");
   DC_RETURN_IF_ERROR(check_segments(segments, next.size()));
   if (options.delta_kinds.empty()) return Status::invalid_argument("no delta encoding to try");
@@ -468,7 +492,7 @@ Result<Bytes> encode_delta_chunk(std::span<const Segment> segments, ByteSpan bas
     out.reserve(64 + next.size() / 32);
     ChunkStats st;
     write_chunk_header(kind, segments, out);
-    SectionWriter w{out, options, stats ? &st : nullptr};
+    SectionWriter w{*s_, out, options, scan_level_for(options.scan_level), stats ? &st : nullptr};
     if (kind == kinds.front() && hashes) {
       w.base_hash = &*base_hash;
       w.next_hash = &*next_hash;
@@ -489,27 +513,65 @@ Result<Bytes> encode_delta_chunk(std::span<const Segment> segments, ByteSpan bas
   }
   if (stats) stats->add(best_stats);
   if (hashes) *hashes = {base_hash->digest(), next_hash->digest()};
+  trim();
   return best;
 }
 
-Result<Bytes> encode_anchor_chunk(std::span<const Segment> segments, ByteSpan next, const ChunkEncodeOptions& options,
-                                  ChunkStats* stats) {
+Result<Bytes> ChunkEncoder::encode_anchor(std::span<const Segment> segments, ByteSpan next, const ChunkEncodeOptions& options,
+                                          ChunkStats* stats) {
   DC_RETURN_IF_ERROR(check_segments(segments, next.size()));
   Bytes out;
   out.reserve(64 + next.size());
   write_chunk_header(ChunkKind::kAnchorV1, segments, out);
-  SectionWriter w{out, options, stats};
+  SectionWriter w{*s_, out, options, scan_level_for(options.scan_level), stats};
   std::size_t off = 0;
   for (const auto& s : segments) {
     if (s.cls == SegmentClass::kBF16) encode_bf16_anchor(next.data() + off, s.bytes / 2, w);
     else encode_generic_anchor(next.data() + off, s.bytes, s.elem_size, w);
     off += s.bytes;
   }
+  trim();
   return out;
 }
 
-Status decode_chunk(ByteSpan payload, std::span<const Segment> expected_segments, ByteSpan base, MutableByteSpan out,
-                    const ChunkHashes* expect) {
+struct ChunkDecoder::State {
+  StreamDecoder streams;
+  std::vector<SectionBuffers> sections;  // decoded streams, per section of the chunk
+  std::vector<bf16v2::Changes> v2;       // v2 sections' changes
+  std::vector<std::uint32_t> gaps;       // v2 decoder's working memory
+  alignas(64) std::array<std::uint8_t, kWriteTileBytes> tile;
+  std::size_t bytes() const {
+    std::size_t b = streams.scratch_bytes() + sizeof(State) + gaps.capacity() * 4;
+    b += sections.capacity() * sizeof(SectionBuffers) + v2.capacity() * sizeof(bf16v2::Changes);
+    for (const auto& sec : sections)
+      for (const auto& x : sec) b += x.capacity();
+    for (const auto& c : v2) b += c.positions.capacity() * 4 + c.values.capacity() * 2;
+    return b;
+  }
+};
+
+ChunkDecoder::ChunkDecoder(ChunkDecodeOptions options) : options_(options), s_(std::make_unique<State>()) {
+  options_.scan_level = scan_level_for(options_.scan_level);
+}
+ChunkDecoder::~ChunkDecoder() = default;
+ChunkDecoder::ChunkDecoder(ChunkDecoder&&) noexcept = default;
+ChunkDecoder& ChunkDecoder::operator=(ChunkDecoder&&) noexcept = default;
+
+std::size_t ChunkDecoder::scratch_bytes() const { return s_->bytes(); }
+
+void ChunkDecoder::trim() {
+  if (s_->bytes() > options_.scratch_bytes_max) s_ = std::make_unique<State>();
+}
+
+Status ChunkDecoder::decode(ByteSpan payload, std::span<const Segment> expected_segments, ByteSpan base, MutableByteSpan out,
+                            const ChunkHashes* expect) {
+  Status st = decode_checked(payload, expected_segments, base, out, expect);
+  trim();
+  return st;
+}
+
+Status ChunkDecoder::decode_checked(ByteSpan payload, std::span<const Segment> expected_segments, ByteSpan base, MutableByteSpan out,
+                                    const ChunkHashes* expect) {
   DC_ASSIGN_OR_RETURN(ParsedChunk pc, parse_chunk(payload));
   if (pc.bytes != out.size()) return Status::mismatch("chunk covers " + std::to_string(pc.bytes) + " bytes, range has " + std::to_string(out.size()));
   if (!expected_segments.empty()) {
@@ -527,19 +589,20 @@ Status decode_chunk(ByteSpan payload, std::span<const Segment> expected_segments
   if (check_base) base_hash.emplace();
   if (expect && expect->content.has_value()) out_hash.emplace();
 
-  // Pass 1: decode and check every section into per-thread scratch, and hash the base (v2
+  // Pass 1: decode and check every section into the decoder's memory, and hash the base (v2
   // sections as their decoder walks it). Nothing is written to `out` yet.
-  thread_local std::vector<SectionBuffers> section_buffers;
+  auto& section_buffers = s_->sections;
   if (section_buffers.size() < pc.sections.size()) section_buffers.resize(pc.sections.size());
-  thread_local std::vector<bf16v2::Changes> v2_changes;
+  auto& v2_changes = s_->v2;
   if (v2_changes.size() < pc.sections.size()) v2_changes.resize(pc.sections.size());
   std::vector<DecodedStreams> decoded(pc.sections.size());
   for (std::size_t k = 0, at = 0; k < pc.sections.size(); at += pc.sections[k].seg.bytes, ++k) {
     const auto& sec = pc.sections[k];
-    if (Status st = decode_streams(sec, section_buffers[k], decoded[k]); !st.is_ok()) return st.with_context("segment " + std::to_string(k));
+    if (Status st = decode_streams(sec, s_->streams, section_buffers[k], decoded[k]); !st.is_ok()) return st.with_context("segment " + std::to_string(k));
     Status st;
     if (sec.v2) {
-      st = bf16v2::decode(sec.bf16, base.data() + at, decoded[k].s[0], v2_changes[k], base_hash ? &*base_hash : nullptr);
+      st = bf16v2::decode(sec.bf16, base.data() + at, decoded[k].s[0], options_.scan_level, s_->gaps, v2_changes[k],
+                          base_hash ? &*base_hash : nullptr);
     } else {
       if (base_hash) base_hash->update(base.data() + at, sec.seg.bytes);
       if (delta && sec.seg.cls == SegmentClass::kBF16) st = validate_bf16_delta(sec, decoded[k]);
@@ -554,7 +617,7 @@ Status decode_chunk(ByteSpan payload, std::span<const Segment> expected_segments
 
   // Pass 2: write, a tile at a time: into L1 scratch where the output is separate memory
   // (streamed out from there), else in place.
-  alignas(64) thread_local std::array<std::uint8_t, kWriteTileBytes> scratch;
+  auto& scratch = s_->tile;
   std::size_t off = 0;
   for (std::size_t k = 0; k < pc.sections.size(); ++k) {
     const auto& sec = pc.sections[k];
@@ -600,7 +663,7 @@ Status decode_chunk(ByteSpan payload, std::span<const Segment> expected_segments
   return Status::ok();
 }
 
-Result<ChunkStats> describe_chunk(ByteSpan payload, ChunkKind* kind) {
+Result<ChunkStats> ChunkDecoder::describe(ByteSpan payload, ChunkKind* kind) {
   DC_ASSIGN_OR_RETURN(ParsedChunk pc, parse_chunk(payload));
   if (kind) *kind = pc.kind;
   ChunkStats st;
@@ -628,9 +691,9 @@ Result<ChunkStats> describe_chunk(ByteSpan payload, ChunkKind* kind) {
       continue;
     }
     if (pc.kind == ChunkKind::kAnchorV1) continue;
-    thread_local SectionBuffers bufs;
+    if (s_->sections.empty()) s_->sections.resize(1);
     DecodedStreams d;
-    DC_RETURN_IF_ERROR(decode_streams(sec, bufs, d));
+    DC_RETURN_IF_ERROR(decode_streams(sec, s_->streams, s_->sections[0], d));
     if (sec.seg.cls == SegmentClass::kBF16) {
       DC_RETURN_IF_ERROR(validate_bf16_delta(sec, d));
       st.changed_values += sec.change_count;

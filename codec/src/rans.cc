@@ -122,6 +122,11 @@ std::array<std::uint64_t, 256> histogram(ByteSpan in) {
 }  // namespace
 
 void encode(ByteSpan in, Bytes& out) {
+  std::vector<std::uint16_t> scratch;
+  encode(in, out, scratch);
+}
+
+void encode(ByteSpan in, Bytes& out, std::vector<std::uint16_t>& buf) {
   std::array<std::uint64_t, 256> counts = histogram(in);
   if (in.empty()) counts[0] = 1;
   Freqs freq = normalise(counts, std::max<std::size_t>(1, in.size()));
@@ -134,7 +139,6 @@ void encode(ByteSpan in, Bytes& out) {
 
   // rANS encodes backwards; the output grows downward from the end of a scratch buffer, one
   // 16-bit word at most per symbol, plus a word of room for the branch-free store.
-  thread_local std::vector<std::uint16_t> buf;
   if (buf.size() < in.size() + 16) buf.resize(in.size() + 16);
   std::uint16_t* const end = buf.data() + buf.size();
   std::uint16_t* ptr = end;

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <set>
 
 #include "deltacast/codec/hash.h"
@@ -35,7 +36,8 @@ Status run_chunks(Executor& executor, std::size_t count, const std::function<Sta
 }  // namespace
 
 Result<EncodedVersion> encode_version(const ModelLayout& layout, std::uint64_t version, std::uint64_t base_version,
-                                      ByteSpan base, ByteSpan next, const VersionEncodeOptions& options, Executor& executor) {
+                                      ByteSpan base, ByteSpan next, const VersionEncodeOptions& options, Executor& executor,
+                                      ChunkEncoderPool* encoders) {
   const bool delta = !base.empty();
   if (next.size() != layout.image_size) return Status::invalid_argument("image size does not match the layout");
   if (delta && base.size() != next.size()) return Status::invalid_argument("base and new images differ in size");
@@ -55,14 +57,17 @@ Result<EncodedVersion> encode_version(const ModelLayout& layout, std::uint64_t v
   ev.payloads.resize(ranges.size());
   std::vector<ChunkStats> stats(ranges.size());
   std::atomic<std::uint64_t> done{0};
+  std::optional<ChunkEncoderPool> own_encoders;
+  if (!encoders) encoders = &own_encoders.emplace();
 
   Status st = run_chunks(executor, ranges.size(), [&](std::size_t i) -> Status {
     const auto [off, len] = ranges[i];
     const auto segs = segments_for_range(layout.tensors, off, len);
     ByteSpan nb = next.subspan(off, len);
     ChunkHashes h;
-    Result<Bytes> payload = delta ? encode_delta_chunk(segs, base.subspan(off, len), nb, options.chunk, &stats[i], &h)
-                                  : encode_anchor_chunk(segs, nb, options.chunk, &stats[i]);
+    const auto encoder = encoders->acquire();
+    Result<Bytes> payload = delta ? encoder->encode_delta(segs, base.subspan(off, len), nb, options.chunk, &stats[i], &h)
+                                  : encoder->encode_anchor(segs, nb, options.chunk, &stats[i]);
     if (!payload.is_ok()) return payload.status().with_context(chunk_label(i));
     ChunkEntry& c = m.chunks[i];
     c.offset = off;
@@ -105,7 +110,7 @@ Status verify_payload(const Manifest& manifest, std::size_t index, ByteSpan payl
 // Decodes a chunk whose payload verified, checking the base bytes (deltas, unless
 // `base_checked`) before anything is written and the reconstructed bytes after.
 Status apply_chunk(const Manifest& manifest, std::size_t index, ByteSpan payload, ByteSpan base_range, MutableByteSpan out_range,
-                   bool base_checked) {
+                   bool base_checked, ChunkDecoder& decoder) {
   const ChunkEntry& c = manifest.chunks[index];
   const bool delta = manifest.kind == VersionKind::kDelta;
   if (delta && base_range.size() != c.length) return Status::invalid_argument("base range has the wrong size");
@@ -115,24 +120,24 @@ Status apply_chunk(const Manifest& manifest, std::size_t index, ByteSpan payload
   ChunkHashes expect;
   if (delta && !base_checked) expect.base = c.base_hash;
   expect.content = c.content_hash;
-  Status st = decode_chunk(payload, segs, base_range, out_range, &expect);
+  Status st = decoder.decode(payload, segs, base_range, out_range, &expect);
   return is_base_mismatch(st) ? base_mismatch(manifest.base_version) : st;
 }
 
 }  // namespace
 
 Status decode_chunk_verified(const Manifest& manifest, std::size_t index, ByteSpan payload, ByteSpan base_range,
-                             MutableByteSpan out_range) {
+                             MutableByteSpan out_range, ChunkDecoder& decoder) {
   if (index >= manifest.chunks.size()) return Status::invalid_argument(chunk_label(index) + ": no such chunk");
   if (out_range.size() != manifest.chunks[index].length)
     return Status::invalid_argument(chunk_label(index) + ": output range has the wrong size");
   Status st = verify_payload(manifest, index, payload);
-  if (st.is_ok()) st = apply_chunk(manifest, index, payload, base_range, out_range, false);
+  if (st.is_ok()) st = apply_chunk(manifest, index, payload, base_range, out_range, false, decoder);
   return st.is_ok() ? st : st.with_context(chunk_label(index));
 }
 
 Status decode_version(const Manifest& manifest, std::span<const ByteSpan> payloads, ByteSpan base, MutableByteSpan out,
-                      Executor& executor, const ProgressFn& progress) {
+                      Executor& executor, const ProgressFn& progress, ChunkDecoderPool* decoders) {
   if (payloads.size() != manifest.chunks.size()) return Status::invalid_argument("payload count does not match the manifest");
   if (out.size() != manifest.image_size) return Status::invalid_argument("output image has the wrong size");
   const bool delta = manifest.kind == VersionKind::kDelta;
@@ -152,9 +157,12 @@ Status decode_version(const Manifest& manifest, std::span<const ByteSpan> payloa
     return st.is_ok() ? st : st.with_context(chunk_label(i));
   }));
   std::atomic<std::uint64_t> done{0};
+  std::optional<ChunkDecoderPool> own_decoders;
+  if (!decoders) decoders = &own_decoders.emplace();
   DC_RETURN_IF_ERROR(run_chunks(executor, manifest.chunks.size(), [&](std::size_t i) -> Status {
     const ChunkEntry& c = manifest.chunks[i];
-    if (Status st = apply_chunk(manifest, i, payloads[i], base_of(c), out.subspan(c.offset, c.length), in_place); !st.is_ok())
+    const auto decoder = decoders->acquire();
+    if (Status st = apply_chunk(manifest, i, payloads[i], base_of(c), out.subspan(c.offset, c.length), in_place, *decoder); !st.is_ok())
       return st.with_context(chunk_label(i));
     const std::uint64_t d = done.fetch_add(c.length) + c.length;
     if (progress) progress(d, manifest.image_size);

@@ -1201,6 +1201,7 @@ class Node::DecodeTask final : public Task {
   DecodeTask(Node& node, const Assembly& a, const SharedBytes& payload, std::uint32_t index)
       : node_(&node), alive_(node.alive_), generation_(a.generation), index_(index) {
     if (node.config_.virtual_payloads) return;  // the time it takes is all there is to it
+    decoders_ = node.decoders_;
     payload_ = payload;
     manifest_ = a.manifest;
     base_ = a.base;
@@ -1210,7 +1211,9 @@ class Node::DecodeTask final : public Task {
     if (!staging_) return;
     const ChunkEntry& e = manifest_->chunks[index_];
     ByteSpan b = base_ ? ByteSpan(base_->image).subspan(e.offset, e.length) : ByteSpan();
-    status_ = decode_chunk_verified(*manifest_, index_, *payload_, b, MutableByteSpan(staging_->image).subspan(e.offset, e.length));
+    const auto decoder = decoders_->acquire();
+    status_ = decode_chunk_verified(*manifest_, index_, *payload_, b, MutableByteSpan(staging_->image).subspan(e.offset, e.length),
+                                    *decoder);
   }
   void done() override {
     if (*alive_) node_->on_decoded(generation_, index_, status_);
@@ -1221,6 +1224,7 @@ class Node::DecodeTask final : public Task {
   std::shared_ptr<bool> alive_;
   std::uint64_t generation_;
   std::uint32_t index_;
+  std::shared_ptr<ChunkDecoderPool> decoders_;
   SharedBytes payload_;
   std::shared_ptr<const Manifest> manifest_;
   std::shared_ptr<const ModelVersion> base_;

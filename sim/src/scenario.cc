@@ -303,6 +303,13 @@ double quantile(std::vector<double> v, double q) {
 
 // ---- running ----------------------------------------------------------------------------------
 
+struct EncodedVersionCache::Series {
+  std::tuple<std::uint64_t, std::uint32_t, std::uint32_t> key;  // real_bytes, chunks, last version
+  Versions versions;
+};
+EncodedVersionCache::EncodedVersionCache() = default;
+EncodedVersionCache::~EncodedVersionCache() = default;
+
 Result<Report> run_scenario(const Scenario& sc, const RunOptions& o) {
   const auto wall0 = std::chrono::steady_clock::now();
   Report rep;
@@ -315,17 +322,14 @@ Result<Report> run_scenario(const Scenario& sc, const RunOptions& o) {
   if (sc.model.real_bytes > 0 && !o.compressed)
     return Status::invalid_argument("uncompressed runs need virtual payloads: drop model.real_bytes (real payloads are encoded for real)");
   if (sc.model.real_bytes > 0) {
-    // The model's bytes do not depend on the run's seed: runs of one scenario over many seeds
-    // (fault tests) encode it once. One series is kept.
-    static std::tuple<std::uint64_t, std::uint32_t, std::uint32_t> cached_key;
-    static std::optional<Versions> cached;
     const auto key = std::make_tuple(sc.model.real_bytes, sc.model.chunks, last);
-    if (!cached || cached_key != key) {
+    EncodedVersionCache own;
+    EncodedVersionCache& cache = o.encoded ? *o.encoded : own;
+    if (!cache.series || cache.series->key != key) {
       DC_ASSIGN_OR_RETURN(Versions fresh, real_versions(sc.model, last, /*seed=*/1));
-      cached = std::move(fresh);
-      cached_key = key;
+      cache.series = std::make_unique<EncodedVersionCache::Series>(EncodedVersionCache::Series{key, std::move(fresh)});
     }
-    vs = *cached;
+    vs = cache.series->versions;
   } else {
     const double image = sc.model.parameters * 2;
     vs = make_virtual_versions(sc.model, last, o.compressed ? sc.model.delta_fraction * image : image,

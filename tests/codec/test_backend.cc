@@ -5,7 +5,9 @@
 
 using namespace deltacast;
 
-TEST_CASE("write_stream keeps the smallest backend and read_stream reverses it", "[codec][backend]") {
+TEST_CASE("a stream encoder keeps the smallest backend and read_stream reverses it", "[codec][backend]") {
+  StreamEncoder encoder;
+  StreamDecoder decoder;
   const std::vector<BackendChoice> all = {{Backend::kRaw, 0}, {Backend::kZstd, 1}, {Backend::kZstd, 3}, {Backend::kRans, 0}};
   Bytes random = test::random_bytes(5000, 1);
   Bytes repetitive;
@@ -15,7 +17,7 @@ TEST_CASE("write_stream keeps the smallest backend and read_stream reverses it",
   for (auto& b : skewed) b = (rng() % 16 == 0) ? static_cast<std::uint8_t>(rng() % 4) : 0;
   for (const Bytes* in : {&random, &repetitive, &skewed}) {
     Bytes out;
-    StreamReport rep = write_stream(*in, all, out);
+    StreamReport rep = encoder.write(*in, all, out);
     CHECK(rep.raw_bytes == in->size());
     CHECK(rep.encoded_bytes <= in->size());
     ByteReader r(out);
@@ -24,18 +26,19 @@ TEST_CASE("write_stream keeps the smallest backend and read_stream reverses it",
     CHECK(r.remaining() == 0);
     CHECK(ref->choice == rep.choice);
     Bytes dec(ref->raw_bytes);
-    REQUIRE(decode_stream(*ref, dec).is_ok());
+    REQUIRE(decoder.decode(*ref, dec).is_ok());
     CHECK(dec == *in);
   }
   Bytes out;
-  CHECK(write_stream(random, all, out).choice.backend == Backend::kRaw);
+  CHECK(encoder.write(random, all, out).choice.backend == Backend::kRaw);
   out.clear();
-  CHECK(write_stream(repetitive, all, out).choice.backend == Backend::kZstd);
+  CHECK(encoder.write(repetitive, all, out).choice.backend == Backend::kZstd);
 }
 
 TEST_CASE("read_stream bounds what a stream may claim", "[codec][backend]") {
+  StreamEncoder encoder;
   Bytes in(1000, 7), out;
-  write_stream(in, {{Backend::kZstd, 3}}, out);
+  encoder.write(in, {{Backend::kZstd, 3}}, out);
   ByteReader r(out);
   CHECK(read_stream(r, 999).status().code() == StatusCode::kCorruption);
   Bytes bad = out;

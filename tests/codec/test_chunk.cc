@@ -22,12 +22,14 @@ void check_delta(const std::vector<Segment>& segs, const Bytes& base, const Byte
   const std::vector<std::vector<ChunkKind>> encodings = {{ChunkKind::kDeltaV1}, {ChunkKind::kDeltaV2}, {ChunkKind::kDeltaV1, ChunkKind::kDeltaV2}};
   std::vector<Bytes> v2_payloads;
   for (int level = kScanLevelMax; level >= 0; --level) {
-    cap_scan_level(level);
+    ChunkEncoder encoder;
+    ChunkDecoder decoder(ChunkDecodeOptions{.scan_level = level});
     for (const auto& kinds : encodings) {
       ChunkEncodeOptions opt = kOptions;
       opt.delta_kinds = kinds;
+      opt.scan_level = level;
       ChunkStats st;
-      auto payload = encode_delta_chunk(segs, base, next, opt, &st);
+      auto payload = encoder.encode_delta(segs, base, next, opt, &st);
       REQUIRE(payload.is_ok());
       CHECK((*payload)[0] == static_cast<std::uint8_t>(kinds.size() == 1 ? kinds[0] : (st.v2_chunks ? ChunkKind::kDeltaV2 : ChunkKind::kDeltaV1)));
       if (kinds.size() == 1 && kinds[0] == ChunkKind::kDeltaV2) {
@@ -35,47 +37,47 @@ void check_delta(const std::vector<Segment>& segs, const Bytes& base, const Byte
         if (stats && level == kScanLevelMax) *stats = st;
       }
       Bytes out(next.size(), 0xcd);
-      REQUIRE(decode_chunk(*payload, segs, base, out).is_ok());
+      REQUIRE(decoder.decode(*payload, segs, base, out).is_ok());
       CHECK(out == next);
       Bytes in_place = base;
-      REQUIRE(decode_chunk(*payload, segs, in_place, in_place).is_ok());
+      REQUIRE(decoder.decode(*payload, segs, in_place, in_place).is_ok());
       CHECK(in_place == next);
       // With the hashes checked on the way: the right ones pass, in place or not; a wrong base
       // hash is a mismatch before anything is written; a wrong content hash is corruption.
       const ChunkHashes right{hash64(base), hash64(next)};
       std::fill(out.begin(), out.end(), 0xcd);
-      REQUIRE(decode_chunk(*payload, segs, base, out, &right).is_ok());
+      REQUIRE(decoder.decode(*payload, segs, base, out, &right).is_ok());
       CHECK(out == next);
       in_place = base;
-      REQUIRE(decode_chunk(*payload, segs, in_place, in_place, &right).is_ok());
+      REQUIRE(decoder.decode(*payload, segs, in_place, in_place, &right).is_ok());
       CHECK(in_place == next);
       const ChunkHashes wrong_base{*right.base ^ 1, right.content};
       std::fill(out.begin(), out.end(), 0xcd);
-      CHECK(is_base_mismatch(decode_chunk(*payload, segs, base, out, &wrong_base)));
+      CHECK(is_base_mismatch(decoder.decode(*payload, segs, base, out, &wrong_base)));
       CHECK(std::all_of(out.begin(), out.end(), [](std::uint8_t b) { return b == 0xcd; }));
       in_place = base;
-      CHECK(decode_chunk(*payload, segs, in_place, in_place, &wrong_base).code() == StatusCode::kMismatch);
+      CHECK(decoder.decode(*payload, segs, in_place, in_place, &wrong_base).code() == StatusCode::kMismatch);
       CHECK(in_place == base);
       const ChunkHashes wrong_content{right.base, *right.content ^ 1};
-      CHECK(decode_chunk(*payload, segs, base, out, &wrong_content).code() == StatusCode::kCorruption);
+      CHECK(decoder.decode(*payload, segs, base, out, &wrong_content).code() == StatusCode::kCorruption);
     }
   }
-  cap_scan_level(kScanLevelMax);
   REQUIRE(v2_payloads.size() == kScanLevelMax + 1);
   for (const auto& p : v2_payloads) CHECK(p == v2_payloads[0]);  // the scans agree
 }
 
 void check_anchor(const std::vector<Segment>& segs, const Bytes& next) {
-  auto payload = encode_anchor_chunk(segs, next, kOptions);
+  auto payload = ChunkEncoder().encode_anchor(segs, next, kOptions);
+  ChunkDecoder decoder;
   REQUIRE(payload.is_ok());
   Bytes out(next.size(), 0xcd);
-  REQUIRE(decode_chunk(*payload, segs, {}, out).is_ok());
+  REQUIRE(decoder.decode(*payload, segs, {}, out).is_ok());
   CHECK(out == next);
   const ChunkHashes right{std::nullopt, hash64(next)}, wrong{std::nullopt, hash64(next) ^ 1};
   std::fill(out.begin(), out.end(), 0xcd);
-  REQUIRE(decode_chunk(*payload, segs, {}, out, &right).is_ok());
+  REQUIRE(decoder.decode(*payload, segs, {}, out, &right).is_ok());
   CHECK(out == next);
-  CHECK(decode_chunk(*payload, segs, {}, out, &wrong).code() == StatusCode::kCorruption);
+  CHECK(decoder.decode(*payload, segs, {}, out, &wrong).code() == StatusCode::kCorruption);
 }
 
 }  // namespace
@@ -198,23 +200,23 @@ TEST_CASE("mixed chunks follow the tensor table", "[codec][chunk]") {
 TEST_CASE("decode_chunk refuses inconsistent requests", "[codec][chunk]") {
   Bytes base = test::random_bytes(200, 1), next = test::random_bytes(200, 2);
   auto segs = bf16_segment(200);
-  auto payload = encode_delta_chunk(segs, base, next, kOptions);
+  auto payload = ChunkEncoder().encode_delta(segs, base, next, kOptions);
   REQUIRE(payload.is_ok());
   Bytes out(200, 0xee);
   const Bytes untouched = out;
-  CHECK(decode_chunk(*payload, segs, base, MutableByteSpan(out.data(), 198)).code() == StatusCode::kMismatch);
-  CHECK(decode_chunk(*payload, bf16_segment(100), base, out).code() == StatusCode::kMismatch);
+  CHECK(ChunkDecoder().decode(*payload, segs, base, MutableByteSpan(out.data(), 198)).code() == StatusCode::kMismatch);
+  CHECK(ChunkDecoder().decode(*payload, bf16_segment(100), base, out).code() == StatusCode::kMismatch);
   std::vector<Segment> wrong = {{SegmentClass::kGeneric, 2, 200}};
-  const Status wrong_segments = decode_chunk(*payload, wrong, base, out);
+  const Status wrong_segments = ChunkDecoder().decode(*payload, wrong, base, out);
   CHECK(wrong_segments.code() == StatusCode::kMismatch);
   CHECK_FALSE(is_base_mismatch(wrong_segments));  // a mismatch, but not of the base
-  CHECK(decode_chunk(*payload, segs, ByteSpan(base.data(), 100), out).code() == StatusCode::kInvalidArgument);
+  CHECK(ChunkDecoder().decode(*payload, segs, ByteSpan(base.data(), 100), out).code() == StatusCode::kInvalidArgument);
   // Overlapping but not identical base and output.
   Bytes big(400);
-  CHECK(decode_chunk(*payload, segs, ByteSpan(big.data(), 200), MutableByteSpan(big.data() + 2, 200)).code() == StatusCode::kInvalidArgument);
+  CHECK(ChunkDecoder().decode(*payload, segs, ByteSpan(big.data(), 200), MutableByteSpan(big.data() + 2, 200)).code() == StatusCode::kInvalidArgument);
   CHECK(out == untouched);
-  CHECK_FALSE(encode_delta_chunk(segs, base, ByteSpan(next.data(), 100), kOptions).is_ok());
-  CHECK_FALSE(encode_anchor_chunk(bf16_segment(100), next, kOptions).is_ok());
+  CHECK_FALSE(ChunkEncoder().encode_delta(segs, base, ByteSpan(next.data(), 100), kOptions).is_ok());
+  CHECK_FALSE(ChunkEncoder().encode_anchor(bf16_segment(100), next, kOptions).is_ok());
 }
 
 TEST_CASE("chunk planning cuts on element boundaries and covers the image", "[codec][chunk]") {
@@ -258,7 +260,7 @@ struct TrainingStep {
 Bytes encode_as(const std::vector<Segment>& segs, const Bytes& base, const Bytes& next, ChunkKind kind) {
   ChunkEncodeOptions opt = kOptions;
   opt.delta_kinds = {kind};
-  auto p = encode_delta_chunk(segs, base, next, opt);
+  auto p = ChunkEncoder().encode_delta(segs, base, next, opt);
   REQUIRE(p.is_ok());
   return *p;
 }
@@ -275,7 +277,7 @@ TEST_CASE("v2 codes a training step in fewer bytes than v1, bit-exactly", "[code
   // The default picks the smaller.
   ChunkEncodeOptions both = kOptions;
   both.delta_kinds = {ChunkKind::kDeltaV1, ChunkKind::kDeltaV2};
-  auto best = encode_delta_chunk(segs, s.base, s.next, both);
+  auto best = ChunkEncoder().encode_delta(segs, s.base, s.next, both);
   REQUIRE(best.is_ok());
   CHECK(*best == v2);
 }
@@ -288,7 +290,7 @@ TEST_CASE("corrupt v2 payloads are refused or left to the content hash, never cr
   // Every truncation is refused, and nothing is written.
   for (std::size_t len = 0; len < good.size(); len += 1 + len / 64) {
     std::fill(out.begin(), out.end(), 0xab);
-    CHECK_FALSE(decode_chunk(ByteSpan(good.data(), len), segs, s.base, out).is_ok());
+    CHECK_FALSE(ChunkDecoder().decode(ByteSpan(good.data(), len), segs, s.base, out).is_ok());
     CHECK(std::all_of(out.begin(), out.end(), [](std::uint8_t b) { return b == 0xab; }));
   }
   // Flipped bits: never a crash. Many are refused by the structure alone; with the content
@@ -301,8 +303,8 @@ TEST_CASE("corrupt v2 payloads are refused or left to the content hash, never cr
   for (int t = 0; t < 2000; ++t) {
     Bytes bad = good;
     bad[rng() % bad.size()] ^= static_cast<std::uint8_t>(1u << (rng() % 8));
-    if (!decode_chunk(bad, segs, s.base, out).is_ok()) refused_by_structure++;
-    if (!decode_chunk(bad, segs, s.base, out, &expect).is_ok()) {
+    if (!ChunkDecoder().decode(bad, segs, s.base, out).is_ok()) refused_by_structure++;
+    if (!ChunkDecoder().decode(bad, segs, s.base, out, &expect).is_ok()) {
       refused++;
     } else {
       CHECK(out == s.next);
@@ -312,4 +314,58 @@ TEST_CASE("corrupt v2 payloads are refused or left to the content hash, never cr
   CHECK(refused_by_structure > 500);
   CHECK(harmless < 50);
   CHECK(refused + harmless == 2000);
+}
+
+TEST_CASE("encoders and decoders keep their memory within the stated bounds, and reuse it", "[codec][chunk][memory]") {
+  // The worst chunk for memory: every BF16 value flipped (v1 writes an exception for each) or
+  // moved by a single ulp (v2's densest).
+  constexpr std::size_t kBytes = 4u << 20, kValues = kBytes / 2;
+  const auto segs = bf16_segment(kBytes);
+  const Bytes base = test::random_bytes(kBytes, 11);
+  Bytes far = base, near = base;
+  for (std::size_t i = 0; i < kValues; ++i) {
+    store_u16(far.data() + 2 * i, static_cast<std::uint16_t>(load_u16(base.data() + 2 * i) ^ 0x8000));
+    store_u16(near.data() + 2 * i, static_cast<std::uint16_t>(load_u16(base.data() + 2 * i) + 1));
+  }
+  constexpr std::size_t kZstdBytesMax = 2u << 20;  // a level-3 context for 4 MiB inputs takes about 1.3 MiB
+  Bytes out(kBytes);
+  // The stated bounds (chunk.h): encoders 6.4L with v1 deltas, 20L with v2 tried too; decoders 3L.
+  for (const auto& [opt, bound] : {std::pair{kOptions, 6.5}, std::pair{ChunkEncodeOptions::smallest(), 20.5}}) {
+    ChunkEncoder encoder;
+    ChunkDecoder decoder;
+    std::size_t encoder_after_first = 0, decoder_after_first = 0;
+    for (int round = 0; round < 2; ++round) {
+      for (const Bytes* next : {&far, &near}) {
+        auto payload = encoder.encode_delta(segs, base, *next, opt);
+        REQUIRE(payload.is_ok());
+        CHECK(static_cast<double>(encoder.scratch_bytes()) <= bound * kBytes + kZstdBytesMax);
+        REQUIRE(decoder.decode(*payload, segs, base, out).is_ok());
+        CHECK(out == *next);
+        CHECK(decoder.scratch_bytes() <= 3 * kBytes + 72 + kZstdBytesMax / 8);
+      }
+      auto anchor = encoder.encode_anchor(segs, far, opt);
+      REQUIRE(anchor.is_ok());
+      CHECK(static_cast<double>(encoder.scratch_bytes()) <= bound * kBytes + kBytes + kZstdBytesMax);
+      REQUIRE(decoder.decode(*anchor, segs, {}, out).is_ok());
+      CHECK(out == far);
+      if (round == 0) {
+        encoder_after_first = encoder.scratch_bytes();
+        decoder_after_first = decoder.scratch_bytes();
+        CHECK(encoder_after_first > 2 * kBytes);  // the buffers are kept...
+      } else {
+        CHECK(encoder.scratch_bytes() == encoder_after_first);  // ...and reused, not grown
+        CHECK(decoder.scratch_bytes() == decoder_after_first);
+      }
+    }
+  }
+
+  // Above its bound a context frees its working memory after the call.
+  ChunkEncoder small_encoder(1u << 20);
+  ChunkDecoder small_decoder(ChunkDecodeOptions{.scratch_bytes_max = 1u << 20});
+  auto payload = small_encoder.encode_delta(segs, base, far, kOptions);
+  REQUIRE(payload.is_ok());
+  CHECK(small_encoder.scratch_bytes() <= 1u << 20);
+  REQUIRE(small_decoder.decode(*payload, segs, base, out).is_ok());
+  CHECK(out == far);
+  CHECK(small_decoder.scratch_bytes() <= 1u << 20);
 }

@@ -86,7 +86,7 @@ TEST_CASE("the chunk decoder alone survives corrupt payloads", "[codec][corrupti
   Bytes base = test::random_bytes(4096, 3), next = base;
   for (std::size_t i = 0; i < next.size(); i += 41) next[i] ^= 1;
   std::vector<Segment> segs = {{SegmentClass::kBF16, 2, 2048}, {SegmentClass::kGeneric, 4, 2048}};
-  auto payload = encode_delta_chunk(segs, base, next, ChunkEncodeOptions::defaults());
+  auto payload = ChunkEncoder().encode_delta(segs, base, next, ChunkEncodeOptions::defaults());
   REQUIRE(payload.is_ok());
   Bytes guard(4096 + 64, 0x77);
   MutableByteSpan out(guard.data() + 32, 4096);
@@ -94,10 +94,10 @@ TEST_CASE("the chunk decoder alone survives corrupt payloads", "[codec][corrupti
   for (std::size_t i = 0; i < payload->size(); ++i) {
     Bytes bad = *payload;
     bad[i] ^= 0x40;
-    rejected += !decode_chunk(bad, {}, base, out).is_ok();
+    rejected += !ChunkDecoder().decode(bad, {}, base, out).is_ok();
     for (std::size_t k = 0; k < 32; ++k) REQUIRE((guard[k] == 0x77 && guard[guard.size() - 1 - k] == 0x77));
   }
   CHECK(rejected > static_cast<int>(payload->size() / 4));
   for (std::size_t len = 0; len < payload->size(); ++len)
-    CHECK_FALSE(decode_chunk(ByteSpan(payload->data(), len), {}, base, out).is_ok());
+    CHECK_FALSE(ChunkDecoder().decode(ByteSpan(payload->data(), len), {}, base, out).is_ok());
 }

@@ -120,7 +120,9 @@ TEST_CASE("a delta applied to the wrong base is refused as a mismatch", "[codec]
   while (d->manifest.chunks[bad_chunk].offset + d->manifest.chunks[bad_chunk].length <= wrong_base.size() / 2) bad_chunk++;
   const ChunkEntry& c = d->manifest.chunks[bad_chunk];
   Bytes chunk_out(c.length);
-  st = decode_chunk_verified(d->manifest, bad_chunk, payloads[bad_chunk], ByteSpan(wrong_base).subspan(c.offset, c.length), chunk_out);
+  ChunkDecoder decoder;
+  st = decode_chunk_verified(d->manifest, bad_chunk, payloads[bad_chunk], ByteSpan(wrong_base).subspan(c.offset, c.length), chunk_out,
+                             decoder);
   CHECK(st.code() == StatusCode::kMismatch);
   CHECK(st.message().find("version 1") != std::string::npos);
   // Payloads in the wrong slots: each is caught by its hash.
@@ -274,7 +276,7 @@ TEST_CASE("50000 one-element tensors of mixed dtypes round trip bit-exactly", "[
         const auto segs = segments_for_range(m.tensors, c.offset, c.length);
         CHECK(segs == expect[i]);
         segments += segs.size();
-        auto described = describe_chunk(ev->payloads[i]);
+        auto described = ChunkDecoder().describe(ev->payloads[i]);
         REQUIRE(described.is_ok());
         std::uint64_t bf16 = 0;
         for (const auto& s : segs)
@@ -401,6 +403,6 @@ TEST_CASE("no chunk holds more segments than a decoder accepts", "[codec][versio
   // Nor does the encoder write one, whatever it is given.
   const std::vector<Segment> too_many(kSegmentsMax + 1, Segment{SegmentClass::kGeneric, 1, 1});
   const Bytes next(too_many.size());
-  CHECK(encode_anchor_chunk(too_many, next, ChunkEncodeOptions::defaults()).status().code() == StatusCode::kInvalidArgument);
-  CHECK(encode_delta_chunk(too_many, next, next, ChunkEncodeOptions::defaults()).status().code() == StatusCode::kInvalidArgument);
+  CHECK(ChunkEncoder().encode_anchor(too_many, next, ChunkEncodeOptions::defaults()).status().code() == StatusCode::kInvalidArgument);
+  CHECK(ChunkEncoder().encode_delta(too_many, next, next, ChunkEncodeOptions::defaults()).status().code() == StatusCode::kInvalidArgument);
 }

@@ -17,12 +17,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   MutableByteSpan target(out.data() + 16, bytes);
   if (in_place) {
     std::copy(base.begin(), base.end(), target.begin());
-    (void)decode_chunk(payload, {}, target, target);
+    (void)ChunkDecoder().decode(payload, {}, target, target);
   } else {
-    (void)decode_chunk(payload, {}, base, target);
+    (void)ChunkDecoder().decode(payload, {}, base, target);
   }
   for (std::size_t k = 0; k < 16; ++k)
     if (out[k] != 0x5c || out[out.size() - 1 - k] != 0x5c) __builtin_trap();
-  (void)describe_chunk(payload);
+  (void)ChunkDecoder().describe(payload);
   return 0;
 }

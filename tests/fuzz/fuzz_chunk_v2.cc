@@ -35,9 +35,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   ByteSpan rest(data + 3, size - 3);
   if ((data[0] & 1) == 0) {
     std::vector<std::uint8_t> out(2 * n + 32, 0x5c);
-    cap_scan_level((data[0] >> 1) % (kScanLevelMax + 1));
-    (void)decode_chunk(rest, segs, base_bytes, MutableByteSpan(out.data() + 16, 2 * n));
-    cap_scan_level(kScanLevelMax);
+    ChunkDecoder decoder(ChunkDecodeOptions{.scan_level = (data[0] >> 1) % (kScanLevelMax + 1)});
+    (void)decoder.decode(rest, segs, base_bytes, MutableByteSpan(out.data() + 16, 2 * n));
     for (std::size_t k = 0; k < 16; ++k)
       if (out[k] != 0x5c || out[out.size() - 1 - k] != 0x5c) __builtin_trap();
     return 0;
@@ -58,11 +57,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   opt.delta_kinds = {ChunkKind::kDeltaV2};
   std::vector<std::uint8_t> payloads[kScanLevelMax + 1];
   for (int level = 0; level <= kScanLevelMax; ++level) {
-    cap_scan_level(level);
-    auto payload = encode_delta_chunk(segs, base_bytes, next_bytes, opt);
+    opt.scan_level = level;
+    auto payload = ChunkEncoder().encode_delta(segs, base_bytes, next_bytes, opt);
     if (!payload.is_ok()) __builtin_trap();
     std::vector<std::uint16_t> out(n);
-    if (!decode_chunk(*payload, segs, base_bytes, MutableByteSpan(reinterpret_cast<std::uint8_t*>(out.data()), 2 * n)).is_ok()) __builtin_trap();
+    if (!ChunkDecoder(ChunkDecodeOptions{.scan_level = level}).decode(*payload, segs, base_bytes, MutableByteSpan(reinterpret_cast<std::uint8_t*>(out.data()), 2 * n)).is_ok()) __builtin_trap();
     if (out != next) __builtin_trap();
     payloads[level] = std::move(*payload);
   }

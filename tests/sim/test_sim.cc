@@ -97,6 +97,7 @@ TEST_CASE("fault scenarios keep the invariants across 200 seeds", "[sim][faults]
   const std::string model = R"({"real_bytes": 1048576, "chunks": 16})";
   const std::string run = R"({"versions": 4, "step_period_s": 1.5, "settle_s": 60})";
   std::size_t runs = 0;
+  EncodedVersionCache encoded;  // one model for every run
   for (std::uint64_t seed = 1; seed <= 200; ++seed) {
     // Fault times vary with the seed, within the first versions' transfers.
     const double at = 1.0 + static_cast<double>(seed % 50) / 1000;
@@ -111,6 +112,7 @@ TEST_CASE("fault scenarios keep the invariants across 200 seeds", "[sim][faults]
       const Scenario sc = parse(scenario_json(model, run, faults[k], k == 3 ? R"(, "loss": 0.002, "jitter_ms": 3, "bandwidth": "50Mbit")" : R"(, "bandwidth": "50Mbit")"));
       RunOptions o;
       o.seed = seed;
+      o.encoded = &encoded;
       auto r = run_scenario(sc, o);
       REQUIRE(r.is_ok());
       runs++;

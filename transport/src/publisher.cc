@@ -64,7 +64,7 @@ Status Publisher::publish_encoded(Result<EncodedVersion> ev) {
 Status Publisher::publish_anchor() {
   // Any anchor published answers the requests made before it.
   anchor_wanted_ = false;
-  return publish_encoded(encode_version(prev_->layout, version_, 0, {}, prev_->image, options_.encode, pool_));
+  return publish_encoded(encode_version(prev_->layout, version_, 0, {}, prev_->image, options_.encode, pool_, &encoders_));
 }
 
 Result<std::uint64_t> Publisher::publish(Checkpoint next) {
@@ -75,9 +75,9 @@ Result<std::uint64_t> Publisher::publish(Checkpoint next) {
   if (!same_layout) {
     // The first checkpoint, or the model changed shape: a new chain starts with an anchor.
     anchor_wanted_ = false;
-    st = publish_encoded(encode_version(next.layout, version, 0, {}, next.image, options_.encode, pool_));
+    st = publish_encoded(encode_version(next.layout, version, 0, {}, next.image, options_.encode, pool_, &encoders_));
   } else {
-    st = publish_encoded(encode_version(next.layout, version, version - 1, prev_->image, next.image, options_.encode, pool_));
+    st = publish_encoded(encode_version(next.layout, version, version - 1, prev_->image, next.image, options_.encode, pool_, &encoders_));
   }
   if (!st.is_ok()) return st;
   version_ = version;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <array>
+#include <memory>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -43,6 +44,14 @@ inline constexpr std::uint64_t kChunkBytesMax = std::uint64_t{1} << 31;
 // before it holds more.
 inline constexpr std::uint64_t kSegmentsMax = std::uint64_t{1} << 20;
 
+// The v2 BF16 scans come at three levels: 0 portable (SSE2), 1 with AVX-512BW, POPCNT and
+// BMI2, 2 adding AVX-512 VBMI, VPOPCNTDQ and GFNI. Every level reads and writes the same bytes;
+// an encoder or decoder uses the highest the CPU has, or a lower one it is asked for.
+inline constexpr int kScanLevelBest = -1;
+inline constexpr int kScanLevelMax = 2;
+// The level a request for `wanted` gets on this CPU (kScanLevelBest: the highest it has).
+int scan_level_for(int wanted);
+
 struct ChunkEncodeOptions {
   std::vector<BackendChoice> delta_backends;   // tried for every delta stream
   std::vector<BackendChoice> anchor_backends;  // tried for every anchor stream
@@ -50,6 +59,9 @@ struct ChunkEncodeOptions {
   // smaller at lr 1e-6 but its decoder is still slower than v1's (docs/BENCHMARKS.md), and a
   // worker applying a large model is bound by decoding, so v1 alone is the default for now.
   std::vector<ChunkKind> delta_kinds = {ChunkKind::kDeltaV1};
+  // The v2 scan kernels to use (kScanLevelBest: the highest the CPU has); every level writes
+  // the same bytes.
+  int scan_level = kScanLevelBest;
   static ChunkEncodeOptions defaults();
   // Both delta encodings and higher zstd levels (up to -19) on every stream: smallest output,
   // much slower to encode.
@@ -58,12 +70,12 @@ struct ChunkEncodeOptions {
   static ChunkEncodeOptions smallest();
 };
 
-// What a chunk holds; filled by the encoder, and by describe_chunk for an existing payload.
+// What a chunk holds; filled by the encoder, and by ChunkDecoder::describe for an existing payload.
 struct ChunkStats {
   std::uint64_t bf16_values = 0;
   std::uint64_t changed_values = 0;    // BF16 values that differ from the base
   std::uint64_t small_deltas = 0;      // of those, coded as a same-sign integer step of at most 127
-  std::uint64_t unit_deltas = 0;       // of those, exactly one ulp up or down (describe_chunk: v1 chunks only)
+  std::uint64_t unit_deltas = 0;       // of those, exactly one ulp up or down (describe: v1 chunks only)
   std::uint64_t exceptions = 0;        // sign flips and larger exponent moves, coded whole
   std::uint64_t generic_bytes = 0;
   std::uint64_t generic_changed_bytes = 0;
@@ -83,42 +95,92 @@ struct ChunkHashes {
   std::optional<std::uint64_t> content;
 };
 
-// Encodes a delta: `base` and `next` are the same range of two images, segments cover it.
-// `hashes`, when set, receives both ranges' hashes, computed as the encoder reads them.
-Result<Bytes> encode_delta_chunk(std::span<const Segment> segments, ByteSpan base, ByteSpan next,
-                                 const ChunkEncodeOptions& options, ChunkStats* stats = nullptr,
-                                 ChunkHashes* hashes = nullptr);
-// Encodes an anchor (full snapshot) of `next`.
-Result<Bytes> encode_anchor_chunk(std::span<const Segment> segments, ByteSpan next,
-                                  const ChunkEncodeOptions& options, ChunkStats* stats = nullptr);
+// What an encoder or decoder keeps between calls, at most: after a call that leaves it holding
+// more (an unusually large chunk), it frees its working memory.
+inline constexpr std::size_t kScratchBytesMaxDefault = std::size_t{256} << 20;
 
-// Decodes a chunk payload into `out`.
-// - Delta: `base` holds the base bytes of the range and has out's size; base and out may be the
-//   very same memory (in-place apply) but must not otherwise overlap.
-// - Anchor: `base` is ignored.
-// `expected_segments`, when not empty, must equal the payload's own segment list.
-// Everything is parsed and checked before the first byte of `out` is written; a payload that
-// passes those checks but is still wrong is caught by the content hash.
-// `expect`, when set, holds hashes to check as the decoder passes the bytes: `base`, of the
-// base range (deltas), before anything is written (base_mismatch()), and `content`, of the
-// decoded bytes, after (Corruption).
-Status decode_chunk(ByteSpan payload, std::span<const Segment> expected_segments, ByteSpan base,
-                    MutableByteSpan out, const ChunkHashes* expect = nullptr);
+// Encodes chunks. Owns its working memory: the buffers each section is built in, the v2
+// encoder's, and a StreamEncoder (a zstd context and the buffers backends are tried in). It
+// grows to what the largest chunk needed and is reused, so steady-state encoding allocates
+// nothing. For a chunk of L bytes whose every BF16 value changed (the worst case) it holds about
+// 6.4L with the default options (v1 deltas), 20L when v2 is tried too (v2 keeps 24 bytes per
+// change), plus the zstd context of the highest level tried: about 1.3 MiB at level 3 and
+// 8L at level 19 (max_effort) for 4 MiB chunks. Not thread-safe: one per thread
+// (encode_version leases one per task it runs at once).
+class ChunkEncoder {
+ public:
+  explicit ChunkEncoder(std::size_t scratch_bytes_max = kScratchBytesMaxDefault);
+  ~ChunkEncoder();
+  ChunkEncoder(ChunkEncoder&&) noexcept;
+  ChunkEncoder& operator=(ChunkEncoder&&) noexcept;
+
+  // Encodes a delta: `base` and `next` are the same range of two images, segments cover it.
+  // `hashes`, when set, receives both ranges' hashes, computed as the encoder reads them.
+  Result<Bytes> encode_delta(std::span<const Segment> segments, ByteSpan base, ByteSpan next, const ChunkEncodeOptions& options,
+                             ChunkStats* stats = nullptr, ChunkHashes* hashes = nullptr);
+  // Encodes an anchor (full snapshot) of `next`.
+  Result<Bytes> encode_anchor(std::span<const Segment> segments, ByteSpan next, const ChunkEncodeOptions& options,
+                              ChunkStats* stats = nullptr);
+  // The working memory held now.
+  std::size_t scratch_bytes() const;
+
+  struct State;  // opaque
+
+ private:
+  void trim();
+  std::size_t scratch_bytes_max_;
+  std::unique_ptr<State> s_;
+};
+
+struct ChunkDecodeOptions {
+  int scan_level = kScanLevelBest;
+  std::size_t scratch_bytes_max = kScratchBytesMaxDefault;
+};
+
+// Decodes chunks. Owns its working memory: every section's decoded streams (a chunk is checked
+// whole before anything is written), the v2 changes, a 16 KiB write tile and a StreamDecoder.
+// For a chunk of L bytes at most about 2L (a v1 BF16 delta whose every value changed to an
+// exception: 0.5L of positions, 0.5L of values, L of exceptions; v2 keeps 6 bytes per change,
+// 3L at most), plus 72 bytes per segment and the zstd context (about 160 KiB). Not thread-safe:
+// one per thread.
+class ChunkDecoder {
+ public:
+  explicit ChunkDecoder(ChunkDecodeOptions options = {});
+  ~ChunkDecoder();
+  ChunkDecoder(ChunkDecoder&&) noexcept;
+  ChunkDecoder& operator=(ChunkDecoder&&) noexcept;
+
+  // Decodes a chunk payload into `out`.
+  // - Delta: `base` holds the base bytes of the range and has out's size; base and out may be
+  //   the very same memory (in-place apply) but must not otherwise overlap.
+  // - Anchor: `base` is ignored.
+  // `expected_segments`, when not empty, must equal the payload's own segment list.
+  // Everything is parsed and checked before the first byte of `out` is written; a payload that
+  // passes those checks but is still wrong is caught by the content hash.
+  // `expect`, when set, holds hashes to check as the decoder passes the bytes: `base`, of the
+  // base range (deltas), before anything is written (base_mismatch()), and `content`, of the
+  // decoded bytes, after (Corruption).
+  Status decode(ByteSpan payload, std::span<const Segment> expected_segments, ByteSpan base, MutableByteSpan out,
+                const ChunkHashes* expect = nullptr);
+  // Parses and decodes a payload's streams without applying them, for reports.
+  Result<ChunkStats> describe(ByteSpan payload, ChunkKind* kind = nullptr);
+  // The working memory held now.
+  std::size_t scratch_bytes() const;
+
+  struct State;  // opaque
+
+ private:
+  Status decode_checked(ByteSpan payload, std::span<const Segment> expected_segments, ByteSpan base, MutableByteSpan out,
+                        const ChunkHashes* expect);
+  void trim();
+  ChunkDecodeOptions options_;
+  std::unique_ptr<State> s_;
+};
 
 // The Mismatch a delta gets against base bytes other than those it was made against, naming
 // that base's version when known; is_base_mismatch() recognises it.
 Status base_mismatch(std::optional<std::uint64_t> base_version = std::nullopt);
 bool is_base_mismatch(const Status& status);
-
-// Parses and decodes a payload's streams without applying them, for reports.
-Result<ChunkStats> describe_chunk(ByteSpan payload, ChunkKind* kind = nullptr);
-
-// The v2 BF16 scans come at three levels: 0 portable (SSE2), 1 with AVX-512BW, POPCNT and
-// BMI2, 2 adding AVX-512 VBMI, VPOPCNTDQ and GFNI. The highest the CPU has is used, up to a cap
-// that tests lower to compare them (the bytes are the same); scan_level() is the one in use.
-inline constexpr int kScanLevelMax = 2;
-void cap_scan_level(int level);
-int scan_level();
 
 // Reads just the kind byte.
 Result<ChunkKind> chunk_kind(ByteSpan payload);

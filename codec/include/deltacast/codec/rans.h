@@ -3,13 +3,19 @@
 // (the construction of Duda's rANS as laid out in ryg_rans). Stream layout: docs/FORMAT.md.
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
 #include "deltacast/codec/bytes.h"
 #include "deltacast/common/status.h"
 
 namespace deltacast::rans {
 
 // Appends the encoding of `in` to `out`. Never fails; the output may be larger than the input
-// (callers compare against other backends).
+// (callers compare against other backends). `scratch` is working memory (2 bytes per input
+// byte), kept by the caller between calls.
+void encode(ByteSpan in, Bytes& out, std::vector<std::uint16_t>& scratch);
+// The same with working memory of its own.
 void encode(ByteSpan in, Bytes& out);
 // Decodes exactly out.size() symbols from `in`. Returns Corruption when `in` is malformed,
 // is not consumed exactly, or ends early; never reads or writes out of bounds.

@@ -10,10 +10,16 @@
 #include "deltacast/codec/chunk.h"
 #include "deltacast/codec/manifest.h"
 #include "deltacast/common/executor.h"
+#include "deltacast/common/object_pool.h"
 
 namespace deltacast {
 
 inline constexpr std::uint64_t kDefaultChunkBytes = 4u << 20;
+
+// Encoders and decoders kept between versions by their owner (a publisher, a node): each task
+// an executor runs at once leases one.
+using ChunkEncoderPool = ObjectPool<ChunkEncoder>;
+using ChunkDecoderPool = ObjectPool<ChunkDecoder>;
 
 // Called from executor threads with the number of image bytes done so far; must be thread-safe.
 using ProgressFn = std::function<void(std::uint64_t done_bytes, std::uint64_t total_bytes)>;
@@ -42,8 +48,10 @@ struct EncodedVersion {
 
 // A delta from `base` to `next` (same layout), or an anchor of `next` when base is empty.
 // Returns InvalidArgument for inconsistent inputs.
+// `encoders`: where the executor's tasks lease encoders (null: a pool for this call alone).
 Result<EncodedVersion> encode_version(const ModelLayout& layout, std::uint64_t version, std::uint64_t base_version,
-                                      ByteSpan base, ByteSpan next, const VersionEncodeOptions& options, Executor& executor);
+                                      ByteSpan base, ByteSpan next, const VersionEncodeOptions& options, Executor& executor,
+                                      ChunkEncoderPool* encoders = nullptr);
 
 // Checks and decodes chunk `index` of `manifest`:
 //   payload size and hash -> segments -> decode, hashing the base bytes (deltas) -> base hash
@@ -52,16 +60,17 @@ Result<EncodedVersion> encode_version(const ModelLayout& layout, std::uint64_t v
 // in-place apply), `out_range` receives the new bytes. Any failure names the chunk; until the
 // content hash check every failure leaves out_range untouched.
 Status decode_chunk_verified(const Manifest& manifest, std::size_t index, ByteSpan payload, ByteSpan base_range,
-                             MutableByteSpan out_range);
+                             MutableByteSpan out_range, ChunkDecoder& decoder);
 
 // Decodes every chunk into `out` (image_size bytes) in parallel, then checks the version
 // checksum. `base` is the whole base image for deltas (may be `out` itself for in-place apply).
 // Every payload hash is checked before anything is written, so corrupt or truncated input
 // leaves `out` untouched. Base hashes are checked before anything is written in place (the live
 // base stays as it was), and chunk by chunk into separate memory: a mismatched base may leave
-// `out` partly written, never `base`. Returns the first failure by chunk order.
+// `out` partly written, never `base`. Returns the first failure by chunk order. `decoders`: where
+// the executor's tasks lease decoders (null: a pool for this call alone).
 Status decode_version(const Manifest& manifest, std::span<const ByteSpan> payloads, ByteSpan base, MutableByteSpan out,
-                      Executor& executor, const ProgressFn& progress = {});
+                      Executor& executor, const ProgressFn& progress = {}, ChunkDecoderPool* decoders = nullptr);
 
 // Merges the slices of one version that several trainer shards encoded separately (each a
 // disjoint set of tensors, its own image) into one version whose image is the shards' images

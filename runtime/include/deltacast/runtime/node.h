@@ -366,6 +366,9 @@ class Node {
   Transport& transport_;
   Clock& clock_;
   TaskRunner* tasks_;
+  // Decoders for the chunks on the TaskRunner, one per task running at once; shared with the
+  // tasks, which may outlive the node.
+  std::shared_ptr<ChunkDecoderPool> decoders_ = std::make_shared<ChunkDecoderPool>();
   VersionCache cache_;
   NodeStats stats_;
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -82,11 +83,26 @@ enum class Strategy : std::uint8_t {
 const char* strategy_name(Strategy s);
 std::vector<Strategy> all_strategies();
 
+// A scenario's real payloads (model.real_bytes), encoded once for all the runs given it: the
+// model's bytes do not depend on a run's seed or strategy. Holds the series of the last
+// scenario it served (one model, its versions' images and payloads); owned by whoever runs the
+// scenarios.
+class EncodedVersionCache {
+ public:
+  EncodedVersionCache();
+  ~EncodedVersionCache();
+  EncodedVersionCache(const EncodedVersionCache&) = delete;
+  EncodedVersionCache& operator=(const EncodedVersionCache&) = delete;
+  struct Series;  // opaque
+  std::unique_ptr<Series> series;
+};
+
 struct RunOptions {
   Strategy strategy = Strategy::kCutThrough;
   bool compressed = true;   // false: every version is the raw BF16 image
   std::uint64_t seed = 1;
   double staleness_sample_s = 0;  // 0: step_period / 20
+  EncodedVersionCache* encoded = nullptr;  // null: real payloads are encoded for this run alone
 };
 
 inline constexpr std::size_t kViolationsMax = 20;

@@ -93,6 +93,7 @@ class Publisher {
   PublisherOptions options_;
   std::unique_ptr<NodeHost> host_;
   ThreadPool pool_;
+  ChunkEncoderPool encoders_;  // one per pool thread, kept between versions
   std::optional<Checkpoint> prev_;
   std::uint64_t version_ = 0;
   std::atomic<bool> anchor_wanted_{false};

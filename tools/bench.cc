@@ -10,12 +10,13 @@
 #include <optional>
 
 #include "commands.h"
+#include "deltacast/common/units.h"
+#include "deltacast/synth/gen.h"
 #include "deltacast/codec/entropy.h"
 #include "deltacast/codec/version.h"
 #include "deltacast/common/stats.h"
 #include "deltacast/common/thread_pool.h"
 #include "deltacast/io/safetensors.h"
-#include "gen.h"
 #include "progress.h"
 #include "svg.h"
 
@@ -26,7 +27,7 @@ struct BenchOptions {
   std::vector<std::string> files;
   std::string size = "64MB";
   std::size_t steps = 4;
-  TrainOptions train;
+  synth::TrainOptions train;
   std::size_t runs = 5;
   std::string chunk_size = "4MiB";
   bool anchor = true;
@@ -116,7 +117,7 @@ Result<Series> load_series(const BenchOptions& o) {
     return s;
   }
   DC_ASSIGN_OR_RETURN(std::uint64_t bytes, parse_bytes(o.size));
-  s.layout = build_layout(shape_for_bytes(bytes));
+  s.layout = synth::build_layout(synth::shape_for_bytes(bytes));
   s.owned.resize(o.steps + 1);
   std::vector<MutableByteSpan> spans;
   for (auto& b : s.owned) {
@@ -125,7 +126,7 @@ Result<Series> load_series(const BenchOptions& o) {
   }
   ThreadPool pool;
   ProgressBar bar("generate", s.layout.image_size, !o.quiet);
-  generate_series(s.layout, o.train, spans, pool, [&](std::uint64_t d, std::uint64_t) { bar.update(d); });
+  synth::generate_series(s.layout, o.train, spans, pool, [&](std::uint64_t d, std::uint64_t) { bar.update(d); });
   bar.finish();
   for (auto& b : s.owned) s.images.emplace_back(b);
   char desc[160];

@@ -6,12 +6,13 @@
 #include <thread>
 
 #include "commands.h"
+#include "deltacast/common/units.h"
+#include "deltacast/synth/gen.h"
 #include "deltacast/codec/entropy.h"
 #include "deltacast/codec/hash.h"
 #include "deltacast/common/thread_pool.h"
 #include "deltacast/io/safetensors.h"
 #include "deltacast/runtime/trust.h"
-#include "gen.h"
 #include "node_config.h"
 #include "progress.h"
 
@@ -69,7 +70,7 @@ struct GenOptions {
   std::string size = "64MB";
   std::uint64_t hidden = 0, layers = 0, vocab = 0, ffn = 0;
   std::size_t steps = 4;
-  TrainOptions train;
+  synth::TrainOptions train;
   bool fp32_norms = false;
   std::size_t shards = 1;
 };
@@ -77,13 +78,13 @@ struct GenOptions {
 int run_gen(const GenOptions& o) {
   auto bytes = parse_bytes(o.size);
   if (!bytes.is_ok()) return fail(bytes.status().message());
-  ModelShape shape = shape_for_bytes(*bytes);
+  synth::ModelShape shape = synth::shape_for_bytes(*bytes);
   if (o.hidden) shape.hidden = o.hidden;
   if (o.layers) shape.layers = o.layers;
   if (o.vocab) shape.vocab = o.vocab;
   if (o.ffn) shape.ffn = o.ffn;
   shape.fp32_norms = o.fp32_norms;
-  ModelLayout layout = build_layout(shape);
+  ModelLayout layout = synth::build_layout(shape);
   std::error_code ec;
   std::filesystem::create_directories(o.out_dir, ec);
   if (ec) return fail("cannot create " + o.out_dir + ": " + ec.message());
@@ -95,7 +96,7 @@ int run_gen(const GenOptions& o) {
   ThreadPool pool(o.common.threads);
   ProgressBar bar("gen", layout.image_size, !o.common.quiet);
   std::uint64_t done_before = 0;
-  std::vector<StepStats> stats(o.steps);
+  std::vector<synth::StepStats> stats(o.steps);
   for (std::size_t p = 0; p < parts.size(); ++p) {
     std::vector<SafetensorsWriter> writers;
     std::vector<MutableByteSpan> images;
@@ -107,9 +108,9 @@ int run_gen(const GenOptions& o) {
       writers.push_back(std::move(w).value());
       images.push_back(writers.back().data());
     }
-    TrainOptions train = o.train;
+    synth::TrainOptions train = o.train;
     train.seed += 1000003 * p;  // each shard its own random streams
-    auto part_stats = generate_series(parts[p], train, images, pool,
+    auto part_stats = synth::generate_series(parts[p], train, images, pool,
                                       [&](std::uint64_t d, std::uint64_t) { bar.update(done_before + d); });
     done_before += parts[p].image_size;
     for (std::size_t t = 0; t < stats.size(); ++t) {

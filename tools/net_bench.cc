@@ -17,11 +17,12 @@
 #include <thread>
 
 #include "commands.h"
+#include "deltacast/common/units.h"
+#include "deltacast/synth/gen.h"
 #include "deltacast/common/stats.h"
 #include "deltacast/common/thread_pool.h"
 #include "deltacast/runtime/trust.h"
 #include "deltacast/transport/host.h"
-#include "gen.h"
 #include "progress.h"
 
 namespace deltacast::tools {
@@ -283,9 +284,9 @@ Series heavy_series(ModelLayout layout, std::size_t versions, Executor& pool) {
   s.layout = std::move(layout);
   s.images.assign(versions, Bytes(s.layout.image_size));
   std::vector<MutableByteSpan> spans(s.images.begin(), s.images.end());
-  TrainOptions t;
+  synth::TrainOptions t;
   t.lr = 1e-3;
-  generate_series(s.layout, t, spans, pool);
+  synth::generate_series(s.layout, t, spans, pool);
   return s;
 }
 
@@ -310,7 +311,7 @@ class NetBench {
     if (!bytes.is_ok()) return fail(bytes.status().message());
     warm_ = warmup_versions(*bytes);
     // Images 0..n-1; version v >= 2 is the delta from image v-2 to image v-1.
-    s_ = heavy_series(build_layout(shape_for_bytes(*bytes)), warm_ + o_.runs + 1, pool_);
+    s_ = heavy_series(synth::build_layout(synth::shape_for_bytes(*bytes)), warm_ + o_.runs + 1, pool_);
     for (std::uint64_t v = 2; v < warm_ + o_.runs + 2; ++v) versions_.push_back(delta(s_, v, kDefaultChunkBytes, pool_));
     std::printf("model %s, lr 1e-3 series (deltas about as large as anchors); %zu runs per figure after %zu warm-up versions, medians\n\n",
                 format_bytes(static_cast<double>(s_.layout.image_size)).c_str(), o_.runs, warm_);

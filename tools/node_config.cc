@@ -8,7 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "deltacast/io/mapped_file.h"
-#include "gen.h"
+#include "deltacast/common/units.h"
 
 namespace deltacast::tools {
 

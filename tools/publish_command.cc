@@ -18,7 +18,7 @@
 #include "deltacast/runtime/trust.h"
 #include "deltacast/transport/host.h"
 #include "deltacast/transport/publisher.h"
-#include "gen.h"
+#include "deltacast/common/units.h"
 #include "node_config.h"
 
 namespace deltacast::tools {

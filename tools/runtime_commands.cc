@@ -15,7 +15,7 @@
 #include "deltacast/io/safetensors.h"
 #include "deltacast/transport/host.h"
 #include "deltacast/transport/worker.h"
-#include "gen.h"
+#include "deltacast/common/units.h"
 #include "node_config.h"
 
 namespace deltacast::tools {

@@ -22,13 +22,15 @@ bash "$root/tools/build.sh" "$root/build-asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo
   UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j "$(nproc)")
 
 echo "== thread sanitizer build, runtime and transport tests ($(date +%T))"
-# Only the test binary: the runtime's and transport's threads (the loop, the decode pool, readers).
+# Only the runtime's and transport's test binaries: their threads (the loop, the decode pool, readers).
 # Not the [load] cases: they push megabytes through ZeroMQ to measure a queue bound, and under
 # ThreadSanitizer's memory interceptors that takes minutes and measures nothing (Release and
 # ASan run them).
 cmake -S "$root" -B "$root/build-tsan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDELTACAST_TSAN=ON -DDELTACAST_TESTS=ON >/dev/null
-cmake --build "$root/build-tsan" -j "$(nproc)" --target deltacast_tests
-TSAN_OPTIONS="halt_on_error=1 suppressions=$root/tests/tsan.supp" "$root/build-tsan/tests/deltacast_tests" "[runtime]~[load],[transport]~[load]"
+cmake --build "$root/build-tsan" -j "$(nproc)" --target deltacast_runtime_tests deltacast_transport_tests
+for layer in runtime transport; do
+  TSAN_OPTIONS="halt_on_error=1 suppressions=$root/tests/tsan.supp" "$root/build-tsan/tests/deltacast_${layer}_tests" "~[load]"
+done
 
 echo "== fuzzing, ${fuzz_seconds}s per target ($(date +%T))"
 bash "$root/tools/fuzz.sh" "$fuzz_seconds"

@@ -171,7 +171,17 @@ SectionCounts encode(const std::uint8_t* base, const std::uint8_t* next, std::si
                      Bytes& out, Hasher64* base_hash, Hasher64* next_hash) {
   const auto* a = reinterpret_cast<const std::uint16_t*>(base);
   const auto* b = reinterpret_cast<const std::uint16_t*>(next);
-  auto& [pos, gap, olds, news, cls, coded, remainders, exceptions, by_class, gaps_of] = scratch;
+  // References, not a structured binding: lambdas below capture them.
+  auto& pos = scratch.pos;
+  auto& gap = scratch.gap;
+  auto& olds = scratch.olds;
+  auto& news = scratch.news;
+  auto& cls = scratch.cls;
+  auto& coded = scratch.coded;
+  auto& remainders = scratch.remainders;
+  auto& exceptions = scratch.exceptions;
+  auto& by_class = scratch.by_class;
+  auto& gaps_of = scratch.gaps_of;
   pos.clear();
   olds.clear();
   news.clear();

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "deltacast/codec/backend.h"
-#include "deltacast/codec/bytes.h"
+#include "deltacast/common/bytes.h"
 #include "deltacast/codec/hash.h"
 #include "deltacast/common/status.h"
 

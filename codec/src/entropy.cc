@@ -4,7 +4,7 @@
 #include <cmath>
 #include <unordered_map>
 
-#include "deltacast/codec/bytes.h"
+#include "deltacast/common/bytes.h"
 
 namespace deltacast {
 

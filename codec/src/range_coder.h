@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "deltacast/codec/bytes.h"
+#include "deltacast/common/bytes.h"
 
 namespace deltacast::rc {
 

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "deltacast/common/svg.h"
 #include "deltacast/sim/scenario.h"
 
 namespace deltacast::sim {
@@ -29,16 +30,14 @@ std::string render_table(const std::vector<Report>& reports) {
 
 namespace {
 
-constexpr const char* kColors[] = {"#2f6db5", "#e08a2c", "#4a9d5b", "#b0413e", "#7b5ea7", "#8c6d31", "#d4669a", "#5f9ea0", "#444444", "#c7a400"};
-
 struct Series {
   std::string label;
   std::vector<std::pair<double, double>> points;
 };
 
 // One line chart; x may be logarithmic.
-std::string chart(double x0, double y0, double w, double h, const std::string& title, const std::string& xlabel, const std::string& ylabel,
-                  const std::vector<Series>& series, bool log_x) {
+void chart(SvgDocument& svg, double x0, double y0, double w, double h, const std::string& title, const std::string& xlabel, const std::string& ylabel,
+           const std::vector<Series>& series, bool log_x) {
   double xmin = INFINITY, xmax = -INFINITY, ymax = 0;
   for (const auto& s : series)
     for (auto [x, y] : s.points) {
@@ -67,43 +66,35 @@ std::string chart(double x0, double y0, double w, double h, const std::string& t
   ymax = std::ceil(ymax * 1.02 / ystep) * ystep;
   auto px = [&](double x) { return x0 + w * (log_x ? (std::log10(x) - std::log10(xmin)) / (std::log10(xmax) - std::log10(xmin)) : (x - xmin) / (xmax - xmin)); };
   auto py = [&](double y) { return y0 + h - h * y / ymax; };
-  std::string out;
-  char buf[512];
-  std::snprintf(buf, sizeof buf, "<text x=\"%.0f\" y=\"%.0f\" font-size=\"13\">%s</text>\n", x0, y0 - 10, title.c_str());
-  out += buf;
-  std::snprintf(buf, sizeof buf, "<rect x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" fill=\"none\" stroke=\"#bbb\"/>\n", x0, y0, w, h);
-  out += buf;
+  svg.text(x0, y0 - 10, title, "font-size=\"13\"");
+  svg.rect(x0, y0, w, h, "fill=\"none\" stroke=\"#bbb\"");
   // Ticks.
   std::vector<double> xt;
   if (log_x)
     for (double t = xmin; t <= xmax * 1.001; t *= 10) xt.push_back(t);
   else
     for (double t = 0; t <= xmax * 1.0001; t += xstep) xt.push_back(t);
+  char label[32];
   for (double t : xt) {
-    std::snprintf(buf, sizeof buf, "<line x1=\"%.1f\" y1=\"%.0f\" x2=\"%.1f\" y2=\"%.0f\" stroke=\"#eee\"/><text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\">%g</text>\n",
-                  px(t), y0, px(t), y0 + h, px(t), y0 + h + 15, t);
-    out += buf;
+    svg.line(px(t), y0, px(t), y0 + h, "stroke=\"#eee\"");
+    std::snprintf(label, sizeof label, "%g", t);
+    svg.text(px(t), y0 + h + 15, label, "text-anchor=\"middle\"");
   }
   for (double t = 0; t <= ymax * 1.0001; t += ystep) {
-    std::snprintf(buf, sizeof buf, "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"#eee\"/><text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">%.3g</text>\n",
-                  x0, py(t), x0 + w, py(t), x0 - 5, py(t) + 4, t);
-    out += buf;
+    svg.line(x0, py(t), x0 + w, py(t), "stroke=\"#eee\"");
+    std::snprintf(label, sizeof label, "%.3g", t);
+    svg.text(x0 - 5, py(t) + 4, label, "text-anchor=\"end\"");
   }
-  std::snprintf(buf, sizeof buf, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">%s</text>\n", x0 + w / 2, y0 + h + 32, xlabel.c_str());
-  out += buf;
-  std::snprintf(buf, sizeof buf, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\" transform=\"rotate(-90 %.0f %.0f)\">%s</text>\n", x0 - 45, y0 + h / 2,
-                x0 - 45, y0 + h / 2, ylabel.c_str());
-  out += buf;
+  svg.text(x0 + w / 2, y0 + h + 32, xlabel, "text-anchor=\"middle\"");
+  char rotate[96];
+  std::snprintf(rotate, sizeof rotate, "text-anchor=\"middle\" transform=\"rotate(-90 %.0f %.0f)\"", x0 - 45, y0 + h / 2);
+  svg.text(x0 - 45, y0 + h / 2, ylabel, rotate);
   for (std::size_t k = 0; k < series.size(); ++k) {
-    std::string pts;
-    for (auto [x, y] : series[k].points) {
-      if (log_x && x <= 0) continue;
-      std::snprintf(buf, sizeof buf, "%.1f,%.1f ", px(x), py(y));
-      pts += buf;
-    }
-    out += "<polyline fill=\"none\" stroke-width=\"1.8\" stroke=\"" + std::string(kColors[k % 10]) + "\" points=\"" + pts + "\"/>\n";
+    std::vector<std::pair<double, double>> pts;
+    for (auto [x, y] : series[k].points)
+      if (!log_x || x > 0) pts.emplace_back(px(x), py(y));
+    svg.polyline(pts, std::string("fill=\"none\" stroke-width=\"1.8\" stroke=\"") + svg_color(k) + "\"");
   }
-  return out;
 }
 
 }  // namespace
@@ -130,16 +121,11 @@ std::string render_svg(const std::string& title, const std::vector<Report>& repo
     for (double t : r.ready_s) lo = std::min(lo, t), hi = std::max(hi, t);
   const bool log_x = hi > 0 && lo > 0 && hi / lo > 20;
   const double height = 60 + 2 * (chart_h + 80) + 20 * static_cast<double>(reports.size()) + 20;
-  std::string out;
-  char buf[512];
-  std::snprintf(buf, sizeof buf,
-                "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" font-size=\"11\">\n"
-                "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n<text x=\"%.0f\" y=\"24\" font-size=\"15\">%s</text>\n",
-                width, height, left, title.c_str());
-  out += buf;
-  out += chart(left, 60, chart_w, chart_h, "Publish to ready: fraction of (version, worker) pairs ready within t", "seconds after publish", "fraction", cdf, log_x);
-  out += chart(left, 60 + chart_h + 80, chart_w, chart_h, "Fleet staleness: mean versions behind the newest published", "simulated time, s", "versions behind", stale,
-               false);
+  SvgDocument svg(11);
+  svg.text(left, 24, title, "font-size=\"15\"");
+  chart(svg, left, 60, chart_w, chart_h, "Publish to ready: fraction of (version, worker) pairs ready within t", "seconds after publish", "fraction", cdf, log_x);
+  chart(svg, left, 60 + chart_h + 80, chart_w, chart_h, "Fleet staleness: mean versions behind the newest published", "simulated time, s", "versions behind",
+        stale, false);
   double ly = 60 + 2 * (chart_h + 80);
   for (std::size_t k = 0; k < reports.size(); ++k) {
     const Report& r = reports[k];
@@ -147,13 +133,11 @@ std::string render_svg(const std::string& title, const std::vector<Report>& repo
     if (r.ready_s.empty()) std::snprintf(what, sizeof what, "no version ready within the run");
     else std::snprintf(what, sizeof what, "slowest %.2f s, %.2fx the lower bound%s", r.max_s, r.lower_bound_s > 0 ? r.max_s / r.lower_bound_s : 0,
                        r.missed ? ", some versions never ready" : "");
-    std::snprintf(buf, sizeof buf, "<rect x=\"%.0f\" y=\"%.0f\" width=\"14\" height=\"4\" fill=\"%s\"/><text x=\"%.0f\" y=\"%.0f\">%s (%s)</text>\n", left, ly - 4,
-                  kColors[k % 10], left + 20, ly, r.name.c_str(), what);
-    out += buf;
+    svg.rect(left, ly - 4, 14, 4, std::string("fill=\"") + svg_color(k) + "\"");
+    svg.text(left + 20, ly, r.name + " (" + what + ")");
     ly += 20;
   }
-  out += "</svg>\n";
-  return out;
+  return svg.finish(width, height);
 }
 
 }  // namespace deltacast::sim

@@ -1,5 +1,7 @@
 #include "deltacast/sim/scenario.h"
 
+#include "deltacast/common/stats.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -292,12 +294,6 @@ std::shared_ptr<ModelVersion> held_version(const Versions& vs, std::uint64_t v) 
   return m;
 }
 
-double quantile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t i = static_cast<std::size_t>(std::ceil(q * static_cast<double>(v.size()))) - (q > 0 ? 1 : 0);
-  return v[std::min(i, v.size() - 1)];
-}
 
 }  // namespace
 

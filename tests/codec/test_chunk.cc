@@ -4,7 +4,7 @@
 #include "deltacast/codec/hash.h"
 #include "deltacast/codec/manifest.h"
 #include "deltacast/common/thread_pool.h"
-#include "gen.h"
+#include "deltacast/synth/gen.h"
 #include "test_util.h"
 
 using namespace deltacast;
@@ -245,13 +245,13 @@ struct TrainingStep {
   ModelLayout layout;
   Bytes base, next;
   TrainingStep() {
-    layout = tools::build_layout(tools::ModelShape{64, 2, 256, 128, true});
+    layout = synth::build_layout(synth::ModelShape{64, 2, 256, 128, true});
     std::vector<Bytes> images(2, Bytes(layout.image_size));
     std::vector<MutableByteSpan> spans(images.begin(), images.end());
     InlineExecutor ex;
-    tools::TrainOptions t;
+    synth::TrainOptions t;
     t.lr = 1e-6;
-    tools::generate_series(layout, t, spans, ex);
+    synth::generate_series(layout, t, spans, ex);
     base = std::move(images[0]);
     next = std::move(images[1]);
   }

@@ -101,3 +101,74 @@ TEST_CASE("output files appear only on commit", "[io][mapped_file]") {
   CHECK(std::filesystem::file_size(path) == 16);
   std::filesystem::remove(path);
 }
+
+TEST_CASE("the safetensors header of 50000 tiny tensors is written and read back exactly", "[io][safetensors]") {
+  const ModelLayout layout = test::many_tiny_tensors(50000, /*holes=*/false);
+  const Bytes header = safetensors_header(layout);
+  // The compact JSON, tensors in image order, padded with spaces to 8 bytes.
+  std::string text = R"({"__metadata__":{"format":"pt","experts":"many"})";
+  for (const auto& t : layout.tensors)
+    text += ",\"" + t.name + "\":{\"dtype\":\"" + std::string(dtype_name(t.dtype)) + "\",\"shape\":[" + std::to_string(t.shape[0]) +
+            "],\"data_offsets\":[" + std::to_string(t.offset) + "," + std::to_string(t.offset + t.nbytes) + "]}";
+  text += "}";
+  text.append((8 - text.size() % 8) % 8, ' ');
+  Bytes expect;
+  ByteWriter(expect).u64(text.size());
+  expect.insert(expect.end(), text.begin(), text.end());
+  CHECK(header == expect);
+
+  Bytes file = header;
+  const Bytes image = test::random_bytes(layout.image_size, 3);
+  file.insert(file.end(), image.begin(), image.end());
+  auto parsed = parse_safetensors(file);
+  REQUIRE(parsed.is_ok());
+  CHECK(parsed->model.tensors == layout.tensors);
+  CHECK(parsed->model.metadata == layout.metadata);
+  CHECK(parsed->data_offset == header.size());
+}
+
+TEST_CASE("safetensors headers keep nlohmann's key order and repeated-key rule", "[io][safetensors]") {
+  // Enough keys to go past a short scan. A repeated key keeps its first place and takes its last
+  // value, as ordered_json does; zero-size tensors at one offset keep their header order.
+  std::string json = R"({"__metadata__":{)";
+  for (int i = 0; i < 12; ++i) json += "\"m" + std::to_string(i) + "\":\"v" + std::to_string(i) + "\",";
+  json += R"("m3":"again"},)";
+  for (int i = 19; i >= 0; --i) json += "\"z" + std::to_string(i) + R"(":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},)";
+  json += R"("a":{"dtype":"BF16","shape":[1],"data_offsets":[0,2]},"z7":{"dtype":"BF16","shape":[0],"data_offsets":[2,2]}})";
+  Bytes file;
+  ByteWriter(file).u64(json.size());
+  file.insert(file.end(), json.begin(), json.end());
+  file.push_back(1);
+  file.push_back(2);
+  auto parsed = parse_safetensors(file);
+  REQUIRE(parsed.is_ok());
+  std::vector<std::string> names;
+  for (const auto& t : parsed->model.tensors) names.push_back(t.name);
+  std::vector<std::string> expect;
+  for (int i = 19; i >= 0; --i)
+    if (i != 7) expect.push_back("z" + std::to_string(i));
+  expect.push_back("a");
+  expect.push_back("z7");
+  CHECK(names == expect);
+  CHECK(parsed->model.tensors.back().dtype == DType::kBF16);
+  REQUIRE(parsed->model.metadata.size() == 12);
+  CHECK(parsed->model.metadata[3] == std::pair<std::string, std::string>{"m3", "again"});
+  CHECK(parsed->model.metadata[11] == std::pair<std::string, std::string>{"m11", "v11"});
+
+  // The writer's bytes are what ordered_json's operator[] makes, repeated names included.
+  ModelLayout l = test::make_layout({{DType::kBF16, 1}, {DType::kF32, 2}, {DType::kBF16, 0}});
+  for (int i = 0; i < 30; ++i) l.tensors.push_back(l.tensors[static_cast<std::size_t>(i % 3)]);
+  for (std::size_t i = 3; i < l.tensors.size(); ++i) l.tensors[i].name = "n" + std::to_string(i % 17);
+  l.tensors[5].name = "quote \" backslash \\ tab \t unicode \xc3\xa9";
+  l.tensors[20].name = "__metadata__";  // replaces the metadata entry, in its place
+  l.metadata = {{"k", "1"}, {"j", "2"}, {"k", "3"}};
+  nlohmann::ordered_json j, meta;
+  for (const auto& [k, v] : l.metadata) meta[k] = v;
+  j["__metadata__"] = meta;
+  for (const auto& t : l.tensors)
+    j[t.name] = {{"dtype", std::string(dtype_name(t.dtype))}, {"shape", t.shape}, {"data_offsets", {t.offset, t.offset + t.nbytes}}};
+  std::string reference = j.dump();
+  reference.append((8 - reference.size() % 8) % 8, ' ');
+  const Bytes header = safetensors_header(l);
+  CHECK(std::string(header.begin() + 8, header.end()) == reference);
+}

@@ -5,7 +5,9 @@
 
 #include "deltacast/codec/hash.h"
 #include "deltacast/runtime/trust.h"
+#include "deltacast/common/thread_pool.h"
 #include "node_fixtures.h"
+#include "test_util.h"
 
 using namespace deltacast;
 using namespace deltacast::test;
@@ -466,4 +468,49 @@ TEST_CASE("a signature covers every byte of the manifest", "[runtime][trust]") {
     INFO("byte " << i);
     CHECK_FALSE(verify_manifest(bad, *p, {key.public_key}).is_ok());
   }
+}
+
+// The golden signed anchor (tests/golden/anchor-signed.dcd) pins manifest format 2 with its
+// signature (tests/golden/test.sign.key is a key for this test only): it verifies, decodes to the
+// golden checkpoint (the image of the unsigned golden anchor), and signing the same encoding
+// reproduces it byte for byte.
+TEST_CASE("the golden signed anchor verifies and signing the golden inputs reproduces it", "[runtime][golden][trust]") {
+  const Bytes file = test::read_bytes(test::golden("anchor-signed.dcd"));
+  const Bytes unsigned_file = test::read_bytes(test::golden("anchor.dcd"));
+  const Bytes key_file = test::read_bytes(test::golden("test.sign.key"));
+  const std::string key_text(key_file.begin(), key_file.end());
+  const auto secret_at = key_text.find("\"secret_key\": \"");
+  REQUIRE(secret_at != std::string::npos);
+  auto key = runtime::parse_signing_key(key_text.substr(secret_at + 15, 128));
+  REQUIRE(key.is_ok());
+
+  auto golden = parse_container(unsigned_file);
+  REQUIRE(golden.is_ok());
+  Bytes image(golden->manifest.image_size);
+  ThreadPool pool(2);
+  REQUIRE(decode_version(golden->manifest, golden->payloads, ByteSpan(), image, pool).is_ok());
+
+  auto v = parse_container(file);
+  REQUIRE(v.is_ok());
+  CHECK(v->manifest.is_signed);
+  CHECK(v->manifest.signer == key->public_key);
+  CHECK(v->manifest.version_checksum == golden->manifest.version_checksum);
+  CHECK(runtime::verify_manifest(v->manifest_bytes, v->manifest, {key->public_key}).is_ok());
+  CHECK(runtime::verify_payloads(v->manifest, v->payloads).is_ok());
+  CHECK(!runtime::verify_manifest(v->manifest_bytes, v->manifest, {runtime::make_signing_key().public_key}).is_ok());
+  Bytes out(v->manifest.image_size);
+  REQUIRE(decode_version(v->manifest, v->payloads, ByteSpan(), out, pool).is_ok());
+  CHECK(out == image);
+
+  InlineExecutor ex;
+  VersionEncodeOptions opt;
+  opt.chunk_bytes = 16 << 10;
+  const ModelLayout layout{golden->manifest.tensors, golden->manifest.metadata, golden->manifest.image_size};
+  auto ev = encode_version(layout, 2, 0, {}, image, opt, ex);
+  REQUIRE(ev.is_ok());
+  const std::vector<ByteSpan> payloads(ev->payloads.begin(), ev->payloads.end());
+  runtime::sign_manifest(ev->manifest, payloads, *key);
+  Bytes again = container_prefix(ev->manifest);
+  for (const auto& p : ev->payloads) again.insert(again.end(), p.begin(), p.end());
+  CHECK(again == file);
 }

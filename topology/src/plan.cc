@@ -1,5 +1,7 @@
 #include "deltacast/topology/plan.h"
 
+#include "deltacast/common/svg.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -400,7 +402,6 @@ std::string plan_to_dot(const Plan& plan, bool with_fallbacks) {
 std::string plan_to_svg(const Plan& plan) {
   // Layered drawing: leaves spread evenly in depth-first order, a parent centred over its
   // children, one row per depth; colours by region.
-  static const char* kColors[] = {"#2f6db5", "#e08a2c", "#4a9d5b", "#b0413e", "#7b5ea7", "#8c6d31", "#d4669a", "#5f9ea0"};
   const std::size_t n = plan.nodes.size();
   std::vector<double> x(n, 0);
   std::size_t leaves = 0;
@@ -427,48 +428,38 @@ std::string plan_to_svg(const Plan& plan) {
   }
   std::map<std::string, const char*> color;
   for (const auto& node : plan.nodes)
-    if (!color.count(node.region)) color[node.region] = kColors[color.size() % (sizeof kColors / sizeof *kColors)];
+    if (!color.count(node.region)) color[node.region] = svg_color(color.size());
   const double width = next_leaf + margin, height = margin * 2 + row * plan.max_depth() + 40 + 20 * static_cast<double>(color.size());
-  auto y = [&](int i) { return margin + 20 + row * plan.nodes[i].depth; };
+  auto y = [&](std::size_t i) { return margin + 20 + row * plan.nodes[i].depth; };
   const double r = std::clamp(spacing / 2.5, 1.5, 6.0);
-  std::string out;
-  char buf[512];
-  std::snprintf(buf, sizeof buf,
-                "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" font-size=\"12\">\n"
-                "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n<text x=\"%.0f\" y=\"20\" font-size=\"14\">deltacast fleet plan: %s, %zu nodes, depth %d</text>\n",
-                width, height, margin, shape_name(plan.shape), n, plan.max_depth());
-  out += buf;
-  out += "<g stroke=\"#999\" stroke-width=\"0.6\">\n";
+  SvgDocument svg(12);
+  svg.text(margin, 20,
+           std::string("deltacast fleet plan: ") + shape_name(plan.shape) + ", " + std::to_string(n) + " nodes, depth " + std::to_string(plan.max_depth()),
+           "font-size=\"14\"");
+  svg.begin_group("stroke=\"#999\" stroke-width=\"0.6\"");
   for (std::size_t i = 1; i < n; ++i) {
-    const int p = plan.nodes[i].parent;
-    std::snprintf(buf, sizeof buf, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", x[p], y(p), x[i], y(static_cast<int>(i)));
-    out += buf;
+    const auto p = static_cast<std::size_t>(plan.nodes[i].parent);
+    svg.line(x[p], y(p), x[i], y(i));
   }
-  out += "</g>\n";
+  svg.end_group();
   for (std::size_t i = 0; i < n; ++i) {
     const PlannedNode& node = plan.nodes[i];
-    const char* fill = i == 0 ? "black" : color[node.region];
+    const std::string fill = std::string("fill=\"") + (i == 0 ? "black" : color[node.region]) + "\"";
     if (node.kind == NodeKind::kWorker) {
-      std::snprintf(buf, sizeof buf, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"%.1f\" fill=\"%s\"%s><title>%s</title></circle>\n", x[i], y(static_cast<int>(i)), r, fill,
-                    node.forwards ? " stroke=\"black\" stroke-width=\"0.8\"" : "", node.id.c_str());
+      svg.circle(x[i], y(i), r, node.forwards ? fill + " stroke=\"black\" stroke-width=\"0.8\"" : fill, node.id);
     } else {
-      const double s = i == 0 ? 10 : std::max(r * 2.2, 6.0);
-      std::snprintf(buf, sizeof buf, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\"><title>%s</title></rect>\n", x[i] - s / 2,
-                    y(static_cast<int>(i)) - s / 2, s, s, fill, node.id.c_str());
+      const double side = i == 0 ? 10 : std::max(r * 2.2, 6.0);
+      svg.rect(x[i] - side / 2, y(i) - side / 2, side, side, fill, node.id);
     }
-    out += buf;
   }
   double ly = margin + 20 + row * plan.max_depth() + 40;
-  out += "<text x=\"" + std::to_string(static_cast<int>(margin)) + "\" y=\"" + std::to_string(static_cast<int>(ly - 14)) +
-         "\">squares: origin (black) and relays; circles: workers, outlined if they forward; rows: hops from the origin</text>\n";
+  svg.text(margin, ly - 14, "squares: origin (black) and relays; circles: workers, outlined if they forward; rows: hops from the origin");
   for (const auto& [region, c] : color) {
-    std::snprintf(buf, sizeof buf, "<rect x=\"%.0f\" y=\"%.0f\" width=\"10\" height=\"10\" fill=\"%s\"/><text x=\"%.0f\" y=\"%.0f\">%s</text>\n", margin, ly, c,
-                  margin + 16, ly + 9, region.c_str());
-    out += buf;
+    svg.rect(margin, ly, 10, 10, std::string("fill=\"") + c + "\"");
+    svg.text(margin + 16, ly + 9, region);
     ly += 20;
   }
-  out += "</svg>\n";
-  return out;
+  return svg.finish(width, height);
 }
 
 }  // namespace deltacast::topology

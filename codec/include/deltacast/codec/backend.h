@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "deltacast/codec/bytes.h"
+#include "deltacast/common/bytes.h"
 #include "deltacast/common/status.h"
 
 namespace deltacast {

@@ -17,7 +17,7 @@
 #include <span>
 #include <vector>
 
-#include "deltacast/codec/bytes.h"
+#include "deltacast/common/bytes.h"
 #include "deltacast/codec/tensor.h"
 #include "deltacast/common/status.h"
 

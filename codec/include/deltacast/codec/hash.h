@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <span>
 
-#include "deltacast/codec/bytes.h"
+#include "deltacast/common/bytes.h"
 
 namespace deltacast {
 

@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "deltacast/codec/bytes.h"
+#include "deltacast/common/bytes.h"
 #include "deltacast/codec/chunk.h"
 #include "deltacast/codec/tensor.h"
 #include "deltacast/common/status.h"

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "deltacast/codec/bytes.h"
+#include "deltacast/common/bytes.h"
 #include "deltacast/common/status.h"
 
 namespace deltacast::rans {

@@ -1,7 +1,9 @@
-// Small statistics for benchmarks and probes that report medians of timed runs.
+// Small statistics for benchmarks, probes and simulator reports: medians of timed runs,
+// quantiles of delivery times.
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 namespace deltacast {
@@ -12,6 +14,15 @@ inline double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const std::size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// The q-quantile (0 <= q <= 1) by the nearest-rank rule: the smallest value at least a fraction
+// q of the values are at or below; 0 for no values.
+inline double quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t i = static_cast<std::size_t>(std::ceil(q * static_cast<double>(v.size()))) - (q > 0 ? 1 : 0);
+  return v[std::min(i, v.size() - 1)];
 }
 
 }  // namespace deltacast

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -13,6 +15,17 @@
 #include "deltacast/codec/version.h"
 
 namespace deltacast::test {
+
+#ifdef DELTACAST_GOLDEN_DIR
+// A file of tests/golden.
+inline std::string golden(const std::string& name) { return std::string(DELTACAST_GOLDEN_DIR) + "/" + name; }
+#endif
+
+// A whole file's bytes (empty if it cannot be read), for tests of layers below io/.
+inline Bytes read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return Bytes(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
 
 // A fresh directory under the system's temporary directory, removed with everything in it.
 struct TempDir {
@@ -62,6 +75,30 @@ inline ModelLayout make_layout(const std::vector<std::pair<DType, std::uint64_t>
     t.nbytes = n * dtype_size(dt);
     m.image_size += t.nbytes;
     m.tensors.push_back(t);
+  }
+  return m;
+}
+
+// `count` one-element tensors as MoE checkpoints hold them (per-expert biases and norms): BF16,
+// F32, F16 and zero-size ones mixed, so neighbours rarely share a segment kind. With `holes`,
+// a few bytes no tensor covers before some of them.
+inline ModelLayout many_tiny_tensors(std::size_t count, bool holes) {
+  ModelLayout m;
+  m.metadata = {{"format", "pt"}, {"experts", "many"}};
+  for (std::size_t i = 0; i < count; ++i) {
+    TensorInfo t;
+    t.name = "model.layers." + std::to_string(i / 256) + ".experts." + std::to_string(i % 256) + ".b";
+    switch (i % 7) {
+      case 1: case 4: t.dtype = DType::kF32; break;
+      case 5: t.dtype = DType::kF16; break;
+      default: t.dtype = DType::kBF16;
+    }
+    t.shape = {i % 13 == 12 ? 0u : 1u};
+    if (holes && i % 1000 == 999) m.image_size += 2;
+    t.offset = m.image_size;
+    t.nbytes = t.shape[0] * dtype_size(t.dtype);
+    m.image_size += t.nbytes;
+    m.tensors.push_back(std::move(t));
   }
   return m;
 }

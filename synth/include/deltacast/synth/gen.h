@@ -8,7 +8,7 @@
 #include "deltacast/codec/version.h"
 #include "deltacast/common/executor.h"
 
-namespace deltacast::tools {
+namespace deltacast::synth {
 
 struct ModelShape {
   std::uint64_t hidden = 512;
@@ -47,8 +47,4 @@ std::vector<StepStats> generate_series(const ModelLayout& layout, const TrainOpt
                                        std::span<const MutableByteSpan> images, Executor& executor,
                                        const ProgressFn& progress = {});
 
-// Parses "64MB", "10GB", "4MiB", "1048576".
-Result<std::uint64_t> parse_bytes(const std::string& text);
-std::string format_bytes(double bytes);
-
-}  // namespace deltacast::tools
+}  // namespace deltacast::synth

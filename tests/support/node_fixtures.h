@@ -4,7 +4,7 @@
 
 #include "deltacast/common/thread_pool.h"
 #include "fake_net.h"
-#include "gen.h"
+#include "deltacast/synth/gen.h"
 
 namespace deltacast::test {
 
@@ -15,14 +15,14 @@ struct Series {
   std::vector<Bytes> images;
   VersionEncodeOptions options;
   explicit Series(std::size_t steps, std::uint64_t seed = 1) {
-    layout = tools::build_layout(tools::ModelShape{64, 2, 256, 128, true});
+    layout = synth::build_layout(synth::ModelShape{64, 2, 256, 128, true});
     images.assign(steps + 1, Bytes(layout.image_size));
     std::vector<MutableByteSpan> spans(images.begin(), images.end());
     InlineExecutor ex;
-    tools::TrainOptions t;
+    synth::TrainOptions t;
     t.seed = seed;
     t.lr = 1e-5;
-    tools::generate_series(layout, t, spans, ex);
+    synth::generate_series(layout, t, spans, ex);
     options.chunk_bytes = 16 << 10;  // several chunks per version
   }
   // Version v (1-based) is images[v - 1].

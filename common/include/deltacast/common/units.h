@@ -1,0 +1,17 @@
+// Byte sizes as people write them: "64MB", "10GB", "4MiB", "1048576" (decimal K, M, G, T;
+// binary KiB, MiB, GiB), and back.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "deltacast/common/status.h"
+
+namespace deltacast {
+
+// Parses a size; refuses negative, non-finite and unknown units, and sizes of 2^64 bytes or more.
+Result<std::uint64_t> parse_bytes(const std::string& text);
+// "1.50 GB", "512 B" (decimal units).
+std::string format_bytes(double bytes);
+
+}  // namespace deltacast

@@ -1,0 +1,68 @@
+// Golden files (tests/golden, made by regenerate.sh): the checked-in delta and anchor must still
+// decode to the checked-in checkpoint, and encoding the same inputs must reproduce them byte
+// for byte, so the format cannot drift silently. (The signed anchor is checked in
+// tests/runtime/test_trust.cc, where signatures live.)
+#include <catch2/catch.hpp>
+
+#include "deltacast/codec/hash.h"
+#include "deltacast/common/thread_pool.h"
+#include "deltacast/io/safetensors.h"
+#include "test_util.h"
+
+using namespace deltacast;
+
+namespace {
+constexpr std::uint64_t kGoldenVersionChecksum = 0x858224990e7d6eb3ull;
+constexpr std::uint64_t kGoldenBaseChecksum = 0x9dde442688bbfb2aull;
+}  // namespace
+
+TEST_CASE("golden delta and anchor decode to the golden checkpoint", "[codec][golden]") {
+  auto base = SafetensorsFile::open(test::golden("base.safetensors"));
+  auto next = SafetensorsFile::open(test::golden("next.safetensors"));
+  REQUIRE(base.is_ok());
+  REQUIRE(next.is_ok());
+  ThreadPool pool(2);
+  for (const char* name : {"delta.dcd", "delta-v2.dcd", "anchor.dcd"}) {
+    INFO(name);
+    auto file = MappedFile::open(test::golden(name));
+    REQUIRE(file.is_ok());
+    auto v = parse_container(file->bytes());
+    REQUIRE(v.is_ok());
+    CHECK(v->manifest.version == 2);
+    CHECK(v->manifest.version_checksum == kGoldenVersionChecksum);
+    CHECK(v->manifest.tensors == next->layout().tensors);
+    const bool delta = v->manifest.kind == VersionKind::kDelta;
+    if (delta) {
+      CHECK(v->manifest.base_version == 1);
+      CHECK(v->manifest.base_checksum == kGoldenBaseChecksum);
+    }
+    Bytes out(v->manifest.image_size);
+    REQUIRE(decode_version(v->manifest, v->payloads, delta ? base->image() : ByteSpan(), out, pool).is_ok());
+    CHECK(std::equal(out.begin(), out.end(), next->image().begin(), next->image().end()));
+  }
+}
+
+TEST_CASE("encoding the golden inputs reproduces the golden files", "[codec][golden]") {
+  auto base = SafetensorsFile::open(test::golden("base.safetensors"));
+  auto next = SafetensorsFile::open(test::golden("next.safetensors"));
+  REQUIRE(base.is_ok());
+  REQUIRE(next.is_ok());
+  InlineExecutor ex;
+  VersionEncodeOptions opt;
+  opt.chunk_bytes = 16 << 10;
+  VersionEncodeOptions opt_v2 = opt;
+  opt_v2.chunk = ChunkEncodeOptions::smallest();
+  for (const char* name : {"delta.dcd", "delta-v2.dcd", "anchor.dcd"}) {
+    INFO(name);
+    const std::string n = name;
+    auto ev = n == "anchor.dcd" ? encode_version(next->layout(), 2, 0, {}, next->image(), opt, ex)
+                                : encode_version(next->layout(), 2, 1, base->image(), next->image(), n == "delta.dcd" ? opt : opt_v2, ex);
+    REQUIRE(ev.is_ok());
+    if (n == "delta-v2.dcd") CHECK(ev->stats.v2_chunks > 0);  // the golden file pins the v2 encoding
+    Bytes file = container_prefix(ev->manifest);
+    for (const auto& p : ev->payloads) file.insert(file.end(), p.begin(), p.end());
+    auto expected = MappedFile::open(test::golden(name));
+    REQUIRE(expected.is_ok());
+    CHECK(std::equal(file.begin(), file.end(), expected->bytes().begin(), expected->bytes().end()));
+  }
+}

@@ -10,7 +10,7 @@
 #include <string>
 #include <string_view>
 
-#include "deltacast/codec/bytes.h"
+#include "deltacast/common/bytes.h"
 #include "deltacast/common/status.h"
 
 namespace deltacast {

@@ -9,7 +9,7 @@
 #include <variant>
 #include <vector>
 
-#include "deltacast/codec/bytes.h"
+#include "deltacast/common/bytes.h"
 #include "deltacast/codec/manifest.h"
 
 namespace deltacast::runtime {

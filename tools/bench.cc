@@ -136,83 +136,96 @@ Result<Series> load_series(const BenchOptions& o) {
   return s;
 }
 
-int run_bench(const BenchOptions& o) {
-  auto series_r = load_series(o);
-  if (!series_r.is_ok()) return fail(series_r.status().to_string());
-  Series& s = *series_r;
-  auto chunk = parse_bytes(o.chunk_size);
-  if (!chunk.is_ok()) return fail(chunk.status().message());
-  InlineExecutor one_core;
-  // Kept across runs and methods, as a publisher and a worker keep theirs.
-  ChunkEncoderPool encoders;
-  ChunkDecoderPool decoders;
-  VersionEncodeOptions vopt;
-  vopt.chunk_bytes = *chunk;
-  ZstdCtx z;
-  const std::uint64_t image = s.layout.image_size;
-  const std::size_t pairs = s.images.size() - 1;
-  Bytes out(image), scratch(image), scratch2;
+// One bench invocation: deltacast and its baselines over the same series, every method timed
+// the same way, then the tables, the targets and the plot.
+class Bench {
+ public:
+  Bench(const BenchOptions& o, Series& s, std::uint64_t chunk_bytes)
+      : o_(o), s_(s), image_(s.layout.image_size), pairs_(s.images.size() - 1), out_(image_), scratch_(image_) {
+    vopt_.chunk_bytes = chunk_bytes;
+    v1_only_ = vopt_;
+    v1_only_.chunk.delta_kinds = {ChunkKind::kDeltaV1};
+    vopt_.chunk.delta_kinds = {ChunkKind::kDeltaV1, ChunkKind::kDeltaV2};
+    iv_.has_timing = false;
+  }
 
-  MethodResult dc{"deltacast (v1 or v2 per chunk)"}, dc1{"deltacast v1 only"}, xz{"XOR + zstd-3 (ARCv2 style)"},
-      iv{"int32 idx + bf16 values, raw (TRL draft)"}, ivz{"int32 idx + bf16 values, zstd-3"};
-  iv.has_timing = false;
-  VersionEncodeOptions v1_only = vopt;
-  v1_only.chunk.delta_kinds = {ChunkKind::kDeltaV1};
-  vopt.chunk.delta_kinds = {ChunkKind::kDeltaV1, ChunkKind::kDeltaV2};
-  std::uint64_t changed_total = 0, bf16_total = 0, v2_chunks = 0, chunks = 0;
-  double entropy_bytes = 0;  // conditioned on the base exponent (inspect --entropy, (b))
-  ProgressBar bar("bench", pairs, !o.quiet);
-  for (std::size_t p = 0; p < pairs; ++p) {
-    ByteSpan base = s.images[p], next = s.images[p + 1];
-    // deltacast, as configured by default and with v1 chunks only
-    for (MethodResult* m : {&dc, &dc1}) {
-      const VersionEncodeOptions& opt = m == &dc ? vopt : v1_only;
-      std::optional<EncodedVersion> ev;
-      auto enc = time_runs(o.runs, [&] {
-        auto r = encode_version(s.layout, p + 1, p, base, next, opt, one_core, &encoders);
-        if (r.is_ok()) ev = std::move(r).value();
-      });
-      if (!ev) return fail("deltacast encode failed");
-      std::vector<ByteSpan> payloads(ev->payloads.begin(), ev->payloads.end());
-      Status dst;
-      auto dec = time_runs(o.runs, [&] { dst = decode_version(ev->manifest, payloads, base, out, one_core, {}, &decoders); });
-      if (!dst.is_ok()) return fail("deltacast decode failed: " + dst.to_string());
-      if (std::memcmp(out.data(), next.data(), image) != 0) return fail("deltacast round trip is not bit-exact");
-      m->bytes += container_prefix(ev->manifest).size() + ev->manifest.payload_bytes_total();
-      add_rates(m->encode_gbps, enc, image);
-      add_rates(m->decode_gbps, dec, image);
-      if (m != &dc) continue;
-      changed_total += ev->stats.changed_values;
-      bf16_total += ev->stats.bf16_values;
-      v2_chunks += ev->stats.v2_chunks;
-      chunks += ev->manifest.chunks.size();
+  Status run() {
+    ProgressBar bar("bench", pairs_, !o_.quiet);
+    for (std::size_t p = 0; p < pairs_; ++p) {
+      const ByteSpan base = s_.images[p], next = s_.images[p + 1];
+      for (MethodResult* m : {&dc_, &dc1_}) DC_RETURN_IF_ERROR(measure_deltacast(p, base, next, *m));
+      DC_ASSIGN_OR_RETURN(DeltaEntropy h, measure_delta_entropy(s_.layout.tensors, base, next));
+      entropy_bytes_ += h.bytes(h.exponent);
+      DC_RETURN_IF_ERROR(measure_xor_zstd(base, next));
+      DC_RETURN_IF_ERROR(measure_index_value(base, next));
+      bar.update(p + 1);
     }
-    auto h = measure_delta_entropy(s.layout.tensors, base, next);
-    if (!h.is_ok()) return fail(h.status().to_string());
-    entropy_bytes += h->bytes(h->exponent);
+    bar.finish();
+    DC_RETURN_IF_ERROR(measure_parallel());
+    print_delta_table();
+    std::vector<BarPanel> panels = delta_panels();
+    if (o_.anchor) DC_RETURN_IF_ERROR(measure_anchor(panels));
+    if (!o_.svg_path.empty()) {
+      const std::string svg = render_bar_panels("deltacast bench: " + s_.description, panels);
+      DC_RETURN_IF_ERROR(write_file_atomic(o_.svg_path, std::string_view(svg)));
+      std::printf("\nplot written to %s\n", o_.svg_path.c_str());
+    }
+    return Status::ok();
+  }
 
-    // XOR + zstd -3 over the whole image.
+ private:
+  // deltacast as configured by default (m = dc_) or with v1 chunks only (dc1_).
+  Status measure_deltacast(std::size_t p, ByteSpan base, ByteSpan next, MethodResult& m) {
+    const VersionEncodeOptions& opt = &m == &dc_ ? vopt_ : v1_only_;
+    std::optional<EncodedVersion> ev;
+    auto enc = time_runs(o_.runs, [&] {
+      auto r = encode_version(s_.layout, p + 1, p, base, next, opt, one_core_, &encoders_);
+      if (r.is_ok()) ev = std::move(r).value();
+    });
+    if (!ev) return Status::corruption("deltacast encode failed");
+    std::vector<ByteSpan> payloads(ev->payloads.begin(), ev->payloads.end());
+    Status dst;
+    auto dec = time_runs(o_.runs, [&] { dst = decode_version(ev->manifest, payloads, base, out_, one_core_, {}, &decoders_); });
+    if (!dst.is_ok()) return Status::corruption("deltacast decode failed: " + dst.to_string());
+    if (std::memcmp(out_.data(), next.data(), image_) != 0) return Status::corruption("deltacast round trip is not bit-exact");
+    m.bytes += container_prefix(ev->manifest).size() + ev->manifest.payload_bytes_total();
+    add_rates(m.encode_gbps, enc, image_);
+    add_rates(m.decode_gbps, dec, image_);
+    if (&m == &dc_) {
+      changed_total_ += ev->stats.changed_values;
+      bf16_total_ += ev->stats.bf16_values;
+      v2_chunks_ += ev->stats.v2_chunks;
+      chunks_ += ev->manifest.chunks.size();
+    }
+    return Status::ok();
+  }
+
+  // XOR + zstd -3 over the whole image.
+  Status measure_xor_zstd(ByteSpan base, ByteSpan next) {
     Bytes xz_out;
-    auto enc = time_runs(o.runs, [&] {
-      for (std::size_t i = 0; i < image; ++i) scratch[i] = base[i] ^ next[i];
-      zstd_compress(z, scratch, xz_out, 3);
+    auto enc = time_runs(o_.runs, [&] {
+      for (std::size_t i = 0; i < image_; ++i) scratch_[i] = base[i] ^ next[i];
+      zstd_compress(z_, scratch_, xz_out, 3);
     });
     bool ok = true;
-    auto dec = time_runs(o.runs, [&] {
-      ok = zstd_decompress(z, xz_out, scratch);
-      for (std::size_t i = 0; i < image; ++i) out[i] = base[i] ^ scratch[i];
+    auto dec = time_runs(o_.runs, [&] {
+      ok = zstd_decompress(z_, xz_out, scratch_);
+      for (std::size_t i = 0; i < image_; ++i) out_[i] = base[i] ^ scratch_[i];
     });
-    if (!ok || std::memcmp(out.data(), next.data(), image) != 0) return fail("XOR+zstd round trip failed");
-    xz.bytes += xz_out.size();
-    add_rates(xz.encode_gbps, enc, image);
-    add_rates(xz.decode_gbps, dec, image);
+    if (!ok || std::memcmp(out_.data(), next.data(), image_) != 0) return Status::corruption("XOR+zstd round trip failed");
+    xz_.bytes += xz_out.size();
+    add_rates(xz_.encode_gbps, enc, image_);
+    add_rates(xz_.decode_gbps, dec, image_);
+    return Status::ok();
+  }
 
-    // int32 indices of changed BF16 elements, then their new values; raw and zstd -3.
+  // int32 indices of changed BF16 elements, then their new values; raw and zstd -3.
+  Status measure_index_value(ByteSpan base, ByteSpan next) {
     const auto* a = reinterpret_cast<const std::uint16_t*>(base.data());
     const auto* b = reinterpret_cast<const std::uint16_t*>(next.data());
-    const std::size_t elems = image / 2;
-    Bytes packed, iv_out;
-    enc = time_runs(o.runs, [&] {
+    const std::size_t elems = image_ / 2;
+    Bytes packed, iv_out, unpacked;
+    auto enc = time_runs(o_.runs, [&] {
       std::vector<std::uint32_t> idx;
       std::vector<std::uint16_t> val;
       for (std::size_t i = 0; i < elems; ++i)
@@ -223,84 +236,87 @@ int run_bench(const BenchOptions& o) {
       packed.resize(idx.size() * 6);
       std::memcpy(packed.data(), idx.data(), idx.size() * 4);
       std::memcpy(packed.data() + idx.size() * 4, val.data(), val.size() * 2);
-      zstd_compress(z, packed, iv_out, 3);
+      zstd_compress(z_, packed, iv_out, 3);
     });
-    dec = time_runs(o.runs, [&] {
-      scratch2.resize(packed.size());
-      ok = zstd_decompress(z, iv_out, scratch2);
-      std::memcpy(out.data(), base.data(), image);
-      const std::size_t k = scratch2.size() / 6;
-      auto* o16 = reinterpret_cast<std::uint16_t*>(out.data());
+    bool ok = true;
+    auto dec = time_runs(o_.runs, [&] {
+      unpacked.resize(packed.size());
+      ok = zstd_decompress(z_, iv_out, unpacked);
+      std::memcpy(out_.data(), base.data(), image_);
+      const std::size_t k = unpacked.size() / 6;
+      auto* o16 = reinterpret_cast<std::uint16_t*>(out_.data());
       for (std::size_t j = 0; j < k; ++j) {
         std::uint32_t i;
         std::uint16_t v;
-        std::memcpy(&i, scratch2.data() + 4 * j, 4);
-        std::memcpy(&v, scratch2.data() + 4 * k + 2 * j, 2);
+        std::memcpy(&i, unpacked.data() + 4 * j, 4);
+        std::memcpy(&v, unpacked.data() + 4 * k + 2 * j, 2);
         if (i < elems) o16[i] = v;
       }
     });
-    if (!ok || std::memcmp(out.data(), next.data(), image) != 0) return fail("index+value round trip failed");
-    iv.bytes += packed.size();
-    ivz.bytes += iv_out.size();
-    add_rates(ivz.encode_gbps, enc, image);
-    add_rates(ivz.decode_gbps, dec, image);
-    bar.update(p + 1);
+    if (!ok || std::memcmp(out_.data(), next.data(), image_) != 0) return Status::corruption("index+value round trip failed");
+    iv_.bytes += packed.size();
+    ivz_.bytes += iv_out.size();
+    add_rates(ivz_.encode_gbps, enc, image_);
+    add_rates(ivz_.decode_gbps, dec, image_);
+    return Status::ok();
   }
-  bar.finish();
 
   // The same first delta on every core, through the executor (as configured, and v1 alone).
-  ThreadPool pool;
-  std::vector<double> mt_enc[2], mt_dec[2];
-  for (int k = 0; k < 2; ++k) {
-    std::optional<EncodedVersion> ev;
-    auto enc = time_runs(o.runs, [&] {
-      auto r = encode_version(s.layout, 1, 0, s.images[0], s.images[1], k == 0 ? vopt : v1_only, pool, &encoders);
-      if (r.is_ok()) ev = std::move(r).value();
-    });
-    if (!ev) return fail("deltacast encode failed");
-    std::vector<ByteSpan> payloads(ev->payloads.begin(), ev->payloads.end());
-    Status dst;
-    auto dec = time_runs(o.runs, [&] { dst = decode_version(ev->manifest, payloads, s.images[0], out, pool, {}, &decoders); });
-    if (!dst.is_ok() || std::memcmp(out.data(), s.images[1].data(), image) != 0) return fail("parallel round trip failed");
-    add_rates(mt_enc[k], enc, image);
-    add_rates(mt_dec[k], dec, image);
-  }
-
-  const double bf16_bytes = static_cast<double>(image) * static_cast<double>(pairs);
-  std::printf("series: %s\n", s.description.c_str());
-  std::printf("%zu deltas of %s, %.3f%% of BF16 values changed; %zu runs each, one core, chunk %s; throughput in GB/s of BF16 input, medians\n\n",
-              pairs, format_bytes(static_cast<double>(image)).c_str(), bf16_total ? 100.0 * static_cast<double>(changed_total) / static_cast<double>(bf16_total) : 0.0,
-              o.runs, o.chunk_size.c_str());
-  std::printf("| %-42s | %12s | %13s | %11s | %11s |\n", "delta method", "size % BF16", "vs XOR+zstd-3", "encode GB/s", "decode GB/s");
-  std::printf("|%s|%s|%s|%s|%s|\n", std::string(44, '-').c_str(), std::string(14, '-').c_str(), std::string(15, '-').c_str(),
-              std::string(13, '-').c_str(), std::string(13, '-').c_str());
-  for (const MethodResult* m : {&dc, &dc1, &xz, &iv, &ivz}) {
-    char enc[32] = "-", dec[32] = "-";
-    if (m->has_timing) {
-      std::snprintf(enc, sizeof enc, "%.2f", median(m->encode_gbps));
-      std::snprintf(dec, sizeof dec, "%.2f", median(m->decode_gbps));
+  Status measure_parallel() {
+    for (int k = 0; k < 2; ++k) {
+      std::optional<EncodedVersion> ev;
+      auto enc = time_runs(o_.runs, [&] {
+        auto r = encode_version(s_.layout, 1, 0, s_.images[0], s_.images[1], k == 0 ? vopt_ : v1_only_, pool_, &encoders_);
+        if (r.is_ok()) ev = std::move(r).value();
+      });
+      if (!ev) return Status::corruption("deltacast encode failed");
+      std::vector<ByteSpan> payloads(ev->payloads.begin(), ev->payloads.end());
+      Status dst;
+      auto dec = time_runs(o_.runs, [&] { dst = decode_version(ev->manifest, payloads, s_.images[0], out_, pool_, {}, &decoders_); });
+      if (!dst.is_ok() || std::memcmp(out_.data(), s_.images[1].data(), image_) != 0) return Status::corruption("parallel round trip failed");
+      add_rates(mt_enc_[k], enc, image_);
+      add_rates(mt_dec_[k], dec, image_);
     }
-    std::printf("| %-42s | %11.4f%% | %12.3fx | %11s | %11s |\n", m->name.c_str(), 100.0 * static_cast<double>(m->bytes) / bf16_bytes,
-                static_cast<double>(m->bytes) / static_cast<double>(xz.bytes), enc, dec);
+    return Status::ok();
   }
-  std::printf("| %-42s | %11.4f%% | %12.3fx | %11s | %11s |\n", "entropy given the base exponent", 100.0 * entropy_bytes / bf16_bytes,
-              entropy_bytes / static_cast<double>(xz.bytes), "-", "-");
-  std::printf("\ndeltacast: %" PRIu64 " of %" PRIu64 " chunks coded v2; on %zu threads: encode %.2f GB/s, decode+apply %.2f GB/s "
-              "(v1 only: %.2f, %.2f)\n",
-              v2_chunks, chunks, pool.concurrency(), median(mt_enc[0]), median(mt_dec[0]), median(mt_enc[1]), median(mt_dec[1]));
-  const double size_ratio = static_cast<double>(dc.bytes) / static_cast<double>(xz.bytes);
-  const double to_entropy = static_cast<double>(dc.bytes) / entropy_bytes;
-  const double dc_enc = median(dc.encode_gbps), dc_dec = median(dc.decode_gbps);
-  std::printf("\ntargets: size <= 0.33x XOR+zstd-3: %.3fx %s; within 10%% of the conditioned entropy: %.3fx %s; encode >= 1 GB/s: %.2f %s; "
-              "decode+apply >= 1.5 GB/s: %.2f %s\n",
-              size_ratio, size_ratio <= 0.33 ? "met" : "MISSED", to_entropy, to_entropy <= 1.1 ? "met" : "MISSED", dc_enc,
-              dc_enc >= 1 ? "met" : "MISSED", dc_dec, dc_dec >= 1.5 ? "met" : "MISSED");
 
-  std::vector<BarPanel> panels;
-  {
+  void print_delta_table() const {
+    const double bf16_bytes = static_cast<double>(image_) * static_cast<double>(pairs_);
+    std::printf("series: %s\n", s_.description.c_str());
+    std::printf("%zu deltas of %s, %.3f%% of BF16 values changed; %zu runs each, one core, chunk %s; throughput in GB/s of BF16 input, medians\n\n",
+                pairs_, format_bytes(static_cast<double>(image_)).c_str(),
+                bf16_total_ ? 100.0 * static_cast<double>(changed_total_) / static_cast<double>(bf16_total_) : 0.0, o_.runs, o_.chunk_size.c_str());
+    std::printf("| %-42s | %12s | %13s | %11s | %11s |\n", "delta method", "size % BF16", "vs XOR+zstd-3", "encode GB/s", "decode GB/s");
+    std::printf("|%s|%s|%s|%s|%s|\n", std::string(44, '-').c_str(), std::string(14, '-').c_str(), std::string(15, '-').c_str(),
+                std::string(13, '-').c_str(), std::string(13, '-').c_str());
+    for (const MethodResult* m : {&dc_, &dc1_, &xz_, &iv_, &ivz_}) {
+      char enc[32] = "-", dec[32] = "-";
+      if (m->has_timing) {
+        std::snprintf(enc, sizeof enc, "%.2f", median(m->encode_gbps));
+        std::snprintf(dec, sizeof dec, "%.2f", median(m->decode_gbps));
+      }
+      std::printf("| %-42s | %11.4f%% | %12.3fx | %11s | %11s |\n", m->name.c_str(), 100.0 * static_cast<double>(m->bytes) / bf16_bytes,
+                  static_cast<double>(m->bytes) / static_cast<double>(xz_.bytes), enc, dec);
+    }
+    std::printf("| %-42s | %11.4f%% | %12.3fx | %11s | %11s |\n", "entropy given the base exponent", 100.0 * entropy_bytes_ / bf16_bytes,
+                entropy_bytes_ / static_cast<double>(xz_.bytes), "-", "-");
+    std::printf("\ndeltacast: %" PRIu64 " of %" PRIu64 " chunks coded v2; on %zu threads: encode %.2f GB/s, decode+apply %.2f GB/s "
+                "(v1 only: %.2f, %.2f)\n",
+                v2_chunks_, chunks_, pool_.concurrency(), median(mt_enc_[0]), median(mt_dec_[0]), median(mt_enc_[1]), median(mt_dec_[1]));
+    const double size_ratio = static_cast<double>(dc_.bytes) / static_cast<double>(xz_.bytes);
+    const double to_entropy = static_cast<double>(dc_.bytes) / entropy_bytes_;
+    const double dc_enc = median(dc_.encode_gbps), dc_dec = median(dc_.decode_gbps);
+    std::printf("\ntargets: size <= 0.33x XOR+zstd-3: %.3fx %s; within 10%% of the conditioned entropy: %.3fx %s; encode >= 1 GB/s: %.2f %s; "
+                "decode+apply >= 1.5 GB/s: %.2f %s\n",
+                size_ratio, size_ratio <= 0.33 ? "met" : "MISSED", to_entropy, to_entropy <= 1.1 ? "met" : "MISSED", dc_enc,
+                dc_enc >= 1 ? "met" : "MISSED", dc_dec, dc_dec >= 1.5 ? "met" : "MISSED");
+  }
+
+  std::vector<BarPanel> delta_panels() const {
+    const double bf16_bytes = static_cast<double>(image_) * static_cast<double>(pairs_);
     BarPanel size_panel{"delta size, % of the BF16 checkpoint (smaller is better)", {}, {{"size", {}}}, "%.3f%%"};
     BarPanel speed_panel{"delta throughput, GB/s of BF16 input on one core (larger is better)", {}, {{"encode", {}}, {"decode + apply", {}}}, "%.2f"};
-    for (const MethodResult* m : {&dc, &dc1, &xz, &iv, &ivz}) {
+    for (const MethodResult* m : {&dc_, &dc1_, &xz_, &iv_, &ivz_}) {
       size_panel.categories.push_back(m->name);
       size_panel.series[0].values.push_back(100.0 * static_cast<double>(m->bytes) / bf16_bytes);
       if (!m->has_timing) continue;
@@ -308,56 +324,76 @@ int run_bench(const BenchOptions& o) {
       speed_panel.series[0].values.push_back(median(m->encode_gbps));
       speed_panel.series[1].values.push_back(median(m->decode_gbps));
     }
-    panels.push_back(std::move(size_panel));
-    panels.push_back(std::move(speed_panel));
+    return {std::move(size_panel), std::move(speed_panel)};
   }
 
-  if (o.anchor) {
-    ByteSpan last = s.images.back();
+  // An anchor of the last checkpoint against zstd -19 and -3 of the raw BF16.
+  Status measure_anchor(std::vector<BarPanel>& panels) {
+    ByteSpan last = s_.images.back();
     std::optional<EncodedVersion> av;
-    auto enc = time_runs(o.runs, [&] {
-      auto r = encode_version(s.layout, pairs, 0, ByteSpan(), last, vopt, one_core, &encoders);
+    auto enc = time_runs(o_.runs, [&] {
+      auto r = encode_version(s_.layout, pairs_, 0, ByteSpan(), last, vopt_, one_core_, &encoders_);
       if (r.is_ok()) av = std::move(r).value();
     });
-    if (!av) return fail("anchor encode failed");
+    if (!av) return Status::corruption("anchor encode failed");
     std::vector<ByteSpan> payloads(av->payloads.begin(), av->payloads.end());
     Status dst;
-    auto dec = time_runs(o.runs, [&] { dst = decode_version(av->manifest, payloads, ByteSpan(), out, one_core, {}, &decoders); });
-    if (!dst.is_ok() || std::memcmp(out.data(), last.data(), image) != 0) return fail("anchor round trip failed");
+    auto dec = time_runs(o_.runs, [&] { dst = decode_version(av->manifest, payloads, ByteSpan(), out_, one_core_, {}, &decoders_); });
+    if (!dst.is_ok() || std::memcmp(out_.data(), last.data(), image_) != 0) return Status::corruption("anchor round trip failed");
     const std::uint64_t anchor_bytes = container_prefix(av->manifest).size() + av->manifest.payload_bytes_total();
     std::fprintf(stderr, "measuring zstd -19 of the raw checkpoint (slow)...\n");
     const std::size_t z19 = zstd_size_mt(last, 19, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
     Bytes z3;
-    auto z3_enc = time_runs(o.runs, [&] { zstd_compress(z, last, z3, 3); });
+    auto z3_enc = time_runs(o_.runs, [&] { zstd_compress(z_, last, z3, 3); });
+    std::vector<double> ae, ad, ze;
+    add_rates(ae, enc, image_);
+    add_rates(ad, dec, image_);
+    add_rates(ze, z3_enc, image_);
+    const double image = static_cast<double>(image_), ratio = static_cast<double>(anchor_bytes) / static_cast<double>(z19);
     std::printf("\n| %-42s | %12s | %13s | %11s | %11s |\n", "anchor method", "size % BF16", "vs zstd-19", "encode GB/s", "decode GB/s");
     std::printf("|%s|%s|%s|%s|%s|\n", std::string(44, '-').c_str(), std::string(14, '-').c_str(), std::string(15, '-').c_str(),
                 std::string(13, '-').c_str(), std::string(13, '-').c_str());
-    std::vector<double> ae, ad, ze;
-    add_rates(ae, enc, image);
-    add_rates(ad, dec, image);
-    add_rates(ze, z3_enc, image);
-    const double ratio = static_cast<double>(anchor_bytes) / static_cast<double>(z19);
-    std::printf("| %-42s | %11.3f%% | %12.3fx | %11.2f | %11.2f |\n", "deltacast v1 anchor", 100.0 * static_cast<double>(anchor_bytes) / static_cast<double>(image),
-                ratio, median(ae), median(ad));
-    std::printf("| %-42s | %11.3f%% | %12.3fx | %11s | %11s |\n", "zstd -19, raw BF16", 100.0 * static_cast<double>(z19) / static_cast<double>(image), 1.0, "-", "-");
-    std::printf("| %-42s | %11.3f%% | %12.3fx | %11.2f | %11s |\n", "zstd -3, raw BF16", 100.0 * static_cast<double>(z3.size()) / static_cast<double>(image),
+    std::printf("| %-42s | %11.3f%% | %12.3fx | %11.2f | %11.2f |\n", "deltacast v1 anchor", 100.0 * static_cast<double>(anchor_bytes) / image, ratio,
+                median(ae), median(ad));
+    std::printf("| %-42s | %11.3f%% | %12.3fx | %11s | %11s |\n", "zstd -19, raw BF16", 100.0 * static_cast<double>(z19) / image, 1.0, "-", "-");
+    std::printf("| %-42s | %11.3f%% | %12.3fx | %11.2f | %11s |\n", "zstd -3, raw BF16", 100.0 * static_cast<double>(z3.size()) / image,
                 static_cast<double>(z3.size()) / static_cast<double>(z19), median(ze), "-");
     panels.push_back(BarPanel{"anchor size, % of the BF16 checkpoint (smaller is better)",
                               {"deltacast v1 anchor", "zstd -19, raw BF16", "zstd -3, raw BF16"},
-                              {{"size", {100.0 * static_cast<double>(anchor_bytes) / static_cast<double>(image),
-                                         100.0 * static_cast<double>(z19) / static_cast<double>(image),
-                                         100.0 * static_cast<double>(z3.size()) / static_cast<double>(image)}}},
+                              {{"size", {100.0 * static_cast<double>(anchor_bytes) / image, 100.0 * static_cast<double>(z19) / image,
+                                         100.0 * static_cast<double>(z3.size()) / image}}},
                               "%.2f%%"});
     std::printf("\ntargets: anchor >= 10%% smaller than zstd-19: %.1f%% smaller %s; anchor encode >= 0.5 GB/s: %.2f %s\n", 100.0 * (1 - ratio),
                 ratio <= 0.9 ? "met" : "MISSED", median(ae), median(ae) >= 0.5 ? "met" : "MISSED");
+    return Status::ok();
   }
-  if (!o.svg_path.empty()) {
-    const std::string svg = render_bar_panels("deltacast bench: " + s.description, panels);
-    if (Status st = write_file_atomic(o.svg_path, std::string_view(svg)); !st.is_ok())
-      return fail(st.to_string());
-    std::printf("\nplot written to %s\n", o.svg_path.c_str());
-  }
-  return 0;
+
+  const BenchOptions& o_;
+  Series& s_;
+  const std::uint64_t image_;
+  const std::size_t pairs_;
+  InlineExecutor one_core_;
+  ThreadPool pool_;
+  // Kept across runs and methods, as a publisher and a worker keep theirs.
+  ChunkEncoderPool encoders_;
+  ChunkDecoderPool decoders_;
+  VersionEncodeOptions vopt_, v1_only_;
+  ZstdCtx z_;
+  Bytes out_, scratch_;
+  MethodResult dc_{"deltacast (v1 or v2 per chunk)"}, dc1_{"deltacast v1 only"}, xz_{"XOR + zstd-3 (ARCv2 style)"},
+      iv_{"int32 idx + bf16 values, raw (TRL draft)"}, ivz_{"int32 idx + bf16 values, zstd-3"};
+  std::uint64_t changed_total_ = 0, bf16_total_ = 0, v2_chunks_ = 0, chunks_ = 0;
+  double entropy_bytes_ = 0;  // conditioned on the base exponent (inspect --entropy, (b))
+  std::vector<double> mt_enc_[2], mt_dec_[2];
+};
+
+int run_bench(const BenchOptions& o) {
+  auto series = load_series(o);
+  if (!series.is_ok()) return fail(series.status().to_string());
+  auto chunk = parse_bytes(o.chunk_size);
+  if (!chunk.is_ok()) return fail(chunk.status().message());
+  const Status st = Bench(o, *series, *chunk).run();
+  return st.is_ok() ? 0 : fail(st.message());
 }
 
 }  // namespace

@@ -56,40 +56,122 @@ transport::Checkpoint checkpoint_of(SafetensorsFile file) {
   return {owner->layout(), owner->image(), owner};
 }
 
-int run_publish(PublishOptions& o) {
-  (void)apply_log_level(o.node.log_level);  // load_node_options checks it and applies the config file's
+// The publisher's options from the flags and the config file: an origin, or trainer shard I/N.
+Result<transport::PublisherOptions> publisher_options(PublishOptions& o) {
   const bool shard_mode = !o.shard.empty();
   std::uint32_t shard_index = 0, shard_count = 0;
-  if (shard_mode) {
-    if (std::sscanf(o.shard.c_str(), "%u/%u", &shard_index, &shard_count) != 2 || shard_count < 1 || shard_index >= shard_count)
-      return fail("--shard wants I/N with I < N, e.g. 0/4; got '" + o.shard + "'");
-  }
+  if (shard_mode && (std::sscanf(o.shard.c_str(), "%u/%u", &shard_index, &shard_count) != 2 || shard_count < 1 || shard_index >= shard_count))
+    return Status::invalid_argument("--shard wants I/N with I < N, e.g. 0/4; got '" + o.shard + "'");
   if (o.node.node_id.empty()) o.node.node_id = shard_mode ? "trainer-" + std::to_string(shard_index) : "origin";
-  auto cfg = load_node_options(o.node, /*worker=*/false);
-  if (!cfg.is_ok()) return fail(cfg.status().to_string());
+  DC_ASSIGN_OR_RETURN(LoadedNode cfg, load_node_options(o.node, /*worker=*/false));
   if (shard_mode) {
-    if (cfg->node.parents.empty()) return fail("a trainer shard sends its slices to the origin: give --parent");
-    if (o.expect_shards) return fail("--shard and --expect-shards are for different processes");
-    cfg->node.shard_index = shard_index;
-    cfg->node.shard_count = shard_count;
+    if (cfg.node.parents.empty()) return Status::invalid_argument("a trainer shard sends its slices to the origin: give --parent");
+    if (o.expect_shards) return Status::invalid_argument("--shard and --expect-shards are for different processes");
+    cfg.node.shard_index = shard_index;
+    cfg.node.shard_count = shard_count;
   } else {
-    if (cfg->host.bind_endpoint.empty()) return fail("publish needs --listen: the endpoint relays and workers connect to");
-    if (!cfg->node.parents.empty()) return fail("the publisher is the origin: it has no --parent (trainer shards use --shard I/N)");
-    cfg->node.expect_shards = o.expect_shards;
+    if (cfg.host.bind_endpoint.empty()) return Status::invalid_argument("publish needs --listen: the endpoint relays and workers connect to");
+    if (!cfg.node.parents.empty())
+      return Status::invalid_argument("the publisher is the origin: it has no --parent (trainer shards use --shard I/N)");
+    cfg.node.expect_shards = o.expect_shards;
   }
   if (o.expect_shards && (!o.files.empty() || !o.watch_dir.empty()))
-    return fail("an origin merging trainer shards publishes nothing itself: drop the checkpoints and --watch");
-  if (!o.expect_shards && o.files.empty() && o.watch_dir.empty()) return fail("give checkpoints to publish, or --watch DIR");
-  auto chunk = parse_bytes(o.chunk_size);
-  if (!chunk.is_ok()) return fail(chunk.status().message());
+    return Status::invalid_argument("an origin merging trainer shards publishes nothing itself: drop the checkpoints and --watch");
+  if (!o.expect_shards && o.files.empty() && o.watch_dir.empty()) return Status::invalid_argument("give checkpoints to publish, or --watch DIR");
+  DC_ASSIGN_OR_RETURN(std::uint64_t chunk, parse_bytes(o.chunk_size));
   transport::PublisherOptions po;
-  po.node = cfg->node;
-  po.host = cfg->host;
+  po.node = cfg.node;
+  po.host = cfg.host;
   po.anchor_every = o.anchor_every;
-  po.encode.chunk_bytes = *chunk;
+  po.encode.chunk_bytes = chunk;
   if (o.v2) po.encode.chunk = ChunkEncodeOptions::smallest();
   po.threads = o.threads;
-  auto started = transport::Publisher::start(std::move(po));
+  return po;
+}
+
+// An origin merging trainer shards: reports each merged version (and its delivery) until stopped.
+int report_merged_versions(transport::Publisher& pub, const PublishOptions& o) {
+  std::uint64_t reported = 0;
+  int rc = 0;
+  while (!pub.interrupted()) {
+    for (const std::uint64_t newest = pub.newest_version(); reported < newest; ++reported) {
+      std::printf("merged version %" PRIu64 " from %u shards\n", reported + 1, o.expect_shards);
+      std::fflush(stdout);
+      if (o.wait_workers == 0) continue;
+      const transport::Delivery d = pub.wait_for_delivery(reported + 1, o.wait_workers, o.wait_timeout_ms);
+      print_delivery(reported + 1, d, o.wait_workers);
+      if (d.workers_ready < o.wait_workers) rc = 1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return rc;
+}
+
+// The next checkpoint: the files given, in order, then what appears in the watched directory
+// (empty while nothing new has; nullopt when there is nothing more to publish).
+std::optional<std::string> next_checkpoint(const PublishOptions& o, std::size_t& next_file, std::optional<transport::CheckpointDirectory>& watched) {
+  if (next_file < o.files.size()) {
+    const std::string& path = o.files[next_file++];
+    if (watched) watched->mark_taken(path);
+    return path;
+  }
+  if (watched) return watched->next();
+  return std::nullopt;
+}
+
+// Publishes every checkpoint (waiting for delivery if asked); answers anchor requests while the
+// watched directory has nothing new.
+int publish_checkpoints(transport::Publisher& pub, const PublishOptions& o) {
+  std::optional<transport::CheckpointDirectory> watched;
+  if (!o.watch_dir.empty()) watched.emplace(o.watch_dir);
+  std::size_t next_file = 0;
+  while (!pub.interrupted()) {
+    const std::optional<std::string> path = next_checkpoint(o, next_file, watched);
+    if (!path) break;
+    if (path->empty()) {
+      if (Status st = pub.serve_anchor_request(); !st.is_ok()) spdlog::error("{}", st.to_string());
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      continue;
+    }
+    auto next = SafetensorsFile::open(*path);
+    if (!next.is_ok()) return fail(next.status().to_string());
+    const auto t0 = std::chrono::steady_clock::now();
+    auto version = pub.publish(checkpoint_of(std::move(next).value()));
+    if (!version.is_ok()) return fail(*path + ": " + version.status().to_string());
+    const double encode_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    spdlog::info("published version {} from {} (encoded in {:.0f} ms)", *version, *path, encode_ms);
+    if (o.wait_workers > 0 && o.shard.empty()) {
+      const transport::Delivery d = pub.wait_for_delivery(*version, o.wait_workers, o.wait_timeout_ms);
+      print_delivery(*version, d, o.wait_workers);
+      if (d.workers_ready < o.wait_workers)
+        return fail("version " + std::to_string(*version) + " did not reach every worker within " + std::to_string(o.wait_timeout_ms) + " ms");
+    }
+    if (o.interval_ms) std::this_thread::sleep_for(std::chrono::milliseconds(o.interval_ms));
+  }
+  return 0;
+}
+
+// Keeps serving for a while (late workers, retransmits), then prints the fleet ledger.
+void linger_and_report(transport::Publisher& pub, const PublishOptions& o) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(o.linger_ms);
+  while (!pub.interrupted() && std::chrono::steady_clock::now() < end) {
+    if (Status st = pub.serve_anchor_request(); !st.is_ok()) spdlog::error("{}", st.to_string());
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  auto ledger = pub.ledger();
+  if (ledger.empty()) return;
+  std::printf("fleet ledger:\n");
+  for (const auto& [id, e] : ledger)
+    std::printf("  %-20s version %-6" PRIu64 " checksum %016" PRIx64 " run %s%s%s\n", id.c_str(), e.version, e.checksum, to_string(e.run).c_str(),
+                e.last_error.empty() ? "" : "  last error: ", e.last_error.c_str());
+}
+
+int run_publish(PublishOptions& o) {
+  (void)apply_log_level(o.node.log_level);  // load_node_options checks it and applies the config file's
+  auto po = publisher_options(o);
+  if (!po.is_ok()) return fail(po.status().message());
+  const transport::PublisherOptions options = *po;
+  auto started = transport::Publisher::start(std::move(po).value());
   if (!started.is_ok()) return fail(started.status().to_string());
   transport::Publisher& pub = **started;
   g_publisher = &pub;
@@ -98,88 +180,20 @@ int run_publish(PublishOptions& o) {
   };
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
-  const std::uint64_t wait_ms = o.wait_timeout_ms;
-  auto finish = [&](int rc) {
-    g_publisher = nullptr;
-    pub.stop();
-    return rc;
-  };
-  if (shard_mode) std::printf("trainer shard %u of %u, sending to %s\n", shard_index, shard_count, cfg->node.parents.front().c_str());
-  else std::printf("origin listening on %s, run %s\n", pub.host().bound_endpoint().c_str(), to_string(pub.run()).c_str());
+  if (options.node.shard_count > 0)
+    std::printf("trainer shard %u of %u, sending to %s\n", options.node.shard_index, options.node.shard_count, options.node.parents.front().c_str());
+  else
+    std::printf("origin listening on %s, run %s\n", pub.host().bound_endpoint().c_str(), to_string(pub.run()).c_str());
+  int rc;
   if (o.expect_shards) {
-    // Merge and broadcast what the trainer shards send, until stopped.
-    std::uint64_t reported = 0;
-    int rc = 0;
-    while (!pub.interrupted()) {
-      for (const std::uint64_t newest = pub.newest_version(); reported < newest; ++reported) {
-        std::printf("merged version %" PRIu64 " from %u shards\n", reported + 1, o.expect_shards);
-        std::fflush(stdout);
-        if (o.wait_workers == 0) continue;
-        const transport::Delivery d = pub.wait_for_delivery(reported + 1, o.wait_workers, wait_ms);
-        print_delivery(reported + 1, d, o.wait_workers);
-        if (d.workers_ready < o.wait_workers) rc = 1;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return finish(rc);
+    rc = report_merged_versions(pub, o);
+  } else {
+    rc = publish_checkpoints(pub, o);
+    linger_and_report(pub, o);
   }
-
-  std::optional<transport::CheckpointDirectory> watched;
-  if (!o.watch_dir.empty()) watched.emplace(o.watch_dir);
-  std::size_t next_file = 0;
-  int rc = 0;
-  while (!pub.interrupted()) {
-    std::string path;
-    if (next_file < o.files.size()) {
-      path = o.files[next_file++];
-      if (watched) watched->mark_taken(path);
-    } else if (watched) {
-      path = watched->next();
-      if (path.empty()) {
-        if (Status st = pub.serve_anchor_request(); !st.is_ok()) spdlog::error("{}", st.to_string());
-        std::this_thread::sleep_for(std::chrono::milliseconds(200));
-        continue;
-      }
-    } else {
-      break;
-    }
-    auto next = SafetensorsFile::open(path);
-    if (!next.is_ok()) {
-      rc = fail(next.status().to_string());
-      break;
-    }
-    const auto t0 = std::chrono::steady_clock::now();
-    auto version = pub.publish(checkpoint_of(std::move(next).value()));
-    if (!version.is_ok()) {
-      rc = fail(path + ": " + version.status().to_string());
-      break;
-    }
-    const double encode_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    spdlog::info("published version {} from {} (encoded in {:.0f} ms)", *version, path, encode_ms);
-    if (o.wait_workers > 0 && !shard_mode) {
-      const transport::Delivery d = pub.wait_for_delivery(*version, o.wait_workers, wait_ms);
-      print_delivery(*version, d, o.wait_workers);
-      if (d.workers_ready < o.wait_workers) {
-        rc = fail("version " + std::to_string(*version) + " did not reach every worker within " + std::to_string(wait_ms) + " ms");
-        break;
-      }
-    }
-    if (o.interval_ms) std::this_thread::sleep_for(std::chrono::milliseconds(o.interval_ms));
-  }
-  // Keep serving for a while: late workers and retransmits.
-  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(o.linger_ms);
-  while (!pub.interrupted() && std::chrono::steady_clock::now() < end) {
-    if (Status st = pub.serve_anchor_request(); !st.is_ok()) spdlog::error("{}", st.to_string());
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  auto ledger = pub.ledger();
-  if (!ledger.empty()) {
-    std::printf("fleet ledger:\n");
-    for (const auto& [id, e] : ledger)
-      std::printf("  %-20s version %-6" PRIu64 " checksum %016" PRIx64 " run %s%s%s\n", id.c_str(), e.version, e.checksum, to_string(e.run).c_str(),
-                  e.last_error.empty() ? "" : "  last error: ", e.last_error.c_str());
-  }
-  return finish(rc);
+  g_publisher = nullptr;
+  pub.stop();
+  return rc;
 }
 
 struct KeygenOptions {

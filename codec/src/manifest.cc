@@ -139,9 +139,10 @@ Bytes serialize_manifest(const Manifest& m) {
   return out;
 }
 
-Result<Manifest> parse_manifest(ByteSpan data, const ManifestLimits& limits) {
-  ByteReader r(data);
-  Manifest m;
+namespace {
+
+// The fixed header: magic, format, kind, versions, image size and (format 2) run and flags.
+Status read_header(ByteReader& r, const ManifestLimits& limits, Manifest& m) {
   std::uint32_t magic;
   std::uint8_t fmt, kind;
   if (!r.u32(magic) || magic != kManifestMagic) return Status::corruption("not a deltacast manifest (bad magic)");
@@ -160,7 +161,12 @@ Result<Manifest> parse_manifest(ByteSpan data, const ManifestLimits& limits) {
     if (flags & ~kFlagSigned) return Status::unsupported("manifest flags " + std::to_string(flags) + " are not known to this build");
     m.is_signed = flags & kFlagSigned;
   }
+  return Status::ok();
+}
 
+// Metadata and the tensor table. Counts are bounded by what is left (a tensor entry takes 5
+// bytes or more), so a hostile count cannot make us allocate.
+Status read_tables(ByteReader& r, const ManifestLimits& limits, Manifest& m) {
   std::uint64_t count;
   if (!r.varint(count) || count > r.remaining() / 2) return Status::corruption("bad metadata count");
   std::uint64_t meta_bytes = 0;
@@ -171,8 +177,6 @@ Result<Manifest> parse_manifest(ByteSpan data, const ManifestLimits& limits) {
     if (meta_bytes > kMetadataBytesMax) return Status::corruption("metadata too large");
     m.metadata.emplace_back(std::move(k), std::move(v));
   }
-  // Minimum encoded size of a tensor entry is 5 bytes, of a chunk entry 18: counts are bounded
-  // by what is left, so a hostile count cannot make us allocate.
   if (!r.varint(count) || count > kTensorsMax || count > r.remaining() / 5) return Status::corruption("bad tensor count");
   if (count > limits.tensors_max)
     return Status::resource_exhausted(std::to_string(count) + " tensors, above the limit of " + std::to_string(limits.tensors_max));
@@ -190,9 +194,13 @@ Result<Manifest> parse_manifest(ByteSpan data, const ManifestLimits& limits) {
     if (!r.varint(t.offset) || !r.varint(t.nbytes)) return Status::corruption("truncated tensor entry");
   }
   DC_RETURN_IF_ERROR(validate_names(m.tensors, m.metadata));
-  DC_RETURN_IF_ERROR(validate_tensors(m.tensors, m.image_size));
+  return validate_tensors(m.tensors, m.image_size);
+}
 
+// The chunk table (an entry takes 18 bytes or more), the checksums and the signature.
+Status read_chunks(ByteReader& r, const ManifestLimits& limits, Manifest& m) {
   const std::size_t chunk_entry_min = (m.kind == VersionKind::kDelta ? 26 : 18) + (m.is_signed ? sizeof(PayloadDigest) : 0);
+  std::uint64_t count;
   if (!r.varint(count) || count > kChunksMax || count > r.remaining() / chunk_entry_min) return Status::corruption("bad chunk count");
   if (count > limits.chunks_max)
     return Status::resource_exhausted(std::to_string(count) + " chunks, above the limit of " + std::to_string(limits.chunks_max));
@@ -211,8 +219,12 @@ Result<Manifest> parse_manifest(ByteSpan data, const ManifestLimits& limits) {
   if (next_offset != m.image_size) return Status::corruption("chunks do not cover the image");
   if (!r.u64(m.base_checksum) || !r.u64(m.version_checksum)) return Status::corruption("truncated checksums");
   if (m.is_signed && (!read_array(r, m.signer) || !read_array(r, m.signature))) return Status::corruption("truncated signature");
-  if (r.remaining() != 0) return Status::corruption("trailing bytes after the manifest");
+  return Status::ok();
+}
 
+// The version checksum over the chunks' content hashes, and a delta's base checksum over their
+// base hashes; an anchor names no base.
+Status check_checksums(const Manifest& m) {
   std::vector<std::uint64_t> hashes(m.chunks.size());
   for (std::size_t i = 0; i < m.chunks.size(); ++i) hashes[i] = m.chunks[i].content_hash;
   if (combine_chunk_hashes(m.image_size, hashes) != m.version_checksum)
@@ -224,6 +236,19 @@ Result<Manifest> parse_manifest(ByteSpan data, const ManifestLimits& limits) {
   } else if (m.base_version != 0 || m.base_checksum != 0) {
     return Status::corruption("an anchor with a base version or base checksum");
   }
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<Manifest> parse_manifest(ByteSpan data, const ManifestLimits& limits) {
+  ByteReader r(data);
+  Manifest m;
+  DC_RETURN_IF_ERROR(read_header(r, limits, m));
+  DC_RETURN_IF_ERROR(read_tables(r, limits, m));
+  DC_RETURN_IF_ERROR(read_chunks(r, limits, m));
+  if (r.remaining() != 0) return Status::corruption("trailing bytes after the manifest");
+  DC_RETURN_IF_ERROR(check_checksums(m));
   return m;
 }
 

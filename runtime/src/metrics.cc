@@ -57,9 +57,9 @@ class Writer {
 
 }  // namespace
 
-std::string render_prometheus(const Node& node) {
-  Writer w(node.config().node_id);
-  const NodeStats& s = node.stats();
+namespace {
+
+void write_counters(Writer& w, const NodeStats& s) {
   struct Counter {
     const char* name;
     const char* help;
@@ -84,6 +84,9 @@ std::string render_prometheus(const Node& node) {
     w.family(c.name, "counter", c.help);
     w.sample(c.name, c.value);
   }
+}
+
+void write_gauges(Writer& w, const Node& node) {
   const std::uint64_t current = node.current_version();
   const std::uint64_t newest = node.newest_known_version();
   w.family("deltacast_current_version", "gauge", "Version this worker exposes (0: none).");
@@ -102,7 +105,9 @@ std::string render_prometheus(const Node& node) {
   w.sample("deltacast_cache_bytes", node.cache().bytes());
   w.family("deltacast_cache_bytes_max", "gauge", "Bound of the version cache.");
   w.sample("deltacast_cache_bytes_max", node.cache().bytes_max());
+}
 
+void write_timings(Writer& w, const Node& node) {
   struct Timing {
     const char* name;
     const char* help;
@@ -121,23 +126,35 @@ std::string render_prometheus(const Node& node) {
       w.sample_ms(t.name, at - vt.published_us, "version=\"" + std::to_string(v) + "\"");
     }
   }
-  if (!node.ledger().empty()) {
-    w.family("deltacast_worker_version", "gauge", "Fleet ledger: the version each worker holds.");
-    for (const auto& [id, e] : node.ledger())
-      w.sample("deltacast_worker_version", e.version, "worker=\"" + escape_label(id) + "\",run=\"" + to_string(e.run) + "\"");
-    w.family("deltacast_worker_publish_to_ready_ms", "gauge", "Fleet ledger: publish to ready of each worker's newest version.");
-    for (const auto& [id, e] : node.ledger())
-      w.sample("deltacast_worker_publish_to_ready_ms", e.publish_to_ready_ms, "worker=\"" + escape_label(id) + "\"");
-    w.family("deltacast_worker_updated_ms", "gauge", "Fleet ledger: when each worker last reported (origin clock).");
-    for (const auto& [id, e] : node.ledger()) w.sample("deltacast_worker_updated_ms", e.updated_ms, "worker=\"" + escape_label(id) + "\"");
-    w.family("deltacast_worker_left", "gauge", "Fleet ledger: 1 for a worker that stopped on purpose (Leave) and has not reported since.");
-    for (const auto& [id, e] : node.ledger())
-      if (e.left) w.sample("deltacast_worker_left", 1, "worker=\"" + escape_label(id) + "\"");
-    w.family("deltacast_worker_last_error", "gauge", "Fleet ledger: each worker's last error (1 if any).");
-    for (const auto& [id, e] : node.ledger())
-      if (!e.last_error.empty())
-        w.sample("deltacast_worker_last_error", 1, "worker=\"" + escape_label(id) + "\",error=\"" + escape_label(e.last_error) + "\"");
-  }
+}
+
+void write_ledger(Writer& w, const Node& node) {
+  if (node.ledger().empty()) return;
+  w.family("deltacast_worker_version", "gauge", "Fleet ledger: the version each worker holds.");
+  for (const auto& [id, e] : node.ledger())
+    w.sample("deltacast_worker_version", e.version, "worker=\"" + escape_label(id) + "\",run=\"" + to_string(e.run) + "\"");
+  w.family("deltacast_worker_publish_to_ready_ms", "gauge", "Fleet ledger: publish to ready of each worker's newest version.");
+  for (const auto& [id, e] : node.ledger())
+    w.sample("deltacast_worker_publish_to_ready_ms", e.publish_to_ready_ms, "worker=\"" + escape_label(id) + "\"");
+  w.family("deltacast_worker_updated_ms", "gauge", "Fleet ledger: when each worker last reported (origin clock).");
+  for (const auto& [id, e] : node.ledger()) w.sample("deltacast_worker_updated_ms", e.updated_ms, "worker=\"" + escape_label(id) + "\"");
+  w.family("deltacast_worker_left", "gauge", "Fleet ledger: 1 for a worker that stopped on purpose (Leave) and has not reported since.");
+  for (const auto& [id, e] : node.ledger())
+    if (e.left) w.sample("deltacast_worker_left", 1, "worker=\"" + escape_label(id) + "\"");
+  w.family("deltacast_worker_last_error", "gauge", "Fleet ledger: each worker's last error (1 if any).");
+  for (const auto& [id, e] : node.ledger())
+    if (!e.last_error.empty())
+      w.sample("deltacast_worker_last_error", 1, "worker=\"" + escape_label(id) + "\",error=\"" + escape_label(e.last_error) + "\"");
+}
+
+}  // namespace
+
+std::string render_prometheus(const Node& node) {
+  Writer w(node.config().node_id);
+  write_counters(w, node.stats());
+  write_gauges(w, node);
+  write_timings(w, node);
+  write_ledger(w, node);
   if (!node.last_error().empty()) {
     w.family("deltacast_last_error", "gauge", "This node's last error (1 if any).");
     w.sample("deltacast_last_error", 1, "error=\"" + escape_label(node.last_error()) + "\"");

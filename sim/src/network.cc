@@ -360,6 +360,60 @@ struct Network::Impl {
     if (Link* r = link(l->reverse)) r->open = false;
   }
 
+  struct PathTiming {
+    double arrival_us = 0;  // at the receiver
+    double leaves_us = 0;   // out of the sender's queue
+    bool cut = false;       // a pipe on the way is cut: accepted, never delivered
+  };
+
+  // When a message of `size` bytes sent now gets through and arrives, and when it leaves the
+  // sender's queue.
+  PathTiming path_timing(NodeState& src, NodeState& dst, Link& l, std::uint64_t size, double now) {
+    // Every resource on the way (sender's uplink, the link itself, each WAN link crossed, the
+    // receiver's downlink) serves its messages in order at its own rate; the message is through
+    // when the last of them is done with it. Flows to different children thus share the
+    // sender's uplink without queueing behind each other's slower links.
+    const double bytes = static_cast<double>(size);
+    auto serve = [&](double& free_us, double rate) {
+      free_us = std::max(free_us, now) + bytes / rate * 1e6;
+      return free_us;
+    };
+    // Small messages (control, manifests) go between the packets of bulk transfers on other
+    // connections rather than behind them, as TCP flows share a card; they still wait for
+    // what went before them on their own connection (below).
+    const bool small = size <= opt.small_message_bytes;
+    double bottleneck = std::min({src.nic.uplink_bytes_per_s, l.spec.bytes_per_s, dst.nic.downlink_bytes_per_s});
+    for (int p : l.pipes) bottleneck = std::min(bottleneck, pipes[p].bytes_per_s);
+    PathTiming t;
+    double through = now;
+    if (small) {
+      through = now + bytes / bottleneck * 1e6;
+      for (int p : l.pipes) t.cut |= pipes[p].cut;
+    } else {
+      through = serve(src.uplink_free_us, src.nic.uplink_bytes_per_s);
+      through = std::max(through, serve(l.link_free_us, l.spec.bytes_per_s));
+      for (int p : l.pipes) {
+        through = std::max(through, serve(pipes[p].free_us, pipes[p].bytes_per_s));
+        t.cut |= pipes[p].cut;
+      }
+      through = std::max(through, serve(dst.downlink_free_us, dst.nic.downlink_bytes_per_s));
+    }
+    t.arrival_us = through + (l.spec.latency_ms + dst.ingress_delay_ms) * 1e3;
+    if (l.spec.jitter_ms > 0) t.arrival_us += std::uniform_real_distribution<double>(0, l.spec.jitter_ms * 1e3)(rng);
+    if (l.spec.loss > 0) {
+      const double packets = std::ceil(bytes / opt.packet_bytes);
+      if (std::uniform_real_distribution<double>(0, 1)(rng) < 1 - std::pow(1 - l.spec.loss, packets)) {
+        t.arrival_us += 2 * l.spec.latency_ms * 1e3;
+        net.stats_.retransmissions++;
+      }
+    }
+    // It leaves the sender's queue when the slowest resource on the way starts on it: TCP's
+    // window keeps the rest of a slow path's backlog in the sender's queue, where it counts
+    // against the bound (and not in the network, where nothing would bound it).
+    t.leaves_us = small ? now : std::max(now, through - bytes / bottleneck * 1e6);
+    return t;
+  }
+
   bool send(int self, PeerId peer, const Message& m) {
     Link* found = link(peer);
     if (!found || found->from != self || !found->open) return false;
@@ -381,48 +435,9 @@ struct Network::Impl {
       return false;
     }
     net.stats_.messages++;
-    // Every resource on the way (sender's uplink, the link itself, each WAN link crossed, the
-    // receiver's downlink) serves its messages in order at its own rate; the message is through
-    // when the last of them is done with it. Flows to different children thus share the
-    // sender's uplink without queueing behind each other's slower links.
-    const double bytes = static_cast<double>(size);
-    auto serve = [&](double& free_us, double rate) {
-      free_us = std::max(free_us, now) + bytes / rate * 1e6;
-      return free_us;
-    };
-    // Small messages (control, manifests) go between the packets of bulk transfers on other
-    // connections rather than behind them, as TCP flows share a card; they still wait for
-    // what went before them on their own connection (below).
-    const bool small = size <= opt.small_message_bytes;
-    double bottleneck = std::min({src.nic.uplink_bytes_per_s, l.spec.bytes_per_s, dst.nic.downlink_bytes_per_s});
-    for (int p : l.pipes) bottleneck = std::min(bottleneck, pipes[p].bytes_per_s);
-    bool cut = false;
-    double through = now;
-    if (small) {
-      through = now + bytes / bottleneck * 1e6;
-      for (int p : l.pipes) cut |= pipes[p].cut;
-    } else {
-      through = serve(src.uplink_free_us, src.nic.uplink_bytes_per_s);
-      through = std::max(through, serve(l.link_free_us, l.spec.bytes_per_s));
-      for (int p : l.pipes) {
-        through = std::max(through, serve(pipes[p].free_us, pipes[p].bytes_per_s));
-        cut |= pipes[p].cut;
-      }
-      through = std::max(through, serve(dst.downlink_free_us, dst.nic.downlink_bytes_per_s));
-    }
-    double arrival = through + (l.spec.latency_ms + dst.ingress_delay_ms) * 1e3;
-    if (l.spec.jitter_ms > 0) arrival += std::uniform_real_distribution<double>(0, l.spec.jitter_ms * 1e3)(rng);
-    if (l.spec.loss > 0) {
-      const double packets = std::ceil(bytes / opt.packet_bytes);
-      if (std::uniform_real_distribution<double>(0, 1)(rng) < 1 - std::pow(1 - l.spec.loss, packets)) {
-        arrival += 2 * l.spec.latency_ms * 1e3;
-        net.stats_.retransmissions++;
-      }
-    }
-    // It leaves the sender's queue when the slowest resource on the way starts on it: TCP's
-    // window keeps the rest of a slow path's backlog in the sender's queue, where it counts
-    // against the bound (and not in the network, where nothing would bound it).
-    double leaves = small ? now : std::max(now, through - bytes / bottleneck * 1e6);
+    const PathTiming t = path_timing(src, dst, l, size, now);
+    double arrival = t.arrival_us, leaves = t.leaves_us;
+    const bool cut = t.cut;
     if (!l.pending.empty()) leaves = std::max(leaves, l.pending.back().first);  // one queue, in order
     arrival = std::max(arrival, l.last_arrival_us);
     l.last_arrival_us = arrival;

@@ -76,6 +76,88 @@ Status rate(const json& j, const std::string& where, const char* key, double& ou
 
 }  // namespace
 
+namespace {
+
+Status parse_model(const json& m, ModelSpec& model) {
+  DC_RETURN_IF_ERROR(check_fields(m, "scenario.model", {"parameters", "delta_fraction", "anchor_fraction", "chunks", "real_bytes"}));
+  DC_RETURN_IF_ERROR(number(m, "scenario.model", "parameters", model.parameters, 1, 1e15));
+  DC_RETURN_IF_ERROR(number(m, "scenario.model", "delta_fraction", model.delta_fraction, 1e-6, 2));
+  DC_RETURN_IF_ERROR(number(m, "scenario.model", "anchor_fraction", model.anchor_fraction, 1e-6, 2));
+  DC_RETURN_IF_ERROR(number(m, "scenario.model", "chunks", model.chunks, 1, 65536));
+  DC_RETURN_IF_ERROR(number(m, "scenario.model", "real_bytes", model.real_bytes, 0, 1 << 30));
+  const double image = model.real_bytes > 0 ? static_cast<double>(model.real_bytes) : 2 * model.parameters;
+  if (image / model.chunks > static_cast<double>(kChunkBytesMax))
+    return field_error("scenario.model.chunks", "each chunk would cover " + std::to_string(static_cast<std::uint64_t>(image / model.chunks)) +
+                                                    " bytes of image, over the codec's limit of 2 GiB: use at least " +
+                                                    std::to_string(static_cast<std::uint64_t>(std::ceil(image / static_cast<double>(kChunkBytesMax)))));
+  return Status::ok();
+}
+
+Status parse_cpu(const json& c, CpuSpec& cpu) {
+  if (!c.is_object()) return field_error("scenario.run.cpu", "want an object such as {\"cores\": 16, \"workers_per_host\": 8}");
+  DC_RETURN_IF_ERROR(check_fields(c, "scenario.run.cpu", {"cores", "workers_per_host", "one_host", "net_ns_per_byte"}));
+  DC_RETURN_IF_ERROR(number(c, "scenario.run.cpu", "cores", cpu.cores, 1, 4096));
+  DC_RETURN_IF_ERROR(number(c, "scenario.run.cpu", "workers_per_host", cpu.workers_per_host, 1, 4096));
+  DC_RETURN_IF_ERROR(number(c, "scenario.run.cpu", "net_ns_per_byte", cpu.net_ns_per_byte, 0, 1e6));
+  if (c.contains("one_host")) {
+    if (!c["one_host"].is_boolean()) return field_error("scenario.run.cpu.one_host", "want true or false");
+    cpu.one_host = c["one_host"].get<bool>();
+  }
+  if (!c.contains("cores")) return field_error("scenario.run.cpu.cores", "required: how many cores each host has");
+  return Status::ok();
+}
+
+Status parse_run(const json& r, RunSpec& run) {
+  DC_RETURN_IF_ERROR(check_fields(r, "scenario.run",
+                                  {"versions", "step_period_s", "anchor_every", "decode", "tick_ms", "settle_s", "relay_cache_versions", "parent_timeout_ms",
+                                   "heartbeat_ms", "cpu"}));
+  DC_RETURN_IF_ERROR(number(r, "scenario.run", "heartbeat_ms", run.heartbeat_ms, 10, 1e6));
+  DC_RETURN_IF_ERROR(number(r, "scenario.run", "parent_timeout_ms", run.parent_timeout_ms, 100, 1e7));
+  DC_RETURN_IF_ERROR(number(r, "scenario.run", "versions", run.versions, 1, 100000));
+  DC_RETURN_IF_ERROR(number(r, "scenario.run", "step_period_s", run.step_period_s, 0.001, 1e6));
+  DC_RETURN_IF_ERROR(number(r, "scenario.run", "anchor_every", run.anchor_every, 1, 1e6));
+  DC_RETURN_IF_ERROR(rate(r, "scenario.run", "decode", run.decode_bytes_per_s));
+  DC_RETURN_IF_ERROR(number(r, "scenario.run", "tick_ms", run.tick_ms, 1, 10000));
+  DC_RETURN_IF_ERROR(number(r, "scenario.run", "settle_s", run.settle_s, 0, 1e7));
+  DC_RETURN_IF_ERROR(number(r, "scenario.run", "relay_cache_versions", run.relay_cache_versions, 1, 1000));
+  if (r.contains("cpu")) DC_RETURN_IF_ERROR(parse_cpu(r["cpu"], run.cpu));
+  return Status::ok();
+}
+
+Status parse_object_store(const json& o, ObjectStoreSpec& store) {
+  DC_RETURN_IF_ERROR(check_fields(o, "scenario.object_store", {"egress", "poll_ms", "regional"}));
+  DC_RETURN_IF_ERROR(rate(o, "scenario.object_store", "egress", store.egress_bytes_per_s));
+  DC_RETURN_IF_ERROR(number(o, "scenario.object_store", "poll_ms", store.poll_ms, 0, 1e7));
+  if (o.contains("regional")) {
+    if (!o["regional"].is_boolean()) return field_error("scenario.object_store.regional", "want true or false");
+    store.regional = o["regional"].get<bool>();
+  }
+  return Status::ok();
+}
+
+Result<FaultSpec> parse_fault(const json& f, const std::string& where, const topology::FleetSpec& fleet) {
+  DC_RETURN_IF_ERROR(check_fields(f, where, {"at_s", "for_s", "crash", "partition"}));
+  FaultSpec fs;
+  DC_RETURN_IF_ERROR(number(f, where, "at_s", fs.at_s, 0, 1e7));
+  DC_RETURN_IF_ERROR(number(f, where, "for_s", fs.for_s, 0, 1e7));
+  if (f.contains("crash") == f.contains("partition")) return field_error(where, "want one of \"crash\" (a node id) or \"partition\" (two regions)");
+  if (f.contains("crash")) {
+    if (!f["crash"].is_string()) return field_error(where + ".crash", "want a node id such as \"us-west.relay-0\"");
+    fs.kind = FaultSpec::Kind::kCrash;
+    fs.node = f["crash"].get<std::string>();
+    return fs;
+  }
+  const json& p = f["partition"];
+  if (!p.is_array() || p.size() != 2 || !p[0].is_string() || !p[1].is_string() || !fleet.wan_between(p[0].get<std::string>(), p[1].get<std::string>()))
+    return field_error(where + ".partition", "want two regions with a WAN link between them");
+  fs.kind = FaultSpec::Kind::kPartition;
+  fs.a = p[0].get<std::string>();
+  fs.b = p[1].get<std::string>();
+  return fs;
+}
+
+}  // namespace
+
 Result<Scenario> parse_scenario(std::string_view text) {
   json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return Status::invalid_argument("the scenario is not valid JSON");
@@ -86,83 +168,14 @@ Result<Scenario> parse_scenario(std::string_view text) {
     s.name = j["name"].get<std::string>();
   }
   if (!j.contains("fleet")) return field_error("scenario", "no \"fleet\"");
-  auto fleet = topology::parse_fleet_spec(j["fleet"].dump());
-  if (!fleet.is_ok()) return fleet.status();
-  s.fleet = std::move(fleet).value();
-  if (j.contains("model")) {
-    const json& m = j["model"];
-    DC_RETURN_IF_ERROR(check_fields(m, "scenario.model", {"parameters", "delta_fraction", "anchor_fraction", "chunks", "real_bytes"}));
-    DC_RETURN_IF_ERROR(number(m, "scenario.model", "parameters", s.model.parameters, 1, 1e15));
-    DC_RETURN_IF_ERROR(number(m, "scenario.model", "delta_fraction", s.model.delta_fraction, 1e-6, 2));
-    DC_RETURN_IF_ERROR(number(m, "scenario.model", "anchor_fraction", s.model.anchor_fraction, 1e-6, 2));
-    DC_RETURN_IF_ERROR(number(m, "scenario.model", "chunks", s.model.chunks, 1, 65536));
-    DC_RETURN_IF_ERROR(number(m, "scenario.model", "real_bytes", s.model.real_bytes, 0, 1 << 30));
-    const double image = s.model.real_bytes > 0 ? static_cast<double>(s.model.real_bytes) : 2 * s.model.parameters;
-    if (image / s.model.chunks > static_cast<double>(kChunkBytesMax))
-      return field_error("scenario.model.chunks", "each chunk would cover " + std::to_string(static_cast<std::uint64_t>(image / s.model.chunks)) +
-                                                      " bytes of image, over the codec's limit of 2 GiB: use at least " +
-                                                      std::to_string(static_cast<std::uint64_t>(std::ceil(image / static_cast<double>(kChunkBytesMax)))));
-  }
-  if (j.contains("run")) {
-    const json& r = j["run"];
-    DC_RETURN_IF_ERROR(check_fields(r, "scenario.run",
-                                    {"versions", "step_period_s", "anchor_every", "decode", "tick_ms", "settle_s", "relay_cache_versions", "parent_timeout_ms",
-                                     "heartbeat_ms", "cpu"}));
-    DC_RETURN_IF_ERROR(number(r, "scenario.run", "heartbeat_ms", s.run.heartbeat_ms, 10, 1e6));
-    DC_RETURN_IF_ERROR(number(r, "scenario.run", "parent_timeout_ms", s.run.parent_timeout_ms, 100, 1e7));
-    DC_RETURN_IF_ERROR(number(r, "scenario.run", "versions", s.run.versions, 1, 100000));
-    DC_RETURN_IF_ERROR(number(r, "scenario.run", "step_period_s", s.run.step_period_s, 0.001, 1e6));
-    DC_RETURN_IF_ERROR(number(r, "scenario.run", "anchor_every", s.run.anchor_every, 1, 1e6));
-    DC_RETURN_IF_ERROR(rate(r, "scenario.run", "decode", s.run.decode_bytes_per_s));
-    DC_RETURN_IF_ERROR(number(r, "scenario.run", "tick_ms", s.run.tick_ms, 1, 10000));
-    DC_RETURN_IF_ERROR(number(r, "scenario.run", "settle_s", s.run.settle_s, 0, 1e7));
-    DC_RETURN_IF_ERROR(number(r, "scenario.run", "relay_cache_versions", s.run.relay_cache_versions, 1, 1000));
-    if (r.contains("cpu")) {
-      const json& c = r["cpu"];
-      if (!c.is_object()) return field_error("scenario.run.cpu", "want an object such as {\"cores\": 16, \"workers_per_host\": 8}");
-      DC_RETURN_IF_ERROR(check_fields(c, "scenario.run.cpu", {"cores", "workers_per_host", "one_host", "net_ns_per_byte"}));
-      DC_RETURN_IF_ERROR(number(c, "scenario.run.cpu", "cores", s.run.cpu.cores, 1, 4096));
-      DC_RETURN_IF_ERROR(number(c, "scenario.run.cpu", "workers_per_host", s.run.cpu.workers_per_host, 1, 4096));
-      DC_RETURN_IF_ERROR(number(c, "scenario.run.cpu", "net_ns_per_byte", s.run.cpu.net_ns_per_byte, 0, 1e6));
-      if (c.contains("one_host")) {
-        if (!c["one_host"].is_boolean()) return field_error("scenario.run.cpu.one_host", "want true or false");
-        s.run.cpu.one_host = c["one_host"].get<bool>();
-      }
-      if (!c.contains("cores")) return field_error("scenario.run.cpu.cores", "required: how many cores each host has");
-    }
-  }
-  if (j.contains("object_store")) {
-    const json& o = j["object_store"];
-    DC_RETURN_IF_ERROR(check_fields(o, "scenario.object_store", {"egress", "poll_ms", "regional"}));
-    DC_RETURN_IF_ERROR(rate(o, "scenario.object_store", "egress", s.object_store.egress_bytes_per_s));
-    DC_RETURN_IF_ERROR(number(o, "scenario.object_store", "poll_ms", s.object_store.poll_ms, 0, 1e7));
-    if (o.contains("regional")) {
-      if (!o["regional"].is_boolean()) return field_error("scenario.object_store.regional", "want true or false");
-      s.object_store.regional = o["regional"].get<bool>();
-    }
-  }
+  DC_ASSIGN_OR_RETURN(s.fleet, topology::parse_fleet_spec(j["fleet"].dump()));
+  if (j.contains("model")) DC_RETURN_IF_ERROR(parse_model(j["model"], s.model));
+  if (j.contains("run")) DC_RETURN_IF_ERROR(parse_run(j["run"], s.run));
+  if (j.contains("object_store")) DC_RETURN_IF_ERROR(parse_object_store(j["object_store"], s.object_store));
   if (j.contains("faults")) {
     if (!j["faults"].is_array()) return field_error("scenario.faults", "want a list");
     for (std::size_t i = 0; i < j["faults"].size(); ++i) {
-      const std::string where = "scenario.faults[" + std::to_string(i) + "]";
-      const json& f = j["faults"][i];
-      DC_RETURN_IF_ERROR(check_fields(f, where, {"at_s", "for_s", "crash", "partition"}));
-      FaultSpec fs;
-      DC_RETURN_IF_ERROR(number(f, where, "at_s", fs.at_s, 0, 1e7));
-      DC_RETURN_IF_ERROR(number(f, where, "for_s", fs.for_s, 0, 1e7));
-      if (f.contains("crash") == f.contains("partition")) return field_error(where, "want one of \"crash\" (a node id) or \"partition\" (two regions)");
-      if (f.contains("crash")) {
-        if (!f["crash"].is_string()) return field_error(where + ".crash", "want a node id such as \"us-west.relay-0\"");
-        fs.kind = FaultSpec::Kind::kCrash;
-        fs.node = f["crash"].get<std::string>();
-      } else {
-        const json& p = f["partition"];
-        if (!p.is_array() || p.size() != 2 || !p[0].is_string() || !p[1].is_string() || !s.fleet.wan_between(p[0].get<std::string>(), p[1].get<std::string>()))
-          return field_error(where + ".partition", "want two regions with a WAN link between them");
-        fs.kind = FaultSpec::Kind::kPartition;
-        fs.a = p[0].get<std::string>();
-        fs.b = p[1].get<std::string>();
-      }
+      DC_ASSIGN_OR_RETURN(FaultSpec fs, parse_fault(j["faults"][i], "scenario.faults[" + std::to_string(i) + "]", s.fleet));
       s.faults.push_back(std::move(fs));
     }
   }
@@ -306,87 +319,113 @@ struct EncodedVersionCache::Series {
 EncodedVersionCache::EncodedVersionCache() = default;
 EncodedVersionCache::~EncodedVersionCache() = default;
 
-Result<Report> run_scenario(const Scenario& sc, const RunOptions& o) {
-  const auto wall0 = std::chrono::steady_clock::now();
-  Report rep;
-  rep.seed = o.seed;
-  rep.name = std::string(strategy_name(o.strategy)) + (o.compressed ? ", compressed" : ", raw BF16");
-  rep.versions = sc.run.versions;
-  const std::uint32_t first = 2, last = sc.run.versions + 1;  // deltas 2..last; everyone starts at 1
+namespace {
 
-  Versions vs;
-  if (sc.model.real_bytes > 0 && !o.compressed)
-    return Status::invalid_argument("uncompressed runs need virtual payloads: drop model.real_bytes (real payloads are encoded for real)");
-  if (sc.model.real_bytes > 0) {
-    const auto key = std::make_tuple(sc.model.real_bytes, sc.model.chunks, last);
-    EncodedVersionCache own;
-    EncodedVersionCache& cache = o.encoded ? *o.encoded : own;
-    if (!cache.series || cache.series->key != key) {
-      DC_ASSIGN_OR_RETURN(Versions fresh, real_versions(sc.model, last, /*seed=*/1));
-      cache.series = std::make_unique<EncodedVersionCache::Series>(EncodedVersionCache::Series{key, std::move(fresh)});
-    }
-    vs = cache.series->versions;
-  } else {
-    const double image = sc.model.parameters * 2;
-    vs = make_virtual_versions(sc.model, last, o.compressed ? sc.model.delta_fraction * image : image,
-                               o.compressed ? sc.model.anchor_fraction * image : image);
+// One run of a scenario: the fleet on a simulated network, the publisher's schedule, the
+// faults, and what the workers expose, checked as they expose it.
+class ScenarioRun {
+ public:
+  ScenarioRun(const Scenario& sc, const RunOptions& o) : sc_(sc), o_(o), last_(sc.run.versions + 1) {
+    rep_.seed = o.seed;
+    rep_.name = std::string(strategy_name(o.strategy)) + (o.compressed ? ", compressed" : ", raw BF16");
+    rep_.versions = sc.run.versions;
   }
-  double delta_bytes = 0, anchor_bytes = 0;
-  for (const auto& [v, m] : vs.deltas) delta_bytes = std::max(delta_bytes, static_cast<double>(m.payload_bytes_total()));
-  for (const auto& [v, m] : vs.anchors) anchor_bytes = std::max(anchor_bytes, static_cast<double>(m.payload_bytes_total()));
-  rep.version_bytes = delta_bytes;
-  double chunk_bytes = 0;
-  for (const auto& [v, m] : vs.anchors)
-    for (const auto& c : m.chunks) chunk_bytes = std::max(chunk_bytes, static_cast<double>(c.payload_bytes));
 
-  NetworkOptions no;
-  no.seed = o.seed;
-  no.tick_ms = sc.run.tick_ms;
-  no.decode_bytes_per_s = sc.run.decode_bytes_per_s;
-  no.cores_per_host = sc.run.cpu.cores;
-  no.net_ns_per_byte = sc.run.cpu.net_ns_per_byte;
-  // Per-peer queues hold as many chunks as production's 256 MiB holds 4 MiB chunks.
-  no.queue_bytes_max = std::max<std::uint64_t>(256ull << 20, static_cast<std::uint64_t>(64 * chunk_bytes));
-  Network net(sc.fleet, no);
-  const std::uint64_t cache_bytes = static_cast<std::uint64_t>(anchor_bytes + static_cast<double>(sc.run.relay_cache_versions) * delta_bytes) + (1 << 20);
+  Result<Report> run() {
+    const auto wall0 = std::chrono::steady_clock::now();
+    DC_RETURN_IF_ERROR(load_versions());
+    make_network();
+    DC_RETURN_IF_ERROR(o_.strategy == Strategy::kObjectStore ? add_object_store_fleet() : add_planned_fleet());
+    rep_.workers = workers_.size();
+    schedule_publishing();
+    watch_ready();
+    DC_RETURN_IF_ERROR(schedule_faults());
+    schedule_staleness_samples();
+    run_until_settled();
+    finish_report();
+    rep_.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+    return std::move(rep_);
+  }
 
-  // The nodes, parents before children.
-  std::vector<int> workers;
-  std::map<int, std::uint64_t> publish_us;  // by version
-  auto base_config = [&](const std::string& id) {
+ private:
+  static constexpr std::uint32_t kFirst = 2;           // deltas 2..last; everyone starts at 1
+  static constexpr std::uint64_t kStartUs = 1'000'000;  // one second for the tree to form
+
+  Status load_versions() {
+    if (sc_.model.real_bytes > 0 && !o_.compressed)
+      return Status::invalid_argument("uncompressed runs need virtual payloads: drop model.real_bytes (real payloads are encoded for real)");
+    if (sc_.model.real_bytes > 0) {
+      const auto key = std::make_tuple(sc_.model.real_bytes, sc_.model.chunks, last_);
+      EncodedVersionCache own;
+      EncodedVersionCache& cache = o_.encoded ? *o_.encoded : own;
+      if (!cache.series || cache.series->key != key) {
+        DC_ASSIGN_OR_RETURN(Versions fresh, real_versions(sc_.model, last_, /*seed=*/1));
+        cache.series = std::make_unique<EncodedVersionCache::Series>(EncodedVersionCache::Series{key, std::move(fresh)});
+      }
+      vs_ = cache.series->versions;
+    } else {
+      const double image = sc_.model.parameters * 2;
+      vs_ = make_virtual_versions(sc_.model, last_, o_.compressed ? sc_.model.delta_fraction * image : image,
+                                  o_.compressed ? sc_.model.anchor_fraction * image : image);
+    }
+    for (const auto& [v, m] : vs_.deltas) delta_bytes_ = std::max(delta_bytes_, static_cast<double>(m.payload_bytes_total()));
+    for (const auto& [v, m] : vs_.anchors) anchor_bytes_ = std::max(anchor_bytes_, static_cast<double>(m.payload_bytes_total()));
+    rep_.version_bytes = delta_bytes_;
+    return Status::ok();
+  }
+
+  void make_network() {
+    double chunk_bytes = 0;
+    for (const auto& [v, m] : vs_.anchors)
+      for (const auto& c : m.chunks) chunk_bytes = std::max(chunk_bytes, static_cast<double>(c.payload_bytes));
+    NetworkOptions no;
+    no.seed = o_.seed;
+    no.tick_ms = sc_.run.tick_ms;
+    no.decode_bytes_per_s = sc_.run.decode_bytes_per_s;
+    no.cores_per_host = sc_.run.cpu.cores;
+    no.net_ns_per_byte = sc_.run.cpu.net_ns_per_byte;
+    // Per-peer queues hold as many chunks as production's 256 MiB holds 4 MiB chunks.
+    no.queue_bytes_max = std::max<std::uint64_t>(256ull << 20, static_cast<std::uint64_t>(64 * chunk_bytes));
+    net_.emplace(sc_.fleet, no);
+    cache_bytes_ = static_cast<std::uint64_t>(anchor_bytes_ + static_cast<double>(sc_.run.relay_cache_versions) * delta_bytes_) + (1 << 20);
+    initial_ = held_version(vs_, 1);
+  }
+
+  NodeConfig base_config(const std::string& id) const {
     NodeConfig c;
     c.node_id = id;
-    c.cache_bytes_max = cache_bytes;
-    c.virtual_payloads = !vs.real;
-    c.parent_timeout_ms = sc.run.parent_timeout_ms;
-    c.heartbeat_ms = sc.run.heartbeat_ms;
-    c.child_timeout_ms = std::max(c.child_timeout_ms, 5 * sc.run.parent_timeout_ms);
+    c.cache_bytes_max = cache_bytes_;
+    c.virtual_payloads = !vs_.real;
+    c.parent_timeout_ms = sc_.run.parent_timeout_ms;
+    c.heartbeat_ms = sc_.run.heartbeat_ms;
+    c.child_timeout_ms = std::max(c.child_timeout_ms, 5 * sc_.run.parent_timeout_ms);
     return c;
-  };
-  auto initial = held_version(vs, 1);
-  // Which host each node runs on (CpuSpec): one for all, or a region's workers in turn share
-  // hosts of workers_per_host; everything else a host of its own (-1).
-  std::map<std::string, std::uint32_t> workers_placed;  // by region
-  std::map<std::pair<std::string, std::uint32_t>, int> worker_hosts;
-  auto host_of = [&](bool worker, const std::string& region) {
-    if (sc.run.cpu.one_host) return 0;
-    if (!worker || sc.run.cpu.workers_per_host <= 1) return -1;
-    const std::uint32_t k = workers_placed[region]++ / sc.run.cpu.workers_per_host;
-    return worker_hosts.emplace(std::make_pair(region, k), static_cast<int>(worker_hosts.size())).first->second;
-  };
-  int origin = -1;
-  if (o.strategy == Strategy::kObjectStore) {
+  }
+
+  // Which host a node runs on (CpuSpec): one for all, or a region's workers in turn share hosts
+  // of workers_per_host; everything else a host of its own (-1).
+  int host_of(bool worker, const std::string& region) {
+    if (sc_.run.cpu.one_host) return 0;
+    if (!worker || sc_.run.cpu.workers_per_host <= 1) return -1;
+    const std::uint32_t k = workers_placed_[region]++ / sc_.run.cpu.workers_per_host;
+    return worker_hosts_.emplace(std::make_pair(region, k), static_cast<int>(worker_hosts_.size())).first->second;
+  }
+
+  // The origin uploads to a bucket in its region (and, if regional, on to one per region);
+  // workers poll their bucket.
+  Status add_object_store_fleet() {
+    Network& net = *net_;
     NodeConfig oc = base_config("origin");
     oc.serve_children = true;
-    origin = net.add(oc, sc.fleet.origin_region, sc.fleet.origin_nic, nullptr, 0, host_of(false, sc.fleet.origin_region));
-    const topology::Nic bucket_nic{sc.object_store.egress_bytes_per_s, sc.object_store.egress_bytes_per_s};
-    NodeConfig central = base_config("bucket/" + sc.fleet.origin_region);
+    origin_ = net.add(oc, sc_.fleet.origin_region, sc_.fleet.origin_nic, nullptr, 0, host_of(false, sc_.fleet.origin_region));
+    const topology::Nic bucket_nic{sc_.object_store.egress_bytes_per_s, sc_.object_store.egress_bytes_per_s};
+    NodeConfig central = base_config("bucket/" + sc_.fleet.origin_region);
     central.parents = {"origin"};
     central.serve_children = central.store_and_forward = true;
-    net.add(central, sc.fleet.origin_region, bucket_nic);
-    for (const auto& r : sc.fleet.regions) {
+    net.add(central, sc_.fleet.origin_region, bucket_nic);
+    for (const auto& r : sc_.fleet.regions) {
       std::string bucket = central.node_id;
-      if (sc.object_store.regional && r.name != sc.fleet.origin_region && r.workers > 0) {
+      if (sc_.object_store.regional && r.name != sc_.fleet.origin_region && r.workers > 0) {
         NodeConfig rb = base_config("bucket/" + r.name);
         rb.parents = {central.node_id};
         rb.serve_children = rb.store_and_forward = true;
@@ -397,163 +436,205 @@ Result<Report> run_scenario(const Scenario& sc, const RunOptions& o) {
         NodeConfig wc = base_config(r.name + ".w" + std::to_string(i));
         wc.parents = {bucket};
         wc.reconstruct = true;
-        workers.push_back(net.add(wc, r.name, r.worker_nic, initial, sc.object_store.poll_ms / 2, host_of(true, r.name)));
+        workers_.push_back(net.add(wc, r.name, r.worker_nic, initial_, sc_.object_store.poll_ms / 2, host_of(true, r.name)));
       }
     }
-  } else {
-    const topology::Shape shape = o.strategy == Strategy::kStar                     ? topology::Shape::kStar
-                                  : o.strategy == Strategy::kCutThroughWorkerRelays ? topology::Shape::kWorkerRelayTree
-                                                                                    : topology::Shape::kTree;
-    DC_ASSIGN_OR_RETURN(topology::Plan plan, topology::plan_fleet(sc.fleet, shape));
-    for (const auto& n : plan.nodes) {
+    return Status::ok();
+  }
+
+  // The planner's tree for the strategy's shape; nodes in plan order, parents before children.
+  Status add_planned_fleet() {
+    const topology::Shape shape = o_.strategy == Strategy::kStar                     ? topology::Shape::kStar
+                                  : o_.strategy == Strategy::kCutThroughWorkerRelays ? topology::Shape::kWorkerRelayTree
+                                                                                     : topology::Shape::kTree;
+    DC_ASSIGN_OR_RETURN(topology::Plan plan, topology::plan_fleet(sc_.fleet, shape));
+    for (std::size_t k = 0; k < plan.nodes.size(); ++k) {
+      const auto& n = plan.nodes[k];
       NodeConfig c = base_config(n.id);
-      if (n.parent >= 0) c.parents.push_back(plan.nodes[n.parent].id);
-      if (n.fallback >= 0) c.parents.push_back(plan.nodes[n.fallback].id);
-      if (n.last_resort >= 0) c.parents.push_back(plan.nodes[n.last_resort].id);
+      for (int p : plan.upstream(static_cast<int>(k))) c.parents.push_back(plan.nodes[p].id);
       c.serve_children = n.forwards;
       c.reconstruct = n.kind == topology::NodeKind::kWorker;
-      c.store_and_forward = o.strategy == Strategy::kStoreAndForward && n.kind != topology::NodeKind::kOrigin;
-      const int i = net.add(c, n.region, n.nic, c.reconstruct ? initial : nullptr, 0, host_of(c.reconstruct, n.region));
-      if (n.kind == topology::NodeKind::kOrigin) origin = i;
-      if (c.reconstruct) workers.push_back(i);
+      c.store_and_forward = o_.strategy == Strategy::kStoreAndForward && n.kind != topology::NodeKind::kOrigin;
+      const int i = net_->add(c, n.region, n.nic, c.reconstruct ? initial_ : nullptr, 0, host_of(c.reconstruct, n.region));
+      if (n.kind == topology::NodeKind::kOrigin) origin_ = i;
+      if (c.reconstruct) workers_.push_back(i);
     }
+    return Status::ok();
   }
-  rep.workers = workers.size();
 
-  auto violation = [&rep](std::string what) {
-    if (rep.violations.size() < kViolationsMax) rep.violations.push_back(std::move(what));
-    rep.violations_total++;
-  };
+  void violation(std::string what) {
+    if (rep_.violations.size() < kViolationsMax) rep_.violations.push_back(std::move(what));
+    rep_.violations_total++;
+  }
 
-  // Publishing: the anchor of version 1 at once (kept for whoever asks), then a delta per step;
-  // anchors every anchor_every versions, and whenever someone needs one the cache lacks.
-  std::uint64_t newest = 1;
-  auto publish = [&](std::uint64_t v, bool anchor) {
-    if (!net.alive(origin)) return;
-    const Manifest& m = anchor ? vs.anchors.at(v) : vs.deltas.at(v);
-    auto payloads = anchor ? vs.anchor_payloads.at(v) : vs.delta_payloads.at(v);
-    if (Status st = net.node(origin).publish(m, std::move(payloads)); !st.is_ok())
+  void publish(std::uint64_t v, bool anchor) {
+    if (!net_->alive(origin_)) return;
+    const Manifest& m = anchor ? vs_.anchors.at(v) : vs_.deltas.at(v);
+    auto payloads = anchor ? vs_.anchor_payloads.at(v) : vs_.delta_payloads.at(v);
+    if (Status st = net_->node(origin_).publish(m, std::move(payloads)); !st.is_ok())
       violation("the origin could not publish version " + std::to_string(v) + (anchor ? " (anchor)" : "") + ": " + st.to_string());
-    net.wake(origin);
-  };
-  net.node(origin).set_on_anchor_wanted([&] { net.events().after(0, [&, v = newest] { publish(v, true); }); });
-  publish(1, true);
-  publish_us[1] = 0;
-  const std::uint64_t start_us = 1'000'000;  // one second for the tree to form
-  const double period_us = sc.run.step_period_s * 1e6;
-  for (std::uint32_t v = first; v <= last; ++v) {
-    const auto at = start_us + static_cast<std::uint64_t>((v - first) * period_us);
-    publish_us[v] = at;
-    net.events().at(at, [&, v] {
-      newest = v;
-      publish(v, false);
-      if (v % sc.run.anchor_every == 0) publish(v, true);
-    });
+    net_->wake(origin_);
+  }
+
+  // The anchor of version 1 at once (kept for whoever asks), then a delta per step; anchors
+  // every anchor_every versions, and whenever someone needs one the cache lacks.
+  void schedule_publishing() {
+    net_->node(origin_).set_on_anchor_wanted([this] { net_->events().after(0, [this, v = newest_] { publish(v, true); }); });
+    publish(1, true);
+    publish_us_[1] = 0;
+    period_us_ = sc_.run.step_period_s * 1e6;
+    for (std::uint32_t v = kFirst; v <= last_; ++v) {
+      const auto at = kStartUs + static_cast<std::uint64_t>((v - kFirst) * period_us_);
+      publish_us_[v] = at;
+      net_->events().at(at, [this, v] {
+        newest_ = v;
+        publish(v, false);
+        if (v % sc_.run.anchor_every == 0) publish(v, true);
+      });
+    }
   }
 
   // Ready times, and the checks on what workers expose.
-  std::map<int, std::uint64_t> held;  // worker -> version it exposes
-  for (int w : workers) held[w] = 1;
-  std::map<std::pair<int, std::uint64_t>, double> ready;
-  net.on_ready = [&](int i, const std::shared_ptr<const ModelVersion>& v) {
-    if (!net.config(i).reconstruct) return;
-    held[i] = v->version;
-    const bool good = vs.real ? (vs.image_hash.count(v->version) && hash64(v->image) == vs.image_hash.at(v->version))
-                              : (vs.anchors.count(v->version) && v->checksum == vs.anchors.at(v->version).version_checksum);
-    if (!good) violation(net.config(i).node_id + " exposed version " + std::to_string(v->version) + " with wrong contents");
-    if (v->version >= first && publish_us.count(v->version))
-      ready.emplace(std::make_pair(i, v->version), (static_cast<double>(net.events().now_us()) - static_cast<double>(publish_us.at(v->version))) / 1e6);
-  };
-
-  // Faults. A restarted worker comes back with the version it had saved; a relay with nothing.
-  for (const auto& f : sc.faults) {
-    const auto at = static_cast<std::uint64_t>(f.at_s * 1e6);
-    if (f.kind == FaultSpec::Kind::kCrash) {
-      const int i = net.find(f.node);
-      if (i < 0) return Status::invalid_argument("fault: no node " + f.node + " in the " + strategy_name(o.strategy) + " plan");
-      net.events().at(at, [&net, &held, &vs, i, f] {
-        net.crash(i);
-        if (f.for_s > 0)
-          net.events().after(static_cast<std::uint64_t>(f.for_s * 1e6), [&net, &held, &vs, i] {
-            net.restart(i, net.config(i).reconstruct ? held_version(vs, held[i]) : nullptr);
-          });
-      });
-    } else {
-      net.events().at(at, [&net, f] {
-        net.set_partition(f.a, f.b, true);
-        if (f.for_s > 0) net.events().after(static_cast<std::uint64_t>(f.for_s * 1e6), [&net, f] { net.set_partition(f.a, f.b, false); });
-      });
-    }
+  void watch_ready() {
+    for (int w : workers_) held_[w] = 1;
+    net_->on_ready = [this](int i, const std::shared_ptr<const ModelVersion>& v) {
+      if (!net_->config(i).reconstruct) return;
+      held_[i] = v->version;
+      const bool good = vs_.real ? (vs_.image_hash.count(v->version) && hash64(v->image) == vs_.image_hash.at(v->version))
+                                 : (vs_.anchors.count(v->version) && v->checksum == vs_.anchors.at(v->version).version_checksum);
+      if (!good) violation(net_->config(i).node_id + " exposed version " + std::to_string(v->version) + " with wrong contents");
+      if (v->version >= kFirst && publish_us_.count(v->version))
+        ready_.emplace(std::make_pair(i, v->version),
+                       (static_cast<double>(net_->events().now_us()) - static_cast<double>(publish_us_.at(v->version))) / 1e6);
+    };
   }
 
-  // Staleness samples.
-  const double sample_us = (o.staleness_sample_s > 0 ? o.staleness_sample_s : sc.run.step_period_s / 20) * 1e6;
-  const std::uint64_t end_us = publish_us.at(last) + static_cast<std::uint64_t>(sc.run.settle_s * 1e6);
-  std::function<void()> sample = [&] {
+  // A restarted worker comes back with the version it had saved; a relay with nothing.
+  Status schedule_faults() {
+    Network& net = *net_;
+    for (const auto& f : sc_.faults) {
+      const auto at = static_cast<std::uint64_t>(f.at_s * 1e6);
+      if (f.kind == FaultSpec::Kind::kCrash) {
+        const int i = net.find(f.node);
+        if (i < 0) return Status::invalid_argument("fault: no node " + f.node + " in the " + strategy_name(o_.strategy) + " plan");
+        net.events().at(at, [this, i, f] {
+          net_->crash(i);
+          if (f.for_s > 0)
+            net_->events().after(static_cast<std::uint64_t>(f.for_s * 1e6),
+                                 [this, i] { net_->restart(i, net_->config(i).reconstruct ? held_version(vs_, held_[i]) : nullptr); });
+        });
+      } else {
+        net.events().at(at, [&net, f] {
+          net.set_partition(f.a, f.b, true);
+          if (f.for_s > 0) net.events().after(static_cast<std::uint64_t>(f.for_s * 1e6), [&net, f] { net.set_partition(f.a, f.b, false); });
+        });
+      }
+    }
+    return Status::ok();
+  }
+
+  void schedule_staleness_samples() {
+    sample_us_ = (o_.staleness_sample_s > 0 ? o_.staleness_sample_s : sc_.run.step_period_s / 20) * 1e6;
+    end_us_ = publish_us_.at(last_) + static_cast<std::uint64_t>(sc_.run.settle_s * 1e6);
+    net_->events().at(kStartUs, [this] { sample_staleness(); });
+  }
+
+  void sample_staleness() {
     double sum = 0, mx = 0, lag = 0;
     std::size_t n = 0;
-    const double now = static_cast<double>(net.events().now_us());
-    for (int w : workers) {
-      if (!net.alive(w)) continue;
-      const double behind = static_cast<double>(newest - std::min(newest, held[w]));
+    const double now = static_cast<double>(net_->events().now_us());
+    for (int w : workers_) {
+      if (!net_->alive(w)) continue;
+      const double behind = static_cast<double>(newest_ - std::min(newest_, held_[w]));
       sum += behind;
       mx = std::max(mx, behind);
-      lag += (now - static_cast<double>(publish_us.count(held[w]) ? publish_us.at(held[w]) : 0)) / period_us;
+      lag += (now - static_cast<double>(publish_us_.count(held_[w]) ? publish_us_.at(held_[w]) : 0)) / period_us_;
       n++;
     }
-    if (n) rep.staleness.push_back({now / 1e6, sum / static_cast<double>(n), mx, lag / static_cast<double>(n)});
-    if (net.events().now_us() + static_cast<std::uint64_t>(sample_us) <= end_us) net.events().after(static_cast<std::uint64_t>(sample_us), sample);
-  };
-  net.events().at(start_us, sample);
+    if (n) rep_.staleness.push_back({now / 1e6, sum / static_cast<double>(n), mx, lag / static_cast<double>(n)});
+    if (net_->events().now_us() + static_cast<std::uint64_t>(sample_us_) <= end_us_)
+      net_->events().after(static_cast<std::uint64_t>(sample_us_), [this] { sample_staleness(); });
+  }
 
-  // Run until every live worker holds the last version (checked each simulated second) or the
+  // Until every live worker holds the last version (checked each simulated second) or the
   // settle time is up.
-  auto done = [&] {
-    if (newest < last) return false;
-    for (int w : workers)
-      if (net.alive(w) && held[w] < last) return false;
-    return true;
-  };
-  for (std::uint64_t t = start_us; t <= end_us; t += 1'000'000) {
-    net.events().run_until(t);
-    if (done()) break;
+  void run_until_settled() {
+    auto done = [this] {
+      if (newest_ < last_) return false;
+      for (int w : workers_)
+        if (net_->alive(w) && held_[w] < last_) return false;
+      return true;
+    };
+    for (std::uint64_t t = kStartUs; t <= end_us_; t += 1'000'000) {
+      net_->events().run_until(t);
+      if (done()) break;
+    }
   }
 
-  // Results and invariants.
-  for (const auto& [key, s] : ready) rep.ready_s.push_back(s);
-  rep.missed = workers.size() * (last - first + 1) - rep.ready_s.size();
-  rep.p50_s = quantile(rep.ready_s, 0.5);
-  rep.p99_s = quantile(rep.ready_s, 0.99);
-  rep.max_s = rep.ready_s.empty() ? 0 : *std::max_element(rep.ready_s.begin(), rep.ready_s.end());
-  for (int w : workers)
-    if (net.alive(w) && held[w] < last)
-      violation(net.config(w).node_id + " is live but holds version " + std::to_string(held[w]) + ", not " + std::to_string(last));
-  if (!net.stats().queue_bound_held) violation("a per-peer send queue went past its bound");
-  for (std::size_t i = 0; i < net.size() && rep.node_errors.size() < 10; ++i)
-    if (net.alive(static_cast<int>(i)) && !net.node(static_cast<int>(i)).last_error().empty()) {
-      const std::string e = net.config(static_cast<int>(i)).node_id + ": " + net.node(static_cast<int>(i)).last_error();
-      if (std::none_of(rep.node_errors.begin(), rep.node_errors.end(), [&](const std::string& x) { return x.substr(x.find(':')) == e.substr(e.find(':')); }))
-        rep.node_errors.push_back(e);
+  void finish_report() {
+    Network& net = *net_;
+    for (const auto& [key, s] : ready_) rep_.ready_s.push_back(s);
+    rep_.missed = workers_.size() * (last_ - kFirst + 1) - rep_.ready_s.size();
+    rep_.p50_s = quantile(rep_.ready_s, 0.5);
+    rep_.p99_s = quantile(rep_.ready_s, 0.99);
+    rep_.max_s = rep_.ready_s.empty() ? 0 : *std::max_element(rep_.ready_s.begin(), rep_.ready_s.end());
+    for (int w : workers_)
+      if (net.alive(w) && held_[w] < last_)
+        violation(net.config(w).node_id + " is live but holds version " + std::to_string(held_[w]) + ", not " + std::to_string(last_));
+    if (!net.stats().queue_bound_held) violation("a per-peer send queue went past its bound");
+    for (std::size_t i = 0; i < net.size() && rep_.node_errors.size() < 10; ++i) {
+      const int n = static_cast<int>(i);
+      if (!net.alive(n) || net.node(n).last_error().empty()) continue;
+      const std::string e = net.config(n).node_id + ": " + net.node(n).last_error();
+      if (std::none_of(rep_.node_errors.begin(), rep_.node_errors.end(), [&](const std::string& x) { return x.substr(x.find(':')) == e.substr(e.find(':')); }))
+        rep_.node_errors.push_back(e);
     }
-  for (const auto& [pair, bytes] : net.stats().bytes_between) {
-    if (pair.first == pair.second || bytes == 0) continue;
-    rep.wan_bytes += bytes;
-    rep.bytes_by_link.emplace_back(pair.first + " -> " + pair.second, bytes);
+    for (const auto& [pair, bytes] : net.stats().bytes_between) {
+      if (pair.first == pair.second || bytes == 0) continue;
+      rep_.wan_bytes += bytes;
+      rep_.bytes_by_link.emplace_back(pair.first + " -> " + pair.second, bytes);
+    }
+    rep_.lower_bound_s = lower_bound_s();
+    rep_.events = net.events().executed();
   }
-  // Lower bound: the payload through the narrowest way into any region with workers, plus the
-  // longest one-way latency from the origin to a worker.
-  double bottleneck = sc.fleet.origin_nic.uplink_bytes_per_s, longest_ms = 0;
-  for (const auto& r : sc.fleet.regions) {
-    if (r.workers == 0) continue;
-    const topology::Link in = topology::link_between_regions(sc.fleet, sc.fleet.origin_region, r.name);
-    const double rate = std::min({in.bytes_per_s, r.lan.bytes_per_s, r.worker_nic.downlink_bytes_per_s});
-    bottleneck = std::min(bottleneck, rate);
-    longest_ms = std::max(longest_ms, in.latency_ms + (r.name == sc.fleet.origin_region ? 0 : r.lan.latency_ms));
+
+  // The payload through the narrowest way into any region with workers, plus the longest
+  // one-way latency from the origin to a worker.
+  double lower_bound_s() const {
+    double bottleneck = sc_.fleet.origin_nic.uplink_bytes_per_s, longest_ms = 0;
+    for (const auto& r : sc_.fleet.regions) {
+      if (r.workers == 0) continue;
+      const topology::Link in = topology::link_between_regions(sc_.fleet, sc_.fleet.origin_region, r.name);
+      const double rate = std::min({in.bytes_per_s, r.lan.bytes_per_s, r.worker_nic.downlink_bytes_per_s});
+      bottleneck = std::min(bottleneck, rate);
+      longest_ms = std::max(longest_ms, in.latency_ms + (r.name == sc_.fleet.origin_region ? 0 : r.lan.latency_ms));
+    }
+    return delta_bytes_ / bottleneck + longest_ms / 1e3;
   }
-  rep.lower_bound_s = delta_bytes / bottleneck + longest_ms / 1e3;
-  rep.events = net.events().executed();
-  rep.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
-  return rep;
-}
+
+  const Scenario& sc_;
+  const RunOptions& o_;
+  const std::uint32_t last_;
+  Report rep_;
+  Versions vs_;
+  double delta_bytes_ = 0, anchor_bytes_ = 0;
+  std::optional<Network> net_;
+  std::uint64_t cache_bytes_ = 0;
+  std::shared_ptr<ModelVersion> initial_;
+  std::map<std::string, std::uint32_t> workers_placed_;  // by region
+  std::map<std::pair<std::string, std::uint32_t>, int> worker_hosts_;
+  int origin_ = -1;
+  std::vector<int> workers_;
+  std::map<std::uint64_t, std::uint64_t> publish_us_;  // by version
+  std::uint64_t newest_ = 1;
+  double period_us_ = 0, sample_us_ = 0;
+  std::uint64_t end_us_ = 0;
+  std::map<int, std::uint64_t> held_;  // worker -> version it exposes
+  std::map<std::pair<int, std::uint64_t>, double> ready_;
+};
+
+}  // namespace
+
+Result<Report> run_scenario(const Scenario& sc, const RunOptions& o) { return ScenarioRun(sc, o).run(); }
 
 }  // namespace deltacast::sim

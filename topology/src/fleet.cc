@@ -173,6 +173,66 @@ Result<FleetSpec> parse_fleet_or_scenario(std::string_view text) {
 }
 
 namespace {
+
+Result<RegionSpec> read_region(Fields& f, const RegionSpec& defaults, const FleetSpec& spec) {
+  DC_RETURN_IF_ERROR(f.check({"name", "workers", "relays", "lan", "worker_nic", "relay_nic", "worker_relays"}));
+  RegionSpec r = defaults;
+  DC_RETURN_IF_ERROR(f.string("name", r.name));
+  if (r.name.empty()) return Status::invalid_argument(f.where("name") + " is missing");
+  if (r.name.size() > 64 || !std::all_of(r.name.begin(), r.name.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.'; }))
+    return Status::invalid_argument(f.where("name") + ": letters, digits, '-', '_' and '.' only, at most 64");
+  if (spec.region(r.name)) return Status::invalid_argument(f.where("name") + ": region '" + r.name + "' appears twice");
+  DC_RETURN_IF_ERROR(f.count("workers", r.workers, kWorkersPerRegionMax));
+  DC_RETURN_IF_ERROR(f.count("relays", r.relays, 100000));
+  DC_RETURN_IF_ERROR(read_region_settings(f, r));
+  const std::string where = "region " + r.name + ": ";
+  DC_RETURN_IF_ERROR(require_positive(r.lan.bytes_per_s, where + "lan.bandwidth"));
+  if (r.workers > 0) {
+    DC_RETURN_IF_ERROR(require_positive(r.worker_nic.uplink_bytes_per_s, where + "worker_nic.uplink"));
+    DC_RETURN_IF_ERROR(require_positive(r.worker_nic.downlink_bytes_per_s, where + "worker_nic.downlink"));
+  }
+  if (r.relays > 0) {
+    DC_RETURN_IF_ERROR(require_positive(r.relay_nic.uplink_bytes_per_s, where + "relay_nic.uplink"));
+    DC_RETURN_IF_ERROR(require_positive(r.relay_nic.downlink_bytes_per_s, where + "relay_nic.downlink"));
+  }
+  return r;
+}
+
+Result<WanSpec> read_wan(const json& w, const std::string& where, const FleetSpec& spec) {
+  if (!w.is_object()) return Status::invalid_argument(where + ": want an object");
+  json link = w;
+  link.erase("between");
+  WanSpec ws;
+  const json between = w.contains("between") ? w.at("between") : json();
+  if (!between.is_array() || between.size() != 2 || !between[0].is_string() || !between[1].is_string())
+    return Status::invalid_argument(where + ".between: want two region names");
+  ws.a = between[0].get<std::string>();
+  ws.b = between[1].get<std::string>();
+  if (!spec.region(ws.a) || !spec.region(ws.b) || ws.a == ws.b)
+    return Status::invalid_argument(where + ".between: want two different regions of this fleet, got '" + ws.a + "' and '" + ws.b + "'");
+  if (spec.wan_between(ws.a, ws.b)) return Status::invalid_argument(where + ": a second link between " + ws.a + " and " + ws.b);
+  DC_RETURN_IF_ERROR(read_link(link, where, ws.link));
+  DC_RETURN_IF_ERROR(require_positive(ws.link.bytes_per_s, where + ".bandwidth"));
+  return ws;
+}
+
+// Every region must be reachable from the origin's over WAN links.
+Status check_reachable(const FleetSpec& spec) {
+  std::set<std::string> reached = {spec.origin_region};
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (const auto& w : spec.wan)
+      if (reached.count(w.a) != reached.count(w.b)) {
+        reached.insert(w.a);
+        reached.insert(w.b);
+        grew = true;
+      }
+  }
+  for (const auto& r : spec.regions)
+    if (!reached.count(r.name)) return Status::invalid_argument("region " + r.name + " has no WAN path from the origin's region " + spec.origin_region);
+  return Status::ok();
+}
+
 Result<FleetSpec> fleet_from_json(const json& j) {
   Fields top(j, "fleet");
   DC_RETURN_IF_ERROR(top.check({"origin", "defaults", "regions", "wan", "fanout_max"}));
@@ -199,67 +259,21 @@ Result<FleetSpec> fleet_from_json(const json& j) {
     return Status::invalid_argument("fleet.regions: want a list of regions");
   for (std::size_t i = 0; i < top.at("regions").size(); ++i) {
     Fields f(top.at("regions")[i], "fleet.regions[" + std::to_string(i) + "]");
-    DC_RETURN_IF_ERROR(f.check({"name", "workers", "relays", "lan", "worker_nic", "relay_nic", "worker_relays"}));
-    RegionSpec r = defaults;
-    DC_RETURN_IF_ERROR(f.string("name", r.name));
-    if (r.name.empty()) return Status::invalid_argument(f.where("name") + " is missing");
-    if (r.name.size() > 64 || !std::all_of(r.name.begin(), r.name.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.'; }))
-      return Status::invalid_argument(f.where("name") + ": letters, digits, '-', '_' and '.' only, at most 64");
-    if (spec.region(r.name)) return Status::invalid_argument(f.where("name") + ": region '" + r.name + "' appears twice");
-    DC_RETURN_IF_ERROR(f.count("workers", r.workers, kWorkersPerRegionMax));
-    DC_RETURN_IF_ERROR(f.count("relays", r.relays, 100000));
-    DC_RETURN_IF_ERROR(read_region_settings(f, r));
-    const std::string where = "region " + r.name + ": ";
-    DC_RETURN_IF_ERROR(require_positive(r.lan.bytes_per_s, where + "lan.bandwidth"));
-    if (r.workers > 0) {
-      DC_RETURN_IF_ERROR(require_positive(r.worker_nic.uplink_bytes_per_s, where + "worker_nic.uplink"));
-      DC_RETURN_IF_ERROR(require_positive(r.worker_nic.downlink_bytes_per_s, where + "worker_nic.downlink"));
-    }
-    if (r.relays > 0) {
-      DC_RETURN_IF_ERROR(require_positive(r.relay_nic.uplink_bytes_per_s, where + "relay_nic.uplink"));
-      DC_RETURN_IF_ERROR(require_positive(r.relay_nic.downlink_bytes_per_s, where + "relay_nic.downlink"));
-    }
+    DC_ASSIGN_OR_RETURN(RegionSpec r, read_region(f, defaults, spec));
     spec.regions.push_back(std::move(r));
   }
   if (!spec.region(spec.origin_region)) return Status::invalid_argument("fleet.origin.region: no region named '" + spec.origin_region + "'");
-
   if (top.has("wan")) {
     if (!top.at("wan").is_array()) return Status::invalid_argument("fleet.wan: want a list of links");
     for (std::size_t i = 0; i < top.at("wan").size(); ++i) {
-      const std::string where = "fleet.wan[" + std::to_string(i) + "]";
-      const json& w = top.at("wan")[i];
-      if (!w.is_object()) return Status::invalid_argument(where + ": want an object");
-      json link = w;
-      link.erase("between");
-      WanSpec ws;
-      const json between = w.contains("between") ? w.at("between") : json();
-      if (!between.is_array() || between.size() != 2 || !between[0].is_string() || !between[1].is_string())
-        return Status::invalid_argument(where + ".between: want two region names");
-      ws.a = between[0].get<std::string>();
-      ws.b = between[1].get<std::string>();
-      if (!spec.region(ws.a) || !spec.region(ws.b) || ws.a == ws.b)
-        return Status::invalid_argument(where + ".between: want two different regions of this fleet, got '" + ws.a + "' and '" + ws.b + "'");
-      if (spec.wan_between(ws.a, ws.b)) return Status::invalid_argument(where + ": a second link between " + ws.a + " and " + ws.b);
-      DC_RETURN_IF_ERROR(read_link(link, where, ws.link));
-      DC_RETURN_IF_ERROR(require_positive(ws.link.bytes_per_s, where + ".bandwidth"));
+      DC_ASSIGN_OR_RETURN(WanSpec ws, read_wan(top.at("wan")[i], "fleet.wan[" + std::to_string(i) + "]", spec));
       spec.wan.push_back(std::move(ws));
     }
   }
-  // Every region must be reachable from the origin's over WAN links.
-  std::set<std::string> reached = {spec.origin_region};
-  for (bool grew = true; grew;) {
-    grew = false;
-    for (const auto& w : spec.wan)
-      if (reached.count(w.a) != reached.count(w.b)) {
-        reached.insert(w.a);
-        reached.insert(w.b);
-        grew = true;
-      }
-  }
-  for (const auto& r : spec.regions)
-    if (!reached.count(r.name)) return Status::invalid_argument("region " + r.name + " has no WAN path from the origin's region " + spec.origin_region);
+  DC_RETURN_IF_ERROR(check_reachable(spec));
   return spec;
 }
+
 }  // namespace
 
 }  // namespace deltacast::topology

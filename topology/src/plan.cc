@@ -180,97 +180,111 @@ Link link_between_regions(const FleetSpec& spec, const std::string& ra, const st
   return total;
 }
 
-Result<Plan> plan_fleet(const FleetSpec& spec, Shape shape) {
-  Plan plan;
-  plan.shape = shape;
-  PlannedNode origin;
-  origin.id = "origin";
-  origin.kind = NodeKind::kOrigin;
-  origin.region = spec.origin_region;
-  origin.forwards = true;
-  origin.nic = spec.origin_nic;
-  plan.nodes.push_back(origin);
+namespace {
 
-  auto attach = [&](int child, int parent) {
-    plan.nodes[child].parent = parent;
-    plan.nodes[child].depth = plan.nodes[parent].depth + 1;
-    plan.nodes[parent].children.push_back(child);
-  };
-  auto add = [&](std::string id, NodeKind kind, const RegionSpec& r) {
+// Builds a plan: the regions in path order, each a tree below its head, then every node's
+// fallback.
+class Planner {
+ public:
+  Planner(const FleetSpec& spec, Shape shape) : spec_(spec), shape_(shape) {
+    plan_.shape = shape;
+    PlannedNode origin;
+    origin.id = "origin";
+    origin.kind = NodeKind::kOrigin;
+    origin.region = spec.origin_region;
+    origin.forwards = true;
+    origin.nic = spec.origin_nic;
+    plan_.nodes.push_back(origin);
+    prev_ = region_paths(spec, order_);
+  }
+
+  Plan run() {
+    for (const std::string& name : order_) plan_region(*spec_.region(name));
+    assign_fallbacks();
+    return std::move(plan_);
+  }
+
+ private:
+  void attach(int child, int parent) {
+    plan_.nodes[child].parent = parent;
+    plan_.nodes[child].depth = plan_.nodes[parent].depth + 1;
+    plan_.nodes[parent].children.push_back(child);
+  }
+
+  int add(std::string id, NodeKind kind, const RegionSpec& r) {
     PlannedNode n;
     n.id = std::move(id);
     n.kind = kind;
     n.region = r.name;
     n.nic = kind == NodeKind::kRelay ? r.relay_nic : r.worker_nic;
-    plan.nodes.push_back(std::move(n));
-    return static_cast<int>(plan.nodes.size() - 1);
-  };
+    plan_.nodes.push_back(std::move(n));
+    return static_cast<int>(plan_.nodes.size() - 1);
+  }
 
-  std::vector<std::string> order;
-  const auto prev = region_paths(spec, order);
-  std::map<std::string, int> head_of;
-  std::map<std::string, std::vector<int>> forwarders_of;  // per region, in BFS order
-  bool overflow_warned = false;
+  // Who feeds a region: the origin for its own region and its WAN neighbours, else the head of
+  // the nearest region before it on the path that has nodes.
+  int feeder_of(const std::string& name) const {
+    for (std::string p = name; p != spec_.origin_region;) {
+      p = prev_.at(p);
+      if (p == spec_.origin_region) break;
+      if (auto it = head_of_.find(p); it != head_of_.end()) return it->second;
+    }
+    return 0;
+  }
 
-  for (const std::string& name : order) {
-    const RegionSpec& r = *spec.region(name);
-    if (shape == Shape::kStar) {
+  void plan_region(const RegionSpec& r) {
+    const std::string& name = r.name;
+    if (shape_ == Shape::kStar) {
       for (std::uint32_t i = 0; i < r.workers; ++i) attach(add(name + ".w" + std::to_string(i), NodeKind::kWorker, r), 0);
-      continue;
+      return;
     }
     std::vector<int> members;
-    if (shape == Shape::kTree)
+    if (shape_ == Shape::kTree)
       for (std::uint32_t i = 0; i < r.relays; ++i) members.push_back(add(name + ".relay-" + std::to_string(i), NodeKind::kRelay, r));
     for (std::uint32_t i = 0; i < r.workers; ++i) members.push_back(add(name + ".w" + std::to_string(i), NodeKind::kWorker, r));
-    if (members.empty()) continue;
-    const bool workers_forward = r.worker_relays || shape == Shape::kWorkerRelayTree;
-
-    // Who feeds the region: the origin for its own region and its WAN neighbours, else the
-    // head of the nearest region before it on the path that has nodes.
-    int feeder = 0;
-    for (std::string p = name; p != spec.origin_region;) {
-      p = prev.at(p);
-      if (p == spec.origin_region) break;
-      if (head_of.count(p)) {
-        feeder = head_of[p];
-        break;
-      }
-    }
+    if (members.empty()) return;
+    const bool workers_forward = r.worker_relays || shape_ == Shape::kWorkerRelayTree;
+    const int feeder = feeder_of(name);
     const int head = members.front();
     attach(head, feeder);
-    plan.nodes[head].forwards = true;
-    head_of[name] = head;
-    if (plan.nodes[head].kind == NodeKind::kWorker && !workers_forward && members.size() > 1)
-      plan.warnings.push_back("region " + name + " has no relay and its workers do not relay: its first worker forwards to the others");
+    plan_.nodes[head].forwards = true;
+    head_of_[name] = head;
+    if (plan_.nodes[head].kind == NodeKind::kWorker && !workers_forward && members.size() > 1)
+      plan_.warnings.push_back("region " + name + " has no relay and its workers do not relay: its first worker forwards to the others");
+    fill_region(name, members, feeder, workers_forward);
+  }
 
-    // The rate the region receives at bounds what each forwarder must sustain per child.
-    const Link in = link_between(spec, plan, feeder, head);
-    const double rate_in = std::min({in.bytes_per_s, plan.nodes[head].nic.downlink_bytes_per_s, plan.nodes[feeder].nic.uplink_bytes_per_s});
+  // Breadth first below the head: relays first, then workers, each forwarder taking as many
+  // children as its uplink serves at the rate the region receives at.
+  void fill_region(const std::string& name, const std::vector<int>& members, int feeder, bool workers_forward) {
+    const int head = members.front();
+    const Link in = link_between(spec_, plan_, feeder, head);
+    const double rate_in = std::min({in.bytes_per_s, plan_.nodes[head].nic.downlink_bytes_per_s, plan_.nodes[feeder].nic.uplink_bytes_per_s});
     // At least 2 even when that halves a child's rate: a chain of single children would make
     // the depth, and so the latency and what one failure cuts off, grow with the region.
     auto slots = [&](int n) {
-      const double k = std::floor(plan.nodes[n].nic.uplink_bytes_per_s / rate_in);
-      return static_cast<std::size_t>(std::clamp<double>(k, std::min<double>(kFanoutMin, spec.fanout_max), spec.fanout_max));
+      const double k = std::floor(plan_.nodes[n].nic.uplink_bytes_per_s / rate_in);
+      return static_cast<std::size_t>(std::clamp<double>(k, std::min<double>(kFanoutMin, spec_.fanout_max), spec_.fanout_max));
     };
     std::deque<int> open = {head};
-    std::vector<int>& fwd = forwarders_of[name];
+    std::vector<int>& fwd = forwarders_of_[name];
     fwd.push_back(head);
     for (std::size_t i = 1; i < members.size(); ++i) {
       const int m = members[i];
-      while (!open.empty() && plan.nodes[open.front()].children.size() >= slots(open.front())) open.pop_front();
+      while (!open.empty() && plan_.nodes[open.front()].children.size() >= slots(open.front())) open.pop_front();
       int parent;
       if (!open.empty()) {
         parent = open.front();
       } else {
         // Nobody has a free slot (workers do not relay and relays are few): the least loaded
         // forwarder takes one more than its uplink allows.
-        parent = *std::min_element(fwd.begin(), fwd.end(), [&](int a, int b) { return plan.nodes[a].children.size() < plan.nodes[b].children.size(); });
-        if (!overflow_warned) plan.warnings.push_back("region " + name + ": not enough forwarding capacity to keep every fan-out within its uplink");
-        overflow_warned = true;
+        parent = *std::min_element(fwd.begin(), fwd.end(), [&](int a, int b) { return plan_.nodes[a].children.size() < plan_.nodes[b].children.size(); });
+        if (!overflow_warned_) plan_.warnings.push_back("region " + name + ": not enough forwarding capacity to keep every fan-out within its uplink");
+        overflow_warned_ = true;
       }
       attach(m, parent);
-      if (plan.nodes[m].kind == NodeKind::kRelay || workers_forward) {
-        plan.nodes[m].forwards = true;
+      if (plan_.nodes[m].kind == NodeKind::kRelay || workers_forward) {
+        plan_.nodes[m].forwards = true;
         open.push_back(m);
         fwd.push_back(m);
       }
@@ -281,60 +295,85 @@ Result<Plan> plan_fleet(const FleetSpec& spec, Shape shape) {
   // other node below that parent; a fallback inside the parent's subtree would leave them all
   // cut off together. So: a forwarder of the same region outside the parent's subtree (an
   // uncle, say), as close to the parent's depth as possible and the least used as a fallback;
-  // else, below a region's head, a sibling chain (below); else the grandparent; else the
-  // nearest other region's head outside the parent's subtree.
-  const Intervals iv(plan);
-  std::vector<std::size_t> fallback_load(plan.nodes.size(), 0);
-  for (std::size_t i = 1; i < plan.nodes.size(); ++i) {
-    PlannedNode& n = plan.nodes[i];
-    const int self = static_cast<int>(i);
-    auto usable = [&](int c) { return c != self && c != n.parent && !iv.descends(c, n.parent); };
+  // else, below a region's head, a sibling chain (head_child_fallback); else the grandparent;
+  // else the nearest other region's head outside the parent's subtree.
+  void assign_fallbacks() {
+    const Intervals iv(plan_);
+    fallback_load_.assign(plan_.nodes.size(), 0);
+    for (std::size_t i = 1; i < plan_.nodes.size(); ++i) {
+      PlannedNode& n = plan_.nodes[i];
+      const int self = static_cast<int>(i);
+      auto usable = [&](int c) { return c != self && c != n.parent && !iv.descends(c, n.parent); };
+      int best = uncle_fallback(n, usable);
+      const int grandparent = n.parent != 0 ? plan_.nodes[n.parent].parent : -1;
+      if (best < 0 && grandparent >= 0 && plan_.nodes[grandparent].region != n.region) {
+        best = head_child_fallback(n, self);
+        if (best >= 0) n.last_resort = grandparent;
+      }
+      if (best < 0 && n.parent != 0) best = grandparent;
+      if (best < 0) {
+        double best_ms = std::numeric_limits<double>::infinity();
+        for (const auto& [region, h] : head_of_) {
+          if (region == n.region || !usable(h)) continue;
+          const double ms = link_between(spec_, plan_, self, h).latency_ms;
+          if (ms < best_ms) best = h, best_ms = ms;
+        }
+      }
+      n.fallback = best;
+      if (best >= 0) fallback_load_[best]++;
+    }
+  }
+
+  // A forwarder of the node's region outside its parent's subtree, nearest the parent's depth,
+  // the least used first; -1 if none.
+  template <class Usable>
+  int uncle_fallback(const PlannedNode& n, const Usable& usable) const {
+    auto it = forwarders_of_.find(n.region);
+    if (it == forwarders_of_.end()) return -1;
     int best = -1;
     std::pair<int, std::size_t> best_key{std::numeric_limits<int>::max(), 0};
-    if (auto it = forwarders_of.find(n.region); it != forwarders_of.end()) {
-      const int parent_depth = plan.nodes[n.parent].depth;
-      for (int c : it->second) {
-        if (plan.nodes[c].depth > parent_depth || !usable(c)) continue;
-        const std::pair<int, std::size_t> key{std::abs(parent_depth - plan.nodes[c].depth), fallback_load[c]};
-        if (best < 0 || key < best_key) best = c, best_key = key;
-      }
+    const int parent_depth = plan_.nodes[n.parent].depth;
+    for (int c : it->second) {
+      if (plan_.nodes[c].depth > parent_depth || !usable(c)) continue;
+      const std::pair<int, std::size_t> key{std::abs(parent_depth - plan_.nodes[c].depth), fallback_load_[c]};
+      if (best < 0 || key < best_key) best = c, best_key = key;
     }
-    const int grandparent = n.parent != 0 ? plan.nodes[n.parent].parent : -1;
-    if (best < 0 && grandparent >= 0 && plan.nodes[grandparent].region != n.region) {
-      // The parent is the region's head and only the WAN is outside its subtree: if all its
-      // children fell back across the WAN, the region would pull every version over it once
-      // per child. Instead its forwarding children form a chain (each falls back to the one
-      // before it, the first to the grandparent), so the region still crosses the WAN once;
-      // the rest fall back to the least used of them. The WAN stays the last resort.
-      const auto& siblings = plan.nodes[n.parent].children;
-      int previous = -1;
-      for (int sib : siblings) {
-        if (sib == self) break;
-        if (plan.nodes[sib].forwards) previous = sib;
-      }
-      if (!n.forwards) {
-        for (int sib : siblings)
-          if (sib != self && plan.nodes[sib].forwards && (previous < 0 || fallback_load[sib] < fallback_load[previous])) previous = sib;
-      }
-      if (previous >= 0) {
-        best = previous;
-        n.last_resort = grandparent;
-      }
-    }
-    if (best < 0 && n.parent != 0) best = grandparent;
-    if (best < 0) {
-      double best_ms = std::numeric_limits<double>::infinity();
-      for (const auto& [region, h] : head_of) {
-        if (region == n.region || !usable(h)) continue;
-        const double ms = link_between(spec, plan, self, h).latency_ms;
-        if (ms < best_ms) best = h, best_ms = ms;
-      }
-    }
-    n.fallback = best;
-    if (best >= 0) fallback_load[best]++;
+    return best;
   }
-  return plan;
-}
+
+  // Below a region's head only the WAN is outside the head's subtree: if all its children fell
+  // back across the WAN, the region would pull every version over it once per child. Instead
+  // its forwarding children form a chain (each falls back to the one before it, the first to
+  // the grandparent), so the region still crosses the WAN once; the rest fall back to the least
+  // used of them. -1 if the node has no forwarding sibling to take.
+  int head_child_fallback(const PlannedNode& n, int self) const {
+    const auto& siblings = plan_.nodes[n.parent].children;
+    int previous = -1;
+    for (int sib : siblings) {
+      if (sib == self) break;
+      if (plan_.nodes[sib].forwards) previous = sib;
+    }
+    if (!n.forwards) {
+      for (int sib : siblings)
+        if (sib != self && plan_.nodes[sib].forwards && (previous < 0 || fallback_load_[sib] < fallback_load_[previous])) previous = sib;
+    }
+    return previous;
+  }
+
+  const FleetSpec& spec_;
+  const Shape shape_;
+  Plan plan_;
+  std::vector<std::string> order_;
+  std::map<std::string, std::string> prev_;
+  std::map<std::string, int> head_of_;
+  std::map<std::string, std::vector<int>> forwarders_of_;  // per region, in BFS order
+  std::vector<std::size_t> fallback_load_;
+  bool overflow_warned_ = false;
+};
+
+}  // namespace
+
+Result<Plan> plan_fleet(const FleetSpec& spec, Shape shape) { return Planner(spec, shape).run(); }
 
 std::string plan_summary(const FleetSpec& spec, const Plan& plan) {
   std::string out;

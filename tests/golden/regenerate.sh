@@ -17,3 +17,5 @@ cp "$tmp/step-000001.safetensors" "$here/next.safetensors"
 [ -e "$here/test.sign.key" ] || "$dc" keygen --sign -o "$here/test.sign.key"
 "$dc" encode -q -j1 --chunk-size 16KiB --version 2 --sign-key "$here/test.sign.key" "$here/next.safetensors" -o "$here/anchor-signed.dcd"
 "$dc" inspect "$here/delta.dcd" | grep checksum
+# The wire's golden frames (tests/golden/wire-frames.txt), from the transport tests.
+echo "wire frames: DELTACAST_WRITE_GOLDEN=1 build/tests/deltacast_transport_tests '[golden]'"

@@ -32,6 +32,7 @@ Node::Node(NodeConfig config, Transport& transport, Clock& clock, TaskRunner* ta
       clock_(clock),
       tasks_(tasks),
       cache_(config_.cache_bytes_max, /*verify_payloads=*/!config_.virtual_payloads, config_.manifest_limits),
+      ledger_(config_.ledger_workers_max),
       run_(config_.parents.empty() ? config_.run : RunId{}) {}
 
 Node::~Node() { *alive_ = false; }
@@ -914,21 +915,11 @@ void Node::on_ready_message(PeerId from, const Child& child, const Ready& r) {
       log(LogLevel::kWarn, "ignored a Ready of " + r.node_id + " for v" + std::to_string(r.version) + " with a checksum that version does not have");
       return;
     }
-    if (!ledger_.count(r.node_id) && ledger_.size() >= config_.ledger_workers_max) return;
-    LedgerEntry& e = ledger_[r.node_id];
-    e.left = false;
-    if (r.run != e.run || r.version >= e.version) {
-      e.run = r.run;
-      e.version = r.version;
-      e.checksum = r.checksum;
-      // Measured on the origin's own clock, so clocks elsewhere need not agree; it includes
-      // the time the Ready took to come back up the tree.
-      auto pub = published_us_.find(r.version);
-      e.publish_to_ready_ms = pub != published_us_.end() ? (clock_.now_us() - pub->second) / 1000 : r.publish_to_ready_ms;
-    }
-    // Kept short: the ledger is bounded in entries, and each entry in bytes.
-    if (!r.error.empty()) e.last_error = r.error.substr(0, kLedgerErrorBytesMax);
-    e.updated_ms = clock_.now_ms();
+    // Measured on the origin's own clock, so clocks elsewhere need not agree; it includes the
+    // time the Ready took to come back up the tree.
+    auto pub = published_us_.find(r.version);
+    const std::uint64_t ready_ms = pub != published_us_.end() ? (clock_.now_us() - pub->second) / 1000 : r.publish_to_ready_ms;
+    ledger_.record({r.node_id, r.run, r.version, r.checksum, ready_ms, r.error}, clock_.now_ms());
   } else {
     send_to_parent(r);
   }
@@ -945,9 +936,8 @@ void Node::on_leave_message(PeerId from, const Leave& l) {
   if (l.moved) return;  // still in the fleet, under another parent
   if (!config_.parents.empty()) {
     send_to_parent(l);
-  } else if (auto e = ledger_.find(l.node_id); e != ledger_.end()) {
-    e->second.left = true;
-    e->second.updated_ms = clock_.now_ms();
+  } else {
+    ledger_.mark_left(l.node_id, clock_.now_ms());
   }
 }
 

@@ -10,6 +10,7 @@
 #include <deque>
 #include <future>
 #include <map>
+#include <optional>
 
 #include <pthread.h>
 #include <sys/socket.h>
@@ -19,6 +20,8 @@
 
 #include "deltacast/runtime/metrics.h"
 #include "deltacast/transport/wire.h"
+#include "metrics_server.h"
+#include "zap.h"
 
 namespace deltacast::transport {
 
@@ -574,20 +577,10 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
         zmq_msg_close(&m);
         if (!more) break;
       }
-      if (frames.size() < 6) continue;
-      bool allowed = config.allowed_client_keys.empty();
-      std::string client_key = "?";
-      if (frames.size() >= 7 && frames[5] == "CURVE" && frames[6].size() == 32) {
-        char z85[41];
-        zmq_z85_encode(z85, reinterpret_cast<const std::uint8_t*>(frames[6].data()), 32);
-        client_key = z85;
-        for (const auto& k : config.allowed_client_keys) allowed |= (k == client_key);
-      } else {
-        allowed = false;
-      }
-      if (!allowed) spdlog::warn("{}: refused a peer whose key {} is not allowed", node_config.node_id, client_key);
-      const std::string reply[] = {"1.0", frames[1], allowed ? "200" : "400", allowed ? "OK" : "key not allowed", allowed ? client_key : "", ""};
-      for (int i = 0; i < 6; ++i) zmq_send(zap.zsock, reply[i].data(), reply[i].size(), i < 5 ? ZMQ_SNDMORE : 0);
+      ZapDecision d;
+      if (!zap_decide(frames, config.allowed_client_keys, d)) continue;
+      if (!d.allowed) spdlog::warn("{}: refused a peer whose key {} is not allowed", node_config.node_id, d.client_key);
+      for (std::size_t k = 0; k < d.reply.size(); ++k) zmq_send(zap.zsock, d.reply[k].data(), d.reply[k].size(), k + 1 < d.reply.size() ? ZMQ_SNDMORE : 0);
     }
   }
 
@@ -626,102 +619,13 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
   }
 
   // ---- metrics over HTTP --------------------------------------------------------------------
-  static constexpr std::size_t kRequestBytesMax = 8192;
-  uv_tcp_t http{};
-  bool http_open = false;
-  std::size_t http_clients = 0;
-  // One metrics connection: its socket and its deadline, both closed before it is freed.
-  struct HttpClient {
-    uv_tcp_t tcp{};
-    uv_timer_t deadline{};
-    std::string request;
-    std::string response;
-    uv_write_t write{};
-    Impl* host = nullptr;
-    int open_handles = 2;
-    bool closing = false;
-  };
-
-  static void close_client(HttpClient* c) {
-    if (c->closing) return;
-    c->closing = true;
-    c->host->http_clients--;
-    uv_timer_stop(&c->deadline);
-    auto closed = [](uv_handle_t* h) {
-      auto* client = static_cast<HttpClient*>(h->data);
-      if (--client->open_handles == 0) delete client;
-    };
-    uv_close(reinterpret_cast<uv_handle_t*>(&c->tcp), closed);
-    uv_close(reinterpret_cast<uv_handle_t*>(&c->deadline), closed);
-  }
-
-  void respond(HttpClient* c) {
-    uv_read_stop(reinterpret_cast<uv_stream_t*>(&c->tcp));
-    bool metrics = c->request.rfind("GET /metrics", 0) == 0;
-    std::string body = metrics ? render_prometheus(*node) : "not found: try /metrics\n";
-    const char* status_line = metrics ? "HTTP/1.0 200 OK\r\n" : "HTTP/1.0 404 Not Found\r\n";
-    if (body.size() > config.metrics_response_bytes_max) {
-      body = "the report is larger than metrics_response_bytes_max (" + std::to_string(config.metrics_response_bytes_max) + " bytes)\n";
-      status_line = "HTTP/1.0 503 Service Unavailable\r\n";
-    }
-    c->response = std::string(status_line) +
-                  "Content-Type: text/plain; version=0.0.4\r\nContent-Length: " + std::to_string(body.size()) +
-                  "\r\nConnection: close\r\n\r\n" + body;
-    uv_buf_t buf = uv_buf_init(c->response.data(), static_cast<unsigned>(c->response.size()));
-    c->write.data = c;
-    uv_write(&c->write, reinterpret_cast<uv_stream_t*>(&c->tcp), &buf, 1,
-             [](uv_write_t* w, int) { close_client(static_cast<HttpClient*>(w->data)); });
-  }
+  std::optional<MetricsServer> metrics;
 
   Status open_metrics() {
     if (config.metrics_listen.empty()) return Status::ok();
-    const auto colon = config.metrics_listen.rfind(':');
-    if (colon == std::string::npos) return Status::invalid_argument("metrics address must be host:port, got " + config.metrics_listen);
-    const std::string host = config.metrics_listen.substr(0, colon);
-    const int port = std::atoi(config.metrics_listen.c_str() + colon + 1);
-    sockaddr_in addr{};
-    if (uv_ip4_addr(host.c_str(), port, &addr) != 0 || port <= 0 || port > 65535)
-      return Status::invalid_argument("bad metrics address " + config.metrics_listen);
-    uv_tcp_init(&loop, &http);
-    http.data = this;
-    http_open = true;
-    if (int rc = uv_tcp_bind(&http, reinterpret_cast<const sockaddr*>(&addr), 0); rc != 0)
-      return Status::io_error("cannot bind metrics on " + config.metrics_listen + ": " + uv_strerror(rc));
-    int rc = uv_listen(reinterpret_cast<uv_stream_t*>(&http), 16, [](uv_stream_t* server, int status) {
-      if (status < 0) return;
-      auto* self = static_cast<Impl*>(server->data);
-      auto* c = new HttpClient;
-      c->host = self;
-      self->http_clients++;
-      uv_tcp_init(&self->loop, &c->tcp);
-      c->tcp.data = c;
-      uv_timer_init(&self->loop, &c->deadline);
-      c->deadline.data = c;
-      if (uv_accept(server, reinterpret_cast<uv_stream_t*>(&c->tcp)) != 0 || self->http_clients > self->config.metrics_clients_max) {
-        close_client(c);
-        return;
-      }
-      uv_timer_start(&c->deadline, [](uv_timer_t* t) { close_client(static_cast<HttpClient*>(t->data)); }, self->config.metrics_timeout_ms, 0);
-      uv_read_start(
-          reinterpret_cast<uv_stream_t*>(&c->tcp),
-          [](uv_handle_t*, std::size_t suggested, uv_buf_t* buf) {
-            buf->base = new char[suggested];
-            buf->len = static_cast<decltype(buf->len)>(suggested);
-          },
-          [](uv_stream_t* stream, ssize_t n, const uv_buf_t* buf) {
-            auto* c = static_cast<HttpClient*>(stream->data);
-            if (n > 0) c->request.append(buf->base, static_cast<std::size_t>(n));
-            delete[] buf->base;
-            if (n < 0 || c->request.size() > kRequestBytesMax) {
-              uv_read_stop(stream);
-              close_client(c);
-            } else if (c->request.find("\r\n\r\n") != std::string::npos) {
-              c->host->respond(c);
-            }
-          });
-    });
-    if (rc != 0) return Status::io_error("cannot listen for metrics on " + config.metrics_listen + ": " + uv_strerror(rc));
-    return Status::ok();
+    metrics.emplace(&loop, MetricsServer::Limits{config.metrics_clients_max, config.metrics_timeout_ms, config.metrics_response_bytes_max},
+                    [this] { return render_prometheus(*node); });
+    return metrics->open(config.metrics_listen);
   }
 
   void shutdown() {
@@ -735,10 +639,7 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
         if (s.zsock) zmq_setsockopt(s.zsock, ZMQ_LINGER, &linger, sizeof linger);
       if (router.zsock) zmq_setsockopt(router.zsock, ZMQ_LINGER, &linger, sizeof linger);
     }
-    if (http_open) {
-      uv_close(reinterpret_cast<uv_handle_t*>(&http), nullptr);
-      http_open = false;
-    }
+    if (metrics) metrics->close();
     uv_timer_stop(&tick_timer);
     uv_prepare_stop(&prepare);
     uv_close(reinterpret_cast<uv_handle_t*>(&tick_timer), nullptr);

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "deltacast/codec/version.h"
+#include "deltacast/runtime/fleet_ledger.h"
 #include "deltacast/runtime/interfaces.h"
 #include "deltacast/runtime/trust.h"
 #include "deltacast/runtime/version_cache.h"
@@ -137,16 +138,6 @@ struct NodeStats {
   std::uint64_t runs_seen = 0;             // runs this node moved to
 };
 
-// What the origin knows of each worker (the fleet ledger).
-struct LedgerEntry {
-  std::uint64_t version = 0;
-  RunId run;  // the run `version` belongs to: only the origin's own run counts as delivered
-  std::uint64_t checksum = 0;
-  std::uint64_t publish_to_ready_ms = 0;
-  std::uint64_t updated_ms = 0;
-  std::string last_error;
-  bool left = false;  // it said Leave (stopped on purpose) and has not reported since
-};
 
 class Node {
  public:
@@ -214,7 +205,7 @@ class Node {
   const NodeConfig& config() const { return config_; }
   const NodeStats& stats() const { return stats_; }
   const std::map<std::uint64_t, VersionTiming>& timings() const { return timings_; }
-  const std::map<std::string, LedgerEntry>& ledger() const { return ledger_; }
+  const std::map<std::string, LedgerEntry>& ledger() const { return ledger_.entries(); }
   const VersionCache& cache() const { return cache_; }
   std::uint64_t current_version() const;
   // The newest version of this node's run it knows of (cached, or the parent has it).
@@ -224,7 +215,6 @@ class Node {
   // cache, and by kSubscriptionsPerChildMax for versions a child asked for that are not here.
   std::size_t child_records() const;
   static constexpr std::size_t kSubscriptionsPerChildMax = 256;
-  static constexpr std::size_t kLedgerErrorBytesMax = 256;  // of each worker's last error in the ledger
   bool connected() const { return parent_ != 0 && welcomed_; }
   const std::string& last_error() const { return last_error_; }
 
@@ -409,7 +399,7 @@ class Node {
 
   std::map<std::uint64_t, VersionTiming> timings_;
   std::map<std::uint64_t, std::uint64_t> published_us_;  // version -> origin publish time (us)
-  std::map<std::string, LedgerEntry> ledger_;
+  FleetLedger ledger_;
   std::map<VersionKey, ShardSlices> shard_slices_;  // bounded by cache_bytes_max
   std::map<std::uint32_t, PeerId> shard_peers_;      // origin: the link each shard last sent on
   std::vector<Message> outbox_;                      // shard publisher: not yet accepted

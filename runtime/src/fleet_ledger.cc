@@ -1,0 +1,28 @@
+#include "deltacast/runtime/fleet_ledger.h"
+
+namespace deltacast::runtime {
+
+bool FleetLedger::record(const Report& r, std::uint64_t now_ms) {
+  if (!entries_.count(r.node_id) && entries_.size() >= entries_max_) return false;
+  LedgerEntry& e = entries_[r.node_id];
+  e.left = false;
+  if (r.run != e.run || r.version >= e.version) {
+    e.run = r.run;
+    e.version = r.version;
+    e.checksum = r.checksum;
+    e.publish_to_ready_ms = r.publish_to_ready_ms;
+  }
+  // Kept short: the ledger is bounded in entries, and each entry in bytes.
+  if (!r.error.empty()) e.last_error = r.error.substr(0, kErrorBytesMax);
+  e.updated_ms = now_ms;
+  return true;
+}
+
+void FleetLedger::mark_left(const std::string& node_id, std::uint64_t now_ms) {
+  auto e = entries_.find(node_id);
+  if (e == entries_.end()) return;
+  e->second.left = true;
+  e->second.updated_ms = now_ms;
+}
+
+}  // namespace deltacast::runtime

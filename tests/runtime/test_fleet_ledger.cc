@@ -1,0 +1,43 @@
+// The origin's fleet ledger (runtime/fleet_ledger.h) on its own: newer versions replace older
+// ones, another run replaces any, errors are kept short, leaving is marked, and the number of
+// workers is bounded.
+#include <catch2/catch.hpp>
+
+#include "deltacast/runtime/fleet_ledger.h"
+
+using namespace deltacast;
+using namespace deltacast::runtime;
+
+TEST_CASE("the fleet ledger keeps each worker's newest report within its bounds", "[runtime][ledger]") {
+  FleetLedger ledger(2);
+  const RunId run{100, 1}, next_run{200, 2};
+  REQUIRE(ledger.record({"w1", run, 5, 0x55, 40, ""}, 1000));
+  CHECK(ledger.entries().at("w1").version == 5);
+  CHECK(ledger.entries().at("w1").publish_to_ready_ms == 40);
+  // An older version of the same run does not replace it (reports can overtake each other).
+  REQUIRE(ledger.record({"w1", run, 4, 0x44, 30, ""}, 1100));
+  CHECK(ledger.entries().at("w1").version == 5);
+  CHECK(ledger.entries().at("w1").checksum == 0x55);
+  CHECK(ledger.entries().at("w1").updated_ms == 1100);
+  // A restarted trainer's run counts from 1 again: any version of another run replaces it.
+  REQUIRE(ledger.record({"w1", next_run, 1, 0x11, 20, ""}, 1200));
+  CHECK(ledger.entries().at("w1").version == 1);
+  CHECK(ledger.entries().at("w1").run == next_run);
+  // Errors are kept, short; a report without one leaves the last in place.
+  REQUIRE(ledger.record({"w1", next_run, 2, 0x22, 20, std::string(1000, 'e')}, 1300));
+  CHECK(ledger.entries().at("w1").last_error.size() == FleetLedger::kErrorBytesMax);
+  REQUIRE(ledger.record({"w1", next_run, 3, 0x33, 20, ""}, 1400));
+  CHECK(ledger.entries().at("w1").last_error.size() == FleetLedger::kErrorBytesMax);
+  // Leaving is marked until the worker reports again; unknown workers are not added.
+  ledger.mark_left("w1", 1500);
+  CHECK(ledger.entries().at("w1").left);
+  ledger.mark_left("nobody", 1500);
+  CHECK(ledger.entries().count("nobody") == 0);
+  REQUIRE(ledger.record({"w1", next_run, 3, 0x33, 20, ""}, 1600));
+  CHECK_FALSE(ledger.entries().at("w1").left);
+  // At most entries_max workers.
+  CHECK(ledger.record({"w2", run, 1, 1, 1, ""}, 1700));
+  CHECK_FALSE(ledger.record({"w3", run, 1, 1, 1, ""}, 1800));
+  CHECK(ledger.entries().size() == 2);
+  CHECK(ledger.record({"w2", run, 2, 2, 1, ""}, 1900));  // those in it still report
+}

@@ -1,6 +1,7 @@
 // The node state machines on an in-memory network: delivery down a relay tree, failover,
 // catch-up, corruption, slow children and protocol mismatches.
 #include <catch2/catch.hpp>
+#include <set>
 
 #include "node_fixtures.h"
 #include "test_util.h"

@@ -3,6 +3,8 @@
 // Deterministic: the same calls give the same interleaving. Links can be bounded (per-link
 // queue bytes; a sender whose message was refused is told when the queue is half empty
 // again), and nodes can be killed (their messages vanish, nobody is told) or restarted.
+// Besides whole nodes, a test may attach an endpoint of its own (a node's component under
+// test, or a peer whose every message the test writes): see attach() and ScriptedPeer.
 #pragma once
 
 #include <deque>
@@ -80,6 +82,18 @@ class FakeNet {
     return *slot.node;
   }
   Node& node(const std::string& name) { return *nodes_.at(name).node; }
+  // An endpoint that is not a Node: `receive` gets what arrives for `name`, `writable` hears
+  // when a link it was refused on has room again. Returns the transport it sends through.
+  FakeTransport& attach(const std::string& name, std::function<void(PeerId, const Message&)> receive,
+                        std::function<void(PeerId)> writable = {}) {
+    auto& slot = nodes_[name];
+    slot.transport = std::make_unique<FakeTransport>(*this, name);
+    slot.tasks = std::make_unique<DeferredTasks>();
+    slot.receive = std::move(receive);
+    slot.writable = std::move(writable);
+    slot.alive = true;
+    return *slot.transport;
+  }
   bool alive(const std::string& name) const { return nodes_.at(name).alive; }
 
   // The node stops: its queued and future messages vanish; peers find out by timeout.
@@ -125,7 +139,7 @@ class FakeNet {
     for (std::uint64_t t = 0; t < ms; t += step_ms) {
       clock.advance(step_ms);
       for (auto& [name, s] : nodes_)
-        if (s.alive) s.node->tick();
+        if (s.alive && s.node) s.node->tick();
       run();
     }
   }
@@ -168,6 +182,8 @@ class FakeNet {
     std::unique_ptr<FakeTransport> transport;
     std::unique_ptr<DeferredTasks> tasks;
     std::unique_ptr<Node> node;
+    std::function<void(PeerId, const Message&)> receive;  // an attached endpoint, when node is null
+    std::function<void(PeerId)> writable;
     bool alive = false;
     bool deferred = false;
   };
@@ -177,14 +193,18 @@ class FakeNet {
     link.queued_bytes -= message_bytes(d.message);
     if (link.refused && link.queued_bytes <= link.queue_bytes_max / 2) {
       link.refused = false;
-      if (auto from = nodes_.find(link.from); from != nodes_.end() && from->second.alive && link.open) from->second.node->on_writable(d.link);
+      if (auto from = nodes_.find(link.from); from != nodes_.end() && from->second.alive && link.open) {
+        if (from->second.node) from->second.node->on_writable(d.link);
+        else if (from->second.writable) from->second.writable(d.link);
+      }
     }
     if (!link.open) return;
     auto it = nodes_.find(link.to);
     if (it == nodes_.end() || !it->second.alive) return;
     if (filter && !filter(link.from, link.to, d.message)) return;
     bytes_to_[link.to] += message_bytes(d.message);
-    it->second.node->on_message(link.reverse, d.message);
+    if (it->second.node) it->second.node->on_message(link.reverse, d.message);
+    else it->second.receive(link.reverse, d.message);
   }
 
   std::map<std::string, Slot> nodes_;
@@ -223,5 +243,35 @@ inline void FakeTransport::disconnect(PeerId peer) {
   it->second.open = false;
   net_.links_[it->second.reverse].open = false;
 }
+
+// A peer whose every message the test writes: it keeps what arrives, and may answer each
+// message as it comes (a Welcome to every Hello, say).
+class ScriptedPeer {
+ public:
+  ScriptedPeer(FakeNet& net, const std::string& name)
+      : transport(net.attach(name, [this](PeerId from, const Message& m) {
+          inbox.emplace_back(from, m);
+          if (answer) answer(from, m);
+        })) {}
+  // Messages of type T that arrived, in order.
+  template <typename T>
+  std::vector<T> received() const {
+    std::vector<T> out;
+    for (const auto& [from, m] : inbox)
+      if (const auto* t = std::get_if<T>(&m)) out.push_back(*t);
+    return out;
+  }
+  // The link the last message of type T came on (0 if none did).
+  template <typename T>
+  PeerId link_of() const {
+    for (auto it = inbox.rbegin(); it != inbox.rend(); ++it)
+      if (std::holds_alternative<T>(it->second)) return it->first;
+    return 0;
+  }
+
+  FakeTransport& transport;
+  std::vector<std::pair<PeerId, Message>> inbox;
+  std::function<void(PeerId, const Message&)> answer;
+};
 
 }  // namespace deltacast::test

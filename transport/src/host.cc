@@ -6,67 +6,25 @@
 
 #include <atomic>
 #include <chrono>
-#include <cstring>
-#include <deque>
 #include <future>
-#include <map>
 #include <optional>
 
 #include <pthread.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <csignal>
 
 #include "deltacast/runtime/metrics.h"
-#include "deltacast/transport/wire.h"
 #include "metrics_server.h"
-#include "zap.h"
+#include "zmq_links.h"
 
 namespace deltacast::transport {
 
 using namespace deltacast::runtime;
 
-namespace {
-
-constexpr const char* kZapEndpoint = "inproc://zeromq.zap.01";
-constexpr int kFramesMax = 4;
-
-struct Socket {
-  void* zsock = nullptr;
-  uv_poll_t* poll = nullptr;  // owned by libuv until its close callback
-  bool router = false;
-  bool zap = false;
-  PeerId peer = 0;  // for parent links
-};
-
-void close_poll(uv_poll_t* poll) {
-  if (!poll) return;
-  uv_poll_stop(poll);
-  uv_close(reinterpret_cast<uv_handle_t*>(poll), [](uv_handle_t* h) { delete reinterpret_cast<uv_poll_t*>(h); });
-}
-
-std::string zmq_error(const std::string& what) { return what + ": " + zmq_strerror(zmq_errno()); }
-
-// A received ZeroMQ frame held as a payload: no copy between the socket and the cache, the
-// children's send queues and the decoder.
-class ZmqBlob final : public Blob {
- public:
-  explicit ZmqBlob(zmq_msg_t* frame) {
-    zmq_msg_init(&msg_);
-    zmq_msg_move(&msg_, frame);
-  }
-  ~ZmqBlob() override { zmq_msg_close(&msg_); }
-  const std::uint8_t* data() const override { return static_cast<const std::uint8_t*>(zmq_msg_data(&msg_)); }
-  std::size_t size() const override { return zmq_msg_size(&msg_); }
-
- private:
-  mutable zmq_msg_t msg_;
-};
-
-}  // namespace
-
-struct NodeHost::Impl final : Transport, Clock, TaskRunner {
+// The host's loop: libuv runs the ZeroMQ links (zmq_links.h), the node's ticks, its decode work
+// (the TaskRunner: libuv's thread pool), the metrics server, and what other threads post.
+struct NodeHost::Impl final : Clock, TaskRunner {
   NodeConfig node_config;
   HostConfig config;
   uv_loop_t loop{};
@@ -74,39 +32,7 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
   uv_prepare_t prepare{};
   uv_async_t async{};
   void* ctx = nullptr;
-  Socket router;
-  Socket zap;
-  Socket monitor;  // the listener's connection events (ZeroMQ socket monitor)
-  // Connections to the listener, by file descriptor: bounded in number, and closed when they
-  // have not said Hello within hello_timeout_ms. libzmq owns the descriptors; shutting one
-  // down makes libzmq close that connection.
-  struct Connection {
-    std::uint64_t accepted_ms = 0;
-    bool said_hello = false;
-    PeerId peer = 0;
-  };
-  std::map<int, Connection> connections;
-  std::map<PeerId, int> fd_of;
-  std::vector<std::pair<std::uint64_t, int>> shutdowns_due;  // (when, fd): after a Refuse had time to go out
-  std::uint64_t connections_refused = 0;
-  std::uint64_t handshakes_failed = 0;
-  std::uint64_t idle_closed = 0;
-  std::map<PeerId, Socket> parents;
-  std::map<std::string, PeerId> child_by_identity;
-  std::map<PeerId, std::string> identity_of;
-  struct Out {
-    Frames frames;
-    std::uint64_t bytes = 0;
-  };
-  struct Queue {
-    std::deque<Out> items;
-    std::uint64_t bytes = 0;
-    bool refused = false;  // refused a message: the node is told when it is half empty again
-  };
-  std::map<PeerId, Queue> queues;
-  std::vector<PeerId> peers_down;  // reported to the node outside of send()
-  std::vector<PeerId> peers_writable;  // likewise
-  PeerId next_peer = 1;
+  std::optional<ZmqLinks> links;
   std::unique_ptr<Node> node;
 
   std::mutex post_mu;
@@ -120,7 +46,6 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
   std::atomic<Node*> live_node{nullptr};  // for reader threads; cleared before the node goes
   std::function<void(std::shared_ptr<const ModelVersion>)> on_version;
   std::shared_ptr<ModelVersion> restored;  // handed to the node before it starts
-  std::uint64_t bad_messages = 0;
 
   Impl(NodeConfig nc, HostConfig hc) : node_config(std::move(nc)), config(std::move(hc)) {}
 
@@ -155,460 +80,6 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
         });
   }
 
-  // ---- sockets ------------------------------------------------------------------------------
-  Status configure_common(void* s) {
-    if (!s) return Status::io_error(zmq_error("cannot open a socket"));
-    int linger = 0;
-    std::int64_t maxmsg = static_cast<std::int64_t>(config.message_bytes_max);
-    int hwm = config.send_hwm_messages;
-    // No ZeroMQ heartbeats: libzmq 4.3.4 aborts the process (assertion !_io_error in
-    // stream_engine_base.cpp) when its heartbeat timer fires on a connection whose input is
-    // stopped by a full receive queue and whose peer has hung up, which any child can arrange.
-    // Silence is the node's to judge instead: parent_timeout_ms and child_timeout_ms (a child
-    // stalled mid-frame sends nothing, so it is dropped and its connection shut), and
-    // hello_timeout_ms before a Hello. The handshake is bounded here.
-    const int handshake_ms = static_cast<int>(std::min<std::uint64_t>(config.handshake_timeout_ms, INT32_MAX));
-    if (zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger) || zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) ||
-        zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm) || zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof hwm) ||
-        zmq_setsockopt(s, ZMQ_HANDSHAKE_IVL, &handshake_ms, sizeof handshake_ms))
-      return Status::io_error(zmq_error("setsockopt"));
-    return Status::ok();
-  }
-
-  bool watch(Socket& s) {
-    int fd = -1;
-    std::size_t len = sizeof fd;
-    if (!s.zsock || zmq_getsockopt(s.zsock, ZMQ_FD, &fd, &len) != 0 || fd < 0) return false;
-    s.poll = new uv_poll_t;
-    if (uv_poll_init(&loop, s.poll, fd) != 0) {
-      delete s.poll;
-      s.poll = nullptr;
-      return false;
-    }
-    s.poll->data = this;
-    // ZMQ_FD only says "look at ZMQ_EVENTS"; the prepare callback drains every socket.
-    uv_poll_start(s.poll, UV_READABLE, [](uv_poll_t* p, int, int) { static_cast<Impl*>(p->data)->drain_all(); });
-    return true;
-  }
-
-  Status bind() {
-    if (config.bind_endpoint.empty()) return Status::ok();
-    router.router = true;
-    router.zsock = zmq_socket(ctx, ZMQ_ROUTER);
-    DC_RETURN_IF_ERROR(configure_common(router.zsock));
-    int one = 1;
-    zmq_setsockopt(router.zsock, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
-    // Children send small messages up (Hello, Need, Ready, Heartbeat, Leave); only trainer
-    // shards send chunks. A connection that has not even said Hello holds at most this much.
-    if (node_config.expect_shards == 0) {
-      if (config.child_queue_messages_max < 1 || config.child_queue_messages_max > 65536)
-        return Status::invalid_argument("child_queue_messages_max must be 1 to 65536, not " + std::to_string(config.child_queue_messages_max));
-      const std::int64_t child_max = static_cast<std::int64_t>(std::min(config.message_bytes_max, config.child_message_bytes_max));
-      const int child_queue = static_cast<int>(config.child_queue_messages_max);
-      if (zmq_setsockopt(router.zsock, ZMQ_MAXMSGSIZE, &child_max, sizeof child_max) ||
-          zmq_setsockopt(router.zsock, ZMQ_RCVHWM, &child_queue, sizeof child_queue))
-        return Status::io_error(zmq_error("setsockopt"));
-    }
-    if (config.curve) {
-      if (zmq_setsockopt(router.zsock, ZMQ_CURVE_SERVER, &one, sizeof one) ||
-          zmq_setsockopt(router.zsock, ZMQ_CURVE_SECRETKEY, config.curve->secret_key.c_str(), 40))
-        return Status::invalid_argument(zmq_error("CURVE server key"));
-      zmq_setsockopt(router.zsock, ZMQ_ZAP_DOMAIN, "deltacast", 9);
-      zap.zap = true;
-      zap.zsock = zmq_socket(ctx, ZMQ_REP);
-      if (zmq_bind(zap.zsock, kZapEndpoint) != 0) return Status::io_error(zmq_error("ZAP handler"));
-      if (!watch(zap)) return Status::io_error(zmq_error("ZAP handler"));
-    }
-    if (zmq_bind(router.zsock, config.bind_endpoint.c_str()) != 0)
-      return Status::io_error(zmq_error("cannot bind " + config.bind_endpoint));
-    char buf[256];
-    std::size_t len = sizeof buf;
-    zmq_getsockopt(router.zsock, ZMQ_LAST_ENDPOINT, buf, &len);
-    {
-      std::lock_guard lock(ready_mu);
-      bound = buf;
-    }
-    if (!watch(router)) return Status::io_error(zmq_error("cannot watch " + config.bind_endpoint));
-    return open_monitor();
-  }
-
-  PeerId connect(const std::string& endpoint) override {
-    const PeerId id = next_peer++;
-    Socket s;
-    s.peer = id;
-    s.zsock = zmq_socket(ctx, ZMQ_DEALER);
-    if (Status st = configure_common(s.zsock); !st.is_ok()) {
-      // Out of sockets or descriptors: a link that stays silent, so the node gives it up after
-      // parent_timeout_ms and tries again (a natural back-off, no busy retry).
-      spdlog::error("{}: cannot connect to {}: {}", node_config.node_id, endpoint, st.to_string());
-      if (s.zsock) zmq_close(s.zsock);
-      s.zsock = nullptr;
-      parents.emplace(id, s);
-      return id;
-    }
-    int one = 1;
-    zmq_setsockopt(s.zsock, ZMQ_IMMEDIATE, &one, sizeof one);  // queue nothing for a dead parent
-    if (config.curve) {
-      std::string server_key;
-      for (std::size_t i = 0; i < node_config.parents.size() && i < config.parent_server_keys.size(); ++i)
-        if (node_config.parents[i] == endpoint) server_key = config.parent_server_keys[i];
-      zmq_setsockopt(s.zsock, ZMQ_CURVE_SERVERKEY, server_key.c_str(), server_key.size());
-      zmq_setsockopt(s.zsock, ZMQ_CURVE_PUBLICKEY, config.curve->public_key.c_str(), 40);
-      zmq_setsockopt(s.zsock, ZMQ_CURVE_SECRETKEY, config.curve->secret_key.c_str(), 40);
-    }
-    if (zmq_connect(s.zsock, endpoint.c_str()) != 0) spdlog::warn("{}: cannot connect to {}: {}", node_config.node_id, endpoint, zmq_strerror(zmq_errno()));
-    auto [it, inserted] = parents.emplace(id, s);
-    if (!watch(it->second)) {
-      spdlog::error("{}: cannot watch the link to {}: {}", node_config.node_id, endpoint, zmq_strerror(zmq_errno()));
-      zmq_close(it->second.zsock);
-      it->second.zsock = nullptr;
-      return id;
-    }
-    spdlog::debug("{}: connecting to parent {}", node_config.node_id, endpoint);
-    return id;
-  }
-
-  void disconnect(PeerId peer) override {
-    queues.erase(peer);
-    if (auto it = parents.find(peer); it != parents.end()) {
-      close_poll(it->second.poll);
-      if (it->second.zsock) zmq_close(it->second.zsock);
-      parents.erase(it);
-      return;
-    }
-    if (identity_of.count(peer)) {
-      forget_child(peer);
-      // Its connection closes once what was queued for it (a Refuse, a Leave) had time to go.
-      if (auto fd = fd_of.find(peer); fd != fd_of.end()) {
-        shutdowns_due.emplace_back(now_ms() + config.leave_linger_ms, fd->second);
-        fd_of.erase(fd);
-      }
-    }
-  }
-
-  bool send(PeerId peer, const Message& message) override {
-    if (!parents.count(peer) && !identity_of.count(peer)) return false;
-    Out o;
-    if (config.outgoing_filter) {
-      Message altered = message;
-      config.outgoing_filter(altered);
-      o.frames = encode_message(altered);
-    } else {
-      o.frames = encode_message(message);
-    }
-    o.bytes = o.frames.header.size() + (o.frames.payload ? o.frames.payload->size() : 0);
-    Queue& q = queues[peer];
-    // The bound holds except for a single message larger than it, which may wait alone.
-    if (!q.items.empty() && q.bytes + o.bytes > config.queue_bytes_max) {
-      q.refused = true;
-      return false;
-    }
-    q.bytes += o.bytes;
-    q.items.push_back(std::move(o));
-    flush(peer);
-    return true;
-  }
-
-  // Sends one message's frames; returns 0 or the errno that stopped it before any frame left.
-  int send_frames(void* s, const std::string* identity, const Frames& f) {
-    const int more = ZMQ_SNDMORE | ZMQ_DONTWAIT;
-    if (identity && zmq_send(s, identity->data(), identity->size(), more) < 0) return zmq_errno();
-    // Once the first frame is accepted ZeroMQ takes the whole multipart message.
-    if (zmq_send(s, f.header.data(), f.header.size(), f.payload ? more : ZMQ_DONTWAIT) < 0) return zmq_errno();
-    if (f.payload) {
-      zmq_msg_t msg;
-      auto* hold = new SharedBytes(f.payload);
-      zmq_msg_init_data(
-          &msg, const_cast<std::uint8_t*>((*hold)->data()), (*hold)->size(), [](void*, void* hint) { delete static_cast<SharedBytes*>(hint); },
-          hold);
-      if (zmq_msg_send(&msg, s, ZMQ_DONTWAIT) < 0) {
-        zmq_msg_close(&msg);
-        return zmq_errno();
-      }
-    }
-    return 0;
-  }
-
-  void flush(PeerId peer) {
-    auto qit = queues.find(peer);
-    if (qit == queues.end()) return;
-    Queue& q = qit->second;
-    void* s = nullptr;
-    const std::string* identity = nullptr;
-    if (auto it = parents.find(peer); it != parents.end()) s = it->second.zsock;
-    else if (auto it2 = identity_of.find(peer); it2 != identity_of.end()) {
-      s = router.zsock;
-      identity = &it2->second;
-    }
-    if (!s) {
-      queues.erase(qit);
-      return;
-    }
-    while (!q.items.empty()) {
-      int err = send_frames(s, identity, q.items.front().frames);
-      if (err == EAGAIN) return;  // full: retried on the next loop iteration
-      if (err == EHOSTUNREACH) {
-        queues.erase(qit);
-        peers_down.push_back(peer);
-        return;
-      }
-      q.bytes -= q.items.front().bytes;
-      q.items.pop_front();
-      if (q.refused && q.bytes <= config.queue_bytes_max / 2) {
-        q.refused = false;
-        peers_writable.push_back(peer);
-      }
-    }
-  }
-
-  void flush_all() {
-    std::vector<PeerId> ids;
-    for (auto& [id, q] : queues)
-      if (!q.items.empty()) ids.push_back(id);
-    for (auto id : ids) flush(id);
-  }
-
-  // ---- receiving ----------------------------------------------------------------------------
-  bool readable(void* s) {
-    if (!s) return false;
-    std::uint32_t events = 0;
-    std::size_t len = sizeof events;
-    if (zmq_getsockopt(s, ZMQ_EVENTS, &events, &len) != 0) return false;
-    return events & ZMQ_POLLIN;
-  }
-
-  // Receives one multipart message; frames past kFramesMax are read and dropped.
-  int receive(void* s, zmq_msg_t (&parts)[kFramesMax], bool& too_many) {
-    int n = 0;
-    too_many = false;
-    for (;;) {
-      zmq_msg_t m;
-      zmq_msg_init(&m);
-      if (zmq_msg_recv(&m, s, ZMQ_DONTWAIT) < 0) {
-        zmq_msg_close(&m);
-        break;
-      }
-      const bool more = zmq_msg_more(&m);
-      if (n < kFramesMax) parts[n++] = m;
-      else {
-        too_many = true;
-        zmq_msg_close(&m);
-      }
-      if (!more) break;
-    }
-    return n;
-  }
-
-  void dispatch(PeerId from, zmq_msg_t* header, zmq_msg_t* payload, bool from_child) {
-    if (from_child) note_connection(from, zmq_msg_get(header, ZMQ_SRCFD));
-    SharedBytes body;
-    if (payload) body = std::make_shared<const ZmqBlob>(payload);
-    auto m = decode_message(zmq_msg_data(header), zmq_msg_size(header), std::move(body));
-    if (!m.is_ok()) {
-      bad_messages++;
-      spdlog::warn("{}: dropped a message from {} {}: {}", node_config.node_id, from_child ? "child" : "parent", from, m.status().to_string());
-      if (from_child) {
-        // A child that sends what this node cannot accept is told why and cut off.
-        send(from, Refuse{m.status().message()});
-        flush(from);
-        node->on_peer_down(from);
-        disconnect(from);
-      }
-      return;
-    }
-    if (from_child && std::holds_alternative<Hello>(*m))
-      if (auto fd = fd_of.find(from); fd != fd_of.end())
-        if (auto c = connections.find(fd->second); c != connections.end()) c->second.said_hello = true;
-    node->on_message(from, *m);
-  }
-
-  // ---- connections to the listener ---------------------------------------------------------
-  Status open_monitor() {
-    const std::string endpoint = "inproc://deltacast-monitor-" + std::to_string(reinterpret_cast<std::uintptr_t>(this));
-    const int events = ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CLOSED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
-                       ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
-    if (zmq_socket_monitor(router.zsock, endpoint.c_str(), events) != 0) return Status::io_error(zmq_error("socket monitor"));
-    monitor.zsock = zmq_socket(ctx, ZMQ_PAIR);
-    if (!monitor.zsock || zmq_connect(monitor.zsock, endpoint.c_str()) != 0 || !watch(monitor))
-      return Status::io_error(zmq_error("socket monitor"));
-    return Status::ok();
-  }
-
-  // The descriptor a child's messages come on (ZMQ_SRCFD): what closing that child closes.
-  void note_connection(PeerId peer, int fd) {
-    if (fd < 0) return;
-    fd_of[peer] = fd;
-    if (auto c = connections.find(fd); c != connections.end()) c->second.peer = peer;
-  }
-
-  void close_connection(int fd, const std::string& why) {
-    spdlog::warn("{}: closed connection {}: {}", node_config.node_id, fd, why);
-    connections.erase(fd);
-    ::shutdown(fd, SHUT_RDWR);
-  }
-
-  void on_monitor_event(std::uint16_t event, std::int32_t value, const std::string& address) {
-    const std::uint64_t now = now_ms();
-    switch (event) {
-      case ZMQ_EVENT_ACCEPTED:
-        if (connections.size() >= config.connections_max) {
-          // Logged once per thousand, so a flood does not flood the log too.
-          if (connections_refused++ % 1000 == 0)
-            spdlog::warn("{}: refused a connection: {} open, the most this listener takes (connections_max; {} refused so far)",
-                         node_config.node_id, connections.size(), connections_refused);
-          ::shutdown(value, SHUT_RDWR);
-          return;
-        }
-        connections[value] = Connection{now, false, 0};
-        return;
-      case ZMQ_EVENT_DISCONNECTED:
-      case ZMQ_EVENT_CLOSED:
-        if (auto c = connections.find(value); c != connections.end()) {
-          // A child whose connection closed is gone now, not after child_timeout_ms.
-          const PeerId peer = c->second.peer;
-          connections.erase(c);
-          if (peer != 0 && identity_of.count(peer)) {
-            fd_of.erase(peer);
-            forget_child(peer);
-            node->on_peer_down(peer);
-          }
-        }
-        return;
-      default:
-        // The refusals ZAP does not see: a plaintext peer, a wrong server key, a broken handshake.
-        if (handshakes_failed++ % 1000 != 0) return;  // once per thousand: a flood does not flood the log
-        spdlog::warn("{}: refused a peer at {}: {}", node_config.node_id, address,
-                     event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH       ? "authentication failed"
-                     : event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ? "handshake protocol error (plaintext, or another security mechanism)"
-                                                                    : "handshake failed");
-    }
-  }
-
-  void drain_monitor() {
-    while (readable(monitor.zsock)) {
-      zmq_msg_t parts[kFramesMax];
-      bool too_many;
-      const int n = receive(monitor.zsock, parts, too_many);
-      if (n == 2 && zmq_msg_size(&parts[0]) == 6) {
-        std::uint16_t event;
-        std::int32_t value;
-        std::memcpy(&event, zmq_msg_data(&parts[0]), 2);
-        std::memcpy(&value, static_cast<const char*>(zmq_msg_data(&parts[0])) + 2, 4);
-        on_monitor_event(event, value, std::string(static_cast<const char*>(zmq_msg_data(&parts[1])), zmq_msg_size(&parts[1])));
-      }
-      for (int i = 0; i < n; ++i) zmq_msg_close(&parts[i]);
-    }
-  }
-
-  // Connections that never said Hello, and those the node let go of, are closed.
-  void close_idle_connections() {
-    const std::uint64_t now = now_ms();
-    std::vector<int> idle;
-    for (const auto& [fd, c] : connections)
-      if (!c.said_hello && now - c.accepted_ms > config.hello_timeout_ms) idle.push_back(fd);
-    for (int fd : idle) {
-      connections.erase(fd);
-      ::shutdown(fd, SHUT_RDWR);
-      if (idle_closed++ % 1000 == 0)
-        spdlog::warn("{}: closed a connection without a Hello within hello_timeout_ms ({} ms; {} so far)", node_config.node_id,
-                     config.hello_timeout_ms, idle_closed);
-    }
-    std::erase_if(shutdowns_due, [&](const auto& due) {
-      if (now < due.first) return false;
-      if (connections.count(due.second)) close_connection(due.second, "the node let go of this child");
-      return true;
-    });
-  }
-
-  void forget_child(PeerId peer) {
-    if (auto it = identity_of.find(peer); it != identity_of.end()) {
-      child_by_identity.erase(it->second);
-      identity_of.erase(it);
-    }
-    queues.erase(peer);
-  }
-
-  void drain_router() {
-    while (readable(router.zsock)) {
-      zmq_msg_t parts[kFramesMax];
-      bool too_many;
-      const int n = receive(router.zsock, parts, too_many);
-      if (n >= 2 && n <= 3 && !too_many) {
-        std::string identity(static_cast<const char*>(zmq_msg_data(&parts[0])), zmq_msg_size(&parts[0]));
-        PeerId& id = child_by_identity[identity];
-        if (id == 0) {
-          id = next_peer++;
-          identity_of[id] = identity;
-        }
-        dispatch(id, &parts[1], n == 3 ? &parts[2] : nullptr, true);
-      } else {
-        bad_messages++;
-      }
-      for (int i = 0; i < n; ++i) zmq_msg_close(&parts[i]);
-    }
-  }
-
-  void drain_parent(PeerId id) {
-    for (;;) {
-      auto it = parents.find(id);
-      if (it == parents.end() || !readable(it->second.zsock)) return;
-      zmq_msg_t parts[kFramesMax];
-      bool too_many;
-      const int n = receive(it->second.zsock, parts, too_many);
-      if (n >= 1 && n <= 2 && !too_many) dispatch(id, &parts[0], n == 2 ? &parts[1] : nullptr, false);
-      else bad_messages++;
-      for (int i = 0; i < n; ++i) zmq_msg_close(&parts[i]);
-    }
-  }
-
-  // ZAP (RFC 27): decides whether a CURVE client key may connect.
-  void drain_zap() {
-    while (zap.zsock && readable(zap.zsock)) {
-      std::vector<std::string> frames;
-      for (;;) {
-        zmq_msg_t m;
-        zmq_msg_init(&m);
-        if (zmq_msg_recv(&m, zap.zsock, ZMQ_DONTWAIT) < 0) {
-          zmq_msg_close(&m);
-          break;
-        }
-        frames.emplace_back(static_cast<const char*>(zmq_msg_data(&m)), zmq_msg_size(&m));
-        const bool more = zmq_msg_more(&m);
-        zmq_msg_close(&m);
-        if (!more) break;
-      }
-      ZapDecision d;
-      if (!zap_decide(frames, config.allowed_client_keys, d)) continue;
-      if (!d.allowed) spdlog::warn("{}: refused a peer whose key {} is not allowed", node_config.node_id, d.client_key);
-      for (std::size_t k = 0; k < d.reply.size(); ++k) zmq_send(zap.zsock, d.reply[k].data(), d.reply[k].size(), k + 1 < d.reply.size() ? ZMQ_SNDMORE : 0);
-    }
-  }
-
-  void drain_all() {
-    if (stopping) return;
-    drain_zap();
-    // Messages a connection sent before it closed are in the router's queue by the time its
-    // disconnect event is: read them first (a Leave, say), then let the child go.
-    if (router.zsock) drain_router();
-    drain_monitor();
-    std::vector<PeerId> ids;
-    for (auto& [id, s] : parents) ids.push_back(id);
-    for (auto id : ids) drain_parent(id);
-    flush_all();
-    while (!peers_down.empty()) {
-      PeerId p = peers_down.back();
-      peers_down.pop_back();
-      forget_child(p);
-      node->on_peer_down(p);
-    }
-    // Sending what was held back may fill a queue and refuse again: that peer comes back
-    // here on a later pass, once its queue drains.
-    std::vector<PeerId> writable;
-    writable.swap(peers_writable);
-    for (PeerId p : writable)
-      if (queues.count(p)) node->on_writable(p);
-  }
-
   void run_posted() {
     std::vector<std::function<void()>> fns;
     {
@@ -617,6 +88,7 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
     }
     for (auto& f : fns) f();
   }
+
 
   // ---- metrics over HTTP --------------------------------------------------------------------
   std::optional<MetricsServer> metrics;
@@ -633,11 +105,7 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
     // Tell parent and children we are going (Leave), and give that a moment to go out.
     if (node) {
       node->leave("stopped");
-      flush_all();
-      const int linger = static_cast<int>(config.leave_linger_ms);
-      for (auto& [id, s] : parents)
-        if (s.zsock) zmq_setsockopt(s.zsock, ZMQ_LINGER, &linger, sizeof linger);
-      if (router.zsock) zmq_setsockopt(router.zsock, ZMQ_LINGER, &linger, sizeof linger);
+      links->flush_all();
     }
     if (metrics) metrics->close();
     uv_timer_stop(&tick_timer);
@@ -645,26 +113,7 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
     uv_close(reinterpret_cast<uv_handle_t*>(&tick_timer), nullptr);
     uv_close(reinterpret_cast<uv_handle_t*>(&prepare), nullptr);
     uv_close(reinterpret_cast<uv_handle_t*>(&async), nullptr);
-    for (auto& [id, s] : parents) {
-      close_poll(s.poll);
-      if (s.zsock) zmq_close(s.zsock);
-    }
-    parents.clear();
-    if (router.zsock) {
-      close_poll(router.poll);
-      zmq_close(router.zsock);
-      router.zsock = nullptr;
-    }
-    if (zap.zsock) {
-      close_poll(zap.poll);
-      zmq_close(zap.zsock);
-      zap.zsock = nullptr;
-    }
-    if (monitor.zsock) {
-      close_poll(monitor.poll);
-      zmq_close(monitor.zsock);
-      monitor.zsock = nullptr;
-    }
+    if (links) links->close(node ? static_cast<int>(config.leave_linger_ms) : 0);
   }
 
   // What a node started without them gets, and what it tells the operator about its trust.
@@ -695,7 +144,9 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
     loop_open = true;
     ctx = zmq_ctx_new();
     apply_defaults();
-    node = std::make_unique<Node>(node_config, *this, *this, this);
+    links.emplace(&loop, ctx, node_config, config, *this, stopping);
+    node = std::make_unique<Node>(node_config, *links, *this, this);
+    links->attach(node.get());
     node->set_on_log([this](LogLevel level, const std::string& message) {
       const auto l = level == LogLevel::kError ? spdlog::level::err : level == LogLevel::kWarn ? spdlog::level::warn : spdlog::level::info;
       spdlog::log(l, "{}: {}", node_config.node_id, message);
@@ -718,7 +169,11 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
       if (self->stopping) self->shutdown();
     });
     async.data = this;
-    Status st = bind();
+    Status st = links->bind();
+    {
+      std::lock_guard lock(ready_mu);
+      bound = links->bound();
+    }
     if (st.is_ok()) st = open_metrics();
     if (!st.is_ok()) {
       shutdown();
@@ -733,15 +188,15 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
     uv_prepare_start(&prepare, [](uv_prepare_t* p) {
       auto* self = static_cast<Impl*>(p->data);
       self->run_posted();
-      self->drain_all();
+      self->links->drain_all();
     });
     uv_timer_start(
         &tick_timer,
         [](uv_timer_t* t) {
           auto* self = static_cast<Impl*>(t->data);
           self->node->tick();
-          self->close_idle_connections();
-          self->drain_all();
+          self->links->close_idle_connections();
+          self->links->drain_all();
         },
         config.tick_ms, config.tick_ms);
     node->start();
@@ -755,6 +210,7 @@ struct NodeHost::Impl final : Transport, Clock, TaskRunner {
       live_node = nullptr;
     }
     node.reset();
+    links.reset();
     if (ctx) zmq_ctx_term(ctx);
     ctx = nullptr;
     if (loop_open) uv_loop_close(&loop);
@@ -858,10 +314,5 @@ std::string NodeHost::bound_endpoint() const {
   return impl_->bound;
 }
 
-Result<CurveKeys> make_curve_keys() {
-  char pub[41], sec[41];
-  if (zmq_curve_keypair(pub, sec) != 0) return Status::unsupported(zmq_error("CURVE key generation (libzmq without libsodium?)"));
-  return CurveKeys{pub, sec};
-}
 
 }  // namespace deltacast::transport

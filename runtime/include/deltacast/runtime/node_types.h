@@ -1,0 +1,127 @@
+// What a node is configured with and what it exposes and counts: shared by the Node and the
+// components it is made of (runtime/src: the upstream link, the child server, the
+// reconstructor, the shard publisher and merger).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "deltacast/codec/version.h"
+#include "deltacast/runtime/trust.h"
+
+namespace deltacast::runtime {
+
+// Versions a child asked for that are not here yet are remembered up to this many per child.
+inline constexpr std::size_t kChildSubscriptionsMax = 256;
+
+struct NodeConfig {
+  std::string node_id;
+  std::vector<std::string> parents;  // endpoints, most preferred first; empty for the origin
+  bool serve_children = false;
+  bool reconstruct = false;
+  std::uint64_t cache_bytes_max = 4ull << 30;
+  std::uint64_t heartbeat_ms = 250;
+  std::uint64_t parent_timeout_ms = 2000;   // silence after which a parent is given up
+  std::uint64_t child_timeout_ms = 10000;   // silence after which a child is dropped
+  std::uint64_t need_after_ms = 400;        // re-request missing chunks after this long without progress
+  // On a fallback parent: how often to try the first (preferred) parent again; the node moves
+  // back once it answers. 0: stay on the fallback until it fails.
+  std::uint64_t parent_return_ms = 30000;
+  std::uint32_t decode_inflight_max = 8;    // chunks decoding at once
+  // Workers: apply each version into the one image instead of a second (staging) copy, for
+  // hosts short of memory. Readers are paused meanwhile: see current().
+  bool in_place = false;
+  // Origin: versions arrive as this many slices from trainer-shard publishers and are merged
+  // (0: the origin publishes whole versions itself).
+  std::uint32_t expect_shards = 0;
+  // Trainer-shard publisher: this node sends slice shard_index of shard_count to its parent,
+  // the origin, instead of serving children.
+  std::uint32_t shard_index = 0;
+  std::uint32_t shard_count = 0;
+  // Trainer-shard publisher: slices kept until the origin has merged them, so a slice cut
+  // off by a broken link or lost on the way is sent again (whole after a reconnect, or the
+  // chunks the origin asks for). publish() waits (ResourceExhausted) while this many are kept.
+  std::size_t shard_slices_retained_max = 2;
+  // Relays: forward a version only once all of it is here (store-and-forward), instead of
+  // each chunk as it arrives. Only for comparisons in the simulator.
+  bool store_and_forward = false;
+  // Simulator only: payloads are sizes without bytes (a Blob whose data() is null); nothing is
+  // hashed or decoded, decoding takes the time the TaskRunner gives it, images stay empty.
+  bool virtual_payloads = false;
+  std::size_t timings_versions_max = 64;    // per-version timings kept for metrics
+  std::size_t ledger_workers_max = 100000;  // fleet ledger entries at the origin
+
+  // Trust (docs/RELIABILITY.md).
+  // Origin: the run it publishes in (make_run_id() at start; empty: unnamed, format 1 manifests).
+  // Trainer shards name their own.
+  RunId run;
+  // Origin and trainer shards: sign every manifest with this key.
+  std::shared_ptr<const SigningKey> sign_key;
+  // Relays and workers: forward and apply only versions whose manifest is signed by one of these
+  // keys (empty: any, unauthenticated).
+  std::vector<PublicKey> trust_keys;
+  // Origin merging trainer shards: accept only slices signed by one of these keys (empty: any).
+  std::vector<PublicKey> shard_keys;
+
+  // Bounds on what a peer can make this node do; a peer that breaks one is disconnected.
+  ManifestLimits manifest_limits;
+  std::uint64_t version_jump_max = 1u << 20;    // a version number at most this far past the newest known
+  std::uint32_t versions_requested_max = 16;    // missing deltas asked for at once (the rest next time)
+  std::uint64_t anchor_interval_ms_min = 5000;  // origin: anchors made on request at most this often
+  std::uint32_t needs_per_s_max = 200;          // Need messages a child may send per second (and burst)
+  std::uint32_t resends_per_chunk_max = 4;      // chunks sent again per child, per version, per chunk of it
+  // A run that says it started later than this past the node's own clock is refused: one forged
+  // manifest from the far future could otherwise hold a node that trusts no key in that run.
+  std::uint64_t run_clock_skew_ms_max = 600000;
+  // A chunk of a signed version has its BLAKE2b digest checked on the TaskRunner, several at
+  // once, before it is cached or forwarded. Past this many payload bytes waiting for a check, the
+  // loop checks them itself (and reads nothing else meanwhile, so the network waits).
+  std::uint64_t check_bytes_in_flight_max = 256ull << 20;
+};
+
+enum class LogLevel : std::uint8_t { kInfo, kWarn, kError };
+
+// A verified, immutable model version as workers expose it.
+struct ModelVersion {
+  std::uint64_t version = 0;
+  // The version this one was rebuilt from as a delta; 0 when it came from an anchor (or from
+  // disk): a whole new image. A consumer holding base_version can take just what changed.
+  std::uint64_t base_version = 0;
+  RunId run;  // the run it was published in
+  std::uint64_t checksum = 0;
+  std::vector<TensorInfo> tensors;
+  std::vector<std::pair<std::string, std::string>> metadata;
+  Bytes image;
+};
+
+// Timings of one version at this node, in microseconds of the node's clock.
+struct VersionTiming {
+  std::uint64_t published_us = 0;    // origin clock, carried in the manifest message
+  std::uint64_t manifest_us = 0;
+  std::uint64_t first_chunk_us = 0;
+  std::uint64_t last_chunk_us = 0;
+  std::uint64_t ready_us = 0;        // workers: exposed
+};
+
+struct NodeStats {
+  std::uint64_t bytes_in = 0;
+  std::uint64_t bytes_out = 0;
+  std::uint64_t chunks_in = 0;
+  std::uint64_t chunks_forwarded = 0;
+  std::uint64_t sends_deferred_full_queue = 0;  // manifests and chunks a full send queue refused (sent later)
+  std::uint64_t corrupt_chunks = 0;
+  std::uint64_t retransmit_requests = 0;   // chunks this node asked for again
+  std::uint64_t retransmits_served = 0;    // chunks this node sent again on request
+  std::uint64_t parent_failovers = 0;
+  std::uint64_t versions_ready = 0;
+  std::uint64_t images_allocated = 0;      // model-sized buffers allocated (workers)
+  std::uint64_t peers_dropped = 0;         // peers disconnected for breaking a bound
+  std::uint64_t untrusted_manifests = 0;   // manifests refused: unsigned, unknown signer, bad signature
+  std::uint64_t stale_run_manifests = 0;   // manifests of an older run, ignored
+  std::uint64_t runs_seen = 0;             // runs this node moved to
+};
+
+}  // namespace deltacast::runtime

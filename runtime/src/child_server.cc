@@ -1,0 +1,367 @@
+#include "child_server.h"
+
+#include <algorithm>
+
+namespace deltacast::runtime {
+
+// A child's per-version records are few (bounded by the cache) and the version in transfer is
+// nearly always the newest: flat vectors searched from the back.
+template <typename Records>
+static auto* find_record(Records& records, const VersionKey& key) {
+  for (auto it = records.rbegin(); it != records.rend(); ++it)
+    if (it->first == key) return &*it;
+  return static_cast<decltype(&*records.rbegin())>(nullptr);
+}
+
+bool ChildServer::Child::subscribed(const VersionKey& key) const { return find_record(subscriptions, key) != nullptr; }
+
+void ChildServer::Child::subscribe(const VersionKey& key, std::uint64_t now_ms) {
+  if (subscribed(key)) return;
+  if (subscriptions.size() >= kChildSubscriptionsMax) subscriptions.erase(subscriptions.begin());
+  subscriptions.emplace_back(key, now_ms);
+}
+
+bool ChildServer::Child::was_sent(const VersionKey& key, std::uint32_t index) const {
+  const auto* r = find_record(sent, key);
+  return r && index < r->second.size() && r->second[index];
+}
+
+void ChildServer::Child::mark_sent(const VersionKey& key, std::uint32_t index, std::size_t chunks) {
+  auto* r = find_record(sent, key);
+  if (!r) r = &sent.emplace_back(key, std::vector<bool>(chunks));
+  if (r->second.size() <= index) r->second.resize(std::max<std::size_t>(chunks, index + 1));
+  r->second[index] = true;
+}
+
+ChildServer::Child* ChildServer::find(PeerId peer) {
+  auto it = children_.find(peer);
+  return it == children_.end() ? nullptr : &it->second;
+}
+
+std::size_t ChildServer::records() const {
+  std::size_t n = 0;
+  for (const auto& [peer, c] : children_) n += c.subscriptions.size() + c.sent.size() + c.backlog.size();
+  return n;
+}
+
+void ChildServer::drop(PeerId peer, const std::string& why) {
+  ctx_.stats.peers_dropped++;
+  auto it = children_.find(peer);
+  ctx_.log(LogLevel::kError, "child " + (it == children_.end() ? std::string("?") : it->second.node_id) + " dropped: " + why);
+  if (it != children_.end()) children_.erase(it);
+  ctx_.transport.disconnect(peer);
+}
+
+void ChildServer::on_leave(PeerId from, const std::string& node_id) {
+  auto it = children_.find(from);
+  if (it == children_.end() || it->second.node_id != node_id) return;
+  ctx_.transport.disconnect(from);
+  children_.erase(it);
+}
+
+// ---- sending --------------------------------------------------------------------------------
+
+ManifestMsg ChildServer::manifest_msg(const CachedVersion& v) const {
+  ManifestMsg m{v.key, v.manifest_bytes, owner_.published_us(v.key.version)};
+  m.parsed = v.manifest;
+  return m;
+}
+
+// Sends a chunk to a child and remembers it went (Child::sent).
+bool ChildServer::send_chunk(PeerId peer, Child& c, const CachedVersion& v, std::uint32_t index) {
+  if (!ctx_.send(peer, ChunkMsg{v.key, index, v.chunks[index]})) return false;
+  c.mark_sent(v.key, index, v.chunks.size());
+  return true;
+}
+
+bool ChildServer::offer_manifest(PeerId peer, Child& c, const CachedVersion& v) {
+  if (c.backlog.empty() && ctx_.send(peer, manifest_msg(v))) return true;
+  c.backlog[v.key].manifest = true;
+  ctx_.stats.sends_deferred_full_queue++;
+  return false;
+}
+
+bool ChildServer::offer_chunk(PeerId peer, Child& c, const CachedVersion& v, std::uint32_t index) {
+  if (c.backlog.empty() && send_chunk(peer, c, v, index)) return true;
+  c.backlog[v.key].chunks.insert(index);
+  ctx_.stats.sends_deferred_full_queue++;
+  return false;
+}
+
+void ChildServer::drain_backlog(PeerId peer, Child& c) {
+  while (!c.backlog.empty()) {
+    auto it = c.backlog.begin();
+    const CachedVersion* v = cache_.find(it->first);
+    if (!v) {  // evicted meanwhile: the child asks again if it still needs it
+      c.backlog.erase(it);
+      continue;
+    }
+    Backlog& b = it->second;
+    if (b.manifest) {
+      if (!ctx_.send(peer, manifest_msg(*v))) return;
+      b.manifest = false;
+    }
+    while (!b.chunks.empty()) {
+      const std::uint32_t i = *b.chunks.begin();
+      if (i < v->chunks.size() && v->chunks[i] && !send_chunk(peer, c, *v, i)) return;
+      b.chunks.erase(b.chunks.begin());
+    }
+    c.backlog.erase(it);
+  }
+}
+
+void ChildServer::on_writable(PeerId peer) {
+  if (Child* c = find(peer)) drain_backlog(peer, *c);
+}
+
+// A whole version to a child, but for the chunks already handed to its link (Need with
+// `again` is the way to get one again).
+void ChildServer::send_version(PeerId peer, Child& c, const CachedVersion& v) {
+  offer_manifest(peer, c, v);
+  for (std::uint32_t i = 0; i < v.chunks.size(); ++i)
+    if (v.chunks[i] && !c.was_sent(v.key, i)) offer_chunk(peer, c, v, i);
+}
+
+void ChildServer::broadcast(const Message& m) {
+  for (const auto& [peer, c] : children_) ctx_.send(peer, m);
+}
+
+void ChildServer::to_publishers(const Message& m) {
+  for (const auto& [peer, c] : children_)
+    if (!c.receives()) ctx_.send(peer, m);
+}
+
+// ---- admission and catch-up -----------------------------------------------------------------
+
+void ChildServer::on_hello(PeerId from, const Hello& hello) {
+  const NodeConfig& config = ctx_.config;
+  if (hello.protocol_version != kProtocolVersion) {
+    ctx_.send(from, Refuse{"protocol version " + std::to_string(hello.protocol_version) + " is not supported; this node speaks " +
+                           std::to_string(kProtocolVersion)});
+    ctx_.transport.disconnect(from);
+    return;
+  }
+  if (!config.serve_children) {
+    ctx_.send(from, Refuse{"node " + config.node_id + " does not serve children"});
+    ctx_.transport.disconnect(from);
+    return;
+  }
+  // One Hello per link: a link is one connection, and a new connection is a new link.
+  if (children_.count(from)) {
+    drop(from, "said Hello twice on one link");
+    return;
+  }
+  Child& c = children_[from];
+  c.node_id = hello.node_id;
+  c.role = hello.role;
+  c.serves_children = hello.serves_children;
+  c.last_heard_ms = ctx_.now_ms();
+  c.need_tokens = config.needs_per_s_max;
+  c.need_tokens_ms = c.last_heard_ms;
+  const Heartbeat hb = owner_.heartbeat();
+  ctx_.send(from, Welcome{hb.newest_version, hb.run});
+  if (!c.receives()) return;  // a trainer shard sends, it does not receive
+  // What a child holds of another run is of no use: it starts again from an anchor.
+  const bool same_run = hello.run == owner_.run();
+  if (!hello.resume || !same_run) serve_catch_up(from, c, same_run ? hello.have_version : 0, /*want_anchor=*/false);
+}
+
+void ChildServer::serve_catch_up(PeerId peer, Child& c, std::uint64_t have, bool want_anchor) {
+  // A relay holding nothing is sent nothing old unasked (new versions reach it as they come):
+  // its children pull what they need through it, so a relay that joins or restarts does not
+  // fetch a whole anchor nobody may want.
+  if (have == 0 && !want_anchor && c.role == Role::kRelay) return;
+  // A worker holding nothing can only start from an anchor.
+  const bool needs_anchor = want_anchor || (have == 0 && c.role == Role::kWorker);
+  auto plan = cache_.catch_up_plan(have, needs_anchor);
+  if (!plan || (needs_anchor && (plan->empty() || !plan->front().anchor))) {
+    // Nothing here reaches the newest version from what the child has: get an anchor newer
+    // than that, which is forwarded to the child when it arrives.
+    c.wants_anchor = true;
+    c.anchor_after = have;
+    owner_.request_anchor(have);
+    return;
+  }
+  if (!plan->empty() && plan->front().anchor) c.wants_anchor = false;
+  for (const auto& key : *plan) {
+    c.subscribe(key, ctx_.now_ms());
+    if (const CachedVersion* v = cache_.find(key)) send_version(peer, c, *v);
+  }
+}
+
+// ---- cut-through ----------------------------------------------------------------------------
+
+// New deltas go to every child; anchors and old versions fetched again only to those who asked.
+bool ChildServer::wants(const Child& c, const VersionKey& key) const {
+  if (!c.receives()) return false;
+  if (c.subscribed(key)) return true;
+  if (key.anchor) return c.wants_anchor && key.version > c.anchor_after;
+  return key.version > broadcast_newest_;
+}
+
+void ChildServer::forward_manifest(const CachedVersion& v) {
+  for (auto& [peer, c] : children_) {
+    if (!wants(c, v.key)) continue;
+    c.subscribe(v.key, ctx_.now_ms());  // its chunks follow it to this child
+    if (v.key.anchor) c.wants_anchor = false;
+    offer_manifest(peer, c, v);
+  }
+  if (!v.key.anchor) broadcast_newest_ = std::max(broadcast_newest_, v.key.version);
+}
+
+void ChildServer::forward_chunk(const CachedVersion& v, std::uint32_t index) {
+  for (auto& [peer, c] : children_) {
+    if (!c.receives() || !c.subscribed(v.key)) continue;
+    offer_chunk(peer, c, v, index);
+    ctx_.stats.chunks_forwarded++;
+  }
+}
+
+void ChildServer::offer_again(const CachedVersion& v) {
+  for (auto& [peer, c] : children_) {
+    if (c.subscribed(v.key) || !wants(c, v.key)) continue;
+    c.subscribe(v.key, ctx_.now_ms());
+    if (v.key.anchor) c.wants_anchor = false;
+    send_version(peer, c, v);
+  }
+}
+
+// ---- requests -------------------------------------------------------------------------------
+
+bool ChildServer::take_need_token(Child& c) {
+  const std::uint64_t now = ctx_.now_ms();
+  const double per_s = ctx_.config.needs_per_s_max;
+  c.need_tokens = std::min(per_s, c.need_tokens + static_cast<double>(now - c.need_tokens_ms) * per_s / 1000.0);
+  c.need_tokens_ms = now;
+  if (c.need_tokens < 1) return false;
+  c.need_tokens -= 1;
+  return true;
+}
+
+bool ChildServer::count_resends(PeerId from, Child& child, const CachedVersion& v, std::size_t chunks) {
+  // Sent again however often it asks, a version could cost a parent any number of times its
+  // size: the child gets each chunk again at most resends_per_chunk_max times.
+  auto* resent = find_record(child.resent, v.key);
+  if (!resent) resent = &child.resent.emplace_back(v.key, 0);
+  resent->second += chunks;
+  if (resent->second <= std::uint64_t{ctx_.config.resends_per_chunk_max} * v.chunks.size()) return true;
+  drop(from, "asked for " + to_string(v.key) + " again more than resends_per_chunk_max times its chunks");
+  return false;
+}
+
+void ChildServer::on_need(PeerId from, Child& child, const Need& need) {
+  const NodeConfig& config = ctx_.config;
+  if (!take_need_token(child)) {
+    drop(from, "more than " + std::to_string(config.needs_per_s_max) + " Need messages a second (needs_per_s_max)");
+    return;
+  }
+  const std::uint64_t newest = owner_.newest_known_version();
+  if (need.key.version > newest && need.key.version - newest > config.version_jump_max) {
+    drop(from, "asks for " + to_string(need.key) + ", more than version_jump_max past v" + std::to_string(newest));
+    return;
+  }
+  if (need.want_anchor) {
+    // key.version: what the child holds; an older anchor is of no use to it.
+    serve_catch_up(from, child, need.key.version, /*want_anchor=*/true);
+    return;
+  }
+  child.subscribe(need.key, ctx_.now_ms());
+  const CachedVersion* v = cache_.find(need.key);
+  if (!v) {
+    // Not here (evicted or never seen): fetch it from upstream; it is forwarded on arrival.
+    if (need.key.anchor) {
+      child.wants_anchor = true;
+      child.anchor_after = 0;
+      owner_.request_anchor(0);
+    } else {
+      owner_.fetch(need);
+    }
+    return;
+  }
+  // A store-and-forward relay sends all of a version once it has all of it (the child is
+  // subscribed to it now).
+  if (config.store_and_forward && !v->complete()) return;
+  // Chunks missing here too are on their way, or the node's own requests fetch them once the
+  // version stalls here; passing every child's request upstream would multiply the traffic by
+  // the number of children while a version is still arriving. Chunks already on the link to
+  // the child are not sent twice (a slow link would otherwise carry each one twice, exactly
+  // when bandwidth is short), unless the child got them damaged.
+  std::vector<std::uint32_t> wanted = need.chunks;
+  if (wanted.empty())
+    for (std::uint32_t i = 0; i < v->chunks.size(); ++i) wanted.push_back(i);
+  if (need.again && !count_resends(from, child, *v, wanted.size())) return;
+  // A child that names chunks has the manifest (for a 2 TB model it is tens of MB); one that
+  // asks for a whole version may not.
+  if (need.chunks.empty()) offer_manifest(from, child, *v);
+  const auto queued = child.backlog.find(v->key);
+  for (auto i : wanted) {
+    if (i >= v->chunks.size() || !v->chunks[i]) continue;
+    if (queued != child.backlog.end() && queued->second.chunks.count(i)) continue;  // goes out as the link drains
+    if (!need.again && child.was_sent(v->key, i)) continue;
+    offer_chunk(from, child, *v, i);
+    ctx_.stats.retransmits_served++;
+  }
+}
+
+// ---- upkeep ---------------------------------------------------------------------------------
+
+// What was sent to each child, and what it is subscribed to, is remembered only for versions
+// still cached (checked now and then: versions leave the cache slowly), or for a while for
+// versions asked for but not here yet.
+void ChildServer::prune(std::uint64_t now) {
+  if (now - pruned_ms_ < 1000) return;
+  pruned_ms_ = now;
+  for (auto& [peer, c] : children_) {
+    std::erase_if(c.sent, [&](const auto& s) { return !cache_.find(s.first); });
+    std::erase_if(c.resent, [&](const auto& s) { return !cache_.find(s.first); });
+    std::erase_if(c.subscriptions, [&](const auto& s) { return now - s.second > ctx_.config.parent_timeout_ms && !cache_.find(s.first); });
+    for (auto it = c.backlog.begin(); it != c.backlog.end();) it = cache_.find(it->first) ? std::next(it) : c.backlog.erase(it);
+  }
+}
+
+void ChildServer::tick(std::uint64_t now) {
+  prune(now);
+  for (auto& [peer, c] : children_)
+    if (!c.backlog.empty()) drain_backlog(peer, c);
+  // Children that went silent are dropped (a restarted one says Hello again).
+  for (auto it = children_.begin(); it != children_.end();) {
+    if (now - it->second.last_heard_ms > ctx_.config.child_timeout_ms) {
+      ctx_.transport.disconnect(it->first);
+      it = children_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+std::uint64_t ChildServer::next_duty_ms(std::uint64_t due) const {
+  if (!children_.empty()) due = std::min(due, pruned_ms_ + 1000);
+  for (const auto& [peer, c] : children_) due = std::min(due, c.last_heard_ms + ctx_.config.child_timeout_ms + 1);
+  return due;
+}
+
+std::optional<std::uint64_t> ChildServer::anchor_wanted() const {
+  std::optional<std::uint64_t> after;
+  for (const auto& [peer, c] : children_)
+    if (c.wants_anchor) after = std::min(after.value_or(c.anchor_after), c.anchor_after);
+  return after;
+}
+
+void ChildServer::forget_versions() {
+  for (auto& [peer, c] : children_) {
+    c.subscriptions.clear();
+    c.sent.clear();
+    c.backlog.clear();
+    c.resent.clear();
+    c.wants_anchor = false;
+  }
+  broadcast_newest_ = 0;
+}
+
+bool ChildServer::idle() const {
+  for (const auto& [peer, c] : children_)
+    if (!c.backlog.empty() || c.wants_anchor) return false;
+  return true;
+}
+
+}  // namespace deltacast::runtime

@@ -1,0 +1,134 @@
+// A node's children: admission (Hello), what each is subscribed to, what was handed to its link
+// (so nothing goes twice unasked), the send cursor that holds back what a full queue refused,
+// catch-up for a child that is behind, and the bounds on what a child may ask (Need rate,
+// resends per chunk). Cut-through: forward_manifest() and forward_chunk() send each version's
+// parts to the children that want them the moment they are here.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <set>
+#include <vector>
+
+#include "deltacast/runtime/version_cache.h"
+#include "node_context.h"
+
+namespace deltacast::runtime {
+
+class ChildServer {
+ public:
+  // What the server asks of the node it serves for.
+  class Owner {
+   public:
+    virtual ~Owner() = default;
+    // What Welcome and Heartbeat say: the newest version and its run.
+    virtual Heartbeat heartbeat() const = 0;
+    // The run whose versions the node holds (a child of another run starts from an anchor).
+    virtual const RunId& run() const = 0;
+    virtual std::uint64_t newest_known_version() const = 0;
+    // When the origin published a version (microseconds of its clock), 0 if unknown.
+    virtual std::uint64_t published_us(std::uint64_t version) const = 0;
+    // An anchor newer than `newer_than`: forwarded to the children waiting when it arrives.
+    virtual void request_anchor(std::uint64_t newer_than) = 0;
+    // A version a child asked for that is not here: fetched from upstream.
+    virtual void fetch(const Need& need) = 0;
+  };
+
+  struct Backlog {
+    bool manifest = false;
+    std::set<std::uint32_t> chunks;
+  };
+  struct Child {
+    std::string node_id;
+    Role role = Role::kWorker;
+    bool serves_children = false;  // may pass up Ready messages of nodes below it
+    std::uint64_t last_heard_ms = 0;
+    // Need messages it may still send now: refilled at needs_per_s_max a second, up to that many.
+    double need_tokens = 0;
+    std::uint64_t need_tokens_ms = 0;
+    // Chunks sent again because it said `again`, per cached version (pruned with `sent`).
+    std::vector<std::pair<VersionKey, std::uint64_t>> resent;
+    // Versions whose chunks go to it as they arrive, with when each was added. Kept while the
+    // version is cached; one not (yet) here is forgotten after parent_timeout_ms (the child
+    // asks again). Newest last: lookups search from the back.
+    std::vector<std::pair<VersionKey, std::uint64_t>> subscriptions;  // at most kChildSubscriptionsMax
+    bool wants_anchor = false;
+    std::uint64_t anchor_after = 0;  // the anchor it wants must be newer than this
+    // Chunks handed to the link to this child, per cached version: not sent again on a Need
+    // unless it says `again`. Bounded by the cache (pruned in tick()). Newest last.
+    std::vector<std::pair<VersionKey, std::vector<bool>>> sent;
+    // The send cursor: manifests and chunks due to this child that its full send queue
+    // refused, sent in version and chunk order as the queue drains. New ones queue behind them
+    // so the child sees each version's manifest before its chunks. Entries name cached
+    // versions (no payload copies); a version leaving the cache leaves the backlog.
+    std::map<VersionKey, Backlog> backlog;
+    bool subscribed(const VersionKey& key) const;
+    void subscribe(const VersionKey& key, std::uint64_t now_ms);
+    bool was_sent(const VersionKey& key, std::uint32_t index) const;
+    void mark_sent(const VersionKey& key, std::uint32_t index, std::size_t chunks);
+    // A trainer shard sends slices up; it is sent no versions.
+    bool receives() const { return role != Role::kPublisher; }
+  };
+
+  ChildServer(NodeContext& ctx, VersionCache& cache, Owner& owner) : ctx_(ctx), cache_(cache), owner_(owner) {}
+
+  // A new link's Hello: refused (wrong protocol, the node serves no children), or welcomed and
+  // caught up.
+  void on_hello(PeerId from, const Hello& hello);
+  // The child on a link, or null if the link said no Hello.
+  Child* find(PeerId peer);
+  void on_need(PeerId from, Child& child, const Need& need);
+  // A child broke a bound: logged and disconnected.
+  void drop(PeerId peer, const std::string& why);
+  // A child said Leave (it must name itself): disconnected now rather than after a timeout.
+  void on_leave(PeerId from, const std::string& node_id);
+  void on_peer_down(PeerId peer) { children_.erase(peer); }
+  // Its queue has room again: what was held back goes out.
+  void on_writable(PeerId peer);
+
+  void forward_manifest(const CachedVersion& v);
+  void forward_chunk(const CachedVersion& v, std::uint32_t index);
+  // A complete version published again (an anchor made again on request): to the children that
+  // want it now and were not sent it.
+  void offer_again(const CachedVersion& v);
+  // To every child that receives versions, or every trainer shard.
+  void broadcast(const Message& m);
+  void to_publishers(const Message& m);
+  bool is_child(PeerId peer) const { return children_.count(peer) > 0; }
+
+  // Forgets per-version records of versions no longer cached, drains backlogs, drops children
+  // silent for child_timeout_ms.
+  void tick(std::uint64_t now_ms);
+  std::uint64_t next_duty_ms(std::uint64_t due) const;
+  // The oldest version an anchor must be newer than for a child waiting for one.
+  std::optional<std::uint64_t> anchor_wanted() const;
+  // Every per-version record goes (the cache was cleared for a new run).
+  void forget_versions();
+  // Nothing held back, nobody waiting for an anchor.
+  bool idle() const;
+  std::size_t count() const { return children_.size(); }
+  std::size_t records() const;
+
+ private:
+  bool take_need_token(Child& c);
+  bool wants(const Child& c, const VersionKey& key) const;
+  void serve_catch_up(PeerId peer, Child& c, std::uint64_t have, bool want_anchor);
+  void send_version(PeerId peer, Child& c, const CachedVersion& v);
+  bool send_chunk(PeerId peer, Child& c, const CachedVersion& v, std::uint32_t index);
+  bool offer_manifest(PeerId peer, Child& c, const CachedVersion& v);
+  bool offer_chunk(PeerId peer, Child& c, const CachedVersion& v, std::uint32_t index);
+  void drain_backlog(PeerId peer, Child& c);
+  ManifestMsg manifest_msg(const CachedVersion& v) const;
+  // Need with `again`: false (and the child dropped) past resends_per_chunk_max.
+  bool count_resends(PeerId from, Child& child, const CachedVersion& v, std::size_t chunks);
+  void prune(std::uint64_t now_ms);
+
+  NodeContext& ctx_;
+  VersionCache& cache_;
+  Owner& owner_;
+  std::map<PeerId, Child> children_;  // welcomed children
+  std::uint64_t broadcast_newest_ = 0;  // deltas up to here were forwarded to every child
+  std::uint64_t pruned_ms_ = 0;
+};
+
+}  // namespace deltacast::runtime

@@ -1,0 +1,290 @@
+#include "reconstructor.h"
+
+#include "deltacast/codec/hash.h"
+
+namespace deltacast::runtime {
+
+// The version being rebuilt: its manifest, the staging image and per-chunk state.
+struct Reconstructor::Assembly {
+  VersionKey key;
+  std::shared_ptr<const Manifest> manifest;
+  std::shared_ptr<const ModelVersion> base;  // null for anchors
+  std::shared_ptr<ModelVersion> staging;
+  enum class ChunkState : std::uint8_t { kWaiting, kDecoding, kDone };
+  std::vector<ChunkState> state;
+  // Chunks that arrived and may be decodable, in arrival order: pump() takes from here instead
+  // of scanning every chunk each time (a 2 TB model has half a million). Bounded: a chunk is
+  // queued once per arrival.
+  std::deque<std::uint32_t> arrived;
+  std::size_t done = 0;
+  std::size_t inflight = 0;
+  std::uint64_t generation = 0;
+  bool in_place = false;   // staging is the image readers had; they are paused
+  bool exclusive = false;  // in place: every reader has let go, chunks may be applied
+};
+
+// One chunk decoded into the staging image. It holds what it reads and writes, so that it may
+// outlive the reconstructor (a pool thread still on it); done() then finds it gone and does
+// nothing.
+class Reconstructor::DecodeTask final : public Task {
+ public:
+  DecodeTask(Reconstructor& r, const Assembly& a, const SharedBytes& payload, std::uint32_t index)
+      : owner_(&r), alive_(r.alive_), generation_(a.generation), index_(index) {
+    if (r.ctx_.config.virtual_payloads) return;  // the time it takes is all there is to it
+    decoders_ = r.decoders_;
+    payload_ = payload;
+    manifest_ = a.manifest;
+    base_ = a.base;
+    staging_ = a.staging;
+  }
+  void work() override {
+    if (!staging_) return;
+    const ChunkEntry& e = manifest_->chunks[index_];
+    ByteSpan b = base_ ? ByteSpan(base_->image).subspan(e.offset, e.length) : ByteSpan();
+    const auto decoder = decoders_->acquire();
+    status_ = decode_chunk_verified(*manifest_, index_, *payload_, b, MutableByteSpan(staging_->image).subspan(e.offset, e.length),
+                                    *decoder);
+  }
+  void done() override {
+    if (*alive_) owner_->on_decoded(generation_, index_, status_);
+  }
+
+ private:
+  Reconstructor* owner_;
+  std::shared_ptr<bool> alive_;
+  std::uint64_t generation_;
+  std::uint32_t index_;
+  std::shared_ptr<ChunkDecoderPool> decoders_;
+  SharedBytes payload_;
+  std::shared_ptr<const Manifest> manifest_;
+  std::shared_ptr<const ModelVersion> base_;
+  std::shared_ptr<ModelVersion> staging_;
+  Status status_;
+};
+
+Reconstructor::Reconstructor(NodeContext& ctx, VersionCache& cache, TaskRunner* tasks, Owner& owner)
+    : ctx_(ctx), cache_(cache), tasks_(tasks), owner_(owner) {}
+
+Reconstructor::~Reconstructor() { *alive_ = false; }
+
+Status Reconstructor::restore(std::shared_ptr<ModelVersion> version) {
+  if (assembly_) return Status::invalid_argument("restore() comes before start()");
+  if (!version || version->version == 0) return Status::invalid_argument("no version to restore");
+  if (!ctx_.config.virtual_payloads) {  // virtual versions have no image to check
+    std::uint64_t tensor_bytes = 0;
+    for (const auto& t : version->tensors) {
+      if (t.offset + t.nbytes > version->image.size() || t.offset + t.nbytes < t.offset)
+        return Status::invalid_argument("tensor " + t.name + " lies outside the restored image");
+      tensor_bytes += t.nbytes;
+    }
+    if (tensor_bytes != version->image.size()) return Status::invalid_argument("the restored tensors do not cover the image");
+  }
+  held_version_ = version->version;
+  expose(std::move(version));
+  return Status::ok();
+}
+
+std::shared_ptr<const ModelVersion> Reconstructor::current() const {
+  std::lock_guard lock(current_mu_);
+  return current_;
+}
+
+void Reconstructor::expose(std::shared_ptr<const ModelVersion> version) {
+  std::lock_guard lock(current_mu_);
+  current_ = std::move(version);
+}
+
+std::optional<VersionKey> Reconstructor::building() const {
+  if (!assembly_) return std::nullopt;
+  return assembly_->key;
+}
+
+void Reconstructor::advance() {
+  if (assembly_) return;
+  const std::uint64_t have = held_version_;
+  if (!need_anchor_ && have > 0) {
+    if (const CachedVersion* next = cache_.find({have + 1, false})) {
+      start(*next);
+      return;
+    }
+  }
+  // An anchor newer than what is held (asked for, or planned by the parent's catch-up).
+  if (auto a = cache_.newest_anchor(); a && a->version > have) {
+    start(*cache_.find(*a));
+    return;
+  }
+  if (have == 0 || need_anchor_ || owner_.parent_in_newer_run()) owner_.request_anchor();
+}
+
+void Reconstructor::on_chunk(const VersionKey& key, std::uint32_t index) {
+  if (assembly_ && assembly_->key == key) {
+    assembly_->arrived.push_back(index);
+    pump();
+  } else {
+    advance();
+  }
+}
+
+// Out of place: a fresh (or retired) image to decode into. False if it cannot be allocated.
+bool Reconstructor::stage_copy(Assembly& a, const CachedVersion& v) {
+  // Reuse a retired image nobody reads any more; otherwise allocate.
+  if (spare_ && spare_.use_count() == 1) {
+    a.staging = std::move(spare_);
+  } else {
+    a.staging = std::make_shared<ModelVersion>();
+    ctx_.stats.images_allocated++;
+  }
+  spare_.reset();
+  if (ctx_.config.virtual_payloads) return true;
+  try {
+    a.staging->image.resize(v.manifest->image_size);
+  } catch (const std::bad_alloc&) {
+    // Refused, not retried: the version leaves the cache (a later one may fit).
+    const VersionKey key = v.key;
+    ctx_.set_error("cannot allocate " + std::to_string(v.manifest->image_size) + " bytes for " + to_string(key));
+    cache_.erase(key);
+    return false;
+  }
+  return true;
+}
+
+void Reconstructor::start(const CachedVersion& v) {
+  const NodeConfig& config = ctx_.config;
+  auto a = std::make_unique<Assembly>();
+  a->key = v.key;
+  a->manifest = v.manifest;
+  std::shared_ptr<const ModelVersion> live = current();
+  if (!v.key.anchor && (!live || live->version != v.manifest->base_version)) return;
+  if (live && !v.key.anchor && !config.virtual_payloads && live->image.size() != v.manifest->image_size) {
+    abandon("layout changed", true);
+    return;
+  }
+  a->base = v.key.anchor ? nullptr : live;
+  if (config.in_place && !config.virtual_payloads && live && live->image.size() == v.manifest->image_size) {
+    expose(nullptr);  // readers paused: nobody gets this image until the new version verified in it
+    a->in_place = true;
+    a->staging = std::const_pointer_cast<ModelVersion>(live);
+  } else if (!stage_copy(*a, v)) {
+    return;
+  }
+  live.reset();
+  a->state.assign(v.manifest->chunks.size(), Assembly::ChunkState::kWaiting);
+  for (std::uint32_t i = 0; i < v.chunks.size(); ++i)
+    if (v.chunks[i]) a->arrived.push_back(i);
+  a->generation = ++generation_;
+  assembly_ = std::move(a);
+  need_anchor_ = false;
+  pump();
+  if (assembly_ && assembly_->manifest->chunks.empty()) finish();
+}
+
+void Reconstructor::on_decoded(std::uint64_t generation, std::uint32_t i, const Status& status) {
+  if (!assembly_ || assembly_->generation != generation) return;
+  Assembly& as = *assembly_;
+  as.inflight--;
+  if (status.is_ok()) {
+    as.state[i] = Assembly::ChunkState::kDone;
+    as.done++;
+  } else {
+    ctx_.set_error(status.to_string());
+    as.state[i] = Assembly::ChunkState::kWaiting;
+    const ChunkEntry& ce = as.manifest->chunks[i];
+    // In place, a failure after the chunk was applied leaves the image damaged: it is
+    // dropped and rebuilt from an anchor. (Every input is checked before a byte is written,
+    // so this takes a decoder bug; a corrupt payload leaves the range as it was.)
+    const bool damaged = as.in_place && hash64(ByteSpan(as.staging->image).subspan(ce.offset, ce.length)) != ce.base_hash;
+    if (status.code() == StatusCode::kMismatch || damaged) {
+      if (damaged) held_version_ = 0;
+      abandon(status.to_string(), true);
+      return;
+    }
+    // Rejected and never applied: fetch it again.
+    ctx_.stats.corrupt_chunks++;
+    ctx_.stats.retransmit_requests++;
+    cache_.drop_chunk(as.key, i);
+    owner_.refetch(Need{as.key, {i}, false, /*again=*/true});
+  }
+  if (as.done == as.state.size()) {
+    if (!pumping_) finish();
+  } else {
+    pump();
+  }
+}
+
+void Reconstructor::pump() {
+  Assembly* a = assembly_.get();
+  if (!a || pumping_) return;
+  if (a->in_place && !a->exclusive) {
+    // Readers still hold the paused image: apply nothing until they let go (tick retries).
+    const long internal = 1 + (a->base ? 1 : 0);
+    if (a->staging.use_count() > internal) return;
+    a->exclusive = true;
+  }
+  struct Guard {
+    bool& flag;
+    ~Guard() { flag = false; }
+  } guard{pumping_};
+  pumping_ = true;
+  CachedVersion* v = cache_.find(a->key);
+  if (!v) {
+    abandon("version " + to_string(a->key) + " left the cache", false);
+    return;
+  }
+  while (!a->arrived.empty() && a->inflight < ctx_.config.decode_inflight_max) {
+    const std::uint32_t i = a->arrived.front();
+    a->arrived.pop_front();
+    if (i >= a->state.size() || a->state[i] != Assembly::ChunkState::kWaiting || !v->chunks[i]) continue;
+    a->state[i] = Assembly::ChunkState::kDecoding;
+    a->inflight++;
+    auto task = std::make_unique<DecodeTask>(*this, *a, v->chunks[i], i);
+    if (tasks_) tasks_->run(std::move(task), a->manifest->chunks[i].length);
+    else {
+      task->work();
+      task->done();
+    }
+    if (!assembly_ || assembly_.get() != a) return;  // abandoned inline
+  }
+  // Decodes that completed inline above could not finish the version from inside the loop.
+  if (a->done == a->state.size()) {
+    pumping_ = false;
+    finish();
+  }
+}
+
+void Reconstructor::finish() {
+  std::unique_ptr<Assembly> a = std::move(assembly_);
+  ModelVersion& image = *a->staging;
+  image.version = a->key.version;
+  image.base_version = a->key.anchor ? 0 : a->manifest->base_version;
+  image.run = a->manifest->run;
+  image.checksum = a->manifest->version_checksum;
+  image.tensors = a->manifest->tensors;
+  image.metadata = a->manifest->metadata;
+  std::shared_ptr<const ModelVersion> ready = a->staging;
+  {
+    std::lock_guard lock(current_mu_);
+    // The old version becomes the spare once its readers let go.
+    if (!a->in_place) spare_ = std::const_pointer_cast<ModelVersion>(current_);
+    current_ = ready;
+  }
+  held_version_ = ready->version;
+  ctx_.stats.versions_ready++;
+  owner_.on_version_ready(ready);
+  advance();
+}
+
+void Reconstructor::abandon(const std::string& why, bool want_anchor) {
+  ctx_.set_error(why);
+  if (assembly_ && assembly_->in_place && held_version_ != 0) expose(assembly_->staging);  // the image was not touched
+  assembly_.reset();
+  if (want_anchor) need_anchor_ = true;
+  owner_.request_anchor();
+}
+
+void Reconstructor::forget() {
+  if (held_version_ != 0) expose(nullptr);
+  spare_.reset();
+  held_version_ = 0;
+}
+
+}  // namespace deltacast::runtime

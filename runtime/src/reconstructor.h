@@ -1,0 +1,90 @@
+// A worker's reconstruction: it picks the next version it can build (the delta after the one it
+// holds, or a newer anchor), decodes chunks into a staging image as they arrive (on the
+// TaskRunner, decode_inflight_max at once), verifies each, and exposes the version only when
+// every chunk verified. In place, the one image is the staging image and readers are paused
+// until it verified. A failed chunk is fetched again; a base that does not match means the image
+// is not what the delta was made from, and only an anchor helps.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+
+#include "deltacast/runtime/version_cache.h"
+#include "node_context.h"
+
+namespace deltacast::runtime {
+
+class Reconstructor {
+ public:
+  // What the reconstructor asks of the node it rebuilds for.
+  class Owner {
+   public:
+    virtual ~Owner() = default;
+    // Only an anchor helps (nothing held, the base did not match, the parent is in a newer run).
+    virtual void request_anchor() = 0;
+    // A chunk was rejected before it was applied: fetch it again.
+    virtual void refetch(const Need& need) = 0;
+    // A version verified and is current now.
+    virtual void on_version_ready(const std::shared_ptr<const ModelVersion>& version) = 0;
+    // The parent serves a newer run than the one held: nothing held helps.
+    virtual bool parent_in_newer_run() const = 0;
+  };
+
+  Reconstructor(NodeContext& ctx, VersionCache& cache, TaskRunner* tasks, Owner& owner);
+  ~Reconstructor();
+  Reconstructor(const Reconstructor&) = delete;
+  Reconstructor& operator=(const Reconstructor&) = delete;
+
+  // Holds `version` as current, as a restarted worker does with the copy it kept on disk.
+  Status restore(std::shared_ptr<ModelVersion> version);
+  // The newest verified version (null before the first, and while paused in place); any thread.
+  std::shared_ptr<const ModelVersion> current() const;
+  // The version of the image held, exposed or paused.
+  std::uint64_t held_version() const { return held_version_; }
+  bool need_anchor() const { return need_anchor_; }
+  bool busy() const { return assembly_ != nullptr; }
+  // The version being rebuilt (kept in the cache meanwhile).
+  std::optional<VersionKey> building() const;
+
+  // Starts the next version if the cache has what it needs; asks for an anchor if only one helps.
+  void advance();
+  // A chunk of `key` is cached now.
+  void on_chunk(const VersionKey& key, std::uint32_t index);
+  // Starts decodes (in place: once every reader let go of the paused image).
+  void pump();
+  // Gives the version being rebuilt up (the image stays as it was).
+  void abandon(const std::string& why, bool want_anchor);
+  // A new run: what is held is not what the trainer publishes now; readers get nothing until
+  // the new run's anchor verified.
+  void forget();
+
+ private:
+  struct Assembly;
+  class DecodeTask;
+  void start(const CachedVersion& v);
+  bool stage_copy(Assembly& a, const CachedVersion& v);
+  void on_decoded(std::uint64_t generation, std::uint32_t index, const Status& status);
+  void finish();
+  void expose(std::shared_ptr<const ModelVersion> version);
+
+  NodeContext& ctx_;
+  VersionCache& cache_;
+  TaskRunner* tasks_;
+  Owner& owner_;
+  // Decoders for the chunks on the TaskRunner, one per task running at once; shared with the
+  // tasks, which may outlive the reconstructor.
+  std::shared_ptr<ChunkDecoderPool> decoders_ = std::make_shared<ChunkDecoderPool>();
+  std::unique_ptr<Assembly> assembly_;
+  std::shared_ptr<ModelVersion> spare_;  // a retired image to reuse for staging
+  mutable std::mutex current_mu_;
+  std::shared_ptr<const ModelVersion> current_;
+  bool need_anchor_ = false;
+  std::uint64_t held_version_ = 0;
+  bool pumping_ = false;          // pump() is on the stack (inline task runners)
+  std::uint64_t generation_ = 0;  // invalidates decode results of abandoned assemblies
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+};
+
+}  // namespace deltacast::runtime

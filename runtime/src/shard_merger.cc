@@ -1,0 +1,115 @@
+#include "shard_merger.h"
+
+#include <algorithm>
+
+#include "deltacast/codec/hash.h"
+
+namespace deltacast::runtime {
+
+Status ShardMerger::on_manifest(PeerId from, const ManifestMsg& m, bool merged) {
+  const NodeConfig& config = ctx_.config;
+  if (m.shards != config.expect_shards || m.shard >= m.shards) {
+    ctx_.set_error(to_string(m.key) + ": a slice numbered " + std::to_string(m.shard) + " of " + std::to_string(m.shards) +
+                   ", this origin expects " + std::to_string(config.expect_shards));
+    return Status::ok();
+  }
+  peers_[m.shard] = from;
+  if (merged) return Status::ok();
+  auto parsed = parse_manifest(m.manifest->span(), config.manifest_limits);
+  if (!parsed.is_ok() || parsed->version != m.key.version) {
+    ctx_.set_error("slice " + std::to_string(m.shard) + " of " + to_string(m.key) + ": " + parsed.status().to_string());
+    return Status::ok();
+  }
+  if (!config.shard_keys.empty()) {
+    if (Status st = verify_manifest(m.manifest->span(), *parsed, config.shard_keys); !st.is_ok()) {
+      ctx_.stats.untrusted_manifests++;
+      return Status::invalid_argument("slice " + std::to_string(m.shard) + ": " + st.to_string());
+    }
+  }
+  Slices& s = versions_[m.key];
+  s.progress_ms = ctx_.now_ms();
+  if (s.slices.empty()) {
+    s.shards = m.shards;
+    s.slices.resize(m.shards);
+    s.missing_chunks.assign(m.shards, 0);
+  }
+  if (s.slices[m.shard]) return Status::ok();
+  EncodedVersion ev;
+  ev.manifest = std::move(parsed).value();
+  ev.payloads.resize(ev.manifest.chunks.size());
+  s.missing_chunks[m.shard] = ev.manifest.chunks.size();
+  s.slices[m.shard] = std::move(ev);
+  bound();
+  return Status::ok();
+}
+
+// The oldest unfinished versions go first.
+void ShardMerger::bound() {
+  std::uint64_t total = 0;
+  for (const auto& [k, v] : versions_) total += v.bytes;
+  while (total > ctx_.config.cache_bytes_max && versions_.size() > 1) {
+    total -= versions_.begin()->second.bytes;
+    ctx_.set_error("dropped unfinished slices of " + to_string(versions_.begin()->first));
+    versions_.erase(versions_.begin());
+  }
+}
+
+std::optional<ShardMerger::Merged> ShardMerger::on_chunk(PeerId from, const ChunkMsg& m) {
+  auto it = versions_.find(m.key);
+  if (it == versions_.end() || m.shard >= it->second.slices.size() || !it->second.slices[m.shard]) return std::nullopt;
+  peers_[m.shard] = from;
+  Slices& s = it->second;
+  s.progress_ms = ctx_.now_ms();
+  EncodedVersion& ev = *s.slices[m.shard];
+  if (m.index >= ev.payloads.size() || !ev.payloads[m.index].empty()) return std::nullopt;
+  const ChunkEntry& e = ev.manifest.chunks[m.index];
+  if (m.payload->size() != e.payload_bytes || hash64(m.payload->span()) != e.payload_hash ||
+      (ev.manifest.is_signed && payload_digest(m.payload->span()) != e.payload_digest)) {
+    ctx_.stats.corrupt_chunks++;
+    ctx_.set_error(to_string(m.key) + " slice " + std::to_string(m.shard) + " chunk " + std::to_string(m.index) + ": payload hash mismatch");
+    return std::nullopt;
+  }
+  ev.payloads[m.index].assign(m.payload->data(), m.payload->data() + m.payload->size());
+  s.bytes += m.payload->size();
+  s.missing_chunks[m.shard]--;
+  for (std::size_t k = 0; k < s.shards; ++k)
+    if (!s.slices[k] || s.missing_chunks[k] > 0) return std::nullopt;
+  return merge(it);
+}
+
+// Every slice is here: merged into one version.
+std::optional<ShardMerger::Merged> ShardMerger::merge(std::map<VersionKey, Slices>::iterator it) {
+  std::vector<EncodedVersion> slices;
+  for (auto& sl : it->second.slices) slices.push_back(std::move(*sl));
+  const VersionKey key = it->first;
+  versions_.erase(it);
+  const bool digests_known = std::all_of(slices.begin(), slices.end(), [](const EncodedVersion& e) { return e.manifest.is_signed; });
+  auto merged = merge_shards(std::move(slices));
+  if (!merged.is_ok()) {
+    ctx_.set_error(to_string(key) + ": " + merged.status().to_string());
+    return std::nullopt;
+  }
+  return Merged{std::move(merged).value(), digests_known};
+}
+
+void ShardMerger::ask_for_missing(std::uint64_t now_ms, const std::function<bool(PeerId)>& connected) {
+  for (auto& [key, s] : versions_) {
+    if (now_ms - s.progress_ms < ctx_.config.need_after_ms) continue;
+    s.progress_ms = now_ms;
+    for (std::uint32_t k = 0; k < s.shards; ++k) {
+      auto p = peers_.find(k);
+      if (p == peers_.end() || !connected(p->second)) continue;  // it resends when it reconnects
+      if (!s.slices[k]) {
+        ctx_.send(p->second, Need{key, {}, false});
+        continue;
+      }
+      if (s.missing_chunks[k] == 0) continue;
+      std::vector<std::uint32_t> missing;
+      for (std::uint32_t i = 0; i < s.slices[k]->payloads.size(); ++i)
+        if (s.slices[k]->payloads[i].empty()) missing.push_back(i);
+      ctx_.send(p->second, Need{key, std::move(missing), false});
+    }
+  }
+}
+
+}  // namespace deltacast::runtime

@@ -1,0 +1,73 @@
+// A node's link to its parent: which of its configured parents (most preferred first), failover
+// to the next one, the return to the preferred one, and the pace of reconnects. It knows nothing
+// of versions: the node says what a Hello carries and handles what the parent sends.
+#pragma once
+
+#include <functional>
+
+#include "node_context.h"
+
+namespace deltacast::runtime {
+
+class UpstreamLink {
+ public:
+  // `hello`: what to say on every link opened (asked each time, so it says what is here now).
+  UpstreamLink(NodeContext& ctx, std::function<Hello()> hello) : ctx_(ctx), hello_(std::move(hello)) {}
+
+  // Where a message comes from, as far as the upstream is concerned.
+  enum class From : std::uint8_t {
+    kParent,     // the parent: the node handles it (heard() was called)
+    kProbe,      // the preferred parent being tried again: on_probe_message()
+    kOldParent,  // the fallback just left, closing: ignored
+    kOther,      // not upstream: a child, or nobody
+  };
+  From classify(PeerId peer) const;
+
+  // Opens a link to the current parent (the first at start), closing any other.
+  void connect();
+  // The parent went away or left: the next one now, keeping what is here.
+  void next();
+  // Closes the link; tick() connects to the next parent, at most every kReconnectMinMs, so a
+  // parent that refuses or misbehaves at once costs no busy loop.
+  void give_up();
+  // The parent said something (it is alive) / welcomed this node.
+  void heard() { heard_ms_ = ctx_.now_ms(); }
+  void welcome() { welcomed_ = true; }
+  // A message on the probe: a Welcome makes the preferred parent the parent again (true: the
+  // message is now the parent's to handle); anything else ends the try.
+  bool on_probe_message(const Message& m);
+  // True if the link was one of the upstream's (the parent's goes to the next parent).
+  bool on_peer_down(PeerId peer);
+  // Replaces a silent or given-up parent, tries the preferred one, closes the old one.
+  void tick(std::uint64_t now_ms);
+  // When tick() has something timed to do.
+  std::uint64_t next_duty_ms(std::uint64_t due) const;
+  bool send(const Message& m) { return parent_ != 0 && ctx_.send(parent_, m); }
+
+  bool configured() const { return !ctx_.config.parents.empty(); }
+  PeerId parent() const { return parent_; }
+  bool welcomed() const { return parent_ != 0 && welcomed_; }
+  bool probing() const { return probe_ != 0; }
+  // The endpoint of the current parent.
+  const std::string& endpoint() const;
+
+  static constexpr std::uint64_t kLeaveLingerMs = 1000;
+  static constexpr std::uint64_t kReconnectMinMs = 500;
+
+ private:
+  void probe_preferred(std::uint64_t now_ms);
+
+  NodeContext& ctx_;
+  std::function<Hello()> hello_;
+  PeerId parent_ = 0;
+  std::size_t index_ = 0;  // into config.parents, modulo its size
+  bool welcomed_ = false;
+  std::uint64_t heard_ms_ = 0;
+  std::uint64_t connected_ms_ = 0;  // when the last parent link was opened
+  PeerId probe_ = 0;                // link to the preferred parent while trying it
+  std::uint64_t probe_ms_ = 0;      // when the last try began (or the move to a fallback)
+  PeerId left_parent_ = 0;          // the fallback just left, closed after kLeaveLingerMs
+  std::uint64_t left_parent_ms_ = 0;
+};
+
+}  // namespace deltacast::runtime

@@ -1,0 +1,583 @@
+// The components a Node is made of, each on its own on the in-memory network: the upstream link
+// (parents, failover, return), the child server (subscriptions, send cursors, backlog, bounds),
+// the reconstructor, and the shard publisher and merger. The peers around each are scripted:
+// the test writes every message they send.
+#include <catch2/catch.hpp>
+
+#include "child_server.h"
+#include "node_fixtures.h"
+#include "reconstructor.h"
+#include "shard_merger.h"
+#include "shard_publisher.h"
+#include "test_util.h"
+#include "upstream_link.h"
+
+using namespace deltacast;
+using namespace deltacast::test;
+
+namespace {
+
+using From = UpstreamLink::From;
+
+// A peer that welcomes everyone who says Hello.
+void welcome_all(ScriptedPeer& p, std::uint64_t newest = 0) {
+  p.answer = [&p, newest](PeerId from, const Message& m) {
+    if (std::holds_alternative<Hello>(m)) p.transport.send(from, Welcome{newest, {}});
+  };
+}
+
+// A node that is only an upstream link; it keeps what its parent says.
+struct Upstream {
+  NodeConfig config;
+  FakeTransport& transport;
+  NodeContext ctx;
+  UpstreamLink link;
+  std::vector<Message> from_parent;
+
+  Upstream(FakeNet& net, NodeConfig c)
+      : config(std::move(c)),
+        transport(net.attach(config.node_id, [this](PeerId from, const Message& m) { receive(from, m); })),
+        ctx(config, transport, net.clock),
+        link(ctx, [this] {
+          Hello h;
+          h.node_id = config.node_id;
+          return h;
+        }) {}
+  void receive(PeerId from, const Message& m) {
+    switch (link.classify(from)) {
+      case From::kProbe:
+        if (!link.on_probe_message(m)) return;
+        break;
+      case From::kParent:
+        link.heard();
+        break;
+      default:
+        return;
+    }
+    if (std::holds_alternative<Welcome>(m)) link.welcome();
+    from_parent.push_back(m);
+  }
+};
+
+NodeConfig child_of(std::vector<std::string> parents) {
+  NodeConfig c;
+  c.node_id = "child";
+  c.parents = std::move(parents);
+  c.parent_timeout_ms = 2000;
+  c.parent_return_ms = 3000;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("the upstream link fails over to the next parent and returns to the preferred one", "[runtime][components]") {
+  FakeNet net;
+  ScriptedPeer p0(net, "p0"), p1(net, "p1");
+  welcome_all(p0);
+  welcome_all(p1);
+  Upstream u(net, child_of({"p0", "p1"}));
+  u.link.connect();
+  net.run();
+  REQUIRE(u.link.welcomed());
+  CHECK(u.link.endpoint() == "p0");
+  CHECK(p0.received<Hello>().size() == 1);
+
+  // The preferred parent goes away: the next one at once.
+  net.cut("p0");
+  u.link.on_peer_down(u.link.parent());
+  net.run();
+  CHECK(u.link.endpoint() == "p1");
+  CHECK(u.link.welcomed());
+  CHECK(u.ctx.stats.parent_failovers == 1);
+  CHECK(p1.received<Hello>().size() == 1);
+
+  // p0 is back. The fallback keeps talking; after parent_return_ms the link tries p0 again.
+  const PeerId p1_link = p1.link_of<Hello>();
+  for (int step = 0; step < 6 && !u.link.probing(); ++step) {
+    net.clock.advance(500);
+    p1.transport.send(p1_link, Heartbeat{0, {}});
+    net.run();
+    u.link.tick(net.clock.now_ms());
+  }
+  REQUIRE(u.link.probing());
+  net.run();  // p0 welcomes the probe: it is the parent again, and p1 is told the child moved
+  CHECK(p0.received<Hello>().size() == 2);
+  CHECK(!u.link.probing());
+  CHECK(u.link.endpoint() == "p0");
+  const auto leaves = p1.received<Leave>();
+  REQUIRE(leaves.size() == 1);
+  CHECK(leaves[0].moved);
+  CHECK(u.link.classify(p1_link) != From::kParent);
+  // The old link lingers so the Leave gets out, then closes.
+  net.clock.advance(UpstreamLink::kLeaveLingerMs);
+  u.link.tick(net.clock.now_ms());
+  CHECK(!p1.transport.send(p1_link, Heartbeat{0, {}}));
+}
+
+TEST_CASE("the upstream link replaces a silent parent, and a refusing one no faster than kReconnectMinMs",
+          "[runtime][components]") {
+  FakeNet net;
+  ScriptedPeer p0(net, "p0"), p1(net, "p1");  // p0 never answers
+  welcome_all(p1);
+  Upstream u(net, child_of({"p0", "p1"}));
+  u.link.connect();
+  net.run();
+  CHECK(!u.link.welcomed());
+  net.clock.advance(2001);
+  u.link.tick(net.clock.now_ms());
+  net.run();
+  CHECK(u.link.endpoint() == "p1");
+  CHECK(u.link.welcomed());
+  CHECK(u.ctx.last_error().find("silent") != std::string::npos);
+
+  // Given up (it refused, say): nothing until kReconnectMinMs passed, then the next parent.
+  u.link.give_up();
+  CHECK(u.link.parent() == 0);
+  net.clock.advance(UpstreamLink::kReconnectMinMs - 100);
+  u.link.tick(net.clock.now_ms());
+  CHECK(u.link.parent() == 0);
+  net.clock.advance(100);
+  u.link.tick(net.clock.now_ms());
+  CHECK(u.link.parent() != 0);
+  CHECK(u.link.endpoint() == "p0");
+  net.run();
+  CHECK(p0.received<Hello>().size() == 2);
+}
+
+namespace {
+
+// What a child server asks of its node, recorded.
+struct ServerOwner final : ChildServer::Owner {
+  Heartbeat hb{0, {}};
+  RunId run_id;
+  std::vector<std::uint64_t> anchors_requested;
+  std::vector<Need> fetched;
+  Heartbeat heartbeat() const override { return hb; }
+  const RunId& run() const override { return run_id; }
+  std::uint64_t newest_known_version() const override { return hb.newest_version; }
+  std::uint64_t published_us(std::uint64_t) const override { return 0; }
+  void request_anchor(std::uint64_t newer_than) override { anchors_requested.push_back(newer_than); }
+  void fetch(const Need& need) override { fetched.push_back(need); }
+};
+
+// A node that is only a child server over a cache the test fills.
+struct Server {
+  NodeConfig config;
+  FakeNet& net;
+  FakeTransport& transport;
+  NodeContext ctx;
+  VersionCache cache{64 << 20};
+  ServerOwner owner;
+  ChildServer server;
+
+  explicit Server(FakeNet& n, NodeConfig c = relay_config("server", {}))
+      : config(std::move(c)),
+        net(n),
+        transport(net.attach(
+            config.node_id, [this](PeerId from, const Message& m) { receive(from, m); }, [this](PeerId p) { server.on_writable(p); })),
+        ctx(config, transport, net.clock),
+        server(ctx, cache, owner) {}
+  void receive(PeerId from, const Message& m) {
+    if (const auto* hello = std::get_if<Hello>(&m)) server.on_hello(from, *hello);
+    else if (const auto* need = std::get_if<Need>(&m); need && server.find(from)) server.on_need(from, *server.find(from), *need);
+  }
+  // A version arrives: its manifest, then its chunks, each forwarded at once.
+  void arrive(const EncodedVersion& ev) {
+    const VersionKey key{ev.manifest.version, ev.manifest.kind == VersionKind::kAnchor};
+    auto v = cache.add_manifest(key, share(serialize_manifest(ev.manifest)), net.clock.now_ms());
+    REQUIRE(v.is_ok());
+    server.forward_manifest(**v);
+    for (std::uint32_t i = 0; i < ev.payloads.size(); ++i) {
+      REQUIRE(cache.add_chunk(key, i, share(ev.payloads[i]), net.clock.now_ms()).is_ok());
+      server.forward_chunk(*cache.find(key), i);
+    }
+    owner.hb.newest_version = std::max(owner.hb.newest_version, key.version);
+  }
+};
+
+// A child: says Hello on a new link and keeps what comes.
+struct Child {
+  ScriptedPeer peer;
+  PeerId link = 0;
+  Child(FakeNet& net, const std::string& name, Role role, std::uint64_t have = 0) : peer(net, name) {
+    link = peer.transport.connect("server");
+    Hello h;
+    h.node_id = name;
+    h.role = role;
+    h.have_version = have;
+    peer.transport.send(link, h);
+  }
+  std::vector<std::uint32_t> chunks_of(const VersionKey& key) const {
+    std::vector<std::uint32_t> out;
+    for (const auto& c : peer.received<ChunkMsg>())
+      if (c.key == key) out.push_back(c.index);
+    return out;
+  }
+};
+
+std::vector<std::uint32_t> all_chunks(std::size_t n) {
+  std::vector<std::uint32_t> out(n);
+  for (std::uint32_t i = 0; i < n; ++i) out[i] = i;
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("the child server forwards each part the moment it is here, and catches up a new worker", "[runtime][components]") {
+  FakeNet net;
+  Series s(3);
+  Server srv(net);
+  const EncodedVersion v1 = s.anchor(1), v2 = s.delta(2);
+  srv.arrive(v1);
+  Child w(net, "w", Role::kWorker), shard(net, "shard", Role::kPublisher);
+  net.run();
+  REQUIRE(srv.server.count() == 2);
+  // The worker holds nothing: it is caught up from the cached anchor.
+  CHECK(w.peer.received<Welcome>().size() == 1);
+  CHECK(w.chunks_of({1, true}) == all_chunks(v1.payloads.size()));
+  srv.arrive(v2);
+  net.run();
+  const auto manifests = w.peer.received<ManifestMsg>();
+  REQUIRE(manifests.size() == 2);
+  CHECK(manifests[1].key == VersionKey{2, false});
+  CHECK(w.chunks_of({2, false}) == all_chunks(v2.payloads.size()));
+  // A trainer shard sends slices; it is sent no versions.
+  CHECK(shard.peer.received<ManifestMsg>().empty());
+  CHECK(shard.peer.received<ChunkMsg>().empty());
+  CHECK(srv.owner.anchors_requested.empty());
+}
+
+TEST_CASE("the child server holds back what a full queue refused and sends it in order as the queue drains",
+          "[runtime][components]") {
+  FakeNet net;
+  const ModelLayout layout = test::make_layout({{DType::kBF16, 200000}});
+  VersionEncodeOptions opt;
+  opt.chunk_bytes = 16 << 10;
+  InlineExecutor ex;
+  const EncodedVersion v = *encode_version(layout, 1, 0, {}, test::random_bytes(layout.image_size, 3), opt, ex);
+  REQUIRE(v.payloads.size() > 10);
+  // Room for about two and a half chunks: the queue refuses while it still has room for less.
+  net.inbound_queue_bytes_max["r"] = v.payloads[0].size() * 5 / 2;
+  Server srv(net);
+  Child r(net, "r", Role::kRelay);  // a relay holding nothing: sent new versions only
+  net.run();
+  // The version arrives chunk by chunk, twice as fast as the link delivers.
+  const VersionKey key{1, true};
+  auto cached = srv.cache.add_manifest(key, share(serialize_manifest(v.manifest)), 0);
+  REQUIRE(cached.is_ok());
+  r.peer.transport.send(r.link, Need{key, {}, false});  // it asks for the version, so its chunks follow
+  net.run();
+  for (std::uint32_t i = 0; i < v.payloads.size(); ++i) {
+    REQUIRE(srv.cache.add_chunk(key, i, share(v.payloads[i]), 0).is_ok());
+    srv.server.forward_chunk(*srv.cache.find(key), i);
+    if (i % 2 == 1) net.run(1);
+  }
+  CHECK(srv.ctx.stats.sends_deferred_full_queue > 0);
+  net.run();
+  // Everything arrived once, the manifest first, the chunks in order.
+  REQUIRE(!r.peer.inbox.empty());
+  CHECK(r.peer.received<ManifestMsg>().size() == 1);
+  CHECK(r.chunks_of(key) == all_chunks(v.payloads.size()));
+  CHECK(srv.server.records() > 0);
+  CHECK(srv.server.idle());
+}
+
+TEST_CASE("the child server drops a child that breaks a bound", "[runtime][components]") {
+  FakeNet net;
+  Series s(3);
+  NodeConfig c = relay_config("server", {});
+  c.needs_per_s_max = 5;
+  c.resends_per_chunk_max = 2;
+  Server srv(net, c);
+  const EncodedVersion v2 = s.delta(2);
+  srv.arrive(v2);
+
+  SECTION("more Need messages a second than needs_per_s_max") {
+    Child w(net, "w", Role::kWorker, 1);
+    net.run();
+    for (int i = 0; i < 6; ++i) w.peer.transport.send(w.link, Need{{2, false}, {0}, false});
+    net.run();
+    CHECK(srv.server.count() == 0);
+    CHECK(srv.ctx.stats.peers_dropped == 1);
+  }
+  SECTION("a version sent again more than resends_per_chunk_max times its chunks") {
+    Child w(net, "w", Role::kWorker, 1);
+    net.run();
+    for (int i = 0; i < 3; ++i) {
+      net.clock.advance(1000);  // within the Need rate
+      w.peer.transport.send(w.link, Need{{2, false}, {}, false, /*again=*/true});
+      net.run();
+    }
+    CHECK(srv.server.count() == 0);
+    CHECK(w.chunks_of({2, false}).size() == 3 * v2.payloads.size());  // two resends, then dropped
+  }
+  SECTION("Hello twice on one link") {
+    Child w(net, "w", Role::kWorker, 1);
+    w.peer.transport.send(w.link, Hello{});
+    net.run();
+    CHECK(srv.server.count() == 0);
+  }
+  SECTION("another protocol version is refused and disconnected") {
+    ScriptedPeer old(net, "old");
+    Hello h;
+    h.protocol_version = kProtocolVersion + 1;
+    const PeerId link = old.transport.connect("server");
+    old.transport.send(link, h);
+    net.run();
+    CHECK(srv.server.count() == 0);
+    CHECK(!old.transport.send(link, Heartbeat{0, {}}));
+  }
+}
+
+TEST_CASE("the child server asks its node for what is not here and serves it when it comes", "[runtime][components]") {
+  FakeNet net;
+  Series s(4);
+  Server srv(net);
+  srv.arrive(s.delta(2));
+  // A worker holding nothing needs an anchor; none is cached.
+  Child w(net, "w", Role::kWorker);
+  net.run();
+  CHECK(srv.owner.anchors_requested == std::vector<std::uint64_t>{0});
+  CHECK(srv.server.anchor_wanted() == std::uint64_t{0});
+  const EncodedVersion a3 = s.anchor(3);
+  srv.arrive(a3);
+  net.run();
+  CHECK(w.chunks_of({3, true}) == all_chunks(a3.payloads.size()));
+  CHECK(!srv.server.anchor_wanted());
+  // A delta not here is fetched from upstream.
+  w.peer.transport.send(w.link, Need{{4, false}, {}, false});
+  net.run();
+  REQUIRE(srv.owner.fetched.size() == 1);
+  CHECK(srv.owner.fetched[0].key == VersionKey{4, false});
+  // It forgets the per-version records of versions that left the cache.
+  srv.cache.clear();
+  net.clock.advance(5000);
+  srv.server.tick(net.clock.now_ms());
+  CHECK(srv.server.records() == 0);
+}
+
+namespace {
+
+struct RebuildOwner final : Reconstructor::Owner {
+  int anchors_requested = 0;
+  std::vector<Need> refetched;
+  std::vector<std::uint64_t> ready;
+  void request_anchor() override { anchors_requested++; }
+  void refetch(const Need& need) override { refetched.push_back(need); }
+  void on_version_ready(const std::shared_ptr<const ModelVersion>& v) override { ready.push_back(v->version); }
+  bool parent_in_newer_run() const override { return false; }
+};
+
+// A worker that is only a reconstructor over a cache the test fills.
+struct Rebuild {
+  NodeConfig config;
+  FakeTransport& transport;
+  NodeContext ctx;
+  VersionCache cache{256 << 20};
+  RebuildOwner owner;
+  Reconstructor r;
+  explicit Rebuild(FakeNet& net, bool in_place = false)
+      : config(worker(in_place)), transport(net.attach("w", [](PeerId, const Message&) {})), ctx(config, transport, net.clock),
+        r(ctx, cache, nullptr, owner) {}
+  static NodeConfig worker(bool in_place) {
+    NodeConfig c = worker_config("w", {"p"});
+    c.in_place = in_place;
+    return c;
+  }
+  // The manifest, and the chunks [0, chunks) of it, each handed over as it arrives.
+  void arrive(const EncodedVersion& ev, std::size_t chunks = ~std::size_t{0}) {
+    const VersionKey key{ev.manifest.version, ev.manifest.kind == VersionKind::kAnchor};
+    if (!cache.find(key)) REQUIRE(cache.add_manifest(key, share(serialize_manifest(ev.manifest)), 0).is_ok());
+    r.advance();
+    for (std::uint32_t i = 0; i < std::min(chunks, ev.payloads.size()); ++i) {
+      REQUIRE(cache.add_chunk(key, i, share(ev.payloads[i]), 0).is_ok());
+      r.on_chunk(key, i);
+    }
+  }
+  std::shared_ptr<ModelVersion> held(const Series& s, std::uint64_t v, Bytes image) {
+    auto m = std::make_shared<ModelVersion>();
+    m->version = v;
+    m->tensors = s.anchor(v).manifest.tensors;
+    m->image = std::move(image);
+    return m;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("the reconstructor exposes a version only once every chunk of it verified", "[runtime][components]") {
+  FakeNet net;
+  Series s(3);
+  Rebuild w(net);
+  const EncodedVersion a1 = s.anchor(1), d2 = s.delta(2);
+  REQUIRE(a1.payloads.size() > 1);
+  w.arrive(a1, a1.payloads.size() - 1);
+  CHECK(w.r.busy());
+  CHECK(w.r.current() == nullptr);
+  w.arrive(a1);
+  REQUIRE(w.r.current());
+  CHECK(w.r.current()->image == s.images[0]);
+  w.arrive(d2, d2.payloads.size() - 1);
+  CHECK(w.r.current()->version == 1);
+  w.arrive(d2);
+  CHECK(w.r.current()->version == 2);
+  CHECK(w.r.current()->base_version == 1);
+  CHECK(w.r.current()->image == s.images[1]);
+  CHECK(w.owner.ready == std::vector<std::uint64_t>{1, 2});
+  CHECK(w.ctx.stats.images_allocated == 2);
+}
+
+TEST_CASE("the reconstructor keeps what it holds when a delta's base does not match, and asks for an anchor",
+          "[runtime][components]") {
+  FakeNet net;
+  Series s(3);
+  Rebuild w(net);
+  Bytes wrong = s.images[0];
+  wrong[wrong.size() / 2] ^= 0x10;
+  REQUIRE(w.r.restore(w.held(s, 1, wrong)).is_ok());
+  w.arrive(s.delta(2));
+  CHECK(!w.r.busy());
+  CHECK(w.r.need_anchor());
+  CHECK(w.owner.anchors_requested > 0);
+  REQUIRE(w.r.current());
+  CHECK(w.r.current()->version == 1);
+  CHECK(w.owner.ready.empty());
+  // The anchor replaces it.
+  w.arrive(s.anchor(2));
+  CHECK(w.r.current()->image == s.images[1]);
+  CHECK(!w.r.need_anchor());
+}
+
+TEST_CASE("the reconstructor in place pauses readers and applies once they let go", "[runtime][components]") {
+  FakeNet net;
+  Series s(3);
+  Rebuild w(net, /*in_place=*/true);
+  REQUIRE(w.r.restore(w.held(s, 1, s.images[0])).is_ok());
+  std::shared_ptr<const ModelVersion> reader = w.r.current();
+  w.arrive(s.delta(2));
+  CHECK(w.r.current() == nullptr);  // paused
+  CHECK(reader->image == s.images[0]);  // untouched while read
+  CHECK(w.r.busy());
+  reader.reset();
+  w.r.pump();
+  REQUIRE(w.r.current());
+  CHECK(w.r.current()->image == s.images[1]);
+  CHECK(w.ctx.stats.images_allocated == 0);
+}
+
+namespace {
+
+// A trainer shard: an upstream link to the origin and the slices it publishes.
+struct Shard {
+  Upstream up;
+  ShardPublisher pub;
+  Shard(FakeNet& net, const std::string& id, std::uint32_t index)
+      : up(net, config(id, index)), pub(up.ctx, up.link) {
+    up.link.connect();
+  }
+  static NodeConfig config(const std::string& id, std::uint32_t index) {
+    NodeConfig c;
+    c.node_id = id;
+    c.parents = {"origin"};
+    c.shard_index = index;
+    c.shard_count = 2;
+    c.shard_slices_retained_max = 1;
+    return c;
+  }
+  // What the origin says reaches the publisher as it would in the node.
+  void handle() {
+    for (const auto& m : up.from_parent) {
+      if (const auto* w = std::get_if<Welcome>(&m)) pub.on_welcome(w->newest_version);
+      else if (const auto* n = std::get_if<Need>(&m)) pub.on_need(*n);
+    }
+    up.from_parent.clear();
+  }
+  Status publish(const EncodedVersion& ev) {
+    DC_RETURN_IF_ERROR(pub.ready(0));
+    EncodedVersion copy = ev;
+    pub.publish({ev.manifest.version, ev.manifest.kind == VersionKind::kAnchor}, share(serialize_manifest(ev.manifest)),
+                share_payloads(copy.payloads));
+    return Status::ok();
+  }
+};
+
+// The origin's side: the merger, fed what the shards send.
+struct Origin {
+  NodeConfig config = [] {
+    NodeConfig c = origin_config();
+    c.expect_shards = 2;
+    return c;
+  }();
+  FakeTransport& transport;
+  NodeContext ctx;
+  ShardMerger merger{ctx};
+  std::vector<ShardMerger::Merged> merged;
+  std::set<PeerId> links;
+  explicit Origin(FakeNet& net)
+      : transport(net.attach("origin", [this](PeerId from, const Message& m) { receive(from, m); })), ctx(config, transport, net.clock) {}
+  void receive(PeerId from, const Message& m) {
+    links.insert(from);
+    if (std::holds_alternative<Hello>(m)) transport.send(from, Welcome{0, {}});
+    if (const auto* mm = std::get_if<ManifestMsg>(&m)) REQUIRE(merger.on_manifest(from, *mm, false).is_ok());
+    if (const auto* c = std::get_if<ChunkMsg>(&m))
+      if (auto v = merger.on_chunk(from, *c)) merged.push_back(std::move(*v));
+  }
+};
+
+}  // namespace
+
+TEST_CASE("slices from two shard publishers merge into one version; a lost chunk is asked for and sent again",
+          "[runtime][components]") {
+  FakeNet net;
+  const ModelLayout la = test::make_layout({{DType::kBF16, 30000}, {DType::kF32, 64}});
+  ModelLayout lb = test::make_layout({{DType::kBF16, 40001}});
+  lb.tensors[0].name = "shard-b.weight";
+  const Bytes a = test::random_bytes(la.image_size, 1), b = test::random_bytes(lb.image_size, 2);
+  VersionEncodeOptions opt;
+  opt.chunk_bytes = 8 << 10;
+  InlineExecutor ex;
+  const EncodedVersion sa = *encode_version(la, 1, 0, {}, a, opt, ex), sb = *encode_version(lb, 1, 0, {}, b, opt, ex);
+
+  Origin origin(net);
+  Shard s0(net, "trainer-0", 0), s1(net, "trainer-1", 1);
+  net.run();
+  s0.handle();
+  s1.handle();
+  REQUIRE(s0.up.link.welcomed());
+  // Shard 1's chunk 1 is lost on the way, once.
+  bool lost = false;
+  net.filter = [&](const std::string& from, const std::string&, Message& m) {
+    const auto* c = std::get_if<ChunkMsg>(&m);
+    if (from != "trainer-1" || !c || c->index != 1 || lost) return true;
+    lost = true;
+    return false;
+  };
+  REQUIRE(s0.publish(sa).is_ok());
+  REQUIRE(s1.publish(sb).is_ok());
+  net.run();
+  CHECK(lost);
+  CHECK(origin.merged.empty());
+  CHECK(!origin.merger.idle());
+  // One slice kept until merged: the next waits.
+  CHECK(s1.pub.ready(0).code() == StatusCode::kResourceExhausted);
+  // After need_after_ms without progress the origin asks shard 1 for its missing chunk.
+  net.clock.advance(origin.config.need_after_ms);
+  origin.merger.ask_for_missing(net.clock.now_ms(), [&](PeerId p) { return origin.links.count(p) > 0; });
+  net.run();
+  s1.handle();
+  net.run();
+  REQUIRE(origin.merged.size() == 1);
+  CHECK(origin.merger.idle());
+  const EncodedVersion& v = origin.merged[0].version;
+  CHECK(v.manifest.chunks.size() == sa.manifest.chunks.size() + sb.manifest.chunks.size());
+  Bytes whole(v.manifest.image_size);
+  std::vector<ByteSpan> payloads(v.payloads.begin(), v.payloads.end());
+  REQUIRE(decode_version(v.manifest, payloads, {}, whole, ex).is_ok());
+  Bytes expected = a;
+  expected.insert(expected.end(), b.begin(), b.end());
+  CHECK(whole == expected);
+  // Merged (the origin's newest is past it): the anchor slice is let go.
+  s1.pub.release(2);
+  CHECK(s1.pub.retained() == 0);
+  CHECK(s1.pub.ready(2).is_ok());
+}

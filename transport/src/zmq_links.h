@@ -1,0 +1,124 @@
+// The ZeroMQ side of a node host, and the node's Transport: the listener (a ROUTER its children
+// connect to, with CURVE, the ZAP handler that decides which client keys may connect, and a
+// socket monitor that bounds connections and closes those that say no Hello in time), a DEALER
+// per parent link, and a bounded send queue per peer. What arrives is decoded and handed to the
+// node. Everything runs on the host's loop thread; the sockets are watched through libuv.
+#pragma once
+
+#include <uv.h>
+#include <zmq.h>
+
+#include <atomic>
+#include <deque>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "deltacast/runtime/node.h"
+#include "deltacast/transport/host.h"
+#include "deltacast/transport/wire.h"
+
+namespace deltacast::transport {
+
+class ZmqLinks final : public runtime::Transport {
+ public:
+  // `stopping`: set by another thread when the host stops; nothing more is read once it is.
+  ZmqLinks(uv_loop_t* loop, void* zmq_ctx, const runtime::NodeConfig& node_config, const HostConfig& config,
+           const runtime::Clock& clock, const std::atomic<bool>& stopping)
+      : loop_(loop), ctx(zmq_ctx), node_config(node_config), config(config), clock(clock), stopping_(stopping) {}
+  ZmqLinks(const ZmqLinks&) = delete;
+  ZmqLinks& operator=(const ZmqLinks&) = delete;
+
+  // Where messages, peers going down and queues with room again are reported.
+  void attach(runtime::Node* node) { node_ = node; }
+  // Binds the listener (if config.bind_endpoint is set), with its ZAP handler and monitor.
+  Status bind();
+  // The endpoint bound (with the port the system chose), empty before bind().
+  const std::string& bound() const { return bound_; }
+
+  runtime::PeerId connect(const std::string& endpoint) override;
+  void disconnect(runtime::PeerId peer) override;
+  bool send(runtime::PeerId peer, const runtime::Message& message) override;
+
+  // Reads every socket, sends what the queues hold, reports peers down and writable.
+  void drain_all();
+  void flush_all();
+  // Connections that never said Hello in time, and those the node let go of, are closed.
+  void close_idle_connections();
+  // Stopping: what is queued may take `linger_ms` to go out, then every socket closes.
+  void close(int linger_ms);
+
+  static constexpr int kFramesMax = 4;
+
+ private:
+  struct Socket {
+    void* zsock = nullptr;
+    uv_poll_t* poll = nullptr;  // owned by libuv until its close callback
+    bool router = false;
+    bool zap = false;
+    runtime::PeerId peer = 0;  // for parent links
+  };
+  // Connections to the listener, by file descriptor: bounded in number, and closed when they
+  // have not said Hello within hello_timeout_ms. libzmq owns the descriptors; shutting one
+  // down makes libzmq close that connection.
+  struct Connection {
+    std::uint64_t accepted_ms = 0;
+    bool said_hello = false;
+    runtime::PeerId peer = 0;
+  };
+  struct Out {
+    Frames frames;
+    std::uint64_t bytes = 0;
+  };
+  struct Queue {
+    std::deque<Out> items;
+    std::uint64_t bytes = 0;
+    bool refused = false;  // refused a message: the node is told when it is half empty again
+  };
+
+  Status configure_common(void* s);
+  bool watch(Socket& s);
+  int send_frames(void* s, const std::string* identity, const Frames& f);
+  void flush(runtime::PeerId peer);
+  bool readable(void* s);
+  int receive(void* s, zmq_msg_t (&parts)[kFramesMax], bool& too_many);
+  void dispatch(runtime::PeerId from, zmq_msg_t* header, zmq_msg_t* payload, bool from_child);
+  Status open_monitor();
+  void note_connection(runtime::PeerId peer, int fd);
+  void close_connection(int fd, const std::string& why);
+  void on_monitor_event(std::uint16_t event, std::int32_t value, const std::string& address);
+  void drain_monitor();
+  void forget_child(runtime::PeerId peer);
+  void drain_router();
+  void drain_parent(runtime::PeerId id);
+  void drain_zap();
+  void close_socket(Socket& s);
+
+  uv_loop_t* loop_;
+  void* ctx;
+  const runtime::NodeConfig& node_config;
+  const HostConfig& config;
+  const runtime::Clock& clock;
+  const std::atomic<bool>& stopping_;
+  runtime::Node* node_ = nullptr;
+  std::string bound_;
+  Socket router;
+  Socket zap;
+  Socket monitor;  // the listener's connection events (ZeroMQ socket monitor)
+  std::map<int, Connection> connections;
+  std::map<runtime::PeerId, int> fd_of;
+  std::vector<std::pair<std::uint64_t, int>> shutdowns_due;  // (when, fd): after a Refuse had time to go out
+  std::uint64_t connections_refused = 0;
+  std::uint64_t handshakes_failed = 0;
+  std::uint64_t idle_closed = 0;
+  std::uint64_t bad_messages = 0;
+  std::map<runtime::PeerId, Socket> parents;
+  std::map<std::string, runtime::PeerId> child_by_identity;
+  std::map<runtime::PeerId, std::string> identity_of;
+  std::map<runtime::PeerId, Queue> queues;
+  std::vector<runtime::PeerId> peers_down;      // reported to the node outside of send()
+  std::vector<runtime::PeerId> peers_writable;  // likewise
+  runtime::PeerId next_peer = 1;
+};
+
+}  // namespace deltacast::transport

@@ -664,6 +664,12 @@ Status ChunkDecoder::decode_checked(ByteSpan payload, std::span<const Segment> e
 }
 
 Result<ChunkStats> ChunkDecoder::describe(ByteSpan payload, ChunkKind* kind) {
+  auto st = describe_checked(payload, kind);
+  trim();
+  return st;
+}
+
+Result<ChunkStats> ChunkDecoder::describe_checked(ByteSpan payload, ChunkKind* kind) {
   DC_ASSIGN_OR_RETURN(ParsedChunk pc, parse_chunk(payload));
   if (kind) *kind = pc.kind;
   ChunkStats st;

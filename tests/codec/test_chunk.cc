@@ -368,4 +368,6 @@ TEST_CASE("encoders and decoders keep their memory within the stated bounds, and
   REQUIRE(small_decoder.decode(*payload, segs, base, out).is_ok());
   CHECK(out == far);
   CHECK(small_decoder.scratch_bytes() <= 1u << 20);
+  REQUIRE(small_decoder.describe(*payload).is_ok());
+  CHECK(small_decoder.scratch_bytes() <= 1u << 20);
 }

@@ -162,7 +162,7 @@ class ChunkDecoder {
   // decoded bytes, after (Corruption).
   Status decode(ByteSpan payload, std::span<const Segment> expected_segments, ByteSpan base, MutableByteSpan out,
                 const ChunkHashes* expect = nullptr);
-  // Parses and decodes a payload's streams without applying them, for reports.
+  // Parses and decodes a payload's streams without applying them, for reports. Trims like decode().
   Result<ChunkStats> describe(ByteSpan payload, ChunkKind* kind = nullptr);
   // The working memory held now.
   std::size_t scratch_bytes() const;
@@ -172,6 +172,7 @@ class ChunkDecoder {
  private:
   Status decode_checked(ByteSpan payload, std::span<const Segment> expected_segments, ByteSpan base, MutableByteSpan out,
                         const ChunkHashes* expect);
+  Result<ChunkStats> describe_checked(ByteSpan payload, ChunkKind* kind);
   void trim();
   ChunkDecodeOptions options_;
   std::unique_ptr<State> s_;

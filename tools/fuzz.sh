@@ -9,8 +9,13 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 seconds=${1:-60}
 shift || true
 all="chunk_decoder:chunk chunk_v2:chunk_v2 container:container safetensors:safetensors wire:wire fleet:fleet"
-bash "$root/tools/build.sh" "$root/build-fuzz" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDELTACAST_FUZZ=ON \
-  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++
+# Only the fuzz targets and the libraries they link (not the simulator or the generator).
+cmake -S "$root" -B "$root/build-fuzz" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDELTACAST_FUZZ=ON \
+  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ >/dev/null
+targets=""
+for target in $all; do targets="$targets fuzz_${target%%:*}"; done
+# shellcheck disable=SC2086
+cmake --build "$root/build-fuzz" -j "$(nproc)" --target $targets
 passed=0
 for target in $all; do
   name=${target%%:*}

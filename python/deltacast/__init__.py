@@ -1,0 +1,145 @@
+"""deltacast for Python: a worker inside rollout processes, over the deltacast library.
+
+A ``Worker`` joins a deltacast fleet (its parents: a relay, the origin, or another worker) and
+exposes each version only once every chunk of it verified. A ``Version``'s tensors are zero-copy
+views of its verified image, as torch tensors or numpy arrays; a view keeps the version's memory
+alive after the worker is closed.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from typing import Callable, Iterable, Iterator, Optional
+
+import numpy as np
+
+from ._native import Error
+from . import _native
+
+__all__ = ["Error", "Version", "Worker"]
+
+# safetensors dtype -> (numpy dtype, torch dtype name). Types torch 1.13 lacks (unsigned wider
+# than 8 bits, float8) are given as the signed integer of the same width, a bit-exact view.
+_DTYPES = {
+    "BOOL": (np.bool_, "bool"),
+    "U8": (np.uint8, "uint8"),
+    "I8": (np.int8, "int8"),
+    "F8_E4M3": (np.uint8, "uint8"),
+    "F8_E5M2": (np.uint8, "uint8"),
+    "U16": (np.uint16, "int16"),
+    "I16": (np.int16, "int16"),
+    "F16": (np.float16, "float16"),
+    "BF16": (np.uint16, "bfloat16"),
+    "U32": (np.uint32, "int32"),
+    "I32": (np.int32, "int32"),
+    "F32": (np.float32, "float32"),
+    "U64": (np.uint64, "int64"),
+    "I64": (np.int64, "int64"),
+    "F64": (np.float64, "float64"),
+}
+
+
+class Version:
+    """One verified version: ``number``, ``base_number`` (0 for an anchor), ``checksum``, ``run``."""
+
+    def __init__(self, native: _native.Version):
+        self._native = native
+        self._image = np.frombuffer(native, dtype=np.uint8)  # read-only; holds the version alive
+        self._infos = native.tensor_infos()
+
+    number = property(lambda self: self._native.number)
+    base_number = property(lambda self: self._native.base_number)
+    checksum = property(lambda self: self._native.checksum)
+    run = property(lambda self: self._native.run)
+
+    def names(self) -> list[str]:
+        return [info[0] for info in self._infos]
+
+    def _select(self, names: Optional[Iterable[str]]):
+        if names is None:
+            return self._infos
+        wanted = list(names)
+        by_name = {info[0]: info for info in self._infos}
+        missing = [n for n in wanted if n not in by_name]
+        if missing:
+            raise KeyError(f"version {self.number} has no tensor {missing[0]!r}")
+        return [by_name[n] for n in wanted]
+
+    def numpy_tensors(self, names: Optional[Iterable[str]] = None) -> Iterator[tuple[str, np.ndarray]]:
+        """(name, read-only numpy view); BF16 as uint16."""
+        for name, dtype, shape, offset, nbytes in self._select(names):
+            np_dtype = _DTYPES[dtype][0]
+            yield name, self._image[offset : offset + nbytes].view(np_dtype).reshape(shape)
+
+    def tensors(self, names: Optional[Iterable[str]] = None):
+        """(name, torch.Tensor) zero-copy views of the verified image; do not write to them."""
+        import torch
+
+        for (name, array), info in zip(self.numpy_tensors(names), self._select(names)):
+            torch_dtype = getattr(torch, _DTYPES[info[1]][1])
+            if array.dtype == np.uint16 or array.dtype == np.uint32 or array.dtype == np.uint64:
+                array = array.view(np.dtype(f"int{array.dtype.itemsize * 8}"))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the image is read-only; torch cannot say so
+                t = torch.from_numpy(array)
+            yield name, t.view(torch_dtype) if t.dtype != torch_dtype else t
+
+
+class Worker:
+    """A rollout process's worker: joins ``parents`` (endpoints, most preferred first)."""
+
+    def __init__(self, id: str, parents: list[str], *, keys=None, parent_keys=None, trust_keys=None, state_dir=None,
+                 in_place=False, listen=None, metrics=None):
+        if isinstance(parents, str):
+            parents = [parents]
+        self._native = _native.Worker(id, list(parents), keys=keys, parent_keys=list(parent_keys or []),
+                                      trust_keys=list(trust_keys or []), state_dir=state_dir or "", in_place=in_place,
+                                      listen=listen or "", metrics=metrics or "")
+        self._callbacks: list[Callable[[Version], None]] = []
+        self._thread: Optional[threading.Thread] = None
+        self._closing = threading.Event()
+
+    def wait(self, min_version: Optional[int] = None, timeout: Optional[float] = None) -> Version:
+        """The current version once it is >= min_version (default: any); TimeoutError otherwise."""
+        return Version(self._native.wait(min_version or 1, -1.0 if timeout is None else float(timeout)))
+
+    def current(self) -> Optional[Version]:
+        v = self._native.current()
+        return Version(v) if v is not None else None
+
+    def on_version(self, callback: Callable[[Version], None]) -> None:
+        """Calls ``callback(version)`` on a Python thread for each version that becomes current."""
+        self._callbacks.append(callback)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._watch, name="deltacast-on-version", daemon=True)
+            self._thread.start()
+
+    def _watch(self) -> None:
+        last = None
+        while not self._closing.is_set():
+            try:
+                v = self._native.wait_newer(last, 0.2)
+            except Error:
+                return  # closed
+            if v is None:
+                continue
+            last = v
+            for cb in list(self._callbacks):
+                cb(Version(v))
+
+    @property
+    def listening(self) -> str:
+        return self._native.listening()
+
+    def close(self) -> None:
+        self._closing.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        self._native.close()
+
+    def __enter__(self) -> "Worker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,126 @@
+#include <chrono>
+
+#include "native.h"
+
+namespace deltacast::python {
+
+namespace py = pybind11;
+
+std::string Version::run() const { return deltacast::to_string(v_->run); }
+
+py::list Version::tensor_infos() const {
+  py::list out;
+  for (const auto& t : v_->tensors) {
+    py::tuple shape(t.shape.size());
+    for (std::size_t i = 0; i < t.shape.size(); ++i) shape[i] = t.shape[i];
+    out.append(py::make_tuple(t.name, std::string(dtype_name(t.dtype)), shape, t.offset, t.nbytes));
+  }
+  return out;
+}
+
+py::buffer_info Version::buffer() const {
+  const auto& image = v_->image;
+  return py::buffer_info(const_cast<std::uint8_t*>(image.data()), 1, py::format_descriptor<std::uint8_t>::format(), 1,
+                         {static_cast<py::ssize_t>(image.size())}, {1}, /*readonly=*/true);
+}
+
+namespace {
+
+transport::WorkerOptions worker_options(const WorkerArgs& a) {
+  transport::WorkerOptions o;
+  o.node.node_id = a.id;
+  o.node.parents = a.parents;
+  o.node.in_place = a.in_place;
+  for (const auto& hex : a.trust_keys) {
+    auto key = runtime::parse_public_key(hex);
+    if (!key.is_ok()) throw Error("trust key " + hex + ": " + key.status().to_string());
+    o.node.trust_keys.push_back(*key);
+  }
+  o.host.bind_endpoint = a.listen;
+  o.host.metrics_listen = a.metrics;
+  if (a.keys) o.host.curve = transport::CurveKeys{a.keys->first, a.keys->second};
+  o.host.parent_server_keys = a.parent_keys;
+  o.out_dir = a.state_dir;
+  return o;
+}
+
+// Runs `wait` (which returns null on time-out) in slices of 100 ms with the GIL released,
+// letting Python see signals in between.
+template <typename Wait>
+std::shared_ptr<const runtime::ModelVersion> wait_sliced(double timeout_s, Wait wait) {
+  using Clock = std::chrono::steady_clock;
+  const bool forever = timeout_s < 0;
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(forever ? 0 : timeout_s));
+  for (;;) {
+    std::uint64_t slice_ms = 100;
+    if (!forever) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      if (left <= 0) return nullptr;
+      slice_ms = std::min<std::uint64_t>(slice_ms, static_cast<std::uint64_t>(left));
+    }
+    std::shared_ptr<const runtime::ModelVersion> v;
+    {
+      py::gil_scoped_release release;
+      v = wait(slice_ms);
+    }
+    if (v) return v;
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+  }
+}
+
+}  // namespace
+
+Worker::Worker(const WorkerArgs& args) {
+  if (args.id.empty()) throw Error("a worker needs an id");
+  if (args.parents.empty()) throw Error("a worker needs at least one parent endpoint");
+  auto w = [&] {
+    py::gil_scoped_release release;
+    return transport::Worker::start(worker_options(args));
+  }();
+  if (!w.is_ok()) throw Error(w.status().to_string());
+  w_ = std::move(w).value();
+}
+
+Worker::~Worker() {
+  py::gil_scoped_release release;
+  w_.reset();
+}
+
+transport::Worker& Worker::live() const {
+  if (!w_) throw Error("the worker is closed");
+  return *w_;
+}
+
+std::shared_ptr<Version> Worker::wait(std::uint64_t min_version, double timeout_s) {
+  transport::Worker& w = live();
+  auto v = wait_sliced(timeout_s, [&](std::uint64_t ms) { return w.wait_for_version(std::max<std::uint64_t>(min_version, 1), ms); });
+  if (!v) {
+    PyErr_SetString(PyExc_TimeoutError, ("no version >= " + std::to_string(min_version) + " within the timeout").c_str());
+    throw py::error_already_set();
+  }
+  return std::make_shared<Version>(std::move(v));
+}
+
+std::shared_ptr<Version> Worker::wait_newer(const std::shared_ptr<Version>& after, double timeout_s) {
+  transport::Worker& w = live();
+  std::shared_ptr<const runtime::ModelVersion> base;
+  if (after) base = std::shared_ptr<const runtime::ModelVersion>(std::shared_ptr<const void>(), &after->get());
+  auto v = wait_sliced(timeout_s, [&](std::uint64_t ms) { return w.wait_for_newer(base, ms); });
+  return v ? std::make_shared<Version>(std::move(v)) : nullptr;
+}
+
+std::shared_ptr<Version> Worker::current() const {
+  auto v = live().current();
+  return v ? std::make_shared<Version>(std::move(v)) : nullptr;
+}
+
+void Worker::close() {
+  if (!w_) return;
+  py::gil_scoped_release release;
+  (void)w_->stop();
+  w_.reset();
+}
+
+std::string Worker::listening() const { return live().host().bound_endpoint(); }
+
+}  // namespace deltacast::python

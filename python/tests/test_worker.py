@@ -1,0 +1,101 @@
+"""The Python worker against a real publisher process on loopback."""
+
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import deltacast
+
+DELTACAST = os.environ.get("DELTACAST_BIN", "deltacast")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def read_safetensors(path: Path) -> dict[str, tuple[str, bytes]]:
+    """name -> (dtype, bytes), read independently of deltacast."""
+    data = path.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + n])
+    body = data[8 + n :]
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = info["data_offsets"]
+        out[name] = (info["dtype"], body[begin:end])
+    return out
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> list[Path]:
+    d = tmp_path_factory.mktemp("ckpt")
+    subprocess.run([DELTACAST, "gen", "-q", "-o", str(d), "--hidden", "64", "--layers", "2", "--vocab", "512", "--ffn", "192",
+                    "--steps", "3", "--fp32-norms"], check=True)
+    return sorted(d.glob("step-*.safetensors"))
+
+
+@pytest.fixture
+def publisher(checkpoints):
+    port = free_port()
+    endpoint = f"tcp://127.0.0.1:{port}"
+    p = subprocess.Popen([DELTACAST, "publish", "--listen", endpoint, "--interval-ms", "300", "--linger-ms", "30000",
+                          "--log-level", "warn", *map(str, checkpoints)])
+    yield endpoint
+    p.terminate()
+    p.wait(timeout=30)
+
+
+def test_a_worker_exposes_every_tensor_bit_for_bit(publisher, checkpoints):
+    with deltacast.Worker("py-worker", [publisher]) as w:
+        v = w.wait(len(checkpoints), timeout=60)
+        assert v.number == len(checkpoints)
+        assert v.base_number == len(checkpoints) - 1
+        expected = read_safetensors(checkpoints[-1])
+        got = dict(v.numpy_tensors())
+        assert set(got) == set(expected)
+        for name, (dtype, raw) in expected.items():
+            assert got[name].tobytes() == raw, name
+        tensors = dict(v.tensors())
+        bf16 = [n for n, (dt, _) in expected.items() if dt == "BF16"]
+        assert bf16
+        for name in bf16:
+            assert tensors[name].dtype == torch.bfloat16
+            assert tensors[name].view(torch.int16).numpy().tobytes() == expected[name][1]
+
+
+def test_views_are_zero_copy_and_outlive_the_worker(publisher, checkpoints):
+    w = deltacast.Worker("py-worker", [publisher])
+    v = w.wait(1, timeout=60)
+    image = np.frombuffer(v._native, dtype=np.uint8)
+    lo, hi = image.ctypes.data, image.ctypes.data + image.nbytes
+    name, t = next(iter(v.tensors()))
+    assert lo <= t.data_ptr() < hi
+    first = t.clone()
+    w.close()
+    del v, image
+    assert (t == first).all()  # the version's memory is still there
+
+
+def test_a_wait_times_out_and_bad_arguments_raise(publisher):
+    with deltacast.Worker("py-worker", [publisher]) as w:
+        start = time.monotonic()
+        with pytest.raises(TimeoutError):
+            w.wait(10_000, timeout=0.5)
+        assert time.monotonic() - start < 5
+    with pytest.raises(deltacast.Error):
+        deltacast.Worker("", [publisher])
+    with pytest.raises(deltacast.Error, match="closed"):
+        w.current()

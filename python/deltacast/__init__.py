@@ -86,6 +86,28 @@ class Version:
             yield name, t.view(torch_dtype) if t.dtype != torch_dtype else t
 
 
+    def verify(self, named_tensors) -> list[str]:
+        """The names whose bytes differ from this version (tensors on any device; a name the
+        version lacks, or a shape or size that differs, counts as different)."""
+        import torch
+
+        infos = {info[0]: info for info in self._infos}
+        differ = []
+        for name, tensor in (named_tensors.items() if isinstance(named_tensors, dict) else named_tensors):
+            info = infos.get(name)
+            if info is None or tuple(tensor.shape) != tuple(info[2]):
+                differ.append(name)
+                continue
+            if isinstance(tensor, np.ndarray):
+                raw = np.ascontiguousarray(tensor).view(np.uint8).reshape(-1)
+            else:
+                raw = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy()
+            offset, nbytes = info[3], info[4]
+            if raw.nbytes != nbytes or not np.array_equal(raw, self._image[offset : offset + nbytes]):
+                differ.append(name)
+        return differ
+
+
 class Worker:
     """A rollout process's worker: joins ``parents`` (endpoints, most preferred first)."""
 

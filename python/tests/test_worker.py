@@ -99,3 +99,17 @@ def test_a_wait_times_out_and_bad_arguments_raise(publisher):
         deltacast.Worker("", [publisher])
     with pytest.raises(deltacast.Error, match="closed"):
         w.current()
+
+
+def test_verify_names_the_tensors_that_differ(publisher, checkpoints):
+    with deltacast.Worker("py-worker", [publisher]) as w:
+        v = w.wait(len(checkpoints), timeout=60)
+        model = {name: t.clone() for name, t in v.tensors()}  # a copy, as a model would hold
+        assert v.verify(model) == []
+        assert v.verify({n: a.copy() for n, a in v.numpy_tensors()}) == []
+        names = sorted(model)
+        flipped, reshaped = names[0], names[1]
+        model[flipped].view(-1).view(torch.int16 if model[flipped].element_size() == 2 else torch.uint8)[0] ^= 1
+        model[reshaped] = model[reshaped].reshape(-1)
+        model["no-such-tensor"] = torch.zeros(1)
+        assert sorted(v.verify(model)) == sorted([flipped, reshaped, "no-such-tensor"])

@@ -3,11 +3,11 @@
 #   1. Release build, full suite (ctest);
 #   2. AddressSanitizer + UndefinedBehaviorSanitizer build, full suite;
 #   3. ThreadSanitizer build, the runtime and transport tests;
-#   4. libFuzzer targets built with clang, each run for FUZZ_SECONDS (default 30; the long
+#   4. libFuzzer targets built with clang, each run for FUZZ_SECONDS (default 20; the long
 #      campaigns are tools/fuzz.sh runs whose results docs/RELIABILITY.md records).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-fuzz_seconds=${FUZZ_SECONDS:-30}
+fuzz_seconds=${FUZZ_SECONDS:-20}
 echo "== setup ($(date +%T))"
 bash "$root/tools/setup.sh" --test
 

@@ -66,25 +66,27 @@ class Version:
             raise KeyError(f"version {self.number} has no tensor {missing[0]!r}")
         return [by_name[n] for n in wanted]
 
+    def _views(self, infos) -> Iterator[tuple[str, str, np.ndarray]]:
+        for name, dtype, shape, offset, nbytes in infos:
+            yield name, dtype, self._image[offset : offset + nbytes].view(_DTYPES[dtype][0]).reshape(shape)
+
     def numpy_tensors(self, names: Optional[Iterable[str]] = None) -> Iterator[tuple[str, np.ndarray]]:
         """(name, read-only numpy view); BF16 as uint16."""
-        for name, dtype, shape, offset, nbytes in self._select(names):
-            np_dtype = _DTYPES[dtype][0]
-            yield name, self._image[offset : offset + nbytes].view(np_dtype).reshape(shape)
+        for name, _, array in self._views(self._select(names)):
+            yield name, array
 
     def tensors(self, names: Optional[Iterable[str]] = None):
         """(name, torch.Tensor) zero-copy views of the verified image; do not write to them."""
         import torch
 
-        for (name, array), info in zip(self.numpy_tensors(names), self._select(names)):
-            torch_dtype = getattr(torch, _DTYPES[info[1]][1])
-            if array.dtype == np.uint16 or array.dtype == np.uint32 or array.dtype == np.uint64:
+        for name, dtype, array in self._views(self._select(names)):
+            torch_dtype = getattr(torch, _DTYPES[dtype][1])
+            if array.dtype.kind == "u" and array.dtype.itemsize > 1:
                 array = array.view(np.dtype(f"int{array.dtype.itemsize * 8}"))
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # the image is read-only; torch cannot say so
                 t = torch.from_numpy(array)
             yield name, t.view(torch_dtype) if t.dtype != torch_dtype else t
-
 
     def verify(self, named_tensors) -> list[str]:
         """The names whose bytes differ from this version (tensors on any device; a name the

@@ -113,3 +113,13 @@ def test_verify_names_the_tensors_that_differ(publisher, checkpoints):
         model[reshaped] = model[reshaped].reshape(-1)
         model["no-such-tensor"] = torch.zeros(1)
         assert sorted(v.verify(model)) == sorted([flipped, reshaped, "no-such-tensor"])
+
+
+def test_tensors_by_name_from_any_iterable(publisher, checkpoints):
+    with deltacast.Worker("py-worker", [publisher]) as w:
+        v = w.wait(1, timeout=60)
+        wanted = v.names()[:3]
+        assert [n for n, _ in v.tensors(n for n in wanted)] == wanted  # a generator is read once
+        assert [n for n, _ in v.numpy_tensors(iter(wanted))] == wanted
+        with pytest.raises(KeyError):
+            next(v.tensors(["no-such-tensor"]))

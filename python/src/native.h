@@ -32,7 +32,7 @@ class Version {
   // (name, safetensors dtype, shape, byte offset, byte count), in image order.
   pybind11::list tensor_infos() const;
   pybind11::buffer_info buffer() const;
-  const runtime::ModelVersion& get() const { return *v_; }
+  const std::shared_ptr<const runtime::ModelVersion>& get() const { return v_; }
 
  private:
   std::shared_ptr<const runtime::ModelVersion> v_;

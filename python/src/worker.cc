@@ -103,8 +103,7 @@ std::shared_ptr<Version> Worker::wait(std::uint64_t min_version, double timeout_
 
 std::shared_ptr<Version> Worker::wait_newer(const std::shared_ptr<Version>& after, double timeout_s) {
   transport::Worker& w = live();
-  std::shared_ptr<const runtime::ModelVersion> base;
-  if (after) base = std::shared_ptr<const runtime::ModelVersion>(std::shared_ptr<const void>(), &after->get());
+  const std::shared_ptr<const runtime::ModelVersion> base = after ? after->get() : nullptr;
   auto v = wait_sliced(timeout_s, [&](std::uint64_t ms) { return w.wait_for_newer(base, ms); });
   return v ? std::make_shared<Version>(std::move(v)) : nullptr;
 }

@@ -404,6 +404,44 @@ class V1Applier {
   std::uint64_t at_ = 0, start_ = 0;  // the next change's position; where the gap after it starts
 };
 
+// The element starts (bytes from the chunk's start) of every value a decoded delta changes,
+// ascending: from the positions streams (v1), the decoded changes (v2) and the non-zero
+// elements of the xor streams (generic segments).
+void collect_changes(const ParsedChunk& pc, std::span<const DecodedStreams> decoded, std::span<const bf16v2::Changes> v2,
+                     std::vector<std::uint32_t>& out) {
+  out.clear();
+  std::uint32_t at = 0;  // the section's first byte
+  for (std::size_t k = 0; k < pc.sections.size(); at += static_cast<std::uint32_t>(pc.sections[k].seg.bytes), ++k) {
+    const ParsedSection& sec = pc.sections[k];
+    const std::size_t first = out.size();
+    if (sec.v2) {
+      const bf16v2::Changes& c = v2[k];
+      for (std::uint64_t j = 0; j < c.starts[c.classes]; ++j) out.push_back(at + 2 * c.positions[j]);
+      std::sort(out.begin() + static_cast<std::ptrdiff_t>(first), out.end());
+    } else if (sec.seg.cls == SegmentClass::kBF16) {
+      const std::uint8_t* p = decoded[k].s[0].data();
+      const std::uint8_t* const end = p + decoded[k].s[0].size();
+      std::uint64_t pos = 0;
+      for (std::uint64_t j = 0; j < sec.change_count; ++j) {
+        std::uint64_t gap;
+        p = get_varint32(p, end, gap);  // validated already
+        pos += gap;
+        out.push_back(at + static_cast<std::uint32_t>(2 * pos));
+        ++pos;
+      }
+    } else {
+      // Transposed: byte j of element i is at j * m + i.
+      const std::size_t es = sec.seg.elem_size, m = sec.seg.bytes / es;
+      const std::uint8_t* x = decoded[k].s[0].data();
+      for (std::size_t i = 0; i < m; ++i) {
+        bool changed = false;
+        for (std::size_t j = 0; j < es && !changed; ++j) changed = x[j * m + i] != 0;
+        if (changed) out.push_back(at + static_cast<std::uint32_t>(i * es));
+      }
+    }
+  }
+}
+
 // Bytes decode_chunk writes at a time: copying the base, applying the changes and hashing the
 // result each find the piece in L1.
 constexpr std::size_t kWriteTileBytes = 16u << 10;
@@ -564,14 +602,14 @@ void ChunkDecoder::trim() {
 }
 
 Status ChunkDecoder::decode(ByteSpan payload, std::span<const Segment> expected_segments, ByteSpan base, MutableByteSpan out,
-                            const ChunkHashes* expect) {
-  Status st = decode_checked(payload, expected_segments, base, out, expect);
+                            const ChunkHashes* expect, std::vector<std::uint32_t>* changed) {
+  Status st = decode_checked(payload, expected_segments, base, out, expect, changed);
   trim();
   return st;
 }
 
 Status ChunkDecoder::decode_checked(ByteSpan payload, std::span<const Segment> expected_segments, ByteSpan base, MutableByteSpan out,
-                                    const ChunkHashes* expect) {
+                                    const ChunkHashes* expect, std::vector<std::uint32_t>* changed) {
   DC_ASSIGN_OR_RETURN(ParsedChunk pc, parse_chunk(payload));
   if (pc.bytes != out.size()) return Status::mismatch("chunk covers " + std::to_string(pc.bytes) + " bytes, range has " + std::to_string(out.size()));
   if (!expected_segments.empty()) {
@@ -660,6 +698,10 @@ Status ChunkDecoder::decode_checked(ByteSpan payload, std::span<const Segment> e
   }
   if (!in_place) stream_fence();
   if (out_hash && out_hash->digest() != *expect->content) return Status::corruption("reconstructed bytes fail their checksum");
+  if (changed) {
+    if (delta) collect_changes(pc, decoded, v2_changes, *changed);
+    else changed->clear();
+  }
   return Status::ok();
 }
 

@@ -110,7 +110,7 @@ Status verify_payload(const Manifest& manifest, std::size_t index, ByteSpan payl
 // Decodes a chunk whose payload verified, checking the base bytes (deltas, unless
 // `base_checked`) before anything is written and the reconstructed bytes after.
 Status apply_chunk(const Manifest& manifest, std::size_t index, ByteSpan payload, ByteSpan base_range, MutableByteSpan out_range,
-                   bool base_checked, ChunkDecoder& decoder) {
+                   bool base_checked, ChunkDecoder& decoder, std::vector<std::uint32_t>* changed = nullptr) {
   const ChunkEntry& c = manifest.chunks[index];
   const bool delta = manifest.kind == VersionKind::kDelta;
   if (delta && base_range.size() != c.length) return Status::invalid_argument("base range has the wrong size");
@@ -120,19 +120,19 @@ Status apply_chunk(const Manifest& manifest, std::size_t index, ByteSpan payload
   ChunkHashes expect;
   if (delta && !base_checked) expect.base = c.base_hash;
   expect.content = c.content_hash;
-  Status st = decoder.decode(payload, segs, base_range, out_range, &expect);
+  Status st = decoder.decode(payload, segs, base_range, out_range, &expect, changed);
   return is_base_mismatch(st) ? base_mismatch(manifest.base_version) : st;
 }
 
 }  // namespace
 
 Status decode_chunk_verified(const Manifest& manifest, std::size_t index, ByteSpan payload, ByteSpan base_range,
-                             MutableByteSpan out_range, ChunkDecoder& decoder) {
+                             MutableByteSpan out_range, ChunkDecoder& decoder, std::vector<std::uint32_t>* changed) {
   if (index >= manifest.chunks.size()) return Status::invalid_argument(chunk_label(index) + ": no such chunk");
   if (out_range.size() != manifest.chunks[index].length)
     return Status::invalid_argument(chunk_label(index) + ": output range has the wrong size");
   Status st = verify_payload(manifest, index, payload);
-  if (st.is_ok()) st = apply_chunk(manifest, index, payload, base_range, out_range, false, decoder);
+  if (st.is_ok()) st = apply_chunk(manifest, index, payload, base_range, out_range, false, decoder, changed);
   return st.is_ok() ? st : st.with_context(chunk_label(index));
 }
 

@@ -40,6 +40,19 @@ _DTYPES = {
 }
 
 
+def _torch_view(dtype: str, array: np.ndarray):
+    """A torch tensor over the same memory as ``array``, of the safetensors dtype's torch type."""
+    import torch
+
+    torch_dtype = getattr(torch, _DTYPES[dtype][1])
+    if array.dtype.kind == "u" and array.dtype.itemsize > 1:
+        array = array.view(np.dtype(f"int{array.dtype.itemsize * 8}"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the image is read-only; torch cannot say so
+        t = torch.from_numpy(array)
+    return t.view(torch_dtype) if t.dtype != torch_dtype else t
+
+
 class Version:
     """One verified version: ``number``, ``base_number`` (0 for an anchor), ``checksum``, ``run``."""
 
@@ -47,6 +60,7 @@ class Version:
         self._native = native
         self._image = np.frombuffer(native, dtype=np.uint8)  # read-only; holds the version alive
         self._infos = native.tensor_infos()
+        self._index = {info[0]: i for i, info in enumerate(self._infos)}
 
     number = property(lambda self: self._native.number)
     base_number = property(lambda self: self._native.base_number)
@@ -77,16 +91,34 @@ class Version:
 
     def tensors(self, names: Optional[Iterable[str]] = None):
         """(name, torch.Tensor) zero-copy views of the verified image; do not write to them."""
+        for name, dtype, array in self._views(self._select(names)):
+            yield name, _torch_view(dtype, array)
+
+    def patches(self, names: Optional[Iterable[str]] = None, since: Optional[int] = None):
+        """(name, flat_indices, values): what changed from version ``since`` (default: the base).
+
+        ``param.view(-1).index_copy_(0, flat_indices, values)`` turns a tensor of version ``since``
+        into this version's, bit for bit; only the changes are copied. ``flat_indices`` is
+        torch.int64, ``values`` has the tensor's torch dtype. The worker keeps the changes of its
+        last ``change_history`` versions: an older ``since`` (or a version that came whole, as an
+        anchor) raises Error here, before anything is yielded; load ``tensors()`` then.
+        """
+        since = self.base_number if since is None else int(since)
+        if since > self.number:
+            raise ValueError(f"version {since} is newer than version {self.number}")
+        reach = self._native.changes_since
+        if since == 0 or since < reach:
+            raise Error(f"version {self.number} keeps its changes back to version {reach} only, not to {since}: "
+                        "load tensors() instead")
+        return self._patches(self._select(names), since)
+
+    def _patches(self, infos, since: int):
         import torch
 
-        for name, dtype, array in self._views(self._select(names)):
-            torch_dtype = getattr(torch, _DTYPES[dtype][1])
-            if array.dtype.kind == "u" and array.dtype.itemsize > 1:
-                array = array.view(np.dtype(f"int{array.dtype.itemsize * 8}"))
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # the image is read-only; torch cannot say so
-                t = torch.from_numpy(array)
-            yield name, t.view(torch_dtype) if t.dtype != torch_dtype else t
+        for info, (name, dtype, array) in zip(infos, self._views(infos)):
+            flat = _torch_view(dtype, array).view(-1)
+            idx = torch.from_numpy(self._native.changed_elements(self._index[info[0]], since))
+            yield name, idx, flat.index_select(0, idx)
 
     def verify(self, named_tensors) -> list[str]:
         """The names whose bytes differ from this version (tensors on any device; a name the
@@ -111,15 +143,19 @@ class Version:
 
 
 class Worker:
-    """A rollout process's worker: joins ``parents`` (endpoints, most preferred first)."""
+    """A rollout process's worker: joins ``parents`` (endpoints, most preferred first).
+
+    ``change_history``: how many versions back ``Version.patches`` can reach (each kept costs 4
+    bytes per changed value; 0 keeps none).
+    """
 
     def __init__(self, id: str, parents: list[str], *, keys=None, parent_keys=None, trust_keys=None, state_dir=None,
-                 in_place=False, listen=None, metrics=None):
+                 in_place=False, listen=None, metrics=None, change_history=4):
         if isinstance(parents, str):
             parents = [parents]
         self._native = _native.Worker(id, list(parents), keys=keys, parent_keys=list(parent_keys or []),
                                       trust_keys=list(trust_keys or []), state_dir=state_dir or "", in_place=in_place,
-                                      listen=listen or "", metrics=metrics or "")
+                                      listen=listen or "", metrics=metrics or "", change_history=int(change_history))
         self._callbacks: list[Callable[[Version], None]] = []
         self._thread: Optional[threading.Thread] = None
         self._closing = threading.Event()

@@ -2,6 +2,7 @@
 // on the network releases the GIL; waits wake every 100 ms to let Python handle signals (Ctrl-C).
 #pragma once
 
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
 #include <memory>
@@ -32,6 +33,11 @@ class Version {
   // (name, safetensors dtype, shape, byte offset, byte count), in image order.
   pybind11::list tensor_infos() const;
   pybind11::buffer_info buffer() const;
+  // The elements of tensor `index` that differ from version `since` (int64, ascending), from the
+  // changes the worker kept. Raises deltacast.Error when they do not reach back that far.
+  pybind11::array_t<std::int64_t> changed_elements(std::size_t index, std::uint64_t since) const;
+  // The oldest version the kept changes reach back to (this version's number when none are kept).
+  std::uint64_t changes_since() const;
   const std::shared_ptr<const runtime::ModelVersion>& get() const { return v_; }
 
  private:
@@ -48,6 +54,7 @@ struct WorkerArgs {
   bool in_place = false;
   std::string listen;
   std::string metrics;
+  std::size_t change_history = 0;  // NodeConfig::change_history_versions_max
 };
 
 class Worker {

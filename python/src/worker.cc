@@ -24,6 +24,28 @@ py::buffer_info Version::buffer() const {
                          {static_cast<py::ssize_t>(image.size())}, {1}, /*readonly=*/true);
 }
 
+py::array_t<std::int64_t> Version::changed_elements(std::size_t index, std::uint64_t since) const {
+  auto elements = [&] {
+    py::gil_scoped_release release;
+    return runtime::changed_elements(*v_, index, since);
+  }();
+  if (!elements.is_ok()) throw Error(elements.status().to_string());
+  // The vector moves into a capsule that the array owns: no copy.
+  auto* owned = new std::vector<std::uint64_t>(std::move(elements).value());
+  py::capsule free_when_done(owned, [](void* p) { delete static_cast<std::vector<std::uint64_t>*>(p); });
+  return py::array_t<std::int64_t>({static_cast<py::ssize_t>(owned->size())}, {sizeof(std::int64_t)},
+                                   reinterpret_cast<const std::int64_t*>(owned->data()), free_when_done);
+}
+
+std::uint64_t Version::changes_since() const {
+  std::uint64_t reached = v_->version;
+  for (const auto& set : v_->changes) {
+    if (!set || set->version != reached) break;
+    reached = set->base_version;
+  }
+  return reached;
+}
+
 namespace {
 
 transport::WorkerOptions worker_options(const WorkerArgs& a) {
@@ -31,6 +53,7 @@ transport::WorkerOptions worker_options(const WorkerArgs& a) {
   o.node.node_id = a.id;
   o.node.parents = a.parents;
   o.node.in_place = a.in_place;
+  o.node.change_history_versions_max = a.change_history;
   for (const auto& hex : a.trust_keys) {
     auto key = runtime::parse_public_key(hex);
     if (!key.is_ok()) throw Error("trust key " + hex + ": " + key.status().to_string());

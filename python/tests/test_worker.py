@@ -47,15 +47,33 @@ def checkpoints(tmp_path_factory) -> list[Path]:
     return sorted(d.glob("step-*.safetensors"))
 
 
+def start_publisher(checkpoints, interval_ms: int):
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    p = subprocess.Popen([DELTACAST, "publish", "--listen", endpoint, "--interval-ms", str(interval_ms), "--linger-ms", "30000",
+                          "--log-level", "warn", *map(str, checkpoints)])
+    return endpoint, p
+
+
 @pytest.fixture
 def publisher(checkpoints):
-    port = free_port()
-    endpoint = f"tcp://127.0.0.1:{port}"
-    p = subprocess.Popen([DELTACAST, "publish", "--listen", endpoint, "--interval-ms", "300", "--linger-ms", "30000",
-                          "--log-level", "warn", *map(str, checkpoints)])
+    endpoint, p = start_publisher(checkpoints, 300)
     yield endpoint
     p.terminate()
     p.wait(timeout=30)
+
+
+@pytest.fixture
+def slow_publisher(checkpoints):
+    """Publishes a version a second: a worker that joined at once gets every delta."""
+    endpoint, p = start_publisher(checkpoints, 1000)
+    yield endpoint
+    p.terminate()
+    p.wait(timeout=30)
+
+
+def as_int(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bits, for bit-exact comparison (NaN payloads, -0)."""
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
 
 
 def test_a_worker_exposes_every_tensor_bit_for_bit(publisher, checkpoints):
@@ -123,3 +141,47 @@ def test_tensors_by_name_from_any_iterable(publisher, checkpoints):
         assert [n for n, _ in v.numpy_tensors(iter(wanted))] == wanted
         with pytest.raises(KeyError):
             next(v.tensors(["no-such-tensor"]))
+
+
+def test_patches_turn_every_older_version_into_the_newest(slow_publisher, checkpoints):
+    with deltacast.Worker("py-worker", [slow_publisher], change_history=8) as w:
+        first = w.wait(1, timeout=60)
+        v = w.wait(len(checkpoints), timeout=60)
+        reach = v._native.changes_since
+        assert reach <= first.number < v.number  # it got every delta since it joined
+        newest = {n: torch.frombuffer(bytearray(raw), dtype=torch.uint8) for n, (_, raw) in read_safetensors(checkpoints[-1]).items()}
+        changed_any = False
+        for since in range(reach, v.number):
+            # A model at version `since`, as an engine would hold it (its own writable copy).
+            model = {name: t.clone() for name, t in _load(checkpoints[since - 1])}
+            count = 0
+            for name, idx, values in v.patches(since=since):
+                assert idx.dtype == torch.int64 and values.dtype == model[name].dtype
+                model[name].view(-1).index_copy_(0, idx, values)
+                count += idx.numel()
+            changed_any |= count > 0
+            for name, t in model.items():
+                assert torch.equal(as_int(t).reshape(-1).view(torch.uint8), newest[name]), (since, name)
+            shapes = {name: t.shape for name, t in v.tensors()}
+            assert v.verify({name: t.reshape(shapes[name]) for name, t in model.items()}) == []
+        assert changed_any
+        with pytest.raises(deltacast.Error, match="load tensors"):
+            v.patches(since=reach - 1)  # beyond what the worker kept (or 0: came whole)
+        with pytest.raises(ValueError):
+            v.patches(since=v.number + 1)
+        assert all(idx.numel() == 0 for _, idx, _ in v.patches(since=v.number))
+
+
+def test_a_worker_without_change_history_has_no_patches(publisher, checkpoints):
+    with deltacast.Worker("py-worker", [publisher], change_history=0) as w:
+        v = w.wait(len(checkpoints), timeout=60)
+        with pytest.raises(deltacast.Error, match="load tensors"):
+            v.patches()
+
+
+def _load(path: Path):
+    """(name, torch tensor) of a safetensors file, read independently of deltacast."""
+    dtypes = {"BF16": torch.bfloat16, "F32": torch.float32, "F16": torch.float16, "I64": torch.int64, "I32": torch.int32,
+              "U8": torch.uint8, "I8": torch.int8, "BOOL": torch.bool, "F64": torch.float64, "I16": torch.int16}
+    for name, (dtype, raw) in read_safetensors(path).items():
+        yield name, torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtypes[dtype])

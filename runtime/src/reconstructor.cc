@@ -16,6 +16,9 @@ struct Reconstructor::Assembly {
   // of scanning every chunk each time (a 2 TB model has half a million). Bounded: a chunk is
   // queued once per arrival.
   std::deque<std::uint32_t> arrived;
+  // Per chunk, where the delta changed it (ChangeSet::positions), when changes are kept.
+  std::vector<std::vector<std::uint32_t>> changed;
+  bool record_changes = false;
   std::size_t done = 0;
   std::size_t inflight = 0;
   std::uint64_t generation = 0;
@@ -36,6 +39,7 @@ class Reconstructor::DecodeTask final : public Task {
     manifest_ = a.manifest;
     base_ = a.base;
     staging_ = a.staging;
+    record_changes_ = a.record_changes;
   }
   void work() override {
     if (!staging_) return;
@@ -43,10 +47,10 @@ class Reconstructor::DecodeTask final : public Task {
     ByteSpan b = base_ ? ByteSpan(base_->image).subspan(e.offset, e.length) : ByteSpan();
     const auto decoder = decoders_->acquire();
     status_ = decode_chunk_verified(*manifest_, index_, *payload_, b, MutableByteSpan(staging_->image).subspan(e.offset, e.length),
-                                    *decoder);
+                                    *decoder, record_changes_ ? &changed_ : nullptr);
   }
   void done() override {
-    if (*alive_) owner_->on_decoded(generation_, index_, status_);
+    if (*alive_) owner_->on_decoded(generation_, index_, status_, std::move(changed_));
   }
 
  private:
@@ -59,6 +63,8 @@ class Reconstructor::DecodeTask final : public Task {
   std::shared_ptr<const Manifest> manifest_;
   std::shared_ptr<const ModelVersion> base_;
   std::shared_ptr<ModelVersion> staging_;
+  bool record_changes_ = false;
+  std::vector<std::uint32_t> changed_;
   Status status_;
 };
 
@@ -169,6 +175,8 @@ void Reconstructor::start(const CachedVersion& v) {
   }
   live.reset();
   a->state.assign(v.manifest->chunks.size(), Assembly::ChunkState::kWaiting);
+  a->record_changes = !v.key.anchor && config.change_history_versions_max > 0 && !config.virtual_payloads;
+  if (a->record_changes) a->changed.resize(v.manifest->chunks.size());
   for (std::uint32_t i = 0; i < v.chunks.size(); ++i)
     if (v.chunks[i]) a->arrived.push_back(i);
   a->generation = ++generation_;
@@ -178,11 +186,12 @@ void Reconstructor::start(const CachedVersion& v) {
   if (assembly_ && assembly_->manifest->chunks.empty()) finish();
 }
 
-void Reconstructor::on_decoded(std::uint64_t generation, std::uint32_t i, const Status& status) {
+void Reconstructor::on_decoded(std::uint64_t generation, std::uint32_t i, const Status& status, std::vector<std::uint32_t>&& changed) {
   if (!assembly_ || assembly_->generation != generation) return;
   Assembly& as = *assembly_;
   as.inflight--;
   if (status.is_ok()) {
+    if (as.record_changes) as.changed[i] = std::move(changed);
     as.state[i] = Assembly::ChunkState::kDone;
     as.done++;
   } else {
@@ -260,6 +269,7 @@ void Reconstructor::finish() {
   image.checksum = a->manifest->version_checksum;
   image.tensors = a->manifest->tensors;
   image.metadata = a->manifest->metadata;
+  image.changes = history_after(*a);
   std::shared_ptr<const ModelVersion> ready = a->staging;
   {
     std::lock_guard lock(current_mu_);
@@ -271,6 +281,29 @@ void Reconstructor::finish() {
   ctx_.stats.versions_ready++;
   owner_.on_version_ready(ready);
   advance();
+}
+
+// The change history of the version `a` makes: its own changes, then its base's history.
+std::vector<std::shared_ptr<const ChangeSet>> Reconstructor::history_after(Assembly& a) const {
+  std::vector<std::shared_ptr<const ChangeSet>> history;
+  if (!a.record_changes) return history;
+  auto set = std::make_shared<ChangeSet>();
+  set->version = a.key.version;
+  set->base_version = a.manifest->base_version;
+  std::size_t total = 0;
+  for (const auto& c : a.changed) total += c.size();
+  set->positions.reserve(total);
+  set->chunks.reserve(a.changed.size());
+  for (std::size_t i = 0; i < a.changed.size(); ++i) {
+    set->chunks.push_back({a.manifest->chunks[i].offset, set->positions.size()});
+    set->positions.insert(set->positions.end(), a.changed[i].begin(), a.changed[i].end());
+  }
+  history.push_back(std::move(set));
+  // In place, the base is the staging image itself: read its history before it is replaced.
+  const auto& older = a.base->changes;
+  const std::size_t keep = std::min(older.size(), ctx_.config.change_history_versions_max - 1);
+  history.insert(history.end(), older.begin(), older.begin() + static_cast<std::ptrdiff_t>(keep));
+  return history;
 }
 
 void Reconstructor::abandon(const std::string& why, bool want_anchor) {

@@ -65,7 +65,8 @@ class Reconstructor {
   class DecodeTask;
   void start(const CachedVersion& v);
   bool stage_copy(Assembly& a, const CachedVersion& v);
-  void on_decoded(std::uint64_t generation, std::uint32_t index, const Status& status);
+  void on_decoded(std::uint64_t generation, std::uint32_t index, const Status& status, std::vector<std::uint32_t>&& changed);
+  std::vector<std::shared_ptr<const ChangeSet>> history_after(Assembly& a) const;
   void finish();
   void expose(std::shared_ptr<const ModelVersion> version);
 

@@ -1,5 +1,7 @@
 #include <catch2/catch.hpp>
 
+#include <cstring>
+
 #include "deltacast/codec/chunk.h"
 #include "deltacast/codec/hash.h"
 #include "deltacast/codec/manifest.h"
@@ -14,6 +16,18 @@ namespace {
 const ChunkEncodeOptions kOptions = ChunkEncodeOptions::defaults();
 
 std::vector<Segment> bf16_segment(std::size_t bytes) { return {Segment{SegmentClass::kBF16, 2, bytes}}; }
+
+// The offsets of the elements (of their segment's size) where next differs from base.
+std::vector<std::uint32_t> changed_elements(const std::vector<Segment>& segs, const Bytes& base, const Bytes& next) {
+  std::vector<std::uint32_t> out;
+  std::size_t at = 0;
+  for (const auto& s : segs) {
+    for (std::size_t i = at; i < at + s.bytes; i += s.elem_size)
+      if (std::memcmp(base.data() + i, next.data() + i, s.elem_size) != 0) out.push_back(static_cast<std::uint32_t>(i));
+    at += s.bytes;
+  }
+  return out;
+}
 
 // Encodes base -> next as a delta in each encoding (v1, v2, and the smaller of the two), with
 // each level of scans this CPU has (AVX-512 with GFNI, AVX-512, portable), and checks
@@ -37,11 +51,15 @@ void check_delta(const std::vector<Segment>& segs, const Bytes& base, const Byte
         if (stats && level == kScanLevelMax) *stats = st;
       }
       Bytes out(next.size(), 0xcd);
-      REQUIRE(decoder.decode(*payload, segs, base, out).is_ok());
+      std::vector<std::uint32_t> changed{7};  // replaced, not appended to
+      REQUIRE(decoder.decode(*payload, segs, base, out, nullptr, &changed).is_ok());
       CHECK(out == next);
+      CHECK(changed == changed_elements(segs, base, next));
       Bytes in_place = base;
-      REQUIRE(decoder.decode(*payload, segs, in_place, in_place).is_ok());
+      changed.clear();
+      REQUIRE(decoder.decode(*payload, segs, in_place, in_place, nullptr, &changed).is_ok());
       CHECK(in_place == next);
+      CHECK(changed == changed_elements(segs, base, next));
       // With the hashes checked on the way: the right ones pass, in place or not; a wrong base
       // hash is a mismatch before anything is written; a wrong content hash is corruption.
       const ChunkHashes right{hash64(base), hash64(next)};

@@ -4,6 +4,8 @@
 // the test writes every message they send.
 #include <catch2/catch.hpp>
 
+#include <cstring>
+
 #include "child_server.h"
 #include "node_fixtures.h"
 #include "reconstructor.h"
@@ -463,6 +465,52 @@ TEST_CASE("the reconstructor in place pauses readers and applies once they let g
   REQUIRE(w.r.current());
   CHECK(w.r.current()->image == s.images[1]);
   CHECK(w.ctx.stats.images_allocated == 0);
+}
+
+TEST_CASE("the reconstructor keeps where each delta changed the image, as far back as configured", "[runtime][components]") {
+  for (const bool in_place : {false, true}) {
+    FakeNet net;
+    Series s(5);
+    Rebuild w(net, in_place);
+    w.config.change_history_versions_max = 2;
+    w.arrive(s.anchor(1));
+    CHECK(w.r.current()->changes.empty());  // it came whole
+    for (std::uint64_t v = 2; v <= 4; ++v) w.arrive(s.delta(v));
+    const auto v4 = w.r.current();
+    REQUIRE(v4->version == 4);
+    REQUIRE(v4->changes.size() == 2);
+    CHECK(v4->changes[0]->base_version == 3);
+    CHECK(v4->changes[1]->base_version == 2);
+    std::size_t changed_since_3 = 0, changed_since_2 = 0;
+    for (std::size_t t = 0; t < v4->tensors.size(); ++t) {
+      const TensorInfo& info = v4->tensors[t];
+      const std::size_t es = dtype_size(info.dtype);
+      // Copying just the listed elements from version 4 turns an older version's tensor into 4's.
+      for (const std::uint64_t since : {3, 2}) {
+        auto elements = changed_elements(*v4, t, since);
+        REQUIRE(elements.is_ok());
+        CHECK(std::is_sorted(elements->begin(), elements->end()));
+        Bytes patched(s.images[since - 1].begin() + info.offset, s.images[since - 1].begin() + info.offset + info.nbytes);
+        for (std::uint64_t e : *elements) {
+          REQUIRE(e * es < info.nbytes);
+          std::memcpy(patched.data() + e * es, v4->image.data() + info.offset + e * es, es);
+        }
+        CHECK(std::equal(patched.begin(), patched.end(), s.images[3].begin() + info.offset));
+        (since == 3 ? changed_since_3 : changed_since_2) += elements->size();
+      }
+      // Since version 3 exactly the elements that differ are listed.
+      std::size_t differ = 0;
+      for (std::uint64_t e = 0; e < info.nbytes / es; ++e)
+        differ += std::memcmp(s.images[2].data() + info.offset + e * es, s.images[3].data() + info.offset + e * es, es) != 0;
+      CHECK(changed_elements(*v4, t, 3)->size() == differ);
+      CHECK(changed_elements(*v4, t, 4)->empty());
+      CHECK(changed_elements(*v4, t, 1).status().code() == StatusCode::kNotFound);  // beyond the two kept
+    }
+    CHECK(changed_since_3 > 0);
+    CHECK(changed_since_2 > changed_since_3);
+    CHECK(changed_elements(*v4, v4->tensors.size(), 3).status().code() == StatusCode::kInvalidArgument);
+    CHECK(changed_elements(*v4, 0, 5).status().code() == StatusCode::kInvalidArgument);
+  }
 }
 
 namespace {

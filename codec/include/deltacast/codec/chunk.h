@@ -160,8 +160,12 @@ class ChunkDecoder {
   // `expect`, when set, holds hashes to check as the decoder passes the bytes: `base`, of the
   // base range (deltas), before anything is written (base_mismatch()), and `content`, of the
   // decoded bytes, after (Corruption).
+  // `changed`, when set, receives on success where a delta changed values: the offset from the
+  // chunk's start of each changed element (of its segment's element size), ascending; an
+  // anchor leaves it empty. Every element not listed equals its base; a listed one normally
+  // differs (a writer could code a value equal to its base, which is harmless to re-apply).
   Status decode(ByteSpan payload, std::span<const Segment> expected_segments, ByteSpan base, MutableByteSpan out,
-                const ChunkHashes* expect = nullptr);
+                const ChunkHashes* expect = nullptr, std::vector<std::uint32_t>* changed = nullptr);
   // Parses and decodes a payload's streams without applying them, for reports. Trims like decode().
   Result<ChunkStats> describe(ByteSpan payload, ChunkKind* kind = nullptr);
   // The working memory held now.
@@ -171,7 +175,7 @@ class ChunkDecoder {
 
  private:
   Status decode_checked(ByteSpan payload, std::span<const Segment> expected_segments, ByteSpan base, MutableByteSpan out,
-                        const ChunkHashes* expect);
+                        const ChunkHashes* expect, std::vector<std::uint32_t>* changed);
   Result<ChunkStats> describe_checked(ByteSpan payload, ChunkKind* kind);
   void trim();
   ChunkDecodeOptions options_;

@@ -34,6 +34,10 @@ struct NodeConfig {
   // Workers: apply each version into the one image instead of a second (staging) copy, for
   // hosts short of memory. Readers are paused meanwhile: see current().
   bool in_place = false;
+  // Workers: keep where each version's delta changed the image, for this many versions back
+  // (ModelVersion::changes), so that a consumer holding an older version can copy just what
+  // changed (0: keep none). Costs 4 bytes per changed value per version kept.
+  std::size_t change_history_versions_max = 0;
   // Origin: versions arrive as this many slices from trainer-shard publishers and are merged
   // (0: the origin publishes whole versions itself).
   std::uint32_t expect_shards = 0;
@@ -84,6 +88,19 @@ struct NodeConfig {
 
 enum class LogLevel : std::uint8_t { kInfo, kWarn, kError };
 
+// Where a delta changed the image: all a consumer holding its base must copy to have the version.
+struct ChangeSet {
+  std::uint64_t version = 0;       // the version these changes make
+  std::uint64_t base_version = 0;  // from this one
+  struct Chunk {
+    std::uint64_t offset = 0;  // the chunk's first byte in the image
+    std::uint64_t first = 0;   // its first entry in `positions`
+  };
+  std::vector<Chunk> chunks;  // in image order
+  // Per chunk, ascending: the offset from the chunk's start of each element the delta changed.
+  std::vector<std::uint32_t> positions;
+};
+
 // A verified, immutable model version as workers expose it.
 struct ModelVersion {
   std::uint64_t version = 0;
@@ -95,7 +112,17 @@ struct ModelVersion {
   std::vector<TensorInfo> tensors;
   std::vector<std::pair<std::string, std::string>> metadata;
   Bytes image;
+  // Newest first: the changes that made this version from base_version, then those that made
+  // base_version, and so on, up to NodeConfig::change_history_versions_max. Empty for a version
+  // that came whole (an anchor, or from disk).
+  std::vector<std::shared_ptr<const ChangeSet>> changes;
 };
+
+// The elements of tensors[tensor] that differ between version `since` and `v`, as ascending
+// element indices into the tensor: the union of v.changes back to `since`. NotFound when the
+// changes kept do not reach back to `since` (or it is not older than v); InvalidArgument for a
+// tensor index out of range.
+Result<std::vector<std::uint64_t>> changed_elements(const ModelVersion& v, std::size_t tensor, std::uint64_t since);
 
 // Timings of one version at this node, in microseconds of the node's clock.
 struct VersionTiming {

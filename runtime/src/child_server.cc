@@ -192,21 +192,22 @@ void ChildServer::serve_catch_up(PeerId peer, Child& c, std::uint64_t have, bool
 // ---- cut-through ----------------------------------------------------------------------------
 
 // New deltas go to every child; anchors and old versions fetched again only to those who asked.
-bool ChildServer::wants(const Child& c, const VersionKey& key) const {
+// `chain_start`: an anchor that starts a new chain (see forward_manifest) goes to every child.
+bool ChildServer::wants(const Child& c, const VersionKey& key, bool chain_start) const {
   if (!c.receives()) return false;
   if (c.subscribed(key)) return true;
-  if (key.anchor) return c.wants_anchor && key.version > c.anchor_after;
+  if (key.anchor && !(chain_start && key.version > broadcast_newest_)) return c.wants_anchor && key.version > c.anchor_after;
   return key.version > broadcast_newest_;
 }
 
-void ChildServer::forward_manifest(const CachedVersion& v) {
+void ChildServer::forward_manifest(const CachedVersion& v, bool chain_start) {
   for (auto& [peer, c] : children_) {
-    if (!wants(c, v.key)) continue;
+    if (!wants(c, v.key, chain_start)) continue;
     c.subscribe(v.key, ctx_.now_ms());  // its chunks follow it to this child
     if (v.key.anchor) c.wants_anchor = false;
     offer_manifest(peer, c, v);
   }
-  if (!v.key.anchor) broadcast_newest_ = std::max(broadcast_newest_, v.key.version);
+  if (!v.key.anchor || chain_start) broadcast_newest_ = std::max(broadcast_newest_, v.key.version);
 }
 
 void ChildServer::forward_chunk(const CachedVersion& v, std::uint32_t index) {
@@ -219,7 +220,7 @@ void ChildServer::forward_chunk(const CachedVersion& v, std::uint32_t index) {
 
 void ChildServer::offer_again(const CachedVersion& v) {
   for (auto& [peer, c] : children_) {
-    if (c.subscribed(v.key) || !wants(c, v.key)) continue;
+    if (c.subscribed(v.key) || !wants(c, v.key, false)) continue;
     c.subscribe(v.key, ctx_.now_ms());
     if (v.key.anchor) c.wants_anchor = false;
     send_version(peer, c, v);

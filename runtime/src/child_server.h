@@ -86,7 +86,10 @@ class ChildServer {
   // Its queue has room again: what was held back goes out.
   void on_writable(PeerId peer);
 
-  void forward_manifest(const CachedVersion& v);
+  // A version that just arrived (or was published), to every child that wants it. `chain_start`:
+  // an anchor nobody here asked for, which goes to every child when it is newer than every
+  // delta sent: the first version, or one whose tensors changed, reachable no other way.
+  void forward_manifest(const CachedVersion& v, bool chain_start = false);
   void forward_chunk(const CachedVersion& v, std::uint32_t index);
   // A complete version published again (an anchor made again on request): to the children that
   // want it now and were not sent it.
@@ -111,7 +114,7 @@ class ChildServer {
 
  private:
   bool take_need_token(Child& c);
-  bool wants(const Child& c, const VersionKey& key) const;
+  bool wants(const Child& c, const VersionKey& key, bool chain_start) const;
   void serve_catch_up(PeerId peer, Child& c, std::uint64_t have, bool want_anchor);
   void send_version(PeerId peer, Child& c, const CachedVersion& v);
   bool send_chunk(PeerId peer, Child& c, const CachedVersion& v, std::uint32_t index);

@@ -347,8 +347,9 @@ void Node::on_manifest(const ManifestMsg& m) {
     t.published_us = m.published_us;
   }
   if (parent_run_ == run_) parent_newest_ = std::max(parent_newest_, m.key.version);
+  const bool requested = m.key.anchor && anchor_requested_;
   if (m.key.anchor) anchor_requested_ = false;
-  if (config_.serve_children) children_->forward_manifest(*v);
+  if (config_.serve_children) children_->forward_manifest(*v, m.key.anchor && !requested);
   advance();
 }
 
@@ -628,7 +629,7 @@ Status Node::publish_version(Manifest m, std::vector<SharedBytes> payloads, bool
   published_us_.emplace(key.version, now_us);  // an anchor made later keeps the version's first time
   VersionTiming& t = timings_[key.version];
   if (!t.published_us) t.published_us = now_us;
-  children_->forward_manifest(**r);
+  children_->forward_manifest(**r, key.anchor);
   for (std::uint32_t i = 0; i < payloads.size(); ++i) {
     auto added = cache_.add_chunk(key, i, std::move(payloads[i]), now);
     if (!added.is_ok()) return added.status();

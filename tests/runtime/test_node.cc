@@ -442,6 +442,39 @@ TEST_CASE("a tree that forms before the first version gets the first anchor", "[
   CHECK(net.bytes_sent_to("w1") - before < 10000);
 }
 
+TEST_CASE("a model whose tensors changed reaches every worker as an anchor that starts a new chain", "[runtime][node]") {
+  Series s(2);
+  FakeNet net;
+  Node& origin = net.add(origin_config());
+  net.add(relay_config("relay", {"origin"}));
+  const std::vector<std::string> workers = {"w1", "w2"};
+  net.add(worker_config("w1", {"relay"}));
+  net.add(worker_config("w2", {"origin"}));
+  REQUIRE(origin.publish(s.anchor(1)).is_ok());
+  REQUIRE(origin.publish(s.delta(2)).is_ok());
+  REQUIRE(net.run_until([&] { return all_at(net, workers, 2); }));
+  // Version 3 has one more layer: no delta leads to it, only its anchor; delta 4 follows it.
+  const ModelLayout grown = synth::build_layout(synth::ModelShape{64, 3, 256, 128, true});
+  const Bytes v3 = test::random_bytes(grown.image_size, 7);
+  Bytes v4 = v3;
+  for (std::size_t i = 1; i < v4.size(); i += 97) v4[i] ^= 1;
+  InlineExecutor ex;
+  REQUIRE(origin.publish(*encode_version(grown, 3, 0, {}, v3, s.options, ex)).is_ok());
+  REQUIRE(net.run_until([&] { return all_at(net, workers, 3); }));
+  for (const auto& w : workers) {
+    CHECK(net.node(w).current()->image == v3);
+    CHECK(net.node(w).current()->tensors == grown.tensors);
+  }
+  REQUIRE(origin.publish(*encode_version(grown, 4, 3, v3, v4, s.options, ex)).is_ok());
+  REQUIRE(net.run_until([&] { return all_at(net, workers, 4); }));
+  for (const auto& w : workers) CHECK(net.node(w).current()->image == v4);
+  // An anchor of a version already sent as a delta still goes only to those who ask.
+  const std::uint64_t before = net.bytes_sent_to("w1");
+  REQUIRE(origin.publish(*encode_version(grown, 4, 0, {}, v4, s.options, ex)).is_ok());
+  net.run_for(500);
+  CHECK(net.bytes_sent_to("w1") - before < 10000);
+}
+
 TEST_CASE("in-place workers keep one image and pause readers while applying", "[runtime][node]") {
   Series s(4);
   FakeNet net;

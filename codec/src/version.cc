@@ -232,6 +232,13 @@ Bytes container_prefix(const Manifest& manifest) {
   return out;
 }
 
+Bytes container_bytes(const EncodedVersion& version) {
+  Bytes out = container_prefix(version.manifest);
+  out.reserve(out.size() + version.manifest.payload_bytes_total());
+  for (const auto& p : version.payloads) out.insert(out.end(), p.begin(), p.end());
+  return out;
+}
+
 Result<ContainerView> parse_container(ByteSpan file) {
   if (file.size() < kContainerHeaderBytes) return Status::corruption("file too short for a deltacast header (" + std::to_string(file.size()) + " bytes)");
   if (std::memcmp(file.data(), kContainerMagic, 8) != 0) return Status::corruption("not a deltacast file (bad magic)");

@@ -1,23 +1,30 @@
-"""deltacast for Python: a worker inside rollout processes, over the deltacast library.
+"""deltacast for Python: a worker inside rollout processes, a publisher inside trainers.
 
 A ``Worker`` joins a deltacast fleet (its parents: a relay, the origin, or another worker) and
 exposes each version only once every chunk of it verified. A ``Version``'s tensors are zero-copy
 views of its verified image, as torch tensors or numpy arrays; a view keeps the version's memory
-alive after the worker is closed.
+alive after the worker is closed. ``Version.patches`` gives just what changed since an older
+version, for weights that live elsewhere (a GPU).
+
+A ``Publisher`` is the origin inside a trainer: ``publish`` a state dict every step, and
+``wait_ready`` for the fleet's workers to hold it. ``encode_delta``, ``encode_anchor`` and
+``decode_delta`` are for users who ship the bytes their own way.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import warnings
-from typing import Callable, Iterable, Iterator, Optional
+from typing import Callable, Iterable, Iterator, NamedTuple, Optional, Union
 
 import numpy as np
 
 from ._native import Error
 from . import _native
 
-__all__ = ["Error", "Version", "Worker"]
+__all__ = ["Delivery", "Error", "Publisher", "Version", "Worker", "decode_delta", "encode_anchor", "encode_delta"]
 
 # safetensors dtype -> (numpy dtype, torch dtype name). Types torch 1.13 lacks (unsigned wider
 # than 8 bits, float8) are given as the signed integer of the same width, a bit-exact view.
@@ -51,6 +58,59 @@ def _torch_view(dtype: str, array: np.ndarray):
         warnings.simplefilter("ignore")  # the image is read-only; torch cannot say so
         t = torch.from_numpy(array)
     return t.view(torch_dtype) if t.dtype != torch_dtype else t
+
+
+_TORCH_TO_SAFETENSORS = {
+    "bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "int32": "I32", "int64": "I64",
+    "float16": "F16", "bfloat16": "BF16", "float32": "F32", "float64": "F64",
+    "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
+}
+_NUMPY_TO_SAFETENSORS = {
+    "bool": "BOOL", "uint8": "U8", "int8": "I8", "uint16": "U16", "int16": "I16", "float16": "F16", "uint32": "U32",
+    "int32": "I32", "float32": "F32", "uint64": "U64", "int64": "I64", "float64": "F64",
+}
+
+
+def _items(named_tensors):
+    return named_tensors.items() if isinstance(named_tensors, dict) else named_tensors
+
+
+def _host_tensor(name: str, tensor):
+    """(safetensors dtype, contiguous host array or tensor) of a torch tensor or numpy array. Contiguous
+    CPU tensors are used as they are; CUDA tensors are copied into pinned host memory."""
+    if isinstance(tensor, np.ndarray):
+        dtype = _NUMPY_TO_SAFETENSORS.get(tensor.dtype.name)
+        if dtype is None:
+            raise TypeError(f"tensor {name!r}: numpy dtype {tensor.dtype} has no safetensors equivalent")
+        return dtype, np.ascontiguousarray(tensor)
+    import torch
+
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"tensor {name!r} is a {type(tensor).__name__}, not a torch tensor or numpy array")
+    dtype = _TORCH_TO_SAFETENSORS.get(str(tensor.dtype).removeprefix("torch."))
+    if dtype is None:
+        raise TypeError(f"tensor {name!r}: {tensor.dtype} has no safetensors equivalent")
+    tensor = tensor.detach()
+    if tensor.device.type != "cpu":
+        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        host.copy_(tensor)
+        tensor = host
+    return dtype, tensor.contiguous()
+
+
+def _tensor_refs(named_tensors) -> tuple[list, list]:
+    """(name, dtype, shape, data pointer, nbytes) per tensor, and the host objects that must stay
+    alive while the native side reads them."""
+    refs, keep = [], []
+    for name, tensor in _items(named_tensors):
+        dtype, host = _host_tensor(name, tensor)
+        if isinstance(host, np.ndarray):
+            ptr, nbytes = host.ctypes.data, host.nbytes
+        else:
+            ptr, nbytes = host.data_ptr(), host.numel() * host.element_size()
+        refs.append((str(name), dtype, [int(d) for d in host.shape], ptr, nbytes))
+        keep.append(host)
+    return refs, keep
 
 
 class Version:
@@ -203,3 +263,96 @@ class Worker:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class Delivery(NamedTuple):
+    """How far a version got: workers holding it (or newer), workers waited for, and its publish to
+    ready time among those that reported this very version."""
+
+    workers_ready: int
+    workers_wanted: int
+    median_ms: int
+    max_ms: int
+
+
+def _signing_key(sign_key: Optional[str]) -> str:
+    """The Ed25519 secret key as hex, from hex text or a key file of ``deltacast keygen --sign``."""
+    if not sign_key:
+        return ""
+    if os.path.exists(sign_key):
+        with open(sign_key) as f:
+            return json.load(f)["secret_key"]
+    return sign_key
+
+
+class Publisher:
+    """The origin inside a trainer: relays and workers connect to ``listen``.
+
+    ``keys``: the publisher's CURVE pair (public, secret), Z85; ``allow_keys``: the CURVE public keys
+    of the relays and workers it accepts (empty: any that knows its key). ``sign_key``: an Ed25519
+    secret key (hex, or a ``deltacast keygen --sign`` file) that signs every version, for workers that
+    trust only it. The first version, and any whose tensors differ in names, dtypes or shapes from
+    the one before, goes out whole (an anchor); the others as deltas, with an anchor after every
+    ``anchor_every`` versions. ``v2``: code deltas with codec v2 where it is smaller.
+    """
+
+    def __init__(self, listen: str, *, keys=None, allow_keys=None, sign_key=None, anchor_every: int = 25, v2: bool = False,
+                 chunk_bytes: int = 4 << 20, threads: int = 0, metrics: Optional[str] = None, id: str = "origin"):
+        self._native = _native.Publisher(id, listen, keys, list(allow_keys or []), _signing_key(sign_key), int(anchor_every),
+                                         bool(v2), int(chunk_bytes), int(threads), metrics or "")
+
+    def publish(self, named_tensors) -> int:
+        """Publishes ``{name: tensor}`` (or (name, tensor) pairs, in image order) as the next version;
+        returns its number. The tensors are copied once, into the image the next delta is made from:
+        the trainer may change them as soon as this returns."""
+        refs, keep = _tensor_refs(named_tensors)
+        version = self._native.publish(refs)
+        del keep
+        return version
+
+    def wait_ready(self, version: int, min_workers: Optional[int] = None, timeout: Optional[float] = None) -> Delivery:
+        """Waits until ``min_workers`` workers (default: every worker the fleet ledger knows that has
+        not left) hold ``version`` or newer; TimeoutError after ``timeout`` seconds."""
+        return Delivery(*self._native.wait_ready(int(version), int(min_workers or 0), -1.0 if timeout is None else float(timeout)))
+
+    def ledger(self) -> dict:
+        """The fleet ledger: per worker id, its newest version, run, checksum, publish to ready time,
+        last error and whether it left."""
+        return self._native.ledger()
+
+    version = property(lambda self: self._native.version(), doc="The newest version published (0 before any).")
+    run = property(lambda self: self._native.run())
+    listening = property(lambda self: self._native.listening())
+
+    def close(self) -> None:
+        self._native.close()
+
+    def __enter__(self) -> "Publisher":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def encode_anchor(tensors, *, version: int = 1, chunk_bytes: int = 4 << 20) -> bytes:
+    """A whole version of ``{name: tensor}`` as a deltacast container (docs/FORMAT.md)."""
+    refs, keep = _tensor_refs(tensors)
+    return _native.encode(None, refs, int(version), 0, False, int(chunk_bytes))
+
+
+def encode_delta(base, new, *, version: Optional[int] = None, base_version: int = 1, v2: bool = False,
+                 chunk_bytes: int = 4 << 20) -> bytes:
+    """A delta turning ``base`` into ``new`` (same names, dtypes, shapes and order) as a container;
+    ``version`` defaults to base_version + 1."""
+    base_refs, keep_base = _tensor_refs(base)
+    new_refs, keep_new = _tensor_refs(new)
+    version = base_version + 1 if version is None else version
+    return _native.encode(base_refs, new_refs, int(version), int(base_version), bool(v2), int(chunk_bytes))
+
+
+def decode_delta(base, delta: Union[bytes, bytearray, memoryview]) -> dict:
+    """``{name: torch.Tensor}`` of the version in ``delta`` (a container), every chunk and the version
+    checksum verified; ``base`` holds the tensors the delta was made from (None for an anchor).
+    Raises Error when anything fails to verify, base included."""
+    refs, keep = _tensor_refs(base) if base is not None else (None, None)
+    return dict(Version(_native.decode(refs, delta)).tensors())

@@ -1,4 +1,4 @@
-// deltacast._native: the library's Worker for the Python package (python/deltacast), which adds
+// deltacast._native: the library's Worker and Publisher for the Python package (python/deltacast), which adds
 // the tensor views, callbacks and engine adapters on top.
 #include <pybind11/stl.h>
 
@@ -6,6 +6,57 @@
 
 namespace py = pybind11;
 using namespace deltacast::python;
+
+namespace {
+
+// (name, dtype, shape, data pointer, nbytes) tuples, as deltacast/__init__.py makes them.
+std::vector<TensorRef> tensor_refs(const py::list& items) {
+  std::vector<TensorRef> out;
+  out.reserve(items.size());
+  for (const auto& item : items) {
+    const auto t = item.cast<std::tuple<std::string, std::string, std::vector<std::uint64_t>, std::uintptr_t, std::uint64_t>>();
+    out.push_back({std::get<0>(t), std::get<1>(t), std::get<2>(t), std::get<3>(t), std::get<4>(t)});
+  }
+  return out;
+}
+
+void bind_publisher(py::module_& m) {
+  py::class_<Publisher>(m, "Publisher")
+      .def(py::init([](std::string id, std::string listen, std::optional<std::pair<std::string, std::string>> keys,
+                       std::vector<std::string> allow_keys, std::string sign_key, std::uint64_t anchor_every, bool v2,
+                       std::uint64_t chunk_bytes, std::size_t threads, std::string metrics) {
+             PublisherArgs a{std::move(id), std::move(listen), std::move(keys), std::move(allow_keys), std::move(sign_key),
+                             anchor_every,  v2,                chunk_bytes,     threads,              std::move(metrics)};
+             return std::make_unique<Publisher>(a);
+           }),
+           py::arg("id"), py::arg("listen"), py::arg("keys"), py::arg("allow_keys"), py::arg("sign_key"), py::arg("anchor_every"),
+           py::arg("v2"), py::arg("chunk_bytes"), py::arg("threads"), py::arg("metrics"))
+      .def("publish", [](Publisher& p, const py::list& tensors) { return p.publish(tensor_refs(tensors)); })
+      .def("wait_ready", &Publisher::wait_ready, py::arg("version"), py::arg("workers"), py::arg("timeout_s"))
+      .def("ledger", &Publisher::ledger)
+      .def("version", &Publisher::version)
+      .def("run", &Publisher::run)
+      .def("listening", &Publisher::listening)
+      .def("close", &Publisher::close);
+
+  m.def(
+      "encode",
+      [](const std::optional<py::list>& base, const py::list& next, std::uint64_t version, std::uint64_t base_version, bool v2,
+         std::uint64_t chunk_bytes) {
+        const std::vector<TensorRef> base_refs = base ? tensor_refs(*base) : std::vector<TensorRef>{};
+        return encode_container(base ? &base_refs : nullptr, tensor_refs(next), version, base_version, v2, chunk_bytes);
+      },
+      py::arg("base"), py::arg("next"), py::arg("version"), py::arg("base_version"), py::arg("v2"), py::arg("chunk_bytes"));
+  m.def(
+      "decode",
+      [](const std::optional<py::list>& base, py::buffer container) {
+        const std::vector<TensorRef> base_refs = base ? tensor_refs(*base) : std::vector<TensorRef>{};
+        return decode_container(std::move(container), base ? &base_refs : nullptr);
+      },
+      py::arg("base"), py::arg("container"));
+}
+
+}  // namespace
 
 PYBIND11_MODULE(_native, m) {
   m.doc() = "deltacast native module: use the deltacast package instead";
@@ -37,4 +88,6 @@ PYBIND11_MODULE(_native, m) {
       .def("current", &Worker::current)
       .def("listening", &Worker::listening)
       .def("close", &Worker::close);
+
+  bind_publisher(m);
 }

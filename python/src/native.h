@@ -5,12 +5,18 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <thread>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "deltacast/transport/publisher.h"
 #include "deltacast/transport/worker.h"
 
 namespace deltacast::python {
@@ -20,6 +26,31 @@ class Error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+// Runs `attempt(slice_ms)` (true: done) in slices of at most 100 ms with the GIL released,
+// until it is done or timeout_s passes (negative: no limit), letting Python handle signals in
+// between (Ctrl-C raises KeyboardInterrupt). False on time-out.
+template <typename Attempt>
+bool wait_sliced(double timeout_s, Attempt attempt) {
+  using Clock = std::chrono::steady_clock;
+  const bool forever = timeout_s < 0;
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(forever ? 0 : timeout_s));
+  for (;;) {
+    std::uint64_t slice_ms = 100;
+    if (!forever) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      if (left <= 0) return false;
+      slice_ms = std::min<std::uint64_t>(slice_ms, static_cast<std::uint64_t>(left));
+    }
+    bool done;
+    {
+      pybind11::gil_scoped_release release;
+      done = attempt(slice_ms);
+    }
+    if (done) return true;
+    if (PyErr_CheckSignals() != 0) throw pybind11::error_already_set();
+  }
+}
 
 // One verified version: its numbers, its tensors' places, and its image as a read-only buffer
 // that keeps the version alive while any view of it lives.
@@ -42,6 +73,69 @@ class Version {
 
  private:
   std::shared_ptr<const runtime::ModelVersion> v_;
+};
+
+// One tensor as Python hands it over: contiguous host memory that the caller keeps alive
+// for the call.
+struct TensorRef {
+  std::string name;
+  std::string dtype;  // safetensors name: "BF16", "F32", ...
+  std::vector<std::uint64_t> shape;
+  std::uintptr_t data = 0;
+  std::uint64_t nbytes = 0;
+};
+
+// The layout of `tensors` placed one after another in the order given. Raises Error for an
+// unknown dtype, a size that disagrees with the shape, or a name given twice.
+ModelLayout layout_of(const std::vector<TensorRef>& tensors);
+// Copies the tensors into `image`, resized to the layout's size (the GIL released).
+void gather(const std::vector<TensorRef>& tensors, const ModelLayout& layout, Bytes& image);
+
+// Encodes `next` as an anchor (no base) or as a delta from `base`, into a container (docs/FORMAT.md).
+pybind11::bytes encode_container(const std::vector<TensorRef>* base, const std::vector<TensorRef>& next, std::uint64_t version,
+                                 std::uint64_t base_version, bool v2, std::uint64_t chunk_bytes);
+// Decodes a container (an anchor, or a delta against `base`) into a new version, every chunk
+// and the version checksum verified. Raises Error with what failed.
+std::shared_ptr<Version> decode_container(pybind11::buffer container, const std::vector<TensorRef>* base);
+
+struct PublisherArgs {
+  std::string id;
+  std::string listen;
+  std::optional<std::pair<std::string, std::string>> keys;  // own CURVE pair (public, secret), Z85
+  std::vector<std::string> allow_keys;                       // workers' and relays' CURVE public keys, Z85
+  std::string sign_key;                                      // Ed25519 secret key (hex); empty: unsigned
+  std::uint64_t anchor_every = 25;
+  bool v2 = false;
+  std::uint64_t chunk_bytes = 4u << 20;
+  std::size_t threads = 0;
+  std::string metrics;
+};
+
+// The origin inside a trainer: publishes each checkpoint, answers anchor requests from a
+// thread of its own while the trainer trains, and reports the fleet ledger.
+class Publisher {
+ public:
+  explicit Publisher(const PublisherArgs& args);
+  ~Publisher();
+  std::uint64_t publish(const std::vector<TensorRef>& tensors);
+  // Waits until `workers` workers (0: every worker the ledger knows, at least one) hold
+  // `version`; returns (workers ready, workers wanted, median ms, max ms). Raises TimeoutError.
+  pybind11::tuple wait_ready(std::uint64_t version, std::size_t workers, double timeout_s);
+  pybind11::dict ledger();
+  std::uint64_t version() const;
+  std::string run();
+  std::string listening();
+  void close();
+
+ private:
+  transport::Publisher& live() const;
+  std::size_t known_workers();
+  std::unique_ptr<transport::Publisher> p_;
+  std::mutex mu_;  // publish() and serving anchors both use the newest checkpoint
+  std::thread anchor_server_;
+  std::atomic<bool> stopping_{false};
+  // Images reused between versions: the publisher keeps the newest as the next delta's base.
+  std::vector<std::shared_ptr<Bytes>> images_;
 };
 
 struct WorkerArgs {

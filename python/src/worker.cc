@@ -1,5 +1,3 @@
-#include <chrono>
-
 #include "native.h"
 
 namespace deltacast::python {
@@ -67,30 +65,6 @@ transport::WorkerOptions worker_options(const WorkerArgs& a) {
   return o;
 }
 
-// Runs `wait` (which returns null on time-out) in slices of 100 ms with the GIL released,
-// letting Python see signals in between.
-template <typename Wait>
-std::shared_ptr<const runtime::ModelVersion> wait_sliced(double timeout_s, Wait wait) {
-  using Clock = std::chrono::steady_clock;
-  const bool forever = timeout_s < 0;
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(forever ? 0 : timeout_s));
-  for (;;) {
-    std::uint64_t slice_ms = 100;
-    if (!forever) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-      if (left <= 0) return nullptr;
-      slice_ms = std::min<std::uint64_t>(slice_ms, static_cast<std::uint64_t>(left));
-    }
-    std::shared_ptr<const runtime::ModelVersion> v;
-    {
-      py::gil_scoped_release release;
-      v = wait(slice_ms);
-    }
-    if (v) return v;
-    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-  }
-}
-
 }  // namespace
 
 Worker::Worker(const WorkerArgs& args) {
@@ -116,8 +90,12 @@ transport::Worker& Worker::live() const {
 
 std::shared_ptr<Version> Worker::wait(std::uint64_t min_version, double timeout_s) {
   transport::Worker& w = live();
-  auto v = wait_sliced(timeout_s, [&](std::uint64_t ms) { return w.wait_for_version(std::max<std::uint64_t>(min_version, 1), ms); });
-  if (!v) {
+  std::shared_ptr<const runtime::ModelVersion> v;
+  const bool got = wait_sliced(timeout_s, [&](std::uint64_t ms) {
+    v = w.wait_for_version(std::max<std::uint64_t>(min_version, 1), ms);
+    return v != nullptr;
+  });
+  if (!got) {
     PyErr_SetString(PyExc_TimeoutError, ("no version >= " + std::to_string(min_version) + " within the timeout").c_str());
     throw py::error_already_set();
   }
@@ -127,7 +105,11 @@ std::shared_ptr<Version> Worker::wait(std::uint64_t min_version, double timeout_
 std::shared_ptr<Version> Worker::wait_newer(const std::shared_ptr<Version>& after, double timeout_s) {
   transport::Worker& w = live();
   const std::shared_ptr<const runtime::ModelVersion> base = after ? after->get() : nullptr;
-  auto v = wait_sliced(timeout_s, [&](std::uint64_t ms) { return w.wait_for_newer(base, ms); });
+  std::shared_ptr<const runtime::ModelVersion> v;
+  wait_sliced(timeout_s, [&](std::uint64_t ms) {
+    v = w.wait_for_newer(base, ms);
+    return v != nullptr;
+  });
   return v ? std::make_shared<Version>(std::move(v)) : nullptr;
 }
 

@@ -82,8 +82,7 @@ TEST_CASE("versions round trip on one thread and on a pool, with identical bytes
   CHECK(out2 == p.next);
 
   // The container carries it all.
-  Bytes file = container_prefix(a->manifest);
-  for (const auto& pl : a->payloads) file.insert(file.end(), pl.begin(), pl.end());
+  Bytes file = container_bytes(*a);
   auto view = parse_container(file);
   REQUIRE(view.is_ok());
   CHECK(view->manifest == a->manifest);

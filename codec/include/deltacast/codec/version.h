@@ -84,6 +84,8 @@ inline constexpr std::uint32_t kContainerFormatVersion = 1;
 inline constexpr std::uint64_t kManifestBytesMax = 1ull << 32;
 // Header and manifest; the payloads follow in chunk order.
 Bytes container_prefix(const Manifest& manifest);
+// A whole container in memory: the prefix, then every payload.
+Bytes container_bytes(const EncodedVersion& version);
 struct ContainerView {
   Manifest manifest;
   ByteSpan manifest_bytes;         // the manifest as serialized (what a signature covers)

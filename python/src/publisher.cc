@@ -1,0 +1,148 @@
+#include "deltacast/runtime/trust.h"
+#include "native.h"
+
+namespace deltacast::python {
+
+namespace py = pybind11;
+
+namespace {
+
+constexpr std::uint64_t kAnchorServeMs = 50;  // how often the anchor server looks for requests
+
+transport::PublisherOptions publisher_options(const PublisherArgs& a) {
+  transport::PublisherOptions o;
+  o.node.node_id = a.id.empty() ? "origin" : a.id;
+  o.node.run = runtime::make_run_id();
+  if (!a.sign_key.empty()) {
+    auto key = runtime::parse_signing_key(a.sign_key);
+    if (!key.is_ok()) throw Error("sign_key: " + key.status().to_string());
+    o.node.sign_key = std::make_shared<const runtime::SigningKey>(*key);
+  }
+  o.host.bind_endpoint = a.listen;
+  o.host.metrics_listen = a.metrics;
+  if (a.keys) o.host.curve = transport::CurveKeys{a.keys->first, a.keys->second};
+  o.host.allowed_client_keys = a.allow_keys;
+  if (!a.allow_keys.empty() && !a.keys) throw Error("allow_keys needs keys: the publisher's own CURVE key pair");
+  o.anchor_every = a.anchor_every;
+  o.encode.chunk_bytes = a.chunk_bytes;
+  if (a.v2) o.encode.chunk = ChunkEncodeOptions::smallest();
+  o.threads = a.threads;
+  return o;
+}
+
+}  // namespace
+
+Publisher::Publisher(const PublisherArgs& args) {
+  if (args.listen.empty()) throw Error("a publisher needs an endpoint to listen on, for relays and workers");
+  const transport::PublisherOptions options = publisher_options(args);
+  auto p = [&] {
+    py::gil_scoped_release release;
+    return transport::Publisher::start(options);
+  }();
+  if (!p.is_ok()) throw Error(p.status().to_string());
+  p_ = std::move(p).value();
+  // Workers that join while the trainer trains ask for an anchor; answer without waiting for
+  // the next publish().
+  anchor_server_ = std::thread([this] {
+    while (!stopping_) {
+      {
+        std::lock_guard lock(mu_);
+        (void)p_->serve_anchor_request();  // a failure is logged by the node; the next request tries again
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(kAnchorServeMs));
+    }
+  });
+}
+
+Publisher::~Publisher() {
+  py::gil_scoped_release release;
+  stopping_ = true;
+  if (anchor_server_.joinable()) anchor_server_.join();
+  p_.reset();
+}
+
+transport::Publisher& Publisher::live() const {
+  if (!p_ || stopping_) throw Error("the publisher is closed");
+  return *p_;
+}
+
+std::uint64_t Publisher::publish(const std::vector<TensorRef>& tensors) {
+  transport::Publisher& p = live();
+  ModelLayout layout = layout_of(tensors);
+  // An image no version holds any more, else a new one.
+  std::shared_ptr<Bytes> image;
+  for (auto& i : images_)
+    if (i.use_count() == 1) image = i;
+  if (!image) {
+    image = std::make_shared<Bytes>();
+    images_.push_back(image);
+  }
+  gather(tensors, layout, *image);
+  Result<std::uint64_t> version = Status::ok();
+  {
+    py::gil_scoped_release release;
+    std::lock_guard lock(mu_);
+    version = p.publish(transport::Checkpoint{std::move(layout), *image, image});
+  }
+  // The publisher holds the newest image as the next delta's base; keep one spare beside it.
+  bool spare = false;
+  std::erase_if(images_, [&](const auto& i) { return i.use_count() == 1 && std::exchange(spare, true); });
+  if (!version.is_ok()) throw Error(version.status().to_string());
+  return *version;
+}
+
+std::size_t Publisher::known_workers() {
+  std::size_t n = 0;
+  for (const auto& [id, e] : live().ledger()) n += e.left ? 0 : 1;
+  return std::max<std::size_t>(n, 1);
+}
+
+py::tuple Publisher::wait_ready(std::uint64_t version, std::size_t workers, double timeout_s) {
+  transport::Publisher& p = live();
+  if (version == 0 || version > p.version()) throw Error("version " + std::to_string(version) + " was not published");
+  transport::Delivery d;
+  std::size_t wanted = workers;
+  const bool reached = wait_sliced(timeout_s, [&](std::uint64_t ms) {
+    if (workers == 0) wanted = known_workers();
+    std::lock_guard lock(mu_);
+    d = p.wait_for_delivery(version, wanted, ms);
+    return d.workers_ready >= wanted;
+  });
+  if (!reached) {
+    PyErr_SetString(PyExc_TimeoutError, ("version " + std::to_string(version) + " is ready on " + std::to_string(d.workers_ready) + " of " +
+                                         std::to_string(wanted) + " workers")
+                                            .c_str());
+    throw py::error_already_set();
+  }
+  return py::make_tuple(d.workers_ready, wanted, d.median_ms, d.max_ms);
+}
+
+py::dict Publisher::ledger() {
+  py::dict out;
+  for (const auto& [id, e] : live().ledger()) {
+    py::dict entry;
+    entry["version"] = e.version;
+    entry["run"] = deltacast::to_string(e.run);
+    entry["checksum"] = e.checksum;
+    entry["publish_to_ready_ms"] = e.publish_to_ready_ms;
+    entry["last_error"] = e.last_error;
+    entry["left"] = e.left;
+    out[py::str(id)] = entry;
+  }
+  return out;
+}
+
+std::uint64_t Publisher::version() const { return live().version(); }
+std::string Publisher::run() { return deltacast::to_string(live().run()); }
+std::string Publisher::listening() { return live().host().bound_endpoint(); }
+
+void Publisher::close() {
+  if (!p_) return;
+  py::gil_scoped_release release;
+  stopping_ = true;
+  if (anchor_server_.joinable()) anchor_server_.join();
+  p_->stop();
+  p_.reset();
+}
+
+}  // namespace deltacast::python

@@ -1,0 +1,164 @@
+"""The Python publisher and the plain encode and decode functions."""
+
+import numpy as np
+import pytest
+import torch
+
+import deltacast
+
+# BF16 bit patterns a value-based comparison would get wrong: NaN payloads, -0, infinities and
+# subnormals.
+SPECIAL_BF16 = [0x7FC1, 0xFFA0, 0x7F81, 0x0000, 0x8000, 0x7F80, 0xFF80, 0x0001, 0x8001, 0x007F, 0x3F80]
+
+
+def bits(t: torch.Tensor) -> bytes:
+    return t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def state_dict(seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    special = torch.tensor(SPECIAL_BF16 * 3, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    return {
+        "embed.weight": torch.randn(300, 64, generator=g).to(torch.bfloat16),
+        "special": special.clone(),
+        "norm.weight": torch.randn(64, generator=g),
+        "steps": torch.arange(5, dtype=torch.int64),
+        "mask": torch.tensor([True, False, True]),
+        "half": torch.randn(7, 3, generator=g).to(torch.float16),
+    }
+
+
+def train_step(sd: dict, step: int) -> None:
+    """Changes about 2% of the BF16 values by a few ulps, some special values, and an F32 tensor."""
+    g = torch.Generator().manual_seed(100 + step)
+    w = sd["embed.weight"].view(-1)
+    idx = torch.randint(0, w.numel(), (w.numel() // 50,), generator=g)
+    w.view(torch.int16)[idx] += 1
+    s = sd["special"].view(torch.int16)
+    s[step % s.numel()] ^= 0x0001  # a NaN payload bit, or a subnormal's last bit
+    sd["norm.weight"][step % 64] += 0.5
+    sd["steps"] += 1
+
+
+def test_published_versions_reach_a_worker_bit_for_bit_with_their_patches():
+    sd = state_dict()
+    with deltacast.Publisher("tcp://127.0.0.1:0") as pub, deltacast.Worker("w", [pub.listening]) as w:
+        held = None  # the worker's own copy, kept current with patches
+        for step in range(1, 5):
+            if step > 1:
+                train_step(sd, step)
+            number = pub.publish(sd)
+            assert number == step == pub.version
+            v = w.wait(number, timeout=30)
+            assert v.number == number
+            got = dict(v.tensors())
+            for name, t in sd.items():
+                assert got[name].dtype == t.dtype and got[name].shape == t.shape, name
+                assert bits(got[name]) == bits(t), (step, name)
+            if held is None:
+                held = {name: t.clone() for name, t in got.items()}
+            else:
+                assert v.base_number == step - 1
+                for name, idx, values in v.patches():
+                    held[name].view(-1).index_copy_(0, idx, values)
+            assert v.verify(held) == []
+            delivery = pub.wait_ready(number, timeout=30)
+            assert delivery.workers_ready == delivery.workers_wanted == 1
+        entry = pub.ledger()["w"]
+        assert entry["version"] == 4 and entry["run"] == pub.run and not entry["left"]
+
+
+def test_numpy_arrays_publish_too():
+    arrays = {"u16": np.arange(1000, dtype=np.uint16), "f32": np.linspace(-1, 1, 33, dtype=np.float32).reshape(3, 11)}
+    with deltacast.Publisher("tcp://127.0.0.1:0") as pub, deltacast.Worker("w", [pub.listening]) as w:
+        pub.publish(arrays)
+        got = dict(w.wait(1, timeout=30).numpy_tensors())
+        for name, a in arrays.items():
+            assert got[name].dtype == a.dtype and got[name].shape == a.shape
+            assert got[name].tobytes() == a.tobytes()
+
+
+def test_the_trainer_may_change_its_tensors_once_publish_returns():
+    sd = state_dict()
+    with deltacast.Publisher("tcp://127.0.0.1:0") as pub, deltacast.Worker("w", [pub.listening]) as w:
+        pub.publish(sd)
+        published = bits(sd["embed.weight"])
+        sd["embed.weight"].fill_(7)  # the next optimizer step, in place
+        assert bits(dict(w.wait(1, timeout=30).tensors())["embed.weight"]) == published
+        pub.publish(sd)  # a delta against what version 1 really was
+        assert bits(dict(w.wait(2, timeout=30).tensors())["embed.weight"]) == bits(sd["embed.weight"])
+
+
+def test_a_changed_layout_goes_out_whole():
+    sd = state_dict()
+    with deltacast.Publisher("tcp://127.0.0.1:0") as pub, deltacast.Worker("w", [pub.listening]) as w:
+        pub.publish(sd)
+        w.wait(1, timeout=30)
+        sd["extra"] = torch.ones(4)
+        pub.publish(sd)
+        v = w.wait(2, timeout=30)
+        assert v.base_number == 0  # an anchor
+        assert bits(dict(v.tensors())["extra"]) == bits(sd["extra"])
+        with pytest.raises(deltacast.Error, match="load tensors"):
+            v.patches()
+
+
+def test_publisher_errors_are_clear():
+    with pytest.raises(deltacast.Error, match="listen"):
+        deltacast.Publisher("")
+    with deltacast.Publisher("tcp://127.0.0.1:0") as pub:
+        with pytest.raises(TypeError, match="not a torch tensor"):
+            pub.publish({"x": [1, 2, 3]})
+        with pytest.raises(TypeError, match="no safetensors equivalent"):
+            pub.publish({"x": torch.zeros(2, dtype=torch.complex64)})
+        with pytest.raises(deltacast.Error, match="given twice"):
+            pub.publish([("x", torch.zeros(2)), ("x", torch.zeros(2))])
+        assert pub.version == 0  # nothing counted
+        with pytest.raises(deltacast.Error, match="not published"):
+            pub.wait_ready(1, timeout=1)
+        pub.publish({"x": torch.zeros(2)})
+        with pytest.raises(TimeoutError, match="0 of 3 workers"):
+            pub.wait_ready(1, min_workers=3, timeout=0.3)
+    with pytest.raises(deltacast.Error, match="closed"):
+        pub.publish({"x": torch.zeros(2)})
+
+
+def test_encode_and_decode_round_trip_bit_for_bit():
+    base = state_dict()
+    new = {name: t.clone() for name, t in base.items()}
+    train_step(new, 1)
+    anchor = deltacast.encode_anchor(base)
+    delta = deltacast.encode_delta(base, new)
+    assert len(delta) < len(anchor) / 5
+    for codec_v2 in (False, True):
+        decoded = deltacast.decode_delta(base, deltacast.encode_delta(base, new, v2=codec_v2))
+        assert {name: bits(t) for name, t in decoded.items()} == {name: bits(t) for name, t in new.items()}
+    whole = deltacast.decode_delta(None, anchor)
+    assert {name: bits(t) for name, t in whole.items()} == {name: bits(t) for name, t in base.items()}
+    numpy_base = {name: t.view(torch.int16).numpy() if t.dtype == torch.bfloat16 else t for name, t in base.items()}
+    assert deltacast.decode_delta(None, deltacast.encode_anchor({"a": numpy_base["embed.weight"]}))["a"].dtype == torch.int16
+
+
+def test_decode_refuses_a_wrong_base_and_damaged_bytes():
+    base = state_dict()
+    new = {name: t.clone() for name, t in base.items()}
+    train_step(new, 1)
+    delta = deltacast.encode_delta(base, new)
+    wrong = {name: t.clone() for name, t in base.items()}
+    wrong["embed.weight"].view(torch.int16)[5] += 3
+    with pytest.raises(deltacast.Error, match="base"):
+        deltacast.decode_delta(wrong, delta)
+    with pytest.raises(deltacast.Error, match="delta"):
+        deltacast.decode_delta(None, delta)
+    with pytest.raises(deltacast.Error, match="differ"):
+        deltacast.decode_delta({"other": torch.zeros(3)}, delta)
+    damaged = bytearray(delta)
+    damaged[-10] ^= 0x40
+    with pytest.raises(deltacast.Error, match="hash|corrupt"):
+        deltacast.decode_delta(base, bytes(damaged))
+    with pytest.raises(deltacast.Error):
+        deltacast.decode_delta(base, delta[: len(delta) // 2])
+    with pytest.raises(deltacast.Error):
+        deltacast.decode_delta(base, b"not a deltacast file at all, not even close")
+    with pytest.raises(deltacast.Error, match="differ"):
+        deltacast.encode_delta(base, {"other": torch.zeros(3)})

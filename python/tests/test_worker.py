@@ -1,8 +1,6 @@
 """The Python worker against a real publisher process on loopback."""
 
 import json
-import os
-import socket
 import struct
 import subprocess
 import sys
@@ -15,13 +13,7 @@ import torch
 
 import deltacast
 
-DELTACAST = os.environ.get("DELTACAST_BIN", "deltacast")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from conftest import DELTACAST, free_port
 
 
 def read_safetensors(path: Path) -> dict[str, tuple[str, bytes]]:

@@ -1,0 +1,1 @@
+"""Stand-in for the parts of SGLang the deltacast adapter uses (tests only; see ../README.md)."""

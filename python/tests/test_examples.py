@@ -1,0 +1,40 @@
+"""The examples as a user runs them: the training loop as the origin, a relay, and two rollout
+processes under it, each keeping its own copy of the model with patches."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from conftest import DELTACAST, free_endpoint
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+STEPS = 6
+
+
+def test_training_loop_to_two_rollout_processes_through_a_relay(processes, tmp_path):
+    origin, relay = free_endpoint(), free_endpoint()
+    trainer = processes.start(sys.executable, EXAMPLES / "train_publish.py", "--listen", origin, "--steps", STEPS,
+                              "--wait-workers", 2, "--special-values", "--dump-dir", tmp_path / "trainer",
+                              stdout=subprocess.PIPE, text=True)
+    processes.start(DELTACAST, "relay", "--id", "relay", "--listen", relay, "--parent", origin, "--log-level", "warn")
+    rollouts = [processes.start(sys.executable, EXAMPLES / "rollout.py", "--id", f"rollout-{i}", "--parent", relay,
+                                "--until", STEPS + 1, "--dump-dir", tmp_path / "rollout", stdout=subprocess.PIPE, text=True)
+                for i in range(2)]
+    outputs = [r.communicate(timeout=240)[0] for r in rollouts]
+    assert [r.returncode for r in rollouts] == [0, 0], outputs
+    trainer_out = trainer.communicate(timeout=60)[0]
+    assert trainer.returncode == 0, trainer_out
+    for out in outputs:
+        assert "values patched" in out and out.count("verified") >= 2, out
+    for version in range(1, STEPS + 2):
+        published = torch.load(tmp_path / "trainer" / f"v{version}.pt")
+        assert "special_values" in published
+        special = published["special_values"].view(torch.int16)
+        assert torch.isnan(published["special_values"].float()).any() and (special == -32768).any()  # NaNs and -0 travel
+        for i in range(2):
+            held = torch.load(tmp_path / "rollout" / f"rollout-{i}-v{version}.pt")
+            assert set(held) == set(published)
+            for name, t in published.items():
+                assert torch.equal(held[name].view(torch.int16), t.view(torch.int16)), (version, i, name)

@@ -47,6 +47,20 @@ _DTYPES = {
 }
 
 
+_TORCH_DTYPES: dict = {}
+
+
+def _torch_dtype(dtype: str):
+    """(torch dtype, element size) of a safetensors dtype."""
+    found = _TORCH_DTYPES.get(dtype)
+    if found is None:
+        import torch
+
+        torch_dtype = getattr(torch, _DTYPES[dtype][1])
+        found = _TORCH_DTYPES[dtype] = (torch_dtype, torch.tensor([], dtype=torch_dtype).element_size())
+    return found
+
+
 def _torch_view(dtype: str, array: np.ndarray):
     """A torch tensor over the same memory as ``array``, of the safetensors dtype's torch type."""
     import torch
@@ -119,12 +133,16 @@ class Version:
     def __init__(self, native: _native.Version):
         self._native = native
         self._image = np.frombuffer(native, dtype=np.uint8)  # read-only; holds the version alive
-        self._infos = native.tensor_infos()
+        self._infos = native.tensor_infos()  # (name, dtype, shape, offset, nbytes, strides)
         self._index = {info[0]: i for i, info in enumerate(self._infos)}
+        self._typed = {}  # torch dtype -> the whole image as one tensor of it
 
     number = property(lambda self: self._native.number)
     base_number = property(lambda self: self._native.base_number)
     checksum = property(lambda self: self._native.checksum)
+    ready_us = property(lambda self: self._native.ready_us,
+                        doc="When the version became current at the worker: CLOCK_MONOTONIC microseconds, the clock of "
+                            "time.monotonic_ns() // 1000 (0 for a version resumed from disk).")
     run = property(lambda self: self._native.run)
 
     def names(self) -> list[str]:
@@ -141,8 +159,23 @@ class Version:
         return [by_name[n] for n in wanted]
 
     def _views(self, infos) -> Iterator[tuple[str, str, np.ndarray]]:
-        for name, dtype, shape, offset, nbytes in infos:
+        for name, dtype, shape, offset, nbytes, _ in infos:
             yield name, dtype, self._image[offset : offset + nbytes].view(_DTYPES[dtype][0]).reshape(shape)
+
+    def _image_as(self, torch_dtype, size: int):
+        """The image as one torch tensor of ``torch_dtype`` (element ``size`` bytes), made once."""
+        typed = self._typed.get(torch_dtype)
+        if typed is None:
+            import torch
+
+            if not self._typed:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # the image is read-only; torch cannot say so
+                    self._typed[torch.uint8] = torch.from_numpy(self._image)
+            whole = self._typed[torch.uint8]
+            typed = whole[: whole.numel() - whole.numel() % size].view(torch_dtype)
+            self._typed[torch_dtype] = typed
+        return typed
 
     def numpy_tensors(self, names: Optional[Iterable[str]] = None) -> Iterator[tuple[str, np.ndarray]]:
         """(name, read-only numpy view); BF16 as uint16."""
@@ -151,8 +184,15 @@ class Version:
 
     def tensors(self, names: Optional[Iterable[str]] = None):
         """(name, torch.Tensor) zero-copy views of the verified image; do not write to them."""
-        for name, dtype, array in self._views(self._select(names)):
-            yield name, _torch_view(dtype, array)
+        import torch
+
+        for info in self._select(names):
+            name, dtype, shape, offset, nbytes, strides = info
+            torch_dtype, size = _torch_dtype(dtype)
+            if offset % size == 0:  # one call per tensor: a view of the typed image
+                yield name, self._image_as(torch_dtype, size).as_strided(shape, strides, offset // size)
+            else:
+                yield name, _torch_view(dtype, next(self._views([info]))[2])
 
     def patches(self, names: Optional[Iterable[str]] = None, since: Optional[int] = None):
         """(name, flat_indices, values): what changed from version ``since`` (default: the base).
@@ -175,10 +215,11 @@ class Version:
     def _patches(self, infos, since: int):
         import torch
 
-        for info, (name, dtype, array) in zip(infos, self._views(infos)):
-            flat = _torch_view(dtype, array).view(-1)
-            idx = torch.from_numpy(self._native.changed_elements(self._index[info[0]], since))
-            yield name, idx, flat.index_select(0, idx)
+        for name, dtype, *_ in infos:
+            idx, raw = self._native.patch(self._index[name], since)  # values gathered natively
+            torch_dtype = _torch_dtype(dtype)[0]
+            values = torch.from_numpy(raw).view(torch_dtype) if raw.size else torch.empty(0, dtype=torch_dtype)
+            yield name, torch.from_numpy(idx), values
 
     def verify(self, named_tensors) -> list[str]:
         """The names whose bytes differ from this version (tensors on any device; a name the

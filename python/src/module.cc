@@ -66,9 +66,10 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("number", &Version::number)
       .def_property_readonly("base_number", &Version::base_number)
       .def_property_readonly("checksum", &Version::checksum)
+      .def_property_readonly("ready_us", &Version::ready_us)
       .def_property_readonly("run", &Version::run)
       .def("tensor_infos", &Version::tensor_infos)
-      .def("changed_elements", &Version::changed_elements, py::arg("index"), py::arg("since"))
+      .def("patch", &Version::patch, py::arg("index"), py::arg("since"))
       .def_property_readonly("changes_since", &Version::changes_since)
       .def_buffer([](const Version& v) { return v.buffer(); });
 

@@ -60,13 +60,16 @@ class Version {
   std::uint64_t number() const { return v_->version; }
   std::uint64_t base_number() const { return v_->base_version; }
   std::uint64_t checksum() const { return v_->checksum; }
+  std::uint64_t ready_us() const { return v_->ready_us; }
   std::string run() const;
-  // (name, safetensors dtype, shape, byte offset, byte count), in image order.
+  // (name, safetensors dtype, shape, byte offset, byte count, contiguous strides in elements),
+  // in image order.
   pybind11::list tensor_infos() const;
   pybind11::buffer_info buffer() const;
   // The elements of tensor `index` that differ from version `since` (int64, ascending), from the
-  // changes the worker kept. Raises deltacast.Error when they do not reach back that far.
-  pybind11::array_t<std::int64_t> changed_elements(std::size_t index, std::uint64_t since) const;
+  // changes the worker kept, and their values in this version (raw bytes, uint8). Raises
+  // deltacast.Error when the changes kept do not reach back that far.
+  pybind11::tuple patch(std::size_t index, std::uint64_t since) const;
   // The oldest version the kept changes reach back to (this version's number when none are kept).
   std::uint64_t changes_since() const;
   const std::shared_ptr<const runtime::ModelVersion>& get() const { return v_; }

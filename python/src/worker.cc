@@ -1,3 +1,5 @@
+#include <cstring>
+
 #include "native.h"
 
 namespace deltacast::python {
@@ -9,9 +11,15 @@ std::string Version::run() const { return deltacast::to_string(v_->run); }
 py::list Version::tensor_infos() const {
   py::list out;
   for (const auto& t : v_->tensors) {
-    py::tuple shape(t.shape.size());
-    for (std::size_t i = 0; i < t.shape.size(); ++i) shape[i] = t.shape[i];
-    out.append(py::make_tuple(t.name, std::string(dtype_name(t.dtype)), shape, t.offset, t.nbytes));
+    const std::size_t dims = t.shape.size();
+    py::tuple shape(dims), strides(dims);
+    std::uint64_t stride = 1;  // contiguous, in elements
+    for (std::size_t i = dims; i-- > 0;) {
+      shape[i] = t.shape[i];
+      strides[i] = stride;
+      stride *= t.shape[i];
+    }
+    out.append(py::make_tuple(t.name, std::string(dtype_name(t.dtype)), shape, t.offset, t.nbytes, strides));
   }
   return out;
 }
@@ -22,17 +30,39 @@ py::buffer_info Version::buffer() const {
                          {static_cast<py::ssize_t>(image.size())}, {1}, /*readonly=*/true);
 }
 
-py::array_t<std::int64_t> Version::changed_elements(std::size_t index, std::uint64_t since) const {
-  auto elements = [&] {
+namespace {
+
+// A numpy array that owns `v` (moved into a capsule: no copy), viewed as `T`.
+template <typename T, typename V>
+py::array_t<T> owning_array(V&& v, std::size_t count) {
+  auto* owned = new V(std::forward<V>(v));
+  py::capsule free_when_done(owned, [](void* p) { delete static_cast<V*>(p); });
+  return py::array_t<T>({static_cast<py::ssize_t>(count)}, {sizeof(T)}, reinterpret_cast<const T*>(owned->data()), free_when_done);
+}
+
+}  // namespace
+
+py::tuple Version::patch(std::size_t index, std::uint64_t since) const {
+  Bytes values;
+  auto elements = [&]() -> Result<std::vector<std::uint64_t>> {
     py::gil_scoped_release release;
-    return runtime::changed_elements(*v_, index, since);
+    auto e = runtime::changed_elements(*v_, index, since);
+    if (!e.is_ok()) return e;
+    // The new values, gathered from the image while the positions are fresh in cache.
+    const TensorInfo& t = v_->tensors[index];
+    const std::size_t es = dtype_size(t.dtype);
+    values.resize(e->size() * es);
+    const std::uint8_t* src = v_->image.data() + t.offset;
+    std::uint8_t* dst = values.data();
+    for (const std::uint64_t i : *e) {
+      std::memcpy(dst, src + i * es, es);
+      dst += es;
+    }
+    return e;
   }();
   if (!elements.is_ok()) throw Error(elements.status().to_string());
-  // The vector moves into a capsule that the array owns: no copy.
-  auto* owned = new std::vector<std::uint64_t>(std::move(elements).value());
-  py::capsule free_when_done(owned, [](void* p) { delete static_cast<std::vector<std::uint64_t>*>(p); });
-  return py::array_t<std::int64_t>({static_cast<py::ssize_t>(owned->size())}, {sizeof(std::int64_t)},
-                                   reinterpret_cast<const std::int64_t*>(owned->data()), free_when_done);
+  const std::size_t count = elements->size(), bytes = values.size();
+  return py::make_tuple(owning_array<std::int64_t>(std::move(elements).value(), count), owning_array<std::uint8_t>(std::move(values), bytes));
 }
 
 std::uint64_t Version::changes_since() const {

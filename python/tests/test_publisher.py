@@ -162,3 +162,14 @@ def test_decode_refuses_a_wrong_base_and_damaged_bytes():
         deltacast.decode_delta(base, b"not a deltacast file at all, not even close")
     with pytest.raises(deltacast.Error, match="differ"):
         deltacast.encode_delta(base, {"other": torch.zeros(3)})
+
+
+def test_tensors_after_odd_sized_ones_are_views_too():
+    named = [("flags", torch.tensor([True, False, True])), ("w", torch.arange(6, dtype=torch.int16).view(torch.bfloat16).reshape(2, 3)),
+             ("x", torch.arange(5, dtype=torch.float32))]
+    with deltacast.Publisher("tcp://127.0.0.1:0") as pub, deltacast.Worker("w", [pub.listening]) as w:
+        pub.publish(named)
+        got = dict(w.wait(1, timeout=30).tensors())
+        for name, t in named:  # "w" starts at byte 3, "x" at byte 15: not aligned to their element size
+            assert got[name].dtype == t.dtype and got[name].shape == t.shape
+            assert bits(got[name]) == bits(t), name

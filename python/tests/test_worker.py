@@ -73,6 +73,7 @@ def test_a_worker_exposes_every_tensor_bit_for_bit(publisher, checkpoints):
         v = w.wait(len(checkpoints), timeout=60)
         assert v.number == len(checkpoints)
         assert v.base_number == len(checkpoints) - 1
+        assert 0 < v.ready_us <= time.monotonic_ns() // 1000  # the same clock as Python's monotonic
         expected = read_safetensors(checkpoints[-1])
         got = dict(v.numpy_tensors())
         assert set(got) == set(expected)

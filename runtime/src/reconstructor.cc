@@ -270,6 +270,7 @@ void Reconstructor::finish() {
   image.tensors = a->manifest->tensors;
   image.metadata = a->manifest->metadata;
   image.changes = history_after(*a);
+  image.ready_us = ctx_.clock.now_us();
   std::shared_ptr<const ModelVersion> ready = a->staging;
   {
     std::lock_guard lock(current_mu_);

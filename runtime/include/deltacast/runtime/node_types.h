@@ -109,6 +109,9 @@ struct ModelVersion {
   std::uint64_t base_version = 0;
   RunId run;  // the run it was published in
   std::uint64_t checksum = 0;
+  // When it became current at this worker, in microseconds of the node's clock (a real host's is
+  // CLOCK_MONOTONIC); 0 for a version restored from disk before the node started.
+  std::uint64_t ready_us = 0;
   std::vector<TensorInfo> tensors;
   std::vector<std::pair<std::string, std::string>> metadata;
   Bytes image;

@@ -61,6 +61,7 @@ void bind_publisher(py::module_& m) {
 PYBIND11_MODULE(_native, m) {
   m.doc() = "deltacast native module: use the deltacast package instead";
   py::register_exception<Error>(m, "Error", PyExc_RuntimeError);
+  deltacast::transport::log_to_stderr();  // a Python program's stdout is its own
 
   py::class_<Version, std::shared_ptr<Version>>(m, "Version", py::buffer_protocol())
       .def_property_readonly("number", &Version::number)

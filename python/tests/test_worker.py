@@ -178,3 +178,35 @@ def _load(path: Path):
               "U8": torch.uint8, "I8": torch.int8, "BOOL": torch.bool, "F64": torch.float64, "I16": torch.int16}
     for name, (dtype, raw) in read_safetensors(path).items():
         yield name, torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtypes[dtype])
+
+
+def test_ctrl_c_interrupts_a_wait(tmp_path):
+    """A wait with no time limit ends with KeyboardInterrupt soon after SIGINT (the GIL is released
+    while waiting, and the wait wakes every 100 ms to let Python see the signal)."""
+    script = tmp_path / "wait.py"
+    script.write_text(
+        "import sys, time, deltacast\n"
+        "w = deltacast.Worker('waiter', ['tcp://127.0.0.1:%d'])\n"
+        "pub = deltacast.Publisher('tcp://127.0.0.1:0')\n"
+        "pub.publish({'x': __import__('torch').zeros(3)})\n"
+        "for wait in (lambda: w.wait(), lambda: pub.wait_ready(1, min_workers=5)):\n"
+        "    print('waiting', flush=True)\n"
+        "    start = time.monotonic()\n"
+        "    try:\n"
+        "        wait()\n"
+        "    except KeyboardInterrupt:\n"
+        "        print(f'interrupted after {time.monotonic() - start:.2f} s', flush=True)\n"
+        "w.close(); pub.close()\n" % free_port())
+    p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    lines = []
+    for _ in range(2):
+        line = p.stdout.readline()
+        assert line.startswith("waiting"), line
+        time.sleep(0.5)
+        sent = time.monotonic()
+        p.send_signal(2)  # SIGINT, as Ctrl-C
+        line = p.stdout.readline()
+        assert line.startswith("interrupted"), line
+        assert time.monotonic() - sent < 2.0
+        lines.append(line)
+    assert p.wait(timeout=30) == 0

@@ -103,6 +103,9 @@ echo '{"id": "w", "parents": ["tcp://127.0.0.1:7100"], "limits": {"connections_m
 fails "an unknown limit in a config" 'unknown limit "connections_maxx"' "$dc" worker --config "$tmp/limits.json"
 echo '{"id": "w", "parents": ["tcp://127.0.0.1:7100"], "limits": {"image_bytes_max": "lots"}}' >"$tmp/limits.json"
 fails "a limit that is not a size" "image_bytes_max" "$dc" worker --config "$tmp/limits.json"
+# The log goes to stderr: stdout is for reports (here: nothing but the log would print).
+timeout 1 "$dc" worker --id w --parent tcp://127.0.0.1:1 >"$tmp/log.out" 2>"$tmp/log.err"
+check "the log goes to stderr, not stdout" bash -c "[ ! -s '$tmp/log.out' ] && grep -q unauthenticated '$tmp/log.err'"
 check "keygen" "$dc" keygen -o "$tmp/node.key"
 fails "keygen over an existing key" "exists" "$dc" keygen -o "$tmp/node.key"
 check "keygen --force" "$dc" keygen --force -o "$tmp/node.key"

@@ -1,5 +1,6 @@
 #include "deltacast/transport/host.h"
 
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <uv.h>
 #include <zmq.h>
@@ -7,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <mutex>
 #include <optional>
 
 #include <pthread.h>
@@ -19,6 +21,15 @@
 #include "zmq_links.h"
 
 namespace deltacast::transport {
+
+void log_to_stderr() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    auto logger = spdlog::stderr_color_mt("deltacast");
+    logger->set_level(spdlog::default_logger()->level());
+    spdlog::set_default_logger(std::move(logger));
+  });
+}
 
 using namespace deltacast::runtime;
 

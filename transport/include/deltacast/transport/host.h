@@ -24,6 +24,11 @@
 
 namespace deltacast::transport {
 
+// Sends the library's log (spdlog's default logger, which writes to stdout) to stderr instead, as
+// the front ends want it: the CLI's stdout carries its reports, a Python program's is its own.
+// Safe to call more than once.
+void log_to_stderr();
+
 struct CurveKeys {
   std::string public_key;  // Z85, 40 characters
   std::string secret_key;

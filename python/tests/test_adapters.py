@@ -1,6 +1,7 @@
 """The vLLM and SGLang adapters against stand-ins of their engines' contracts (tests/fakes), with a
 model whose loader fuses q/k/v and gate/up and keeps one tensor-parallel rank's slice."""
 
+import signal
 import time
 
 import pytest
@@ -124,10 +125,13 @@ def test_a_dead_relay_leaves_the_model_at_its_version_and_a_fallback_parent_fini
             pub.publish(sd)
             for engine in (only_relay, with_fallback):
                 vllm_update(engine, 1)
-            relay_proc.kill()
-            relay_proc.wait()
+            # The relay freezes with version 2 on its way through it, then dies.
+            relay_proc.send_signal(signal.SIGSTOP)
             step(sd, 6)
             pub.publish(sd)
+            time.sleep(0.3)
+            relay_proc.kill()
+            relay_proc.wait()
             before, loads = params_of(model_a), model_a.load_calls
             start = time.monotonic()
             with pytest.raises(deltacast.vllm.UpdateError, match="unchanged at version 1") as e:

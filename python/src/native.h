@@ -134,7 +134,8 @@ class Publisher {
   transport::Publisher& live() const;
   std::size_t known_workers();
   std::unique_ptr<transport::Publisher> p_;
-  std::mutex mu_;  // publish() and serving anchors both use the newest checkpoint
+  std::mutex mu_;          // publish() and serving anchors both use the newest checkpoint
+  std::mutex publish_mu_;  // one publish() at a time: images_ and the version order
   std::thread anchor_server_;
   std::atomic<bool> stopping_{false};
   // Images reused between versions: the publisher keeps the newest as the next delta's base.

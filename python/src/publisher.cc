@@ -68,6 +68,12 @@ transport::Publisher& Publisher::live() const {
 
 std::uint64_t Publisher::publish(const std::vector<TensorRef>& tensors) {
   transport::Publisher& p = live();
+  // One publish at a time, whichever Python thread calls (the GIL is let go while it works).
+  std::unique_lock turn(publish_mu_, std::defer_lock);
+  {
+    py::gil_scoped_release release;
+    turn.lock();
+  }
   ModelLayout layout = layout_of(tensors);
   // An image no version holds any more, else a new one.
   std::shared_ptr<Bytes> image;

@@ -173,3 +173,21 @@ def test_tensors_after_odd_sized_ones_are_views_too():
         for name, t in named:  # "w" starts at byte 3, "x" at byte 15: not aligned to their element size
             assert got[name].dtype == t.dtype and got[name].shape == t.shape
             assert bits(got[name]) == bits(t), name
+
+
+def test_publish_from_several_threads_numbers_every_version_once():
+    import threading
+
+    sd = state_dict()
+    numbers = []
+    with deltacast.Publisher("tcp://127.0.0.1:0") as pub:
+        def publish_some():
+            for _ in range(5):
+                numbers.append(pub.publish(sd))
+
+        threads = [threading.Thread(target=publish_some) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(numbers) == list(range(1, 16)) and pub.version == 15

@@ -5,7 +5,7 @@ The copy stands in for an engine's GPU-resident weights: the first version is co
 later one is applied with ``index_copy_`` from ``Version.patches`` (only the changed values move),
 and ``Version.verify`` checks the copy bit for bit after each update.
 
-    python3 examples/rollout.py --id rollout-0 --parent tcp://127.0.0.1:7100 --until 20
+    python3 examples/rollout.py --id rollout-0 --parent tcp://127.0.0.1:7100 --until 21
 """
 
 import argparse

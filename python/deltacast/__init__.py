@@ -14,8 +14,10 @@ A ``Publisher`` is the origin inside a trainer: ``publish`` a state dict every s
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
+import traceback
 import warnings
 from typing import Callable, Iterable, Iterator, NamedTuple, Optional, Union
 
@@ -32,8 +34,8 @@ _DTYPES = {
     "BOOL": (np.bool_, "bool"),
     "U8": (np.uint8, "uint8"),
     "I8": (np.int8, "int8"),
-    "F8_E4M3": (np.uint8, "uint8"),
-    "F8_E5M2": (np.uint8, "uint8"),
+    "F8_E4M3": (np.uint8, "float8_e4m3fn"),  # uint8 on a torch without float8 types
+    "F8_E5M2": (np.uint8, "float8_e5m2"),
     "U16": (np.uint16, "int16"),
     "I16": (np.int16, "int16"),
     "F16": (np.float16, "float16"),
@@ -56,7 +58,7 @@ def _torch_dtype(dtype: str):
     if found is None:
         import torch
 
-        torch_dtype = getattr(torch, _DTYPES[dtype][1])
+        torch_dtype = getattr(torch, _DTYPES[dtype][1], None) or torch.uint8  # float8: torch >= 2.1
         found = _TORCH_DTYPES[dtype] = (torch_dtype, torch.tensor([], dtype=torch_dtype).element_size())
     return found
 
@@ -65,7 +67,7 @@ def _torch_view(dtype: str, array: np.ndarray):
     """A torch tensor over the same memory as ``array``, of the safetensors dtype's torch type."""
     import torch
 
-    torch_dtype = getattr(torch, _DTYPES[dtype][1])
+    torch_dtype = _torch_dtype(dtype)[0]
     if array.dtype.kind == "u" and array.dtype.itemsize > 1:
         array = array.view(np.dtype(f"int{array.dtype.itemsize * 8}"))
     with warnings.catch_warnings():
@@ -270,7 +272,10 @@ class Worker:
         return Version(v) if v is not None else None
 
     def on_version(self, callback: Callable[[Version], None]) -> None:
-        """Calls ``callback(version)`` on a Python thread for each version that becomes current."""
+        """Calls ``callback(version)`` on a Python thread for each version that becomes current.
+        An exception in a callback is logged (logger "deltacast") and the others still run. With
+        ``in_place=True`` the next version is applied only once nobody holds the current one: let
+        go of the Version and its views when the callback is done with them."""
         self._callbacks.append(callback)
         if self._thread is None:
             self._thread = threading.Thread(target=self._watch, name="deltacast-on-version", daemon=True)
@@ -285,9 +290,17 @@ class Worker:
                 return  # closed
             if v is None:
                 continue
-            last = v
+            last = v.stub()  # holds no image: an in-place worker may apply the next version
+            version = Version(v)
+            del v
             for cb in list(self._callbacks):
-                cb(Version(v))
+                try:
+                    cb(version)
+                except Exception as e:  # one failing callback must not stop the others, or later versions
+                    # The traceback's frames hold the version; a log handler may keep the record.
+                    traceback.clear_frames(e.__traceback__)
+                    logging.getLogger("deltacast").exception("on_version callback failed for version %d", version.number)
+            del version
 
     @property
     def listening(self) -> str:

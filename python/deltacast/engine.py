@@ -48,6 +48,7 @@ class ModelUpdater:
         self._params = params
         self.device = device if device is not None else next(iter(params.values())).device if params else torch.device("cpu")
         self.version: Optional[int] = None  # the version the model holds (None: not one deltacast gave it)
+        self.run: Optional[str] = None  # the run that version belongs to: a restarted trainer counts from 1 again
         self.last_stats: dict = {}
 
     def _direct(self, name: str, shape, dtype):
@@ -66,7 +67,7 @@ class ModelUpdater:
                               f"{self.version}", self.version) from e
         except Error as e:
             raise UpdateError(f"version {version}: {e}; the model is unchanged at version {self.version}", self.version) from e
-        if v.number == self.version:
+        if v.number == self.version and v.run == self.run:
             return v
         plan = self._plan(v)
         self._apply(v, plan)
@@ -76,7 +77,7 @@ class ModelUpdater:
         """Every write the update makes, read from the verified version before the model is touched:
         (in-place patches, in-place whole copies, names to load through load_weights)."""
         patches, copies, loads = [], [], []
-        since = self.version
+        since = self.version if v.run == self.run else None  # another run's versions share no history
         sparse = since is not None and since < v.number and v._native.changes_since <= since
         if sparse:
             views = dict(v.tensors())
@@ -102,11 +103,12 @@ class ModelUpdater:
 
         patches, copies, loads = plan
         before = self.version
-        self.version = None  # until every write is done
+        self.version = self.run = None  # until every write is done
         try:
             with torch.no_grad():
                 if loads:
-                    self._load_weights((name, t.to(self.device)) for name, t in v.tensors(loads))
+                    # Copies, never views of the verified image: a loader may write into what it is given.
+                    self._load_weights((name, t.to(self.device, copy=True)) for name, t in v.tensors(loads))
                 for p, idx, values in patches:
                     p.data.view(-1).index_copy_(0, idx.to(p.device), values.to(p.device))
                 for p, t in copies:
@@ -114,7 +116,7 @@ class ModelUpdater:
         except Exception as e:
             raise UpdateError(f"applying version {v.number} over version {before} failed part way: {e}; "
                               "the next update reloads every tensor", None) from e
-        self.version = v.number
+        self.version, self.run = v.number, v.run
         self.last_stats = {
             "version": v.number,
             "from": before,

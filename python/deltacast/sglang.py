@@ -9,7 +9,8 @@ server's ``--custom-weight-loader``, every tensor-parallel worker calls that fun
 Start the server with ``--custom-weight-loader deltacast.sglang.load_weights``; each of its
 processes joins the fleet as a worker configured by ``configure(...)`` or by the environment
 (``DELTACAST_PARENTS``: endpoints separated by commas; ``DELTACAST_TRUST_KEYS``;
-``DELTACAST_WORKER_ID``; ``DELTACAST_STATE_DIR``; ``DELTACAST_TIMEOUT_S``). The trainer then
+``DELTACAST_WORKER_ID``, to which each process adds ``-rank<N>``, default the host name;
+``DELTACAST_STATE_DIR``; ``DELTACAST_TIMEOUT_S``). The trainer then
 asks for a version by number instead of sending tensors::
 
     engine.update_weights_from_tensor(named_tensors=deltacast.sglang.request(version),
@@ -70,10 +71,18 @@ def _running_worker() -> Worker:
         if _worker is None:
             c = _config or _from_environment()
             _config.update(c)
-            worker_id = c["worker_id"] or f"{socket.gethostname()}-{os.getpid()}"
+            # Stable across restarts (a worker finds its saved versions by id), one per process.
+            worker_id = f"{c['worker_id'] or socket.gethostname()}-rank{_rank()}"
             _worker = Worker(worker_id, c["parents"], keys=c["keys"], parent_keys=c["parent_keys"], trust_keys=c["trust_keys"],
                              state_dir=c["state_dir"] or None, change_history=c["change_history"])
         return _worker
+
+
+def _rank() -> int:
+    """This process's rank among the server's workers (0 outside torch.distributed)."""
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def request(version: int):

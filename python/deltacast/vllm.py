@@ -26,7 +26,6 @@ trainer then passes to the inference side's ``update_weights``.
 
 from __future__ import annotations
 
-import os
 import socket
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
@@ -46,7 +45,7 @@ class DeltacastInitInfo(WeightTransferInitInfo):
     """How the worker joins the fleet (the arguments of ``deltacast.Worker``)."""
 
     parents: list[str]
-    worker_id: str = ""  # default: host name, process id and tensor-parallel rank
+    worker_id: str = ""  # default: host name, data-parallel and tensor-parallel rank
     trust_keys: list[str] = field(default_factory=list)
     keys: Optional[tuple[str, str]] = None
     parent_keys: list[str] = field(default_factory=list)
@@ -84,8 +83,10 @@ class DeltacastWeightTransferEngine(WeightTransferEngine[DeltacastInitInfo, Delt
         self.updater: Optional[ModelUpdater] = None
 
     def init_transfer_engine(self, init_info: DeltacastInitInfo) -> None:
+        # Stable across restarts (a worker finds its saved versions by id), one per rank.
         rank = getattr(self.parallel_config, "rank", 0)
-        worker_id = init_info.worker_id or f"{socket.gethostname()}-{os.getpid()}-tp{rank}"
+        dp_rank = getattr(self.parallel_config, "data_parallel_rank", 0)
+        worker_id = init_info.worker_id or f"{socket.gethostname()}-vllm-dp{dp_rank}-tp{rank}"
         self.worker = Worker(worker_id, init_info.parents, keys=init_info.keys, parent_keys=init_info.parent_keys,
                              trust_keys=init_info.trust_keys, state_dir=init_info.state_dir or None,
                              change_history=init_info.change_history)

@@ -70,6 +70,7 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("ready_us", &Version::ready_us)
       .def_property_readonly("run", &Version::run)
       .def("tensor_infos", &Version::tensor_infos)
+      .def("stub", &Version::stub)
       .def("patch", &Version::patch, py::arg("index"), py::arg("since"))
       .def_property_readonly("changes_since", &Version::changes_since)
       .def_buffer([](const Version& v) { return v.buffer(); });

@@ -36,18 +36,16 @@ bool wait_sliced(double timeout_s, Attempt attempt) {
   const bool forever = timeout_s < 0;
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(forever ? 0 : timeout_s));
   for (;;) {
-    std::uint64_t slice_ms = 100;
-    if (!forever) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-      if (left <= 0) return false;
-      slice_ms = std::min<std::uint64_t>(slice_ms, static_cast<std::uint64_t>(left));
-    }
+    // Every wait tries at least once, so a zero timeout still sees what is there already.
+    std::int64_t left_ms = 100;
+    if (!forever) left_ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
     bool done;
     {
       pybind11::gil_scoped_release release;
-      done = attempt(slice_ms);
+      done = attempt(static_cast<std::uint64_t>(std::clamp<std::int64_t>(left_ms, 0, 100)));
     }
     if (done) return true;
+    if (!forever && left_ms <= 0) return false;
     if (PyErr_CheckSignals() != 0) throw pybind11::error_already_set();
   }
 }
@@ -73,6 +71,9 @@ class Version {
   // The oldest version the kept changes reach back to (this version's number when none are kept).
   std::uint64_t changes_since() const;
   const std::shared_ptr<const runtime::ModelVersion>& get() const { return v_; }
+  // A stand-in with this version's number and run but no image, to wait for a newer one without
+  // holding this one (an in-place worker applies the next version only once nobody holds it).
+  std::shared_ptr<Version> stub() const;
 
  private:
   std::shared_ptr<const runtime::ModelVersion> v_;
@@ -128,12 +129,13 @@ class Publisher {
   std::uint64_t version() const;
   std::string run();
   std::string listening();
+  // Stops the publisher. A wait_ready in another thread ends with deltacast.Error. Idempotent.
   void close();
 
  private:
-  transport::Publisher& live() const;
-  std::size_t known_workers();
-  std::unique_ptr<transport::Publisher> p_;
+  std::shared_ptr<transport::Publisher> live() const;
+  std::size_t known_workers(transport::Publisher& p);
+  std::shared_ptr<transport::Publisher> p_;
   std::mutex mu_;          // publish() and serving anchors both use the newest checkpoint
   std::mutex publish_mu_;  // one publish() at a time: images_ and the version order
   std::thread anchor_server_;
@@ -164,12 +166,15 @@ class Worker {
   // A version newer than `after` (null: any), or None after timeout_s.
   std::shared_ptr<Version> wait_newer(const std::shared_ptr<Version>& after, double timeout_s);
   std::shared_ptr<Version> current() const;
+  // Stops the worker. A wait in another thread ends with deltacast.Error. Idempotent.
   void close();
   std::string listening() const;
 
  private:
-  transport::Worker& live() const;
-  std::unique_ptr<transport::Worker> w_;
+  // The worker, held by the caller while it waits: close() in another thread cannot free it.
+  std::shared_ptr<transport::Worker> live() const;
+  std::shared_ptr<transport::Worker> w_;
+  std::atomic<bool> closed_{false};
 };
 
 }  // namespace deltacast::python

@@ -43,31 +43,27 @@ Publisher::Publisher(const PublisherArgs& args) {
   p_ = std::move(p).value();
   // Workers that join while the trainer trains ask for an anchor; answer without waiting for
   // the next publish().
-  anchor_server_ = std::thread([this] {
+  anchor_server_ = std::thread([this, publisher = p_] {
     while (!stopping_) {
       {
         std::lock_guard lock(mu_);
-        (void)p_->serve_anchor_request();  // a failure is logged by the node; the next request tries again
+        (void)publisher->serve_anchor_request();  // a failure is logged by the node; the next request tries again
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(kAnchorServeMs));
     }
   });
 }
 
-Publisher::~Publisher() {
-  py::gil_scoped_release release;
-  stopping_ = true;
-  if (anchor_server_.joinable()) anchor_server_.join();
-  p_.reset();
-}
+Publisher::~Publisher() { close(); }
 
-transport::Publisher& Publisher::live() const {
+std::shared_ptr<transport::Publisher> Publisher::live() const {
   if (!p_ || stopping_) throw Error("the publisher is closed");
-  return *p_;
+  return p_;
 }
 
 std::uint64_t Publisher::publish(const std::vector<TensorRef>& tensors) {
-  transport::Publisher& p = live();
+  const auto publisher = live();  // held while publishing: close() in another thread cannot free it
+  transport::Publisher& p = *publisher;
   // One publish at a time, whichever Python thread calls (the GIL is let go while it works).
   std::unique_lock turn(publish_mu_, std::defer_lock);
   {
@@ -97,23 +93,26 @@ std::uint64_t Publisher::publish(const std::vector<TensorRef>& tensors) {
   return *version;
 }
 
-std::size_t Publisher::known_workers() {
+std::size_t Publisher::known_workers(transport::Publisher& p) {
   std::size_t n = 0;
-  for (const auto& [id, e] : live().ledger()) n += e.left ? 0 : 1;
+  for (const auto& [id, e] : p.ledger()) n += e.left ? 0 : 1;
   return std::max<std::size_t>(n, 1);
 }
 
 py::tuple Publisher::wait_ready(std::uint64_t version, std::size_t workers, double timeout_s) {
-  transport::Publisher& p = live();
+  const auto publisher = live();
+  transport::Publisher& p = *publisher;
   if (version == 0 || version > p.version()) throw Error("version " + std::to_string(version) + " was not published");
   transport::Delivery d;
   std::size_t wanted = workers;
   const bool reached = wait_sliced(timeout_s, [&](std::uint64_t ms) {
-    if (workers == 0) wanted = known_workers();
+    if (stopping_) return true;
+    if (workers == 0) wanted = known_workers(p);
     std::lock_guard lock(mu_);
     d = p.wait_for_delivery(version, wanted, ms);
     return d.workers_ready >= wanted;
   });
+  if (stopping_) throw Error("the publisher was closed while waiting");
   if (!reached) {
     PyErr_SetString(PyExc_TimeoutError, ("version " + std::to_string(version) + " is ready on " + std::to_string(d.workers_ready) + " of " +
                                          std::to_string(wanted) + " workers")
@@ -125,7 +124,7 @@ py::tuple Publisher::wait_ready(std::uint64_t version, std::size_t workers, doub
 
 py::dict Publisher::ledger() {
   py::dict out;
-  for (const auto& [id, e] : live().ledger()) {
+  for (const auto& [id, e] : live()->ledger()) {
     py::dict entry;
     entry["version"] = e.version;
     entry["run"] = deltacast::to_string(e.run);
@@ -138,17 +137,18 @@ py::dict Publisher::ledger() {
   return out;
 }
 
-std::uint64_t Publisher::version() const { return live().version(); }
-std::string Publisher::run() { return deltacast::to_string(live().run()); }
-std::string Publisher::listening() { return live().host().bound_endpoint(); }
+std::uint64_t Publisher::version() const { return live()->version(); }
+std::string Publisher::run() { return deltacast::to_string(live()->run()); }
+std::string Publisher::listening() { return live()->host().bound_endpoint(); }
 
 void Publisher::close() {
-  if (!p_) return;
-  py::gil_scoped_release release;
   stopping_ = true;
+  const std::shared_ptr<transport::Publisher> p = std::move(p_);  // callers in other threads keep their own reference
+  if (!p) return;
+  py::gil_scoped_release release;
+  p->interrupt();  // a publish() waiting for room ends
   if (anchor_server_.joinable()) anchor_server_.join();
-  p_->stop();
-  p_.reset();
+  p->stop();
 }
 
 }  // namespace deltacast::python

@@ -109,22 +109,33 @@ Worker::Worker(const WorkerArgs& args) {
 }
 
 Worker::~Worker() {
+  closed_ = true;
   py::gil_scoped_release release;
   w_.reset();
 }
 
-transport::Worker& Worker::live() const {
-  if (!w_) throw Error("the worker is closed");
-  return *w_;
+std::shared_ptr<transport::Worker> Worker::live() const {
+  if (!w_ || closed_) throw Error("the worker is closed");
+  return w_;
+}
+
+std::shared_ptr<Version> Version::stub() const {
+  auto s = std::make_shared<runtime::ModelVersion>();
+  s->version = v_->version;
+  s->base_version = v_->base_version;
+  s->run = v_->run;
+  s->checksum = v_->checksum;
+  return std::make_shared<Version>(std::move(s));
 }
 
 std::shared_ptr<Version> Worker::wait(std::uint64_t min_version, double timeout_s) {
-  transport::Worker& w = live();
+  const auto w = live();
   std::shared_ptr<const runtime::ModelVersion> v;
   const bool got = wait_sliced(timeout_s, [&](std::uint64_t ms) {
-    v = w.wait_for_version(std::max<std::uint64_t>(min_version, 1), ms);
-    return v != nullptr;
+    v = closed_ ? nullptr : w->wait_for_version(std::max<std::uint64_t>(min_version, 1), ms);
+    return v != nullptr || closed_;
   });
+  if (closed_) throw Error("the worker was closed while waiting");
   if (!got) {
     PyErr_SetString(PyExc_TimeoutError, ("no version >= " + std::to_string(min_version) + " within the timeout").c_str());
     throw py::error_already_set();
@@ -133,28 +144,30 @@ std::shared_ptr<Version> Worker::wait(std::uint64_t min_version, double timeout_
 }
 
 std::shared_ptr<Version> Worker::wait_newer(const std::shared_ptr<Version>& after, double timeout_s) {
-  transport::Worker& w = live();
+  const auto w = live();
   const std::shared_ptr<const runtime::ModelVersion> base = after ? after->get() : nullptr;
   std::shared_ptr<const runtime::ModelVersion> v;
   wait_sliced(timeout_s, [&](std::uint64_t ms) {
-    v = w.wait_for_newer(base, ms);
-    return v != nullptr;
+    v = closed_ ? nullptr : w->wait_for_newer(base, ms);
+    return v != nullptr || closed_;
   });
+  if (closed_) throw Error("the worker was closed while waiting");
   return v ? std::make_shared<Version>(std::move(v)) : nullptr;
 }
 
 std::shared_ptr<Version> Worker::current() const {
-  auto v = live().current();
+  auto v = live()->current();
   return v ? std::make_shared<Version>(std::move(v)) : nullptr;
 }
 
 void Worker::close() {
-  if (!w_) return;
+  closed_ = true;
+  const std::shared_ptr<transport::Worker> w = std::move(w_);  // waits in other threads keep their own reference
+  if (!w) return;
   py::gil_scoped_release release;
-  (void)w_->stop();
-  w_.reset();
+  (void)w->stop();
 }
 
-std::string Worker::listening() const { return live().host().bound_endpoint(); }
+std::string Worker::listening() const { return live()->host().bound_endpoint(); }
 
 }  // namespace deltacast::python

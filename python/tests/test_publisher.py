@@ -1,5 +1,7 @@
 """The Python publisher and the plain encode and decode functions."""
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -191,3 +193,74 @@ def test_publish_from_several_threads_numbers_every_version_once():
         for t in threads:
             t.join()
         assert sorted(numbers) == list(range(1, 16)) and pub.version == 15
+
+
+def test_zero_timeouts_see_what_is_there_and_close_ends_waits_in_other_threads():
+    import threading
+
+    with deltacast.Publisher("tcp://127.0.0.1:0") as pub:
+        w = deltacast.Worker("w", [pub.listening])
+        pub.publish({"x": torch.zeros(3)})
+        assert w.wait(1, timeout=30).number == 1
+        assert w.wait(1, timeout=0).number == 1  # already there: no TimeoutError
+        assert pub.wait_ready(1, timeout=30).workers_ready == 1
+        assert pub.wait_ready(1, timeout=0).workers_ready == 1
+        errors = []
+
+        def wait_forever():
+            try:
+                w.wait(99)
+            except deltacast.Error as e:
+                errors.append(str(e))
+
+        t = threading.Thread(target=wait_forever)
+        t.start()
+        time.sleep(0.3)
+        w.close()  # another thread is inside wait(): it must end with an error, not crash
+        t.join(timeout=10)
+        assert not t.is_alive() and errors and "closed" in errors[0]
+
+
+def test_on_version_follows_an_in_place_worker_and_survives_a_failing_callback():
+    sd = state_dict()
+    seen, calls = [], []
+    with deltacast.Publisher("tcp://127.0.0.1:0") as pub, deltacast.Worker("w", [pub.listening], in_place=True) as w:
+        def failing(v):
+            calls.append(v.number)
+            raise RuntimeError("a callback bug")
+
+        w.on_version(failing)
+        w.on_version(lambda v: seen.append(v.number))
+        for step in range(1, 4):
+            if step > 1:
+                train_step(sd, step)
+            pub.publish(sd)
+            deadline = time.monotonic() + 30
+            while (not seen or seen[-1] < step) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        assert seen and seen[-1] == 3  # the watcher held no version, so the in-place worker moved on
+        assert calls and calls[-1] == 3
+
+
+def test_a_new_run_is_loaded_whole_even_with_the_same_version_number(tmp_path):
+    from deltacast.engine import ModelUpdater
+
+    from fake_models import FakeLlama, hf_state_dict, same_bits
+
+    endpoint = f"tcp://127.0.0.1:{__import__('conftest').free_port()}"
+    model = FakeLlama()
+    first, second = hf_state_dict(seed=1), hf_state_dict(seed=2)
+    with deltacast.Worker("w", [endpoint]) as w:
+        updater = ModelUpdater(model)
+        with deltacast.Publisher(endpoint) as pub:
+            pub.publish(first)
+            updater.update(w, 1, timeout=30)
+            assert same_bits(model, first) == []
+        with deltacast.Publisher(endpoint) as pub:  # the trainer restarted: a new run, counting from 1
+            pub.publish(second)
+            deadline = time.monotonic() + 30
+            while (w.current() is None or w.current().run != pub.run) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            updater.update(w, 1, timeout=30)
+            assert updater.run == pub.run
+            assert same_bits(model, second) == []

@@ -4,6 +4,8 @@
 #include <set>
 #include <thread>
 
+#include <unistd.h>
+
 #include "deltacast/common/thread_pool.h"
 #include "native.h"
 
@@ -105,6 +107,12 @@ std::shared_ptr<Version> decode_container(py::buffer container, const std::vecto
   auto view = parse_container(file);
   if (!view.is_ok()) throw Error(view.status().to_string());
   const Manifest& m = view->manifest;
+  // The container says how large the version is. Refuse more than this host's memory before
+  // allocating, the bound a worker's NodeHost applies: zero-filling that much would get the
+  // process killed rather than raise bad_alloc.
+  const long pages = sysconf(_SC_PHYS_PAGES), page_bytes = sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page_bytes > 0 && m.image_size > static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page_bytes))
+    throw Error("version " + std::to_string(m.version) + " needs " + std::to_string(m.image_size) + " bytes, more than this host's memory");
   const bool delta = m.kind == VersionKind::kDelta;
   Bytes base_image;
   if (delta) {

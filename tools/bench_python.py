@@ -4,11 +4,14 @@
 1. publish: ``Publisher.publish`` of a torch state dict (the checkpoint already in memory, as in a
    trainer) against ``deltacast encode BASE NEW`` of the same checkpoint files: throughput ratio.
 2. ready to tensors: from the moment a version became current at a worker (``Version.ready_us``)
-   to every tensor iterated in Python, against the budget 1 ms + 2 us per tensor.
+   to every tensor iterated in Python, against the budget 1 ms + 2 us per tensor; the views are
+   made in C++ (deltacast._torch_views), and the same versions' views made by torch calls from
+   Python are the baseline.
 3. patches: ``Version.patches`` + ``index_copy_`` into a second copy of the model against copying
    the whole model (``copy_`` of every tensor), with 2% of the BF16 values changed.
 
 Medians of --runs runs. Usage: python3 tools/bench_python.py --deltacast build/tools/deltacast
+[--only publish|ready|patches]
 """
 
 import argparse
@@ -75,7 +78,8 @@ def bench_ready_to_tensors(tensors: int, versions: int) -> dict:
     process too (its encode runs on native threads)."""
     g = torch.Generator().manual_seed(1)
     sd = {f"layer.{i}.weight": torch.randn(64, 64, generator=g).to(torch.bfloat16) for i in range(tensors)}
-    latencies_ms = []
+    latencies_ms, python_ms = [], []
+    assert deltacast._views_in_cpp(), "deltacast._torch_views is not built (libtorch-dev) or not loadable here"
     with deltacast.Publisher("tcp://127.0.0.1:0") as pub, deltacast.Worker("bench", [pub.listening], change_history=0) as w:
         pub.publish(sd)
         w.wait(1, timeout=60)
@@ -88,9 +92,14 @@ def bench_ready_to_tensors(tensors: int, versions: int) -> dict:
             done_us = time.monotonic_ns() // 1000
             assert count == tensors
             latencies_ms.append((done_us - v.ready_us) / 1e3)
+            # The baseline: the same version's views made by torch calls from Python, timed alone.
+            start_ns = time.monotonic_ns()
+            assert sum(1 for _ in v._python_tensors()) == tensors
+            python_ms.append((time.monotonic_ns() - start_ns) / 1e6)
     median = statistics.median(latencies_ms)
     budget = 1.0 + 0.002 * tensors
-    return {"tensors": tensors, "median_ms": median, "budget_ms": budget, "ratio": median / budget}
+    return {"tensors": tensors, "median_ms": median, "budget_ms": budget, "ratio": median / budget,
+            "python_views_ms": statistics.median(python_ms)}
 
 
 def bench_patches(model_bytes: int, fraction: float, runs: int) -> dict:
@@ -132,28 +141,34 @@ def main() -> int:
     ap.add_argument("--deltacast", default="deltacast", help="the deltacast executable")
     ap.add_argument("--size", default="512MB", help="checkpoint size for the publish benchmark")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--only", choices=["publish", "ready", "patches"], help="run one benchmark")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        log(f"generating {args.size} checkpoints")
-        subprocess.run([args.deltacast, "gen", "-q", "-o", str(work / "ckpt"), "--size", args.size, "--steps", "3"], check=True)
-        ckpts = sorted((work / "ckpt").glob("*.safetensors"))
-        log("1/3 publish vs deltacast encode")
-        pub = bench_publish(args.deltacast, ckpts, args.runs, work)
-    log("2/3 ready to tensors")
-    ready = [bench_ready_to_tensors(n, 20) for n in (100, 1000, 10000)]
-    log("3/3 patches vs full copy")
-    patch = bench_patches(512 << 20, 0.02, max(args.runs, 5))
-    print(f"publish (torch state dict, {pub['image_bytes'] / 1e6:.0f} MB): {pub['publish_gbps']:.2f} GB/s vs deltacast encode "
-          f"{pub['encode_gbps']:.2f} GB/s: {pub['ratio']:.2f}x (target >= 0.9x)")
-    for r in ready:
-        print(f"ready to tensors iterated, {r['tensors']} tensors: {r['median_ms']:.2f} ms vs budget {r['budget_ms']:.1f} ms "
-              f"(1 ms + 2 us/tensor): {r['ratio']:.2f} of the budget")
-    # What would cross PCIe to a GPU: 8 bytes of index and the value per change, against the model.
-    moved = patch["changed"] * (8 + 2) / 2
-    print(f"patches + index_copy_ ({patch['changed'] * 100:.1f}% changed, {patch['model_bytes'] / 1e6:.0f} MB, host memory): "
-          f"{patch['patch_ms']:.1f} ms vs full copy {patch['full_ms']:.1f} ms: {patch['ratio']:.2f}x the speed; "
-          f"bytes moved {moved * 100:.1f}% of the full copy's ({1 / moved:.1f}x fewer)")
+    run = lambda name: args.only in (None, name)  # noqa: E731
+    if run("publish"):
+        with tempfile.TemporaryDirectory() as tmp:
+            work = Path(tmp)
+            log(f"generating {args.size} checkpoints")
+            subprocess.run([args.deltacast, "gen", "-q", "-o", str(work / "ckpt"), "--size", args.size, "--steps", "3"], check=True)
+            ckpts = sorted((work / "ckpt").glob("*.safetensors"))
+            log("publish vs deltacast encode")
+            pub = bench_publish(args.deltacast, ckpts, args.runs, work)
+        print(f"publish (torch state dict, {pub['image_bytes'] / 1e6:.0f} MB): {pub['publish_gbps']:.2f} GB/s vs deltacast encode "
+              f"{pub['encode_gbps']:.2f} GB/s: {pub['ratio']:.2f}x (target >= 0.9x)")
+    if run("ready"):
+        log("ready to tensors")
+        for n in (100, 1000, 10000):
+            r = bench_ready_to_tensors(n, 20)
+            print(f"ready to tensors iterated, {r['tensors']} tensors: {r['median_ms']:.2f} ms vs budget {r['budget_ms']:.1f} ms "
+                  f"(1 ms + 2 us/tensor): {r['ratio']:.2f} of the budget; views made by torch calls from Python alone "
+                  f"{r['python_views_ms']:.2f} ms", flush=True)
+    if run("patches"):
+        log("patches vs full copy")
+        patch = bench_patches(512 << 20, 0.02, max(args.runs, 5))
+        # What would cross PCIe to a GPU: 8 bytes of index and the value per change, against the model.
+        moved = patch["changed"] * (8 + 2) / 2
+        print(f"patches + index_copy_ ({patch['changed'] * 100:.1f}% changed, {patch['model_bytes'] / 1e6:.0f} MB, host memory): "
+              f"{patch['patch_ms']:.1f} ms vs full copy {patch['full_ms']:.1f} ms: {patch['ratio']:.2f}x the speed; "
+              f"bytes moved {moved * 100:.1f}% of the full copy's ({1 / moved:.1f}x fewer)")
     return 0
 
 

@@ -13,6 +13,7 @@ A ``Publisher`` is the origin inside a trainer: ``publish`` a state dict every s
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -129,15 +130,51 @@ def _tensor_refs(named_tensors) -> tuple[list, list]:
     return refs, keep
 
 
+_VIEWS_IN_CPP = None  # deltacast._torch_views, once loaded; False when this process cannot use it
+
+
+def _views_in_cpp():
+    """deltacast._torch_views when it was built (libtorch-dev present) against the torch this
+    process runs, else False: it links that torch's libraries, and another torch must not meet them."""
+    global _VIEWS_IN_CPP
+    if _VIEWS_IN_CPP is None:
+        _VIEWS_IN_CPP = False
+        try:
+            from . import _torch_build
+        except ImportError:
+            return False
+        import torch
+
+        here = os.path.dirname(os.path.realpath(torch.__file__))
+        if (torch.__version__, here) == (_torch_build.VERSION, _torch_build.DIR):
+            from . import _torch_views
+
+            _VIEWS_IN_CPP = _torch_views
+        else:
+            logging.getLogger("deltacast").info(
+                "tensor views made in Python: deltacast was built for torch %s at %s, this process runs %s at %s",
+                _torch_build.VERSION, _torch_build.DIR, torch.__version__, here)
+    return _VIEWS_IN_CPP
+
+
 class Version:
     """One verified version: ``number``, ``base_number`` (0 for an anchor), ``checksum``, ``run``."""
 
     def __init__(self, native: _native.Version):
-        self._native = native
-        self._image = np.frombuffer(native, dtype=np.uint8)  # read-only; holds the version alive
-        self._infos = native.tensor_infos()  # (name, dtype, shape, offset, nbytes, strides)
-        self._index = {info[0]: i for i, info in enumerate(self._infos)}
+        self._native = native  # holds the version alive
         self._typed = {}  # torch dtype -> the whole image as one tensor of it
+
+    @functools.cached_property
+    def _image(self) -> np.ndarray:
+        return np.frombuffer(self._native, dtype=np.uint8)  # read-only
+
+    @functools.cached_property
+    def _infos(self) -> list:
+        return self._native.tensor_infos()  # (name, dtype, shape, offset, nbytes, strides)
+
+    @functools.cached_property
+    def _index(self) -> dict:
+        return {info[0]: i for i, info in enumerate(self._infos)}
 
     number = property(lambda self: self._native.number)
     base_number = property(lambda self: self._native.base_number)
@@ -150,15 +187,16 @@ class Version:
     def names(self) -> list[str]:
         return [info[0] for info in self._infos]
 
-    def _select(self, names: Optional[Iterable[str]]):
-        if names is None:
-            return self._infos
+    def _indices(self, names: Iterable[str]) -> list[int]:
+        index = self._index
         wanted = list(names)
-        by_name = {info[0]: info for info in self._infos}
-        missing = [n for n in wanted if n not in by_name]
+        missing = [n for n in wanted if n not in index]
         if missing:
             raise KeyError(f"version {self.number} has no tensor {missing[0]!r}")
-        return [by_name[n] for n in wanted]
+        return [index[n] for n in wanted]
+
+    def _select(self, names: Optional[Iterable[str]]):
+        return self._infos if names is None else [self._infos[i] for i in self._indices(names)]
 
     def _views(self, infos) -> Iterator[tuple[str, str, np.ndarray]]:
         for name, dtype, shape, offset, nbytes, _ in infos:
@@ -184,10 +222,15 @@ class Version:
         for name, _, array in self._views(self._select(names)):
             yield name, array
 
-    def tensors(self, names: Optional[Iterable[str]] = None):
+    def tensors(self, names: Optional[Iterable[str]] = None) -> Iterator[tuple[str, "torch.Tensor"]]:
         """(name, torch.Tensor) zero-copy views of the verified image; do not write to them."""
-        import torch
+        cpp = _views_in_cpp()
+        if not cpp:
+            return self._python_tensors(names)
+        return iter(cpp.views(self._native.capsule(), None if names is None else self._indices(names)))
 
+    def _python_tensors(self, names: Optional[Iterable[str]] = None):
+        """tensors() made by torch calls from Python, one per tensor."""
         for info in self._select(names):
             name, dtype, shape, offset, nbytes, strides = info
             torch_dtype, size = _torch_dtype(dtype)

@@ -73,6 +73,7 @@ PYBIND11_MODULE(_native, m) {
       .def("stub", &Version::stub)
       .def("patch", &Version::patch, py::arg("index"), py::arg("since"))
       .def_property_readonly("changes_since", &Version::changes_since)
+      .def("capsule", &Version::capsule)
       .def_buffer([](const Version& v) { return v.buffer(); });
 
   py::class_<Worker>(m, "Worker")

@@ -70,6 +70,8 @@ class Version {
   pybind11::tuple patch(std::size_t index, std::uint64_t since) const;
   // The oldest version the kept changes reach back to (this version's number when none are kept).
   std::uint64_t changes_since() const;
+  // A capsule owning a reference to the version, for deltacast._torch_views (version_capsule.h).
+  pybind11::object capsule() const;
   const std::shared_ptr<const runtime::ModelVersion>& get() const { return v_; }
   // A stand-in with this version's number and run but no image, to wait for a newer one without
   // holding this one (an in-place worker applies the next version only once nobody holds it).

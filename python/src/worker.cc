@@ -1,6 +1,7 @@
 #include <cstring>
 
 #include "native.h"
+#include "version_capsule.h"
 
 namespace deltacast::python {
 
@@ -65,14 +66,9 @@ py::tuple Version::patch(std::size_t index, std::uint64_t since) const {
   return py::make_tuple(owning_array<std::int64_t>(std::move(elements).value(), count), owning_array<std::uint8_t>(std::move(values), bytes));
 }
 
-std::uint64_t Version::changes_since() const {
-  std::uint64_t reached = v_->version;
-  for (const auto& set : v_->changes) {
-    if (!set || set->version != reached) break;
-    reached = set->base_version;
-  }
-  return reached;
-}
+std::uint64_t Version::changes_since() const { return runtime::changes_reach(*v_); }
+
+py::object Version::capsule() const { return py::reinterpret_steal<py::object>(version_capsule(v_)); }
 
 namespace {
 

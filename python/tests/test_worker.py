@@ -210,3 +210,32 @@ def test_ctrl_c_interrupts_a_wait(tmp_path):
         assert time.monotonic() - sent < 2.0
         lines.append(line)
     assert p.wait(timeout=30) == 0
+
+
+def test_views_made_in_cpp_match_the_python_ones_for_every_dtype():
+    # Both makers of tensors(): deltacast._torch_views (built whenever libtorch-dev is there, as the
+    # test setup installs it) and the Python fallback. Odd sizes put later tensors off their alignment.
+    assert deltacast._views_in_cpp(), "deltacast._torch_views was not built or not loaded"
+    g = torch.Generator().manual_seed(3)
+    named = [("flags", torch.tensor([True, False, True])), ("u8", torch.randint(0, 255, (5,), dtype=torch.uint8, generator=g)),
+             ("bf16", torch.randn(3, 7, generator=g).to(torch.bfloat16)), ("i8", torch.tensor([-1, 2, -3], dtype=torch.int8)),
+             ("f64", torch.randn(2, 3, generator=g, dtype=torch.float64)), ("scalar", torch.tensor(2.5)),
+             ("empty", torch.zeros(0, 4, dtype=torch.float16)), ("u16", np.arange(7, dtype=np.uint16) * 9000),
+             ("u32", np.arange(3, dtype=np.uint32) << 30), ("u64", np.array([1 << 63, 5], dtype=np.uint64)),
+             ("i16", torch.tensor([[-7, 7]], dtype=torch.int16)), ("i32", torch.tensor([-(1 << 31)], dtype=torch.int32)),
+             ("i64", torch.tensor([[1], [-1]], dtype=torch.int64)), ("f16", torch.randn(4, generator=g).half()),
+             ("f32", torch.randn(2, 2, 2, generator=g))]
+    with deltacast.Publisher("tcp://127.0.0.1:0") as pub, deltacast.Worker("w", [pub.listening]) as w:
+        pub.publish(named)
+        v = w.wait(1, timeout=30)
+        cpp, py = list(v.tensors()), list(v._python_tensors())
+        assert [n for n, _ in cpp] == [n for n, _ in py] == [n for n, _ in named]
+        for (name, a), (_, b), (_, src) in zip(cpp, py, named):
+            assert (a.dtype, a.shape, a.stride(), a.data_ptr()) == (b.dtype, b.shape, b.stride(), b.data_ptr()), name
+            assert a.is_contiguous() and a.device.type == "cpu" and not a.requires_grad, name
+            src = torch.from_numpy(src.view(f"int{src.itemsize * 8}")) if isinstance(src, np.ndarray) else src
+            assert as_int(a).numpy().tobytes() == as_int(src).numpy().tobytes(), name
+        picked = list(v.tensors(["f32", "u8", "f32"]))
+        assert [n for n, _ in picked] == ["f32", "u8", "f32"] and picked[0][1].data_ptr() == dict(cpp)["f32"].data_ptr()
+        with pytest.raises(KeyError, match="nope"):
+            v.tensors(["u8", "nope"])

@@ -25,24 +25,32 @@ void append_tensor_changes(const ChangeSet& set, const TensorInfo& t, std::vecto
 
 }  // namespace
 
+std::uint64_t changes_reach(const ModelVersion& v, std::uint64_t since) {
+  std::uint64_t reached = v.version;
+  for (const auto& set : v.changes) {
+    if (reached <= since || !set || set->version != reached) break;
+    reached = set->base_version;
+  }
+  return reached;
+}
+
 Result<std::vector<std::uint64_t>> changed_elements(const ModelVersion& v, std::size_t tensor, std::uint64_t since) {
   if (tensor >= v.tensors.size()) return Status::invalid_argument("no tensor " + std::to_string(tensor) + " in version " + std::to_string(v.version));
   if (since > v.version)
     return Status::invalid_argument("version " + std::to_string(since) + " is newer than " + std::to_string(v.version));
-  std::vector<const ChangeSet*> sets;
-  std::uint64_t reached = v.version;
-  for (const auto& set : v.changes) {
-    if (reached == since || !set || set->version != reached) break;
-    sets.push_back(set.get());
-    reached = set->base_version;
-  }
+  const std::uint64_t reached = changes_reach(v, since);
   if (reached != since) {
     return Status::not_found("version " + std::to_string(v.version) + " keeps its changes back to version " + std::to_string(reached) +
                              ", not to " + std::to_string(since));
   }
   std::vector<std::uint64_t> out;
-  for (const ChangeSet* set : sets) append_tensor_changes(*set, v.tensors[tensor], out);
-  if (sets.size() > 1) {
+  std::size_t sets = 0;
+  for (std::uint64_t at = v.version; at != since; ++sets) {  // the chain changes_reach walked
+    const ChangeSet& set = *v.changes[sets];
+    append_tensor_changes(set, v.tensors[tensor], out);
+    at = set.base_version;
+  }
+  if (sets > 1) {
     std::sort(out.begin(), out.end());
     out.erase(std::unique(out.begin(), out.end()), out.end());
   }

@@ -126,6 +126,9 @@ struct ModelVersion {
 // changes kept do not reach back to `since` (or it is not older than v); InvalidArgument for a
 // tensor index out of range.
 Result<std::vector<std::uint64_t>> changed_elements(const ModelVersion& v, std::size_t tensor, std::uint64_t since);
+// The oldest version v.changes reach back to, walking no further than `since`: v.version when
+// none are kept.
+std::uint64_t changes_reach(const ModelVersion& v, std::uint64_t since = 0);
 
 // Timings of one version at this node, in microseconds of the node's clock.
 struct VersionTiming {

@@ -9,8 +9,9 @@ values, so each version moves most of the model's size over the link:
   - warm: versions back to back (the next is published when the worker holds the previous);
   - after idle: versions published --idle-s apart, so each follows a silent link
     (tcp_slow_start_after_idle=1, the kernel's default).
-For each version the link's delivered bytes are sampled every 20 ms; the version's rate is its
-bytes over the span the link was busy with it, against the link rate (the ratio). The
+For each version the link's delivered bytes are sampled every 20 ms; the version's rate is the
+bytes from 1% to 99% of them over the time between (the span the link was busy with it),
+against the link rate (the ratio). The
 baseline, in the same run: one TCP connection (tests/wan/netprobe.py) over the same link.
 
 Usage (root): python3 tools/bench_wan.py --deltacast build/tools/deltacast --emulator build/tests/wan_emulator
@@ -59,13 +60,15 @@ class LinkSampler:
         self._thread.join()
 
     def busy(self, after: float, until: float) -> dict:
-        """The bytes the link delivered between two moments, and the time from the sample before
-        its first movement to the sample of its last."""
+        """What the link delivered between two moments: the bytes from the last sample at 1% of
+        them to the first at 99%, and the time between those samples (the heartbeats and
+        announcements of an idle link before and after stay out of it)."""
         s = [x for x in self.samples if after <= x[0] <= until]
-        moves = [i for i in range(1, len(s)) if s[i][1] > s[i - 1][1]]
-        if not moves:
+        if len(s) < 2 or s[-1][1] == s[0][1]:
             return {"seconds": 0.0, "bytes": 0}
-        first, last = moves[0] - 1, moves[-1]
+        base, total = s[0][1], s[-1][1] - s[0][1]
+        first = max(i for i in range(len(s)) if s[i][1] - base <= 0.01 * total)
+        last = min(i for i in range(len(s)) if s[i][1] - base >= 0.99 * total)
         return {"seconds": s[last][0] - s[first][0], "bytes": s[last][1] - s[first][1]}
 
 

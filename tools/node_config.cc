@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "deltacast/io/mapped_file.h"
+#include "deltacast/transport/wire.h"
 #include "deltacast/common/units.h"
 
 namespace deltacast::tools {
@@ -23,6 +24,11 @@ void add_node_options(CLI::App* sub, NodeOptions& o, bool worker) {
   sub->add_option("--parent", o.parents, "Parent endpoint; repeat for fallbacks, most preferred first")->allow_extra_args(false);
   sub->add_option("--cache-size", o.cache_size, "Version cache bound, e.g. 8GB");
   sub->add_option("--queue-size", o.queue_size, "Send queue bound per peer, e.g. 256MB");
+  sub->add_option("--stripes", o.stripes,
+                  std::string("TCP connections per parent link, chunks spread over them, to fill a link longer than one window reaches "
+                              "(docs/RUNTIME.md, \"Striped links\"); default ") +
+                      (worker ? "1" : "8"))
+      ->check(CLI::Range(1u, transport::kStripesMax));
   sub->add_option("--keys", o.keys_path, "This node's CURVE key file (deltacast keygen); turns encryption on");
   sub->add_option("--parent-key", o.parent_keys, "Public key of each --parent, in order")->allow_extra_args(false);
   sub->add_option("--allow-key", o.allow_keys, "Public key of a child allowed to connect (repeat); none: any child with our key")->allow_extra_args(false);
@@ -121,6 +127,8 @@ Status apply_limits(const json& limits, LoadedNode& out) {
       {"handshake_timeout_ms", count(h.handshake_timeout_ms)},
       {"connections_max", count(h.connections_max)},
       {"hello_timeout_ms", count(h.hello_timeout_ms)},
+      {"reorder_bytes_max", bytes(h.reorder_bytes_max)},
+      {"reorder_timeout_ms", count(h.reorder_timeout_ms)},
       {"metrics_clients_max", count(h.metrics_clients_max)},
       {"metrics_timeout_ms", count(h.metrics_timeout_ms)},
       {"metrics_response_bytes_max", bytes(h.metrics_response_bytes_max)},
@@ -175,13 +183,14 @@ Result<LoadedNode> load_node_options(const NodeOptions& flags, bool worker) {
     if (j.is_discarded() || !j.is_object()) return Status::invalid_argument(flags.config_path + ": not a JSON object");
     static const std::set<std::string> known = {"id",        "listen",   "parents",  "cache_size", "queue_size", "keys",
                                                 "parent_keys", "allow_keys", "log_level", "relay",  "metrics",    "in_place",
-                                                "sign_key",  "trust_keys", "shard_keys", "limits"};
+                                                "sign_key",  "trust_keys", "shard_keys", "limits", "stripes"};
     for (auto it = j.begin(); it != j.end(); ++it)
       if (!known.count(it.key())) return Status::invalid_argument(flags.config_path + ": unknown field \"" + it.key() + "\"");
     for (Status st : {get(j, "id", o.node_id), get(j, "listen", o.listen), get(j, "parents", o.parents), get(j, "cache_size", o.cache_size),
                       get(j, "queue_size", o.queue_size), get(j, "keys", o.keys_path), get(j, "parent_keys", o.parent_keys),
                       get(j, "allow_keys", o.allow_keys), get(j, "log_level", o.log_level), get(j, "relay", o.relay), get(j, "metrics", o.metrics), get(j, "in_place", o.in_place),
-                      get(j, "sign_key", o.sign_key_path), get(j, "trust_keys", o.trust_keys), get(j, "shard_keys", o.shard_keys)})
+                      get(j, "sign_key", o.sign_key_path), get(j, "trust_keys", o.trust_keys), get(j, "shard_keys", o.shard_keys),
+                      get(j, "stripes", o.stripes)})
       if (!st.is_ok()) return st.with_context(flags.config_path);
     if (j.contains("limits")) o.limits_json = j["limits"].dump();
   }
@@ -199,6 +208,7 @@ Result<LoadedNode> load_node_options(const NodeOptions& flags, bool worker) {
   if (!flags.trust_keys.empty()) o.trust_keys = flags.trust_keys;
   if (!flags.shard_keys.empty()) o.shard_keys = flags.shard_keys;
   if (!flags.log_level.empty()) o.log_level = flags.log_level;
+  if (flags.stripes != 0) o.stripes = flags.stripes;
   DC_RETURN_IF_ERROR(apply_log_level(o.log_level));
 
   LoadedNode out;
@@ -224,6 +234,9 @@ Result<LoadedNode> load_node_options(const NodeOptions& flags, bool worker) {
   out.node.serve_children = !worker || !o.listen.empty();
   if (!o.listen.empty()) DC_RETURN_IF_ERROR(check_endpoint(o.listen, "--listen", true));
   for (const auto& p : o.parents) DC_RETURN_IF_ERROR(check_endpoint(p, "--parent", false));
+  if (o.stripes > transport::kStripesMax)
+    return Status::invalid_argument("stripes: 1 to " + std::to_string(transport::kStripesMax) + ", not " + std::to_string(o.stripes));
+  out.host.stripes = o.stripes != 0 ? o.stripes : worker ? 1 : 8;
   out.host.bind_endpoint = o.listen;
   out.host.metrics_listen = o.metrics;
   if (!o.limits_json.empty()) DC_RETURN_IF_ERROR(apply_limits(nlohmann::json::parse(o.limits_json), out).with_context("config \"limits\""));

@@ -26,6 +26,7 @@ struct NodeOptions {
   std::vector<std::string> trust_keys;    // relays, workers: publishers' public keys (hex, or key files)
   std::vector<std::string> shard_keys;    // origin merging shards: the shards' public keys
   std::string log_level;                  // empty: info
+  std::uint32_t stripes = 0;              // connections per parent link; 0: 8 for a relay, 1 for a worker
   bool relay = false;                     // workers: also serve children (peer to peer)
   bool in_place = false;                  // workers: one image, readers paused during updates
   // worker command

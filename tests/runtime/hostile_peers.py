@@ -239,7 +239,7 @@ def _on_term(signum, frame):
 
 def envelope():
     e = pb.Envelope()
-    e.protocol_version = 2
+    e.protocol_version = 3
     return e
 
 

@@ -165,3 +165,57 @@ TEST_CASE("a child queue bound of zero is refused: ZeroMQ would read it as no bo
   CHECK(st.code() == StatusCode::kInvalidArgument);
   CHECK(st.message().find("child_queue_messages_max") != std::string::npos);
 }
+
+TEST_CASE("a striped link spreads a version over its connections and delivers it whole and in order", "[transport][host][stripes]") {
+  auto layout = test::make_layout({{DType::kBF16, 400000}});
+  Bytes v1 = test::random_bytes(layout.image_size, 3), v2 = v1;
+  for (std::size_t i = 0; i < v2.size(); i += 16) v2[i] ^= 1;
+  InlineExecutor ex;
+  VersionEncodeOptions opt;
+  opt.chunk_bytes = 16 << 10;  // dozens of chunks, so that every connection carries some
+
+  NodeConfig oc;
+  oc.node_id = "origin";
+  oc.serve_children = true;
+  transport::HostConfig oh;
+  oh.bind_endpoint = "tcp://127.0.0.1:*";
+  transport::NodeHost origin(oc, oh);
+  REQUIRE(origin.start_thread().is_ok());
+  REQUIRE(origin.call([&] { return origin.node().publish(*encode_version(layout, 1, 0, {}, v1, opt, ex)); }).is_ok());
+
+  // A relay on a link of 4 connections to the origin, and a worker of its own.
+  NodeConfig rc;
+  rc.node_id = "relay";
+  rc.parents = {origin.bound_endpoint()};
+  rc.serve_children = true;
+  transport::HostConfig rh;
+  rh.bind_endpoint = "tcp://127.0.0.1:*";
+  rh.stripes = 4;
+  transport::NodeHost relay(rc, rh);
+  REQUIRE(relay.start_thread().is_ok());
+  NodeConfig wc;
+  wc.node_id = "w";
+  wc.parents = {relay.bound_endpoint()};
+  wc.reconstruct = true;
+  transport::NodeHost worker(wc, transport::HostConfig{});
+  REQUIRE(worker.start_thread().is_ok());
+  auto got = worker.wait_for_version(1, 20000);
+  REQUIRE(got);
+  CHECK(got->image == v1);
+  // Once every extra connection announced itself (every 100 ms at first), a version uses them all.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const auto before = origin.call([&] { return origin.stripe_messages_out(); });
+  REQUIRE(origin.call([&] { return origin.node().publish(*encode_version(layout, 2, 1, v1, v2, opt, ex)); }).is_ok());
+  got = worker.wait_for_version(2, 20000);
+  REQUIRE(got);
+  CHECK(got->image == v2);
+  CHECK(got->base_version == 1);
+  const auto after = origin.call([&] { return origin.stripe_messages_out(); });
+  REQUIRE(after.size() == 4);
+  for (std::size_t k = 0; k < 4; ++k) CHECK(after[k] > (k < before.size() ? before[k] : 0) + 2);  // every connection carried chunks
+  CHECK(relay.call([&] { return relay.reorder_gaps_skipped(); }) == 0);  // nothing given up: everything came, in order
+  CHECK(worker.call([&] { return worker.stripe_messages_out(); }).empty());  // a worker's own link is not striped
+  worker.stop();
+  relay.stop();
+  origin.stop();
+}

@@ -92,20 +92,35 @@ TEST_CASE("a peer's text that is not plain UTF-8 is refused with a reason", "[tr
 // kProtocolVersion goes up with it).
 namespace {
 
-std::vector<std::pair<std::string, Message>> golden_messages() {
+// One golden frame: a node's message with the fields the transport adds, or (no message) a
+// stripe announcement.
+struct GoldenFrame {
+  std::string kind;
+  std::optional<Message> message;
+  transport::LinkFields fields;
+  std::uint32_t stripe_index = 0;
+};
+
+std::vector<GoldenFrame> golden_messages() {
   const RunId run{1764547200000000, 0x0123456789abcdefull};
   const auto bytes = [](std::string s) { return share(Bytes(s.begin(), s.end())); };
+  const transport::LinkFields sequenced{0, 0, 0x5eed5eed5eed5eedull, 1234567};
   return {
-      {"hello", Hello{kProtocolVersion, "eu-west.w17", Role::kWorker, 41, run, true, true}},
-      {"welcome", Welcome{42, run}},
-      {"refuse", Refuse{"protocol version 1, this node speaks 2"}},
-      {"manifest", ManifestMsg{{42, true}, bytes("DCFM manifest bytes"), 1764547200123456, 1, 4, nullptr}},
-      {"chunk", ChunkMsg{{42, false}, 7, bytes("chunk payload"), 3}},
-      {"need", Need{{42, false}, {0, 5, 1000000}, true, true}},
-      {"ready", Ready{"eu-west.w17", 42, 0x858224990e7d6eb3ull, 1234, "cannot save version 41: No space left on device", run}},
-      {"heartbeat", Heartbeat{42, run}},
-      {"leave", Leave{"eu-west.w17", "stopped", true}},
+      {"hello", Hello{kProtocolVersion, "eu-west.w17", Role::kWorker, 41, run, true, true}, {0xfeedfacecafebeefull, 8, 0, 0}},
+      {"welcome", Welcome{42, run}, sequenced},
+      {"refuse", Refuse{"protocol version 1, this node speaks 2"}, {}},
+      {"manifest", ManifestMsg{{42, true}, bytes("DCFM manifest bytes"), 1764547200123456, 1, 4, nullptr}, sequenced},
+      {"chunk", ChunkMsg{{42, false}, 7, bytes("chunk payload"), 3}, sequenced},
+      {"need", Need{{42, false}, {0, 5, 1000000}, true, true}, {}},
+      {"ready", Ready{"eu-west.w17", 42, 0x858224990e7d6eb3ull, 1234, "cannot save version 41: No space left on device", run}, {}},
+      {"heartbeat", Heartbeat{42, run}, sequenced},
+      {"leave", Leave{"eu-west.w17", "stopped", true}, {}},
+      {"stripe", std::nullopt, {0xfeedfacecafebeefull, 0, 0, 0}, 7},
   };
+}
+
+transport::Frames encode_golden(const GoldenFrame& g) {
+  return g.message ? transport::encode_message(*g.message, g.fields) : transport::encode_stripe(g.fields.link, g.stripe_index);
 }
 
 std::string hex(const void* data, std::size_t n) {
@@ -130,8 +145,9 @@ std::string frame_line(const std::string& kind, const transport::Frames& f) {
 
 TEST_CASE("every message kind matches its golden frames, both ways", "[transport][wire][golden]") {
   const std::string path = test::golden("wire-frames.txt");
+  const std::vector<GoldenFrame> frames = golden_messages();
   std::vector<std::string> lines;
-  for (const auto& [kind, m] : golden_messages()) lines.push_back(frame_line(kind, transport::encode_message(m)));
+  for (const auto& g : frames) lines.push_back(frame_line(g.kind, encode_golden(g)));
   if (std::getenv("DELTACAST_WRITE_GOLDEN")) {
     std::ofstream out(path);
     for (const auto& l : lines) out << l << "\n";
@@ -147,9 +163,44 @@ TEST_CASE("every message kind matches its golden frames, both ways", "[transport
     fields >> kind >> header_hex >> payload_hex;
     const Bytes header = unhex(header_hex);
     const SharedBytes payload = payload_hex == "-" ? nullptr : share(unhex(payload_hex));
-    auto decoded = transport::decode_message(header.data(), header.size(), payload);
+    auto decoded = transport::decode_frames(header.data(), header.size(), payload);
     REQUIRE(decoded.is_ok());
-    CHECK(message_name(*decoded) == message_name(golden_messages()[i].second));
-    CHECK(frame_line(kind, transport::encode_message(*decoded)) == golden[i]);  // decoding loses nothing
+    const GoldenFrame& expected = frames[i];
+    INFO(kind);
+    REQUIRE(decoded->message.has_value() == expected.message.has_value());
+    GoldenFrame again{kind, decoded->message, decoded->fields, decoded->stripe_index};
+    if (expected.message) CHECK(message_name(*decoded->message) == message_name(*expected.message));
+    CHECK(frame_line(kind, encode_golden(again)) == golden[i]);  // decoding loses nothing
   }
+}
+
+TEST_CASE("the transport's link fields are bounded and a stripe announcement is no node message", "[transport][wire]") {
+  const Hello hello{kProtocolVersion, "w1", Role::kWorker, 0, {}, false, false};
+  auto hello_with = [&](transport::LinkFields f) {
+    transport::Frames fr = transport::encode_message(Message{hello}, f);
+    return transport::decode_frames(fr.header.data(), fr.header.size(), nullptr);
+  };
+  auto ok = hello_with({77, transport::kStripesMax, 0, 0});
+  REQUIRE(ok.is_ok());
+  CHECK(ok->fields.link == 77);
+  CHECK(ok->fields.stripes == transport::kStripesMax);
+  CHECK_FALSE(hello_with({77, transport::kStripesMax + 1, 0, 0}).is_ok());
+  CHECK_FALSE(hello_with({0, 4, 0, 0}).is_ok());  // stripes without a link
+  CHECK_FALSE(hello_with({0, 0, 5, 0}).is_ok());  // a stream without a number
+  CHECK_FALSE(hello_with({0, 0, 0, 5}).is_ok());  // a number without a stream
+
+  auto stripe = [](std::uint64_t link, std::uint32_t index) {
+    transport::Frames fr = transport::encode_stripe(link, index);
+    return transport::decode_frames(fr.header.data(), fr.header.size(), nullptr);
+  };
+  auto s = stripe(9, 3);
+  REQUIRE(s.is_ok());
+  CHECK_FALSE(s->message.has_value());
+  CHECK(s->stripe_index == 3);
+  CHECK(s->fields.link == 9);
+  CHECK_FALSE(stripe(9, 0).is_ok());
+  CHECK_FALSE(stripe(9, transport::kStripesMax).is_ok());
+  CHECK_FALSE(stripe(0, 1).is_ok());
+  transport::Frames fr = transport::encode_stripe(9, 3);
+  CHECK_FALSE(transport::decode_message(fr.header.data(), fr.header.size(), nullptr).is_ok());
 }

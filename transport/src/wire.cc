@@ -67,9 +67,11 @@ Status check_node_id(const std::string& id) {
 
 }  // namespace
 
-Frames encode_message(const Message& message) {
+Frames encode_message(const Message& message, const LinkFields& fields) {
   wire::Envelope env;
   env.set_protocol_version(kProtocolVersion);
+  env.set_stream(fields.stream);
+  env.set_seq(fields.seq);
   Frames f;
   std::visit(
       [&](const auto& m) {
@@ -83,6 +85,8 @@ Frames encode_message(const Message& message) {
           h->set_resume(m.resume);
           set_run(h->mutable_run(), m.run);
           h->set_serves_children(m.serves_children);
+          h->set_link(fields.link);
+          h->set_stripes(fields.stripes);
         } else if constexpr (std::is_same_v<T, Welcome>) {
           env.mutable_welcome()->set_newest_version(m.newest_version);
           set_run(env.mutable_welcome()->mutable_run(), m.run);
@@ -129,12 +133,17 @@ Frames encode_message(const Message& message) {
   return f;
 }
 
-Result<Message> decode_message(const void* header, std::size_t header_bytes, SharedBytes payload) {
-  if (header_bytes > kHeaderBytesMax) return Status::corruption("message header larger than " + std::to_string(kHeaderBytesMax) + " bytes");
+Frames encode_stripe(std::uint64_t link, std::uint32_t index) {
   wire::Envelope env;
-  if (!env.ParseFromArray(header, static_cast<int>(header_bytes))) return Status::corruption("message header is not a valid Envelope");
-  const bool has_payload = env.body_case() == wire::Envelope::kManifest || env.body_case() == wire::Envelope::kChunk;
-  if (has_payload != static_cast<bool>(payload)) return Status::corruption("payload frame missing or unexpected");
+  env.set_protocol_version(kProtocolVersion);
+  env.mutable_stripe()->set_link(link);
+  env.mutable_stripe()->set_index(index);
+  return Frames{env.SerializeAsString(), nullptr};
+}
+
+namespace {
+
+Result<Message> decode_body(wire::Envelope& env, SharedBytes payload) {
   if (env.body_case() == wire::Envelope::kHello) {
     Hello h;
     h.protocol_version = env.protocol_version();
@@ -185,6 +194,45 @@ Result<Message> decode_message(const void* header, std::size_t header_bytes, Sha
       return Message{Leave{env.leave().node_id(), env.leave().reason(), env.leave().moved()}};
     default: return Status::corruption("message has no body");
   }
+}
+
+}  // namespace
+
+Result<Decoded> decode_frames(const void* header, std::size_t header_bytes, SharedBytes payload) {
+  if (header_bytes > kHeaderBytesMax) return Status::corruption("message header larger than " + std::to_string(kHeaderBytesMax) + " bytes");
+  wire::Envelope env;
+  if (!env.ParseFromArray(header, static_cast<int>(header_bytes))) return Status::corruption("message header is not a valid Envelope");
+  const bool has_payload = env.body_case() == wire::Envelope::kManifest || env.body_case() == wire::Envelope::kChunk;
+  if (has_payload != static_cast<bool>(payload)) return Status::corruption("payload frame missing or unexpected");
+  Decoded d;
+  d.fields.stream = env.stream();
+  d.fields.seq = env.seq();
+  if ((d.fields.stream == 0) != (d.fields.seq == 0)) return Status::corruption("a sequence number without its stream, or the reverse");
+  if (env.body_case() == wire::Envelope::kStripe) {
+    if (env.protocol_version() != kProtocolVersion) return Status::unsupported("stripe announcement of another protocol version");
+    if (env.stripe().link() == 0 || env.stripe().index() == 0 || env.stripe().index() >= kStripesMax)
+      return Status::corruption("stripe announcement without a link, or with index 0 or above " + std::to_string(kStripesMax - 1));
+    d.fields.link = env.stripe().link();
+    d.stripe_index = env.stripe().index();
+    return d;
+  }
+  if (env.body_case() == wire::Envelope::kHello) {
+    d.fields.link = env.hello().link();
+    d.fields.stripes = env.hello().stripes();
+    if (d.fields.stripes > kStripesMax || (d.fields.stripes > 1 && d.fields.link == 0))
+      return Status::corruption("Hello asks for more than " + std::to_string(kStripesMax) + " stripes, or stripes without a link");
+  }
+  auto m = decode_body(env, std::move(payload));
+  if (!m.is_ok()) return m.status();
+  d.message = std::move(m).value();
+  return d;
+}
+
+Result<Message> decode_message(const void* header, std::size_t header_bytes, SharedBytes payload) {
+  auto d = decode_frames(header, header_bytes, std::move(payload));
+  if (!d.is_ok()) return d.status();
+  if (!d->message) return Status::corruption("a stripe announcement is not a node message");
+  return std::move(*d->message);
 }
 
 }  // namespace deltacast::transport

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <cstring>
+#include <random>
 
 #include <sys/socket.h>
 
@@ -23,6 +24,12 @@ void close_poll(uv_poll_t* poll) {
 }
 
 std::string zmq_error(const std::string& what) { return what + ": " + zmq_strerror(zmq_errno()); }
+
+std::uint64_t payload_bytes(const Message& m) {
+  if (const auto* c = std::get_if<ChunkMsg>(&m)) return c->payload ? c->payload->size() : 0;
+  if (const auto* mm = std::get_if<ManifestMsg>(&m)) return mm->manifest ? mm->manifest->size() : 0;
+  return 0;
+}
 
 // A received ZeroMQ frame held as a payload: no copy between the socket and the cache, the
 // children's send queues and the decoder.
@@ -117,19 +124,16 @@ Status ZmqLinks::bind() {
   return open_monitor();
 }
 
-PeerId ZmqLinks::connect(const std::string& endpoint) {
-  const PeerId id = next_peer++;
-  Socket s;
-  s.peer = id;
+// One connection of a parent link: a DEALER with this node's options, connected and watched. On
+// failure (out of sockets or descriptors) `s` has no socket: a link that stays silent, so the
+// node gives it up after parent_timeout_ms and tries again (a natural back-off, no busy retry).
+void ZmqLinks::open_parent_socket(const std::string& endpoint, Socket& s) {
   s.zsock = zmq_socket(ctx, ZMQ_DEALER);
   if (Status st = configure_common(s.zsock); !st.is_ok()) {
-    // Out of sockets or descriptors: a link that stays silent, so the node gives it up after
-    // parent_timeout_ms and tries again (a natural back-off, no busy retry).
     spdlog::error("{}: cannot connect to {}: {}", node_config.node_id, endpoint, st.to_string());
     if (s.zsock) zmq_close(s.zsock);
     s.zsock = nullptr;
-    parents.emplace(id, s);
-    return id;
+    return;
   }
   int one = 1;
   zmq_setsockopt(s.zsock, ZMQ_IMMEDIATE, &one, sizeof one);  // queue nothing for a dead parent
@@ -142,23 +146,44 @@ PeerId ZmqLinks::connect(const std::string& endpoint) {
     zmq_setsockopt(s.zsock, ZMQ_CURVE_SECRETKEY, config.curve->secret_key.c_str(), 40);
   }
   if (zmq_connect(s.zsock, endpoint.c_str()) != 0) spdlog::warn("{}: cannot connect to {}: {}", node_config.node_id, endpoint, zmq_strerror(zmq_errno()));
-  auto [it, inserted] = parents.emplace(id, s);
-  if (!watch(it->second)) {
+  if (!watch(s)) {
     spdlog::error("{}: cannot watch the link to {}: {}", node_config.node_id, endpoint, zmq_strerror(zmq_errno()));
-    zmq_close(it->second.zsock);
-    it->second.zsock = nullptr;
-    return id;
+    zmq_close(s.zsock);
+    s.zsock = nullptr;
   }
-  spdlog::debug("{}: connecting to parent {}", node_config.node_id, endpoint);
+}
+
+PeerId ZmqLinks::connect(const std::string& endpoint) {
+  const PeerId id = next_peer++;
+  Socket& primary = parents[id];
+  primary.peer = id;
+  open_parent_socket(endpoint, primary);
+  if (config.stripes > 1 && primary.zsock) {
+    StripedParent sp(config);
+    std::random_device random;
+    while (sp.link == 0) sp.link = (static_cast<std::uint64_t>(random()) << 32) ^ random();
+    sp.connected_ms = clock.now_ms();
+    sp.extra.resize(std::min(config.stripes, kStripesMax) - 1);
+    sp.announced_ms.assign(sp.extra.size(), 0);
+    for (Socket& s : sp.extra) {
+      s.peer = id;
+      open_parent_socket(endpoint, s);
+    }
+    striped_parents.emplace(id, std::move(sp));
+  }
+  spdlog::debug("{}: connecting to parent {} ({} connections)", node_config.node_id, endpoint, config.stripes);
   return id;
 }
 
 void ZmqLinks::disconnect(PeerId peer) {
   queues.erase(peer);
   if (auto it = parents.find(peer); it != parents.end()) {
-    close_poll(it->second.poll);
-    if (it->second.zsock) zmq_close(it->second.zsock);
+    close_socket(it->second);
     parents.erase(it);
+    if (auto sp = striped_parents.find(peer); sp != striped_parents.end()) {
+      for (Socket& s : sp->second.extra) close_socket(s);
+      striped_parents.erase(sp);
+    }
     return;
   }
   if (identity_of.count(peer)) {
@@ -173,13 +198,24 @@ void ZmqLinks::disconnect(PeerId peer) {
 
 bool ZmqLinks::send(PeerId peer, const Message& message) {
   if (!parents.count(peer) && !identity_of.count(peer)) return false;
+  LinkFields fields;
+  if (auto sp = striped_parents.find(peer); sp != striped_parents.end() && std::holds_alternative<Hello>(message)) {
+    fields.link = sp->second.link;
+    fields.stripes = static_cast<std::uint32_t>(sp->second.extra.size() + 1);
+  }
+  StripedChild* striped = nullptr;
+  if (auto sc = striped_children.find(peer); sc != striped_children.end()) {
+    striped = &sc->second;
+    fields.stream = striped->stream;
+    fields.seq = striped->next_seq;  // numbered in the order queued, which is the order sent
+  }
   Out o;
   if (config.outgoing_filter) {
     Message altered = message;
     config.outgoing_filter(altered);
-    o.frames = encode_message(altered);
+    o.frames = encode_message(altered, fields);
   } else {
-    o.frames = encode_message(message);
+    o.frames = encode_message(message, fields);
   }
   o.bytes = o.frames.header.size() + (o.frames.payload ? o.frames.payload->size() : 0);
   Queue& q = queues[peer];
@@ -188,6 +224,7 @@ bool ZmqLinks::send(PeerId peer, const Message& message) {
     q.refused = true;
     return false;
   }
+  if (striped) ++striped->next_seq;
   q.bytes += o.bytes;
   q.items.push_back(std::move(o));
   flush(peer);
@@ -229,8 +266,14 @@ void ZmqLinks::flush(PeerId peer) {
     queues.erase(qit);
     return;
   }
+  auto striped = striped_children.find(peer);
   while (!q.items.empty()) {
-    int err = send_frames(s, identity, q.items.front().frames);
+    int err;
+    if (striped != striped_children.end()) {
+      err = send_striped(striped->second, q.items.front().frames);
+    } else {
+      err = send_frames(s, identity, q.items.front().frames);
+    }
     if (err == EAGAIN) return;  // full: retried on the next loop iteration
     if (err == EHOSTUNREACH) {
       queues.erase(qit);
@@ -244,6 +287,36 @@ void ZmqLinks::flush(PeerId peer) {
       peers_writable.push_back(peer);
     }
   }
+}
+
+// Sends a striped child's message on the next of its connections, in turn, that has room:
+// EAGAIN when none has; EHOSTUNREACH when its primary connection is gone (an extra one that
+// is gone is dropped from the turn).
+int ZmqLinks::send_striped(StripedChild& c, const Frames& f) {
+  const std::size_t n = c.identities.size();
+  for (std::size_t tried = 0; tried < n; ++tried) {
+    const std::size_t k = c.next_stripe;
+    c.next_stripe = (c.next_stripe + 1) % n;
+    if (c.identities[k].empty()) continue;
+    const int err = send_frames(router.zsock, &c.identities[k], f);
+    if (err == 0) {
+      count_stripe_out(k);
+      return 0;
+    }
+    if (err == EHOSTUNREACH) {
+      if (k == 0) return err;
+      stripe_owner.erase(c.identities[k]);
+      c.identities[k].clear();
+    } else if (err != EAGAIN) {
+      return err;
+    }
+  }
+  return EAGAIN;
+}
+
+void ZmqLinks::count_stripe_out(std::size_t index) {
+  if (stripe_messages_out_.size() <= index) stripe_messages_out_.resize(index + 1);
+  ++stripe_messages_out_[index];
 }
 
 void ZmqLinks::flush_all() {
@@ -284,27 +357,96 @@ int ZmqLinks::receive(void* s, zmq_msg_t (&parts)[kFramesMax], bool& too_many) {
   return n;
 }
 
-void ZmqLinks::dispatch(PeerId from, zmq_msg_t* header, zmq_msg_t* payload, bool from_child) {
-  if (from_child) note_connection(from, zmq_msg_get(header, ZMQ_SRCFD));
+Result<Decoded> ZmqLinks::decode(zmq_msg_t* header, zmq_msg_t* payload) {
   SharedBytes body;
   if (payload) body = std::make_shared<const ZmqBlob>(payload);
-  auto m = decode_message(zmq_msg_data(header), zmq_msg_size(header), std::move(body));
-  if (!m.is_ok()) {
+  return decode_frames(zmq_msg_data(header), zmq_msg_size(header), std::move(body));
+}
+
+void ZmqLinks::dispatch(PeerId from, Result<Decoded> d, zmq_msg_t* header, bool from_child) {
+  if (from_child) note_connection(from, zmq_msg_get(header, ZMQ_SRCFD));
+  if (d.is_ok() && !d->message) d = Status::corruption("a stripe announcement on a link's first connection");
+  if (!d.is_ok()) {
     bad_messages++;
-    spdlog::warn("{}: dropped a message from {} {}: {}", node_config.node_id, from_child ? "child" : "parent", from, m.status().to_string());
+    spdlog::warn("{}: dropped a message from {} {}: {}", node_config.node_id, from_child ? "child" : "parent", from, d.status().to_string());
     if (from_child) {
       // A child that sends what this node cannot accept is told why and cut off.
-      send(from, Refuse{m.status().message()});
+      send(from, Refuse{d.status().message()});
       flush(from);
       node_->on_peer_down(from);
       disconnect(from);
     }
     return;
   }
-  if (from_child && std::holds_alternative<Hello>(*m))
+  const Message& m = *d->message;
+  if (from_child && std::holds_alternative<Hello>(m)) {
     if (auto fd = fd_of.find(from); fd != fd_of.end())
       if (auto c = connections.find(fd->second); c != connections.end()) c->second.said_hello = true;
-  node_->on_message(from, *m);
+    if (d->fields.stripes > 1) register_striped_child(from, d->fields, header);
+  }
+  if (!from_child && d->fields.seq != 0) {
+    if (auto sp = striped_parents.find(from); sp != striped_parents.end()) {
+      std::vector<Message> ready;
+      const std::uint64_t bytes = zmq_msg_size(header) + payload_bytes(m);
+      const std::uint64_t skipped = sp->second.order.gaps_skipped();
+      sp->second.order.add(d->fields.stream, d->fields.seq, std::move(*d->message), bytes, clock.now_ms(), ready);
+      if (sp->second.order.gaps_skipped() != skipped)
+        spdlog::warn("{}: gave up on messages {} of the striped link to parent {}: {} bytes held", node_config.node_id, "before", from,
+                     sp->second.order.held_bytes());
+      reorder_gaps_skipped_ += sp->second.order.gaps_skipped() - skipped;
+      for (const Message& r : ready)
+        if (parents.count(from)) node_->on_message(from, r);
+      return;
+    }
+  }
+  node_->on_message(from, m);
+}
+
+// A striped child: its first connection is `peer`; the others announce themselves with `link`.
+void ZmqLinks::register_striped_child(PeerId peer, const LinkFields& fields, zmq_msg_t* header) {
+  if (auto old = child_by_link.find(fields.link); old != child_by_link.end() && old->second != peer) {
+    // The same link said Hello again on a new connection: the old one's extras belong to it no more.
+    if (auto sc = striped_children.find(old->second); sc != striped_children.end()) {
+      for (std::size_t k = 1; k < sc->second.identities.size(); ++k) stripe_owner.erase(sc->second.identities[k]);
+      striped_children.erase(sc);
+    }
+  }
+  StripedChild c;
+  c.link = fields.link;
+  if (const char* user = zmq_msg_gets(header, "User-Id")) c.user_id = user;
+  c.identities.resize(fields.stripes);
+  c.identities[0] = identity_of[peer];
+  std::random_device random;
+  while (c.stream == 0) c.stream = (static_cast<std::uint64_t>(random()) << 32) ^ random();
+  striped_children[peer] = std::move(c);
+  child_by_link[fields.link] = peer;
+}
+
+// An extra connection of a striped child says which link it belongs to. It is taken when the
+// link's first connection said Hello with as many stripes and the same CURVE key; anything
+// else is dropped (it says so again, and a parent that has the link by then takes it).
+void ZmqLinks::on_stripe_announcement(const std::string& identity, const Decoded& d, zmq_msg_t* header) {
+  auto owner = child_by_link.find(d.fields.link);
+  if (owner == child_by_link.end()) return;
+  auto sc = striped_children.find(owner->second);
+  if (sc == striped_children.end() || d.stripe_index >= sc->second.identities.size()) return;
+  StripedChild& c = sc->second;
+  const char* user = zmq_msg_gets(header, "User-Id");
+  if ((user ? std::string(user) : std::string()) != c.user_id) {
+    bad_messages++;
+    return;
+  }
+  std::string& slot = c.identities[d.stripe_index];
+  if (slot != identity) {
+    if (!slot.empty()) stripe_owner.erase(slot);
+    slot = identity;
+    stripe_owner[identity] = owner->second;
+  }
+  const int fd = zmq_msg_get(header, ZMQ_SRCFD);
+  if (auto conn = connections.find(fd); conn != connections.end()) {
+    conn->second.said_hello = true;
+    conn->second.stripe_identity = identity;
+  }
 }
 
 // ---- connections to the listener ---------------------------------------------------------
@@ -349,6 +491,13 @@ void ZmqLinks::on_monitor_event(std::uint16_t event, std::int32_t value, const s
     case ZMQ_EVENT_DISCONNECTED:
     case ZMQ_EVENT_CLOSED:
       if (auto c = connections.find(value); c != connections.end()) {
+        // An extra connection of a striped child leaves the turn; the child stays.
+        if (auto owner = stripe_owner.find(c->second.stripe_identity); owner != stripe_owner.end()) {
+          if (auto sc = striped_children.find(owner->second); sc != striped_children.end())
+            for (std::size_t k = 1; k < sc->second.identities.size(); ++k)
+              if (sc->second.identities[k] == owner->first) sc->second.identities[k].clear();
+          stripe_owner.erase(owner);
+        }
         // A child whose connection closed is gone now, not after child_timeout_ms.
         const PeerId peer = c->second.peer;
         connections.erase(c);
@@ -403,12 +552,32 @@ void ZmqLinks::close_idle_connections() {
     if (connections.count(due.second)) close_connection(due.second, "the node let go of this child");
     return true;
   });
+  announce_stripes();
+  std::vector<std::pair<PeerId, std::vector<Message>>> late;
+  for (auto& [id, sp] : striped_parents) {
+    std::vector<Message> ready;
+    const std::uint64_t skipped = sp.order.gaps_skipped();
+    sp.order.expire(now, ready);
+    if (sp.order.gaps_skipped() != skipped)
+      spdlog::warn("{}: waited {} ms for a message of the striped link to parent {}: going on without it", node_config.node_id,
+                   config.reorder_timeout_ms, id);
+    reorder_gaps_skipped_ += sp.order.gaps_skipped() - skipped;
+    if (!ready.empty()) late.emplace_back(id, std::move(ready));
+  }
+  for (auto& [id, ready] : late)
+    for (const Message& m : ready)
+      if (parents.count(id)) node_->on_message(id, m);
 }
 
 void ZmqLinks::forget_child(PeerId peer) {
   if (auto it = identity_of.find(peer); it != identity_of.end()) {
     child_by_identity.erase(it->second);
     identity_of.erase(it);
+  }
+  if (auto sc = striped_children.find(peer); sc != striped_children.end()) {
+    for (std::size_t k = 1; k < sc->second.identities.size(); ++k) stripe_owner.erase(sc->second.identities[k]);
+    if (auto l = child_by_link.find(sc->second.link); l != child_by_link.end() && l->second == peer) child_by_link.erase(l);
+    striped_children.erase(sc);
   }
   queues.erase(peer);
 }
@@ -420,12 +589,20 @@ void ZmqLinks::drain_router() {
     const int n = receive(router.zsock, parts, too_many);
     if (n >= 2 && n <= 3 && !too_many) {
       std::string identity(static_cast<const char*>(zmq_msg_data(&parts[0])), zmq_msg_size(&parts[0]));
-      PeerId& id = child_by_identity[identity];
-      if (id == 0) {
-        id = next_peer++;
-        identity_of[id] = identity;
+      auto d = decode(&parts[1], n == 3 ? &parts[2] : nullptr);
+      const bool announcement = d.is_ok() && !d->message;
+      if (stripe_owner.count(identity) || (announcement && !child_by_identity.count(identity))) {
+        // An extra connection of a striped link: it only ever announces itself.
+        if (announcement) on_stripe_announcement(identity, *d, &parts[1]);
+        else bad_messages++;
+      } else {
+        PeerId& id = child_by_identity[identity];
+        if (id == 0) {
+          id = next_peer++;
+          identity_of[id] = identity;
+        }
+        dispatch(id, std::move(d), &parts[1], true);
       }
-      dispatch(id, &parts[1], n == 3 ? &parts[2] : nullptr, true);
     } else {
       bad_messages++;
     }
@@ -433,16 +610,38 @@ void ZmqLinks::drain_router() {
   }
 }
 
-void ZmqLinks::drain_parent(PeerId id) {
-  for (;;) {
-    auto it = parents.find(id);
-    if (it == parents.end() || !readable(it->second.zsock)) return;
+void ZmqLinks::drain_parent_socket(PeerId id, void* zsock) {
+  while (parents.count(id) && readable(zsock)) {
     zmq_msg_t parts[kFramesMax];
     bool too_many;
-    const int n = receive(it->second.zsock, parts, too_many);
-    if (n >= 1 && n <= 2 && !too_many) dispatch(id, &parts[0], n == 2 ? &parts[1] : nullptr, false);
+    const int n = receive(zsock, parts, too_many);
+    if (n >= 1 && n <= 2 && !too_many) dispatch(id, decode(&parts[0], n == 2 ? &parts[1] : nullptr), &parts[0], false);
     else bad_messages++;
     for (int i = 0; i < n; ++i) zmq_msg_close(&parts[i]);
+  }
+}
+
+void ZmqLinks::drain_parent(PeerId id) {
+  if (auto it = parents.find(id); it != parents.end()) drain_parent_socket(id, it->second.zsock);
+  // The node may have let the link go while it read: look it up again for each socket.
+  for (std::size_t k = 0;; ++k) {
+    auto sp = striped_parents.find(id);
+    if (sp == striped_parents.end() || k >= sp->second.extra.size()) return;
+    drain_parent_socket(id, sp->second.extra[k].zsock);
+  }
+}
+
+// Every striped link's extra connections say which link they belong to: every 100 ms for the
+// first 3 s, then every stripe_announce_ms. A send refused (not connected yet) is tried on the
+// next tick.
+void ZmqLinks::announce_stripes() {
+  const std::uint64_t now = clock.now_ms();
+  for (auto& [id, sp] : striped_parents) {
+    const std::uint64_t every = now - sp.connected_ms < 3000 ? 100 : config.stripe_announce_ms;
+    for (std::size_t k = 0; k < sp.extra.size(); ++k) {
+      if (!sp.extra[k].zsock || (sp.announced_ms[k] != 0 && now - sp.announced_ms[k] < every)) continue;
+      if (send_frames(sp.extra[k].zsock, nullptr, encode_stripe(sp.link, static_cast<std::uint32_t>(k + 1))) == 0) sp.announced_ms[k] = now;
+    }
   }
 }
 
@@ -507,6 +706,9 @@ void ZmqLinks::close(int linger_ms) {
   if (router.zsock) zmq_setsockopt(router.zsock, ZMQ_LINGER, &linger_ms, sizeof linger_ms);
   for (auto& [id, s] : parents) close_socket(s);
   parents.clear();
+  for (auto& [id, sp] : striped_parents)
+    for (Socket& s : sp.extra) close_socket(s);
+  striped_parents.clear();
   close_socket(router);
   close_socket(zap);
   close_socket(monitor);

@@ -17,6 +17,7 @@
 #include "deltacast/runtime/node.h"
 #include "deltacast/transport/host.h"
 #include "deltacast/transport/wire.h"
+#include "reorder.h"
 
 namespace deltacast::transport {
 
@@ -43,8 +44,12 @@ class ZmqLinks final : public runtime::Transport {
   // Reads every socket, sends what the queues hold, reports peers down and writable.
   void drain_all();
   void flush_all();
-  // Connections that never said Hello in time, and those the node let go of, are closed.
+  // Connections that never said Hello in time, and those the node let go of, are closed; stripes
+  // announce themselves; gaps in a striped link that waited too long are given up.
   void close_idle_connections();
+  // Messages sent on each connection index of striped links, children and parents together.
+  const std::vector<std::uint64_t>& stripe_messages_out() const { return stripe_messages_out_; }
+  std::uint64_t reorder_gaps_skipped() const { return reorder_gaps_skipped_; }
   // Stopping: what is queued may take `linger_ms` to go out, then every socket closes.
   void close(int linger_ms);
 
@@ -65,6 +70,25 @@ class ZmqLinks final : public runtime::Transport {
     std::uint64_t accepted_ms = 0;
     bool said_hello = false;
     runtime::PeerId peer = 0;
+    std::string stripe_identity;  // a striped child's extra connection: its ZeroMQ identity
+  };
+  // A child that opened a striped link: its connections' identities by index (empty: not
+  // there), the stream its messages are numbered in, and where the round robin stands.
+  struct StripedChild {
+    std::uint64_t link = 0;
+    std::string user_id;  // CURVE key its primary connection authenticated with
+    std::vector<std::string> identities;
+    std::uint64_t stream = 0, next_seq = 1;
+    std::size_t next_stripe = 0;
+  };
+  // This node's side of a striped link to a parent: the extra connections and the order back.
+  struct StripedParent {
+    std::uint64_t link = 0;
+    std::vector<Socket> extra;                    // connections 1..stripes-1
+    std::vector<std::uint64_t> announced_ms;      // last announcement sent on each
+    std::uint64_t connected_ms = 0;
+    Reorder<runtime::Message> order;
+    explicit StripedParent(const HostConfig& c) : order(c.reorder_bytes_max, c.reorder_timeout_ms) {}
   };
   struct Out {
     Frames frames;
@@ -82,7 +106,15 @@ class ZmqLinks final : public runtime::Transport {
   void flush(runtime::PeerId peer);
   bool readable(void* s);
   int receive(void* s, zmq_msg_t (&parts)[kFramesMax], bool& too_many);
-  void dispatch(runtime::PeerId from, zmq_msg_t* header, zmq_msg_t* payload, bool from_child);
+  Result<Decoded> decode(zmq_msg_t* header, zmq_msg_t* payload);
+  void dispatch(runtime::PeerId from, Result<Decoded> d, zmq_msg_t* header, bool from_child);
+  void on_stripe_announcement(const std::string& identity, const Decoded& d, zmq_msg_t* header);
+  void register_striped_child(runtime::PeerId peer, const LinkFields& fields, zmq_msg_t* header);
+  void drain_parent_socket(runtime::PeerId id, void* zsock);
+  void announce_stripes();
+  void count_stripe_out(std::size_t index);
+  int send_striped(StripedChild& c, const Frames& f);
+  void open_parent_socket(const std::string& endpoint, Socket& s);
   Status open_monitor();
   void note_connection(runtime::PeerId peer, int fd);
   void close_connection(int fd, const std::string& why);
@@ -116,6 +148,12 @@ class ZmqLinks final : public runtime::Transport {
   std::map<std::string, runtime::PeerId> child_by_identity;
   std::map<runtime::PeerId, std::string> identity_of;
   std::map<runtime::PeerId, Queue> queues;
+  std::map<runtime::PeerId, StripedChild> striped_children;
+  std::map<std::uint64_t, runtime::PeerId> child_by_link;       // a striped child's link nonce
+  std::map<std::string, runtime::PeerId> stripe_owner;          // an extra connection's identity -> its child
+  std::map<runtime::PeerId, StripedParent> striped_parents;
+  std::vector<std::uint64_t> stripe_messages_out_;
+  std::uint64_t reorder_gaps_skipped_ = 0;
   std::vector<runtime::PeerId> peers_down;      // reported to the node outside of send()
   std::vector<runtime::PeerId> peers_writable;  // likewise
   runtime::PeerId next_peer = 1;

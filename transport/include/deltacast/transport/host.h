@@ -1,7 +1,8 @@
 // Runs one runtime::Node for real: ZeroMQ sockets driven by a libuv loop, decode work on the
 // libuv thread pool, a steady clock, and a tick timer.
 //
-// Sockets: a ROUTER bound at `bind_endpoint` serves children; one DEALER per parent link.
+// Sockets: a ROUTER bound at `bind_endpoint` serves children; `stripes` DEALERs per parent link
+// (one connection each: a striped link, docs/RUNTIME.md).
 // Every send goes through a per-peer queue bounded by `queue_bytes_max`: a slow child fills
 // its own queue and loses messages (which it asks for again), it never stalls its siblings.
 // Payload frames are sent zero-copy: ZeroMQ holds a reference to the shared buffer until the
@@ -53,6 +54,18 @@ struct HostConfig {
   std::uint64_t hello_timeout_ms = 10000; // a connection that has not said Hello by then is closed
   std::uint64_t tick_ms = 10;
   int send_hwm_messages = 64;                        // ZeroMQ's own per-peer queue, in messages
+  // Connections per parent link (1 to 64): one TCP flow carries at most its window per round
+  // trip, so a link whose bandwidth-delay product is N windows needs N of them to fill it. The
+  // parent spreads its messages over the connections that have room and numbers them; this
+  // node delivers them in that order, holding at most reorder_bytes_max of messages that came
+  // early, and gives up on a gap (a connection that died with messages on it) after
+  // reorder_timeout_ms.
+  std::uint32_t stripes = 1;
+  std::uint64_t reorder_bytes_max = 256ull << 20;
+  std::uint64_t reorder_timeout_ms = 10000;
+  // A striped link's extra connections say which link they belong to this often (and every
+  // tick for their first 3 s), so a parent that lost one takes it back when it reconnects.
+  std::uint64_t stripe_announce_ms = 1000;
   std::uint64_t leave_linger_ms = 200;              // on stop(): time the Leave messages get to go out
   // CURVE: when set, every link is encrypted and authenticated. A server accepts only clients
   // whose public key is in allowed_client_keys (empty: any client that knows the server key).
@@ -113,6 +126,11 @@ class NodeHost {
   RunId current_run() const;
   // The endpoint actually bound (resolves "tcp://127.0.0.1:*").
   std::string bound_endpoint() const;
+  // Striped links, on the loop thread (inside post() or call()): the messages sent on each
+  // connection index of the striped children's links, and the gaps given up on in the striped
+  // links to parents.
+  std::vector<std::uint64_t> stripe_messages_out();
+  std::uint64_t reorder_gaps_skipped();
 
   struct Impl;
 

@@ -1,6 +1,7 @@
 // Mapping between runtime messages and wire frames (transport/proto/deltacast.proto).
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "deltacast/common/status.h"
@@ -18,10 +19,31 @@ struct Frames {
   runtime::SharedBytes payload;     // manifest bytes or chunk payload, else null
 };
 
-Frames encode_message(const runtime::Message& message);
+inline constexpr std::uint32_t kStripesMax = 64;
+
+// What the transport adds to the node's messages on a striped link (docs/RUNTIME.md, "Striped
+// links"); zero: not striped.
+struct LinkFields {
+  std::uint64_t link = 0;     // Hello: the child's link nonce
+  std::uint32_t stripes = 0;  // Hello: connections the child opens to this parent
+  std::uint64_t stream = 0;   // parent -> child: the stream the sequence numbers count in
+  std::uint64_t seq = 0;      //                  and this message's number in it, from 1
+};
+
+Frames encode_message(const runtime::Message& message, const LinkFields& fields = {});
+// A striped link's connection `index` (1..stripes-1) announcing itself.
+Frames encode_stripe(std::uint64_t link, std::uint32_t index);
+
+struct Decoded {
+  std::optional<runtime::Message> message;  // absent for a stripe announcement
+  LinkFields fields;
+  std::uint32_t stripe_index = 0;  // a stripe announcement's connection
+};
 // Parses an Envelope and its payload frame (null if none). A Hello from a peer with another
 // protocol version still parses, carrying that version, so the node can refuse it with a
 // reason; any other message from such a peer is Unsupported.
+Result<Decoded> decode_frames(const void* header, std::size_t header_bytes, runtime::SharedBytes payload);
+// decode_frames for a node's message only: a stripe announcement is Corruption.
 Result<runtime::Message> decode_message(const void* header, std::size_t header_bytes, runtime::SharedBytes payload);
 
 }  // namespace deltacast::transport

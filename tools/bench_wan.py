@@ -109,7 +109,8 @@ def run_fleet(args, net: Wan, ckpts: list[Path], interval_ms: int, work: Path, l
     dc = args.deltacast
     port = 7100
     relay = net.spawn("relay", [dc, "relay", "--id", "relay", "--listen", f"tcp://0.0.0.0:{port + 1}",
-                                "--parent", f"tcp://{net.addr('origin')}:{port}", "--log-level", "warn"],
+                                "--parent", f"tcp://{net.addr('origin')}:{port}", "--log-level", "warn",
+                                *(["--stripes", str(args.stripes)] if args.stripes else [])],
                       stdout=open(work / f"{label}-relay.log", "w"), stderr=subprocess.STDOUT)
     worker = net.spawn("worker", [dc, "worker", "--id", "worker", "--parent", f"tcp://{net.addr('relay')}:{port + 1}",
                                   "--exit-after-version", str(len(ckpts)), "--log-level", "warn"],
@@ -153,6 +154,8 @@ def main() -> int:
     ap.add_argument("--cc", default="reno",
                     help="the namespaces' congestion control: reno (slow start after idle applies) or bbr (exempt); "
                          "any in the host's net.ipv4.tcp_allowed_congestion_control")
+    ap.add_argument("--stripes", type=int, help="the relay's connections to the origin (default: the relay's own, 8); "
+                    "1 is one connection, the runtime before striped links")
     ap.add_argument("--json", help="write the figures here too")
     args = ap.parse_args()
     rtt_s = 2 * args.delay_ms / 1e3
@@ -181,7 +184,8 @@ def main() -> int:
             log(f"runtime, {args.versions} versions {args.idle_s:g} s apart")
             idle = run_fleet(args, net, ckpts, int(args.idle_s * 1000), work, "idle")
     print(f"link: {args.rate_mbit:g} Mbit/s, {args.delay_ms:g} ms one way, bandwidth-delay product {bdp / 1e6:.2f} MB, "
-          f"largest window {single['window'] / 1e6:.2f} MB ({bdp / single['window']:.1f}x smaller), {args.cc}")
+          f"largest window {single['window'] / 1e6:.2f} MB ({bdp / single['window']:.1f}x smaller), {args.cc}, "
+          f"relay --stripes {args.stripes or 'default (8)'}")
     print(f"one TCP connection: {single['mbit']:.1f} Mbit/s, {single['mbit'] / args.rate_mbit:.2f} of the link rate")
     for label, rows in (("back to back", warm), (f"after {args.idle_s:g} s idle", idle)):
         for r in rows:

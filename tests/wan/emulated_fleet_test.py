@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""A fleet over an emulated WAN link under kernel TCP (tests/wan; root).
+
+An origin in one region; a relay and two workers in another, 75 ms one way from it, on a
+100 Mbit/s link whose bandwidth-delay product (1.9 MB) is 4x the largest window the
+namespaces' tcp_rmem/tcp_wmem let one connection open, so the relay's link is window-bound and
+striped. Versions 1-2 go over the clean link; version 3 over a link losing 2% of its packets;
+during version 4 the link is cut for 3 s (loss 1) and then mended. Every worker must expose every
+version with the publisher's checksum, and nothing else, with no help from outside.
+
+Usage: emulated_fleet_test.py DELTACAST WAN_EMULATOR
+"""
+
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from wan import Wan  # noqa: E402
+
+VERSIONS = 4
+DELAY_MS, RATE_MBIT = 75, 100
+BDP = RATE_MBIT * 1e6 / 8 * 2 * DELAY_MS / 1e3
+WINDOW_SHARE = 0.62  # the kernel's advertised window over tcp_rmem's maximum at MTU 1500 (selfcheck.py)
+RMEM_MAX = int(BDP / 4 / WINDOW_SHARE)
+
+
+class Log:
+    """A process's output kept as it comes, to wait for lines and read them afterwards."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.lines: list[str] = []
+        self._cv = threading.Condition()
+        threading.Thread(target=self._read, args=(proc.stdout,), daemon=True).start()
+
+    def _read(self, stream) -> None:
+        for line in stream:
+            with self._cv:
+                self.lines.append(line.rstrip("\n"))
+                self._cv.notify_all()
+
+    def wait_for(self, pattern: str, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            while not any(re.search(pattern, l) for l in self.lines):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(left)
+        return True
+
+
+def main() -> int:
+    dc, emulator = sys.argv[1], sys.argv[2]
+    failures = []
+    with tempfile.TemporaryDirectory(prefix="dcwan-fleet-") as tmp:
+        work = Path(tmp)
+        subprocess.run([dc, "gen", "-q", "-o", str(work / "ckpt"), "--size", "24MB", "--lr", "1e-3", "--steps", str(VERSIONS - 1)],
+                       check=True, stdout=subprocess.DEVNULL)
+        ckpts = sorted((work / "ckpt").glob("*.safetensors"))
+        expected = {}
+        for v, ckpt in enumerate(ckpts, 1):
+            subprocess.run([dc, "encode", "-q", str(ckpt), "-o", str(work / "a.dcd")], check=True, stdout=subprocess.DEVNULL)
+            out = subprocess.run([dc, "inspect", str(work / "a.dcd")], check=True, capture_output=True, text=True).stdout
+            expected[v] = re.search(r"version checksum ([0-9a-f]+)", out).group(1)
+
+        wan = [{"a": "us", "b": "eu", "delay_ms": DELAY_MS, "rate_mbit": RATE_MBIT, "queue_bytes": int(BDP)}]
+        sysctls = {"net.ipv4.tcp_rmem": f"4096 131072 {RMEM_MAX}", "net.ipv4.tcp_wmem": f"4096 16384 {RMEM_MAX}"}
+        nodes = {"origin": "us", "relay": "eu", "w1": "eu", "w2": "eu"}
+        with Wan(emulator, nodes, wan=wan, sysctls=sysctls) as net:
+            print(f"link {RATE_MBIT} Mbit/s, {DELAY_MS} ms one way: bandwidth-delay product {BDP / 1e6:.2f} MB, "
+                  f"4x the window tcp_rmem max {RMEM_MAX} allows", flush=True)
+            origin_ep = f"tcp://{net.addr('origin')}:7100"
+            relay_ep = f"tcp://{net.addr('relay')}:7101"
+            relay = net.spawn("relay", [dc, "relay", "--id", "relay", "--listen", "tcp://0.0.0.0:7101", "--parent", origin_ep,
+                                        "--stripes", "8"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            relay_log = Log(relay)
+            logs = {}
+            for w in ("w1", "w2"):
+                p = net.spawn(w, [dc, "worker", "--id", w, "--parent", relay_ep, "--exit-after-version", str(VERSIONS)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                logs[w] = Log(p)
+            publish = net.spawn("origin", [dc, "publish", "--listen", "tcp://0.0.0.0:7100", "--wait-workers", "2",
+                                           "--wait-timeout-ms", "120000", "--interval-ms", "1500", "--linger-ms", "1000",
+                                           *map(str, ckpts)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            publish_log = Log(publish)
+
+            def ready(v: int, timeout_s: float) -> bool:
+                return all(logs[w].wait_for(rf"version {v} ready", timeout_s) for w in logs)
+
+            if not ready(2, 120):
+                failures.append("versions 1-2 did not reach both workers over the clean link")
+            # The relay's link to the origin is striped: 8 connections.
+            ss = net.run("origin", ["ss", "-Htn", "state", "established", "( sport = :7100 )"], capture_output=True, text=True)
+            connections = len(ss.stdout.splitlines())
+            print(f"connections from the relay to the origin: {connections}", flush=True)
+            if connections != 8:
+                failures.append(f"the relay holds {connections} connections to the origin, not the 8 of its --stripes")
+            net.set_wan("us", "eu", loss=0.02)
+            if not ready(3, 120):
+                failures.append("version 3 did not reach both workers over a link losing 2%")
+            lost_at_2pct = net.stats()["links"]["us>eu"]["loss_drops"]
+            net.set_wan("us", "eu", loss=0)
+            # Cut the link once version 4 is on its way (a megabyte of it crossed), for 3 s.
+            start = net.stats()["links"]["us>eu"]["delivered_bytes"]
+            deadline = time.monotonic() + 60
+            while net.stats()["links"]["us>eu"]["delivered_bytes"] - start < (1 << 20) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            net.set_wan("us", "eu", loss=1)
+            time.sleep(3)
+            dropped_in_cut = net.stats()["links"]["us>eu"]["loss_drops"] - lost_at_2pct
+            net.set_wan("us", "eu", loss=0)
+            if not ready(4, 180):
+                failures.append("version 4 did not reach both workers after the cut")
+            if publish.wait(timeout=120) != 0:
+                failures.append(f"publish exited {publish.returncode}")
+            stats = net.stats()["links"]
+            print(f"packets lost on the link: {lost_at_2pct} at 2% (version 3), {dropped_in_cut} in the 3 s cut (version 4)")
+            if lost_at_2pct == 0 or dropped_in_cut == 0:
+                failures.append("the link lost nothing: the loss and the cut did not happen")
+            for w, log in logs.items():
+                seen = re.findall(r"version (\d+) ready, checksum ([0-9a-f]+)", "\n".join(log.lines))
+                for v, checksum in seen:
+                    if expected.get(int(v)) != checksum:
+                        failures.append(f"{w} exposed version {v} with checksum {checksum}, the publisher's is {expected.get(int(v))}")
+                if sorted({int(v) for v, _ in seen}) != list(range(1, VERSIONS + 1)):
+                    failures.append(f"{w} exposed versions {[v for v, _ in seen]}, not 1..{VERSIONS}")
+            print(f"link us>eu: {stats['us>eu']['delivered_bytes'] / 1e6:.1f} MB delivered, {stats['us>eu']['queue_drops']} queue drops")
+            if failures:
+                for name, log in [("publish", publish_log), ("relay", relay_log), *logs.items()]:
+                    print(f"--- {name}\n" + "\n".join(log.lines[-15:]))
+    for f in failures:
+        print("FAIL", f)
+    print("PASS emulated WAN fleet" if not failures else f"{len(failures)} failures")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

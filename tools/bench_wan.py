@@ -118,7 +118,8 @@ def run_fleet(args, net: Wan, ckpts: list[Path], interval_ms: int, work: Path, l
     lines = ReadyLines(worker.stdout, work / f"{label}-worker.log")
     sampler = LinkSampler(net, "origin>eu")
     start = time.monotonic()
-    publish = net.run("origin", [dc, "publish", "--listen", f"tcp://0.0.0.0:{port}", "--wait-workers", "1", "--wait-timeout-ms", "600000", "--interval-ms", str(interval_ms),
+    publish = net.run("origin", [dc, "publish", "--listen", f"tcp://0.0.0.0:{port}",
+                                 *(["--congestion-control", args.origin_cc] if args.origin_cc else []), "--wait-workers", "1", "--wait-timeout-ms", "600000", "--interval-ms", str(interval_ms),
                                  "--linger-ms", "500", *map(str, ckpts)],
                       capture_output=True, text=True, timeout=3600)
     worker.wait(timeout=60)
@@ -156,6 +157,7 @@ def main() -> int:
                          "any in the host's net.ipv4.tcp_allowed_congestion_control")
     ap.add_argument("--stripes", type=int, help="the relay's connections to the origin (default: the relay's own, 8); "
                     "1 is one connection, the runtime before striped links")
+    ap.add_argument("--origin-cc", help="the origin's --congestion-control for the connections it accepts (default: none given)")
     ap.add_argument("--json", help="write the figures here too")
     args = ap.parse_args()
     rtt_s = 2 * args.delay_ms / 1e3
@@ -185,7 +187,8 @@ def main() -> int:
             idle = run_fleet(args, net, ckpts, int(args.idle_s * 1000), work, "idle")
     print(f"link: {args.rate_mbit:g} Mbit/s, {args.delay_ms:g} ms one way, bandwidth-delay product {bdp / 1e6:.2f} MB, "
           f"largest window {single['window'] / 1e6:.2f} MB ({bdp / single['window']:.1f}x smaller), {args.cc}, "
-          f"relay --stripes {args.stripes or 'default (8)'}")
+          f"relay --stripes {args.stripes or 'default (8)'}"
+          f"{', origin --congestion-control ' + args.origin_cc if args.origin_cc else ''}")
     print(f"one TCP connection: {single['mbit']:.1f} Mbit/s, {single['mbit'] / args.rate_mbit:.2f} of the link rate")
     for label, rows in (("back to back", warm), (f"after {args.idle_s:g} s idle", idle)):
         for r in rows:

@@ -1,5 +1,7 @@
 #include "node_config.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <functional>
 #include <map>
@@ -29,6 +31,9 @@ void add_node_options(CLI::App* sub, NodeOptions& o, bool worker) {
                               "(docs/RUNTIME.md, \"Striped links\"); default ") +
                       (worker ? "1" : "8"))
       ->check(CLI::Range(1u, transport::kStripesMax));
+  sub->add_option("--congestion-control", o.congestion_control,
+                  "TCP congestion control of the connections children open to this node, e.g. bbr (exempt from slow start after "
+                  "idle); default: the host's");
   sub->add_option("--keys", o.keys_path, "This node's CURVE key file (deltacast keygen); turns encryption on");
   sub->add_option("--parent-key", o.parent_keys, "Public key of each --parent, in order")->allow_extra_args(false);
   sub->add_option("--allow-key", o.allow_keys, "Public key of a child allowed to connect (repeat); none: any child with our key")->allow_extra_args(false);
@@ -183,14 +188,14 @@ Result<LoadedNode> load_node_options(const NodeOptions& flags, bool worker) {
     if (j.is_discarded() || !j.is_object()) return Status::invalid_argument(flags.config_path + ": not a JSON object");
     static const std::set<std::string> known = {"id",        "listen",   "parents",  "cache_size", "queue_size", "keys",
                                                 "parent_keys", "allow_keys", "log_level", "relay",  "metrics",    "in_place",
-                                                "sign_key",  "trust_keys", "shard_keys", "limits", "stripes"};
+                                                "sign_key",  "trust_keys", "shard_keys", "limits", "stripes", "congestion_control"};
     for (auto it = j.begin(); it != j.end(); ++it)
       if (!known.count(it.key())) return Status::invalid_argument(flags.config_path + ": unknown field \"" + it.key() + "\"");
     for (Status st : {get(j, "id", o.node_id), get(j, "listen", o.listen), get(j, "parents", o.parents), get(j, "cache_size", o.cache_size),
                       get(j, "queue_size", o.queue_size), get(j, "keys", o.keys_path), get(j, "parent_keys", o.parent_keys),
                       get(j, "allow_keys", o.allow_keys), get(j, "log_level", o.log_level), get(j, "relay", o.relay), get(j, "metrics", o.metrics), get(j, "in_place", o.in_place),
                       get(j, "sign_key", o.sign_key_path), get(j, "trust_keys", o.trust_keys), get(j, "shard_keys", o.shard_keys),
-                      get(j, "stripes", o.stripes)})
+                      get(j, "stripes", o.stripes), get(j, "congestion_control", o.congestion_control)})
       if (!st.is_ok()) return st.with_context(flags.config_path);
     if (j.contains("limits")) o.limits_json = j["limits"].dump();
   }
@@ -209,6 +214,7 @@ Result<LoadedNode> load_node_options(const NodeOptions& flags, bool worker) {
   if (!flags.shard_keys.empty()) o.shard_keys = flags.shard_keys;
   if (!flags.log_level.empty()) o.log_level = flags.log_level;
   if (flags.stripes != 0) o.stripes = flags.stripes;
+  if (!flags.congestion_control.empty()) o.congestion_control = flags.congestion_control;
   DC_RETURN_IF_ERROR(apply_log_level(o.log_level));
 
   LoadedNode out;
@@ -237,6 +243,11 @@ Result<LoadedNode> load_node_options(const NodeOptions& flags, bool worker) {
   if (o.stripes > transport::kStripesMax)
     return Status::invalid_argument("stripes: 1 to " + std::to_string(transport::kStripesMax) + ", not " + std::to_string(o.stripes));
   out.host.stripes = o.stripes != 0 ? o.stripes : worker ? 1 : 8;
+  if (o.congestion_control.size() > 15 || !std::all_of(o.congestion_control.begin(), o.congestion_control.end(), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+      }))
+    return Status::invalid_argument("congestion control '" + o.congestion_control + "': a kernel name such as bbr or cubic");
+  out.host.congestion_control = o.congestion_control;
   out.host.bind_endpoint = o.listen;
   out.host.metrics_listen = o.metrics;
   if (!o.limits_json.empty()) DC_RETURN_IF_ERROR(apply_limits(nlohmann::json::parse(o.limits_json), out).with_context("config \"limits\""));

@@ -27,6 +27,7 @@ struct NodeOptions {
   std::vector<std::string> shard_keys;    // origin merging shards: the shards' public keys
   std::string log_level;                  // empty: info
   std::uint32_t stripes = 0;              // connections per parent link; 0: 8 for a relay, 1 for a worker
+  std::string congestion_control;         // of the connections children open to this node; empty: the host's
   bool relay = false;                     // workers: also serve children (peer to peer)
   bool in_place = false;                  // workers: one image, readers paused during updates
   // worker command

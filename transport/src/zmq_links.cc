@@ -5,6 +5,8 @@
 #include <cstring>
 #include <random>
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 
 #include "zap.h"
@@ -461,6 +463,17 @@ Status ZmqLinks::open_monitor() {
   return Status::ok();
 }
 
+void ZmqLinks::set_congestion_control(int fd) {
+  const std::string& cc = config.congestion_control;
+  if (cc.empty() || congestion_control_failed_) return;
+  if (::setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, cc.data(), static_cast<socklen_t>(cc.size())) != 0) {
+    congestion_control_failed_ = true;
+    spdlog::warn("{}: cannot use the {} congestion control ({}): the host's default stays; it must be loaded and in "
+                 "net.ipv4.tcp_allowed_congestion_control",
+                 node_config.node_id, cc, std::strerror(errno));
+  }
+}
+
 // The descriptor a child's messages come on (ZMQ_SRCFD): what closing that child closes.
 void ZmqLinks::note_connection(PeerId peer, int fd) {
   if (fd < 0) return;
@@ -486,7 +499,8 @@ void ZmqLinks::on_monitor_event(std::uint16_t event, std::int32_t value, const s
         ::shutdown(value, SHUT_RDWR);
         return;
       }
-      connections[value] = Connection{now, false, 0};
+      connections[value] = Connection{now, false, 0, {}};
+      set_congestion_control(value);
       return;
     case ZMQ_EVENT_DISCONNECTED:
     case ZMQ_EVENT_CLOSED:

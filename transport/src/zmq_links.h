@@ -117,6 +117,7 @@ class ZmqLinks final : public runtime::Transport {
   void open_parent_socket(const std::string& endpoint, Socket& s);
   Status open_monitor();
   void note_connection(runtime::PeerId peer, int fd);
+  void set_congestion_control(int fd);
   void close_connection(int fd, const std::string& why);
   void on_monitor_event(std::uint16_t event, std::int32_t value, const std::string& address);
   void drain_monitor();
@@ -154,6 +155,7 @@ class ZmqLinks final : public runtime::Transport {
   std::map<runtime::PeerId, StripedParent> striped_parents;
   std::vector<std::uint64_t> stripe_messages_out_;
   std::uint64_t reorder_gaps_skipped_ = 0;
+  bool congestion_control_failed_ = false;  // warned once; not tried again
   std::vector<runtime::PeerId> peers_down;      // reported to the node outside of send()
   std::vector<runtime::PeerId> peers_writable;  // likewise
   runtime::PeerId next_peer = 1;

@@ -66,6 +66,12 @@ struct HostConfig {
   // A striped link's extra connections say which link they belong to this often (and every
   // tick for their first 3 s), so a parent that lost one takes it back when it reconnects.
   std::uint64_t stripe_announce_ms = 1000;
+  // The TCP congestion control of the connections the listener accepts, over which this node
+  // sends versions to its children (Linux TCP_CONGESTION, e.g. "bbr": the kernel exempts it from
+  // restarting slow start after idle); empty: the host's default. One not in
+  // net.ipv4.tcp_allowed_congestion_control (or not loaded) is warned about once and the
+  // default stays.
+  std::string congestion_control;
   std::uint64_t leave_linger_ms = 200;              // on stop(): time the Leave messages get to go out
   // CURVE: when set, every link is encrypted and authenticated. A server accepts only clients
   // whose public key is in allowed_client_keys (empty: any client that knows the server key).

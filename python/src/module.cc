@@ -79,14 +79,14 @@ PYBIND11_MODULE(_native, m) {
   py::class_<Worker>(m, "Worker")
       .def(py::init([](std::string id, std::vector<std::string> parents, std::optional<std::pair<std::string, std::string>> keys,
                        std::vector<std::string> parent_keys, std::vector<std::string> trust_keys, std::string state_dir, bool in_place,
-                       std::string listen, std::string metrics, std::size_t change_history) {
+                       std::string listen, std::string metrics, std::size_t change_history, std::uint32_t stripes) {
              WorkerArgs a{std::move(id),        std::move(parents), std::move(keys),   std::move(parent_keys), std::move(trust_keys),
-                          std::move(state_dir), in_place,           std::move(listen), std::move(metrics),     change_history};
+                          std::move(state_dir), in_place,           std::move(listen), std::move(metrics),     change_history, stripes};
              return std::make_unique<Worker>(a);
            }),
            py::arg("id"), py::arg("parents"), py::arg("keys") = py::none(), py::arg("parent_keys") = std::vector<std::string>{},
            py::arg("trust_keys") = std::vector<std::string>{}, py::arg("state_dir") = "", py::arg("in_place") = false,
-           py::arg("listen") = "", py::arg("metrics") = "", py::arg("change_history") = 0)
+           py::arg("listen") = "", py::arg("metrics") = "", py::arg("change_history") = 0, py::arg("stripes") = 1)
       .def("wait", &Worker::wait, py::arg("min_version"), py::arg("timeout_s"))
       .def("wait_newer", &Worker::wait_newer, py::arg("after"), py::arg("timeout_s"))
       .def("current", &Worker::current)

@@ -157,6 +157,7 @@ struct WorkerArgs {
   std::string listen;
   std::string metrics;
   std::size_t change_history = 0;  // NodeConfig::change_history_versions_max
+  std::uint32_t stripes = 1;       // HostConfig::stripes: connections per parent link
 };
 
 class Worker {

@@ -1,6 +1,7 @@
 #include <cstring>
 
 #include "native.h"
+#include "deltacast/transport/wire.h"
 #include "version_capsule.h"
 
 namespace deltacast::python {
@@ -78,6 +79,9 @@ transport::WorkerOptions worker_options(const WorkerArgs& a) {
   o.node.parents = a.parents;
   o.node.in_place = a.in_place;
   o.node.change_history_versions_max = a.change_history;
+  if (a.stripes < 1 || a.stripes > transport::kStripesMax)
+    throw py::value_error("stripes must be 1 to " + std::to_string(transport::kStripesMax) + ", not " + std::to_string(a.stripes));
+  o.host.stripes = a.stripes;
   for (const auto& hex : a.trust_keys) {
     auto key = runtime::parse_public_key(hex);
     if (!key.is_ok()) throw Error("trust key " + hex + ": " + key.status().to_string());

@@ -264,3 +264,19 @@ def test_a_new_run_is_loaded_whole_even_with_the_same_version_number(tmp_path):
             updater.update(w, 1, timeout=30)
             assert updater.run == pub.run
             assert same_bits(model, second) == []
+
+
+def test_a_worker_striped_to_its_parent_gets_every_version_bit_for_bit():
+    g = torch.Generator().manual_seed(5)
+    named = {f"layer.{i}": torch.randn(512, 512, generator=g).to(torch.bfloat16) for i in range(6)}
+    with deltacast.Publisher("tcp://127.0.0.1:0", chunk_bytes=64 << 10) as pub, \
+            deltacast.Worker("w", [pub.listening], stripes=4) as w:
+        for version in (1, 2, 3):
+            for t in named.values():
+                t.view(-1).view(torch.int16)[:: 7 * version] += 1
+            assert pub.publish(named) == version
+            got = dict(w.wait(version, timeout=30).tensors())
+            for name, t in named.items():
+                assert bits(got[name]) == bits(t), (version, name)
+    with pytest.raises(ValueError, match="stripes"):
+        deltacast.Worker("w", ["tcp://127.0.0.1:9"], stripes=0)

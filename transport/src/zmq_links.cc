@@ -27,6 +27,17 @@ void close_poll(uv_poll_t* poll) {
 
 std::string zmq_error(const std::string& what) { return what + ": " + zmq_strerror(zmq_errno()); }
 
+// A link or stream number: random, never 0 (which means none on the wire).
+std::uint64_t nonzero_random64() {
+  std::random_device random;
+  std::uint64_t n = 0;
+  while (n == 0) n = (static_cast<std::uint64_t>(random()) << 32) ^ random();
+  return n;
+}
+
+// What a message held for reordering costs beyond its frames (the map node, the Message).
+constexpr std::uint64_t kHeldMessageOverheadBytes = 256;
+
 std::uint64_t payload_bytes(const Message& m) {
   if (const auto* c = std::get_if<ChunkMsg>(&m)) return c->payload ? c->payload->size() : 0;
   if (const auto* mm = std::get_if<ManifestMsg>(&m)) return mm->manifest ? mm->manifest->size() : 0;
@@ -162,8 +173,7 @@ PeerId ZmqLinks::connect(const std::string& endpoint) {
   open_parent_socket(endpoint, primary);
   if (config.stripes > 1 && primary.zsock) {
     StripedParent sp(config);
-    std::random_device random;
-    while (sp.link == 0) sp.link = (static_cast<std::uint64_t>(random()) << 32) ^ random();
+    sp.link = nonzero_random64();
     sp.connected_ms = clock.now_ms();
     sp.extra.resize(std::min(config.stripes, kStripesMax) - 1);
     sp.announced_ms.assign(sp.extra.size(), 0);
@@ -389,15 +399,10 @@ void ZmqLinks::dispatch(PeerId from, Result<Decoded> d, zmq_msg_t* header, bool 
   if (!from_child && d->fields.seq != 0) {
     if (auto sp = striped_parents.find(from); sp != striped_parents.end()) {
       std::vector<Message> ready;
-      const std::uint64_t bytes = zmq_msg_size(header) + payload_bytes(m);
+      const std::uint64_t bytes = zmq_msg_size(header) + payload_bytes(m) + kHeldMessageOverheadBytes;
       const std::uint64_t skipped = sp->second.order.gaps_skipped();
       sp->second.order.add(d->fields.stream, d->fields.seq, std::move(*d->message), bytes, clock.now_ms(), ready);
-      if (sp->second.order.gaps_skipped() != skipped)
-        spdlog::warn("{}: gave up on messages {} of the striped link to parent {}: {} bytes held", node_config.node_id, "before", from,
-                     sp->second.order.held_bytes());
-      reorder_gaps_skipped_ += sp->second.order.gaps_skipped() - skipped;
-      for (const Message& r : ready)
-        if (parents.count(from)) node_->on_message(from, r);
+      deliver_in_order(from, skipped, std::move(ready));
       return;
     }
   }
@@ -406,20 +411,14 @@ void ZmqLinks::dispatch(PeerId from, Result<Decoded> d, zmq_msg_t* header, bool 
 
 // A striped child: its first connection is `peer`; the others announce themselves with `link`.
 void ZmqLinks::register_striped_child(PeerId peer, const LinkFields& fields, zmq_msg_t* header) {
-  if (auto old = child_by_link.find(fields.link); old != child_by_link.end() && old->second != peer) {
-    // The same link said Hello again on a new connection: the old one's extras belong to it no more.
-    if (auto sc = striped_children.find(old->second); sc != striped_children.end()) {
-      for (std::size_t k = 1; k < sc->second.identities.size(); ++k) stripe_owner.erase(sc->second.identities[k]);
-      striped_children.erase(sc);
-    }
-  }
+  // The same link said Hello again on a new connection: the old one's extras belong to it no more.
+  if (auto old = child_by_link.find(fields.link); old != child_by_link.end() && old->second != peer) drop_striped_child(old->second);
   StripedChild c;
   c.link = fields.link;
   if (const char* user = zmq_msg_gets(header, "User-Id")) c.user_id = user;
   c.identities.resize(fields.stripes);
   c.identities[0] = identity_of[peer];
-  std::random_device random;
-  while (c.stream == 0) c.stream = (static_cast<std::uint64_t>(random()) << 32) ^ random();
+  c.stream = nonzero_random64();
   striped_children[peer] = std::move(c);
   child_by_link[fields.link] = peer;
 }
@@ -567,20 +566,30 @@ void ZmqLinks::close_idle_connections() {
     return true;
   });
   announce_stripes();
-  std::vector<std::pair<PeerId, std::vector<Message>>> late;
+  std::vector<std::pair<PeerId, std::uint64_t>> expired;  // (parent, gaps skipped before)
   for (auto& [id, sp] : striped_parents) {
-    std::vector<Message> ready;
-    const std::uint64_t skipped = sp.order.gaps_skipped();
-    sp.order.expire(now, ready);
-    if (sp.order.gaps_skipped() != skipped)
-      spdlog::warn("{}: waited {} ms for a message of the striped link to parent {}: going on without it", node_config.node_id,
-                   config.reorder_timeout_ms, id);
-    reorder_gaps_skipped_ += sp.order.gaps_skipped() - skipped;
-    if (!ready.empty()) late.emplace_back(id, std::move(ready));
+    if (sp.order.held() == 0) continue;
+    expired.emplace_back(id, sp.order.gaps_skipped());
   }
-  for (auto& [id, ready] : late)
-    for (const Message& m : ready)
-      if (parents.count(id)) node_->on_message(id, m);
+  for (const auto& [id, skipped] : expired) {
+    auto sp = striped_parents.find(id);  // delivering may have let an earlier parent go
+    if (sp == striped_parents.end()) continue;
+    std::vector<Message> ready;
+    sp->second.order.expire(now, ready);
+    deliver_in_order(id, skipped, std::move(ready));
+  }
+}
+
+// Hands the node what a striped link's Reorder released, and says so when it gave up on a gap.
+void ZmqLinks::deliver_in_order(PeerId parent, std::uint64_t gaps_before, std::vector<Message> ready) {
+  if (auto sp = striped_parents.find(parent); sp != striped_parents.end() && sp->second.order.gaps_skipped() != gaps_before) {
+    reorder_gaps_skipped_ += sp->second.order.gaps_skipped() - gaps_before;
+    spdlog::warn("{}: gave up waiting for messages of the striped link to parent {} (a connection closed with them, or "
+                 "reorder_timeout_ms / reorder_bytes_max passed); the node asks again for what it misses",
+                 node_config.node_id, parent);
+  }
+  for (const Message& m : ready)
+    if (parents.count(parent)) node_->on_message(parent, m);
 }
 
 void ZmqLinks::forget_child(PeerId peer) {
@@ -588,12 +597,17 @@ void ZmqLinks::forget_child(PeerId peer) {
     child_by_identity.erase(it->second);
     identity_of.erase(it);
   }
-  if (auto sc = striped_children.find(peer); sc != striped_children.end()) {
-    for (std::size_t k = 1; k < sc->second.identities.size(); ++k) stripe_owner.erase(sc->second.identities[k]);
-    if (auto l = child_by_link.find(sc->second.link); l != child_by_link.end() && l->second == peer) child_by_link.erase(l);
-    striped_children.erase(sc);
-  }
+  drop_striped_child(peer);
   queues.erase(peer);
+}
+
+// Forgets a striped child's link: its extra connections' identities and its link number.
+void ZmqLinks::drop_striped_child(PeerId peer) {
+  auto sc = striped_children.find(peer);
+  if (sc == striped_children.end()) return;
+  for (std::size_t k = 1; k < sc->second.identities.size(); ++k) stripe_owner.erase(sc->second.identities[k]);
+  if (auto l = child_by_link.find(sc->second.link); l != child_by_link.end() && l->second == peer) child_by_link.erase(l);
+  striped_children.erase(sc);
 }
 
 void ZmqLinks::drain_router() {

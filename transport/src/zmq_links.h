@@ -112,6 +112,8 @@ class ZmqLinks final : public runtime::Transport {
   void register_striped_child(runtime::PeerId peer, const LinkFields& fields, zmq_msg_t* header);
   void drain_parent_socket(runtime::PeerId id, void* zsock);
   void announce_stripes();
+  void deliver_in_order(runtime::PeerId parent, std::uint64_t gaps_before, std::vector<runtime::Message> ready);
+  void drop_striped_child(runtime::PeerId peer);
   void count_stripe_out(std::size_t index);
   int send_striped(StripedChild& c, const Frames& f);
   void open_parent_socket(const std::string& endpoint, Socket& s);

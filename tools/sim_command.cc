@@ -15,6 +15,10 @@ struct SimOptions {
   std::vector<std::string> strategies = {"cut-through"};
   bool raw_too = false;
   std::string svg = "sim.svg";
+  std::uint32_t stripes = 0;  // > 0: relays' connections per parent link, over the scenario's
+  bool ideal_links = false;   // the scenario's TCP section ignored
+  bool by_version = false;
+  double window_bytes = 0;  // > 0: over the scenario's run.tcp.window_bytes
 };
 
 const std::pair<const char*, sim::Strategy> kStrategies[] = {
@@ -28,6 +32,9 @@ int run_sim(const SimOptions& o) {
   if (!text.is_ok()) return fail(text.status().to_string());
   auto sc = sim::parse_scenario(std::string_view(reinterpret_cast<const char*>(text->data()), text->size()));
   if (!sc.is_ok()) return fail(o.scenario + ": " + sc.status().message());
+  if (o.stripes > 0) sc->run.stripes.relay = o.stripes;
+  if (o.window_bytes > 0) sc->run.tcp.window_bytes = o.window_bytes;
+  if (o.ideal_links) sc->run.tcp.modelled = false;
   std::vector<sim::Strategy> chosen;
   for (const auto& name : o.strategies) {
     if (name == "all") {
@@ -68,8 +75,22 @@ int run_sim(const SimOptions& o) {
                 cpu.one_host ? "every node on one host" : (std::to_string(cpu.workers_per_host) + " workers per host").c_str(),
                 sc->run.decode_bytes_per_s / 1e9, cpu.net_ns_per_byte);
   }
+  if (const sim::TcpOptions& tcp = sc->run.tcp; tcp.modelled)
+    std::printf("TCP: %s, window %.3g MB per connection, slow start after idle %s; %u connections per relay's parent link, %u per worker's\n",
+                sim::cc_name(tcp.congestion_control), tcp.window_bytes / 1e6, tcp.slow_start_after_idle ? "on" : "off", sc->run.stripes.relay,
+                sc->run.stripes.worker);
+  else
+    std::printf("TCP not modelled: every connection as fast as its path\n");
   std::printf("\n");
   std::printf("%s", sim::render_table(reports).c_str());
+  if (o.by_version) {
+    for (const auto& r : reports) {
+      std::printf("\n%s, by version:\n%8s %8s %10s %10s\n", r.name.c_str(), "version", "workers", "p50 s", "max s");
+      for (const auto& v : r.by_version)
+        std::printf("%8llu %8llu %10.3f %10.3f\n", static_cast<unsigned long long>(v.version), static_cast<unsigned long long>(v.ready), v.p50_s, v.max_s);
+    }
+    std::printf("\n");
+  }
   const double cut = reports.front().max_s;
   for (const auto& r : reports) {
     if (&r == &reports.front() || cut <= 0) continue;
@@ -97,6 +118,12 @@ Command add_sim_command(CLI::App& app) {
       ->check(CLI::IsMember({"cut-through", "worker-relays", "store-and-forward", "star", "object-store", "all"}));
   sub->add_flag("--uncompressed-too", o->raw_too, "Also run each strategy with raw BF16 versions (no compression)");
   sub->add_option("--svg", o->svg, "Write the plot here")->capture_default_str();
+  sub->add_option("--stripes", o->stripes, "TCP connections per relay's parent link (the relays' --stripes), over the scenario's run.stripes.relay")
+      ->check(CLI::Range(1, 64));
+  sub->add_option("--window-bytes", o->window_bytes, "One TCP connection's largest window, over the scenario's run.tcp.window_bytes")
+      ->check(CLI::Range(2048.0, 2147483648.0));
+  sub->add_flag("--by-version", o->by_version, "Also print each version's median and slowest worker");
+  sub->add_flag("--ideal-links", o->ideal_links, "Ignore the scenario's run.tcp: every connection as fast as its path");
   return {sub, [o] { return run_sim(*o); }};
 }
 

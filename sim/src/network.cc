@@ -223,6 +223,15 @@ struct Network::Impl {
     std::uint64_t tick_seq = 0;      // the scheduled tick; an earlier one replaces it
     std::uint64_t next_tick_us = 0;
     int cpu = -1;                    // its host's cores (none without a CPU model)
+    std::uint32_t stripes = 1;       // TCP connections to each parent
+  };
+  // One TCP connection's sending side (TcpOptions).
+  struct Tcp {
+    double cwnd = 0;  // bytes; 0 until first used
+    double ssthresh = std::numeric_limits<double>::infinity();
+    double free_us = 0;  // when what it was given is all sent
+    double full_us = 0;  // when it last had a window's worth or more to send
+    double cubic_w_max = 0, cubic_epoch_us = 0;  // the window at the last loss, and when
   };
   struct Link {
     int from = 0, to = -1;
@@ -239,6 +248,8 @@ struct Network::Impl {
     topology::Link spec;
     std::vector<int> pipes;  // WAN links crossed
     std::uint64_t* bytes_between = nullptr;  // Stats::bytes_between of its pair of regions
+    std::vector<Tcp> tcp;    // its connections, with TCP modelled; messages dealt in turn
+    std::size_t next_tcp = 0;
   };
   struct Pipe {
     double bytes_per_s = 0;
@@ -348,6 +359,10 @@ struct Network::Impl {
     } else {
       a.open = b.open = false;  // nobody there: what is sent vanishes, as into a dead endpoint
     }
+    if (opt.tcp.modelled) {  // the child's connections to its parent
+      a.tcp.resize(nodes[self].stripes);
+      b.tcp.resize(nodes[self].stripes);
+    }
     links.push_back(std::move(a));
     links.push_back(std::move(b));
     return up;
@@ -358,6 +373,104 @@ struct Network::Impl {
     if (!l) return;
     l->open = false;
     if (Link* r = link(l->reverse)) r->open = false;
+  }
+
+  // TCP (TcpOptions): a connection's window, grown and cut by its congestion control.
+  struct TcpPass {
+    double start_us = 0, end_us = 0;  // when the connection began and finished sending it
+    bool lost = false;                 // a packet of it was lost (and retransmitted)
+  };
+  void tcp_grow(Tcp& c, double acked, double window, double t_us) {
+    const TcpOptions& o = opt.tcp;
+    const double mss = opt.packet_bytes;
+    if (o.congestion_control == TcpOptions::Cc::kBbr) {
+      c.cwnd += acked * 1.885;  // startup: 2/ln 2 the delivery rate each round trip
+    } else if (c.cwnd < c.ssthresh) {
+      c.cwnd = std::min(c.cwnd + acked, std::max(c.ssthresh, c.cwnd));  // slow start: doubles each round trip
+    } else if (o.congestion_control == TcpOptions::Cc::kReno) {
+      c.cwnd += mss * acked / window;  // a packet per round trip
+    } else {
+      // CUBIC (RFC 8312): W(t) = C (t - K)^3 + W_max in packets, C = 0.4, beta = 0.7; never
+      // slower than Reno would be.
+      const double w_max = c.cubic_w_max / mss;
+      const double k = std::cbrt(w_max * (1 - 0.7) / 0.4);
+      const double t = (t_us - c.cubic_epoch_us) / 1e6 - k;
+      const double target = (0.4 * t * t * t + w_max) * mss;
+      c.cwnd = std::max(c.cwnd + mss * acked / window, std::min(target, 1.5 * c.cwnd));
+    }
+    c.cwnd = std::min(c.cwnd, std::max(o.window_bytes, mss));  // past the window it would not grow
+  }
+  void tcp_loss(Tcp& c, double t_us) {
+    const double floor_bytes = 2.0 * opt.packet_bytes;
+    switch (opt.tcp.congestion_control) {
+      case TcpOptions::Cc::kReno:
+        c.cwnd = c.ssthresh = std::max(c.cwnd / 2, floor_bytes);
+        break;
+      case TcpOptions::Cc::kCubic:
+        c.cubic_w_max = c.cwnd;
+        c.cubic_epoch_us = t_us;
+        c.cwnd = c.ssthresh = std::max(0.7 * c.cwnd, floor_bytes);
+        break;
+      case TcpOptions::Cc::kBbr:
+        return;  // BBR (v1) holds its rate through random loss
+    }
+    net.stats_.window_reductions++;
+  }
+  // Sends `bytes` on connection c once what it was given before is sent: rounds of a round trip
+  // each carrying its window, the window growing and shrinking as its congestion control does.
+  TcpPass tcp_send(Tcp& c, double bytes, double now, double rtt_us, double loss) {
+    const TcpOptions& o = opt.tcp;
+    const double mss = opt.packet_bytes;
+    const double window_max = std::max(o.window_bytes, mss);
+    const double initial = std::min(window_max, o.initial_window_packets * mss);
+    TcpPass pass;
+    double t = std::max(now, c.free_us);
+    pass.start_us = t;
+    if (c.cwnd == 0) {
+      c.cwnd = initial;
+      c.full_us = t;
+    }
+    // Not filled for a retransmission timeout or more: the window halves per timeout, down to
+    // the initial one, and slow start takes it back to where it was (Linux's
+    // tcp_cwnd_restart and tcp_cwnd_application_limited).
+    const double rto_us = rtt_us + o.rto_min_ms * 1e3;
+    if (o.slow_start_after_idle && o.congestion_control != TcpOptions::Cc::kBbr && t - c.full_us >= rto_us && c.cwnd > initial) {
+      c.ssthresh = std::max(c.ssthresh, 0.75 * c.cwnd);
+      c.cwnd = std::max(initial, c.cwnd / std::exp2(std::min(64.0, std::floor((t - c.full_us) / rto_us))));
+      net.stats_.idle_restarts++;
+    }
+    const bool backlog = now < c.free_us || bytes >= std::min(c.cwnd, window_max);
+    double left = bytes;
+    while (left > 0) {
+      const double window = std::min(c.cwnd, window_max);
+      if (loss == 0 && window >= window_max) {  // steady: the rest at the window's rate
+        t += rtt_us * left / window;
+        break;
+      }
+      const double sent = std::min(left, window);
+      if (loss > 0 && std::uniform_real_distribution<double>(0, 1)(rng) < 1 - std::pow(1 - loss, std::ceil(sent / mss))) {
+        pass.lost = true;
+        tcp_loss(c, t);
+      }
+      t += rtt_us * sent / window;
+      left -= sent;
+      tcp_grow(c, sent, window, t);
+    }
+    c.free_us = pass.end_us = t;
+    if (backlog) c.full_us = t;
+    return pass;
+  }
+
+  // The connection a link's next message goes on: the next in turn, unless another is further
+  // ahead (the runtime deals messages in turn, passing over a connection whose queue is full).
+  Tcp& next_connection(Link& l) {
+    std::size_t best = l.next_tcp % l.tcp.size();
+    for (std::size_t k = 1; k < l.tcp.size(); ++k) {
+      const std::size_t i = (l.next_tcp + k) % l.tcp.size();
+      if (l.tcp[i].free_us < l.tcp[best].free_us) best = i;
+    }
+    l.next_tcp = best + 1;
+    return l.tcp[best];
   }
 
   struct PathTiming {
@@ -398,19 +511,30 @@ struct Network::Impl {
       }
       through = std::max(through, serve(dst.downlink_free_us, dst.nic.downlink_bytes_per_s));
     }
-    t.arrival_us = through + (l.spec.latency_ms + dst.ingress_delay_ms) * 1e3;
-    if (l.spec.jitter_ms > 0) t.arrival_us += std::uniform_real_distribution<double>(0, l.spec.jitter_ms * 1e3)(rng);
-    if (l.spec.loss > 0) {
-      const double packets = std::ceil(bytes / opt.packet_bytes);
-      if (std::uniform_real_distribution<double>(0, 1)(rng) < 1 - std::pow(1 - l.spec.loss, packets)) {
-        t.arrival_us += 2 * l.spec.latency_ms * 1e3;
-        net.stats_.retransmissions++;
-      }
-    }
     // It leaves the sender's queue when the slowest resource on the way starts on it: TCP's
     // window keeps the rest of a slow path's backlog in the sender's queue, where it counts
     // against the bound (and not in the network, where nothing would bound it).
     t.leaves_us = small ? now : std::max(now, through - bytes / bottleneck * 1e6);
+    const double rtt_us = 2 * l.spec.latency_ms * 1e3;
+    bool lost = false;
+    if (!l.tcp.empty()) {  // its connection's window may be slower still
+      Tcp& c = next_connection(l);
+      const TcpPass pass = tcp_send(c, bytes, now, rtt_us, l.spec.loss);
+      if (pass.end_us > through) {
+        through = pass.end_us;
+        t.leaves_us = pass.start_us;
+      }
+      lost = pass.lost;
+    } else if (l.spec.loss > 0) {
+      const double packets = std::ceil(bytes / opt.packet_bytes);
+      lost = std::uniform_real_distribution<double>(0, 1)(rng) < 1 - std::pow(1 - l.spec.loss, packets);
+    }
+    t.arrival_us = through + (l.spec.latency_ms + dst.ingress_delay_ms) * 1e3;
+    if (l.spec.jitter_ms > 0) t.arrival_us += std::uniform_real_distribution<double>(0, l.spec.jitter_ms * 1e3)(rng);
+    if (lost) {  // the lost packet comes a round trip late (fast retransmit), and what follows it with it
+      t.arrival_us += rtt_us;
+      net.stats_.retransmissions++;
+    }
     return t;
   }
 
@@ -532,19 +656,19 @@ Network::Network(topology::FleetSpec fleet, NetworkOptions options)
 
 Network::~Network() = default;
 
-int Network::add(runtime::NodeConfig config, const std::string& region, topology::Nic nic,
-                 std::shared_ptr<runtime::ModelVersion> restored, double ingress_delay_ms, int host) {
+int Network::add(runtime::NodeConfig config, const std::string& region, topology::Nic nic, Placement placement) {
   const int i = static_cast<int>(impl_->nodes.size());
   impl_->by_id[config.node_id] = i;
   Impl::NodeState h;
-  h.cpu = impl_->host_cpu(host);
+  h.cpu = impl_->host_cpu(placement.host);
   if (h.cpu >= 0) impl_->work.resize(impl_->nodes.size() + 1);
   h.config = std::move(config);
   h.region = region;
   h.nic = nic;
-  h.ingress_delay_ms = ingress_delay_ms;
+  h.ingress_delay_ms = placement.ingress_delay_ms;
+  h.stripes = std::max<std::uint32_t>(1, placement.stripes);
   impl_->nodes.push_back(std::move(h));
-  impl_->start(i, std::move(restored));
+  impl_->start(i, std::move(placement.restored));
   return i;
 }
 
@@ -562,6 +686,18 @@ void Network::wake(int i) { impl_->wake(i); }
 void Network::restart(int i, std::shared_ptr<runtime::ModelVersion> restored) {
   impl_->crash(i);
   impl_->start(i, std::move(restored));
+}
+
+const char* cc_name(TcpOptions::Cc cc) {
+  switch (cc) {
+    case TcpOptions::Cc::kReno:
+      return "reno";
+    case TcpOptions::Cc::kCubic:
+      return "cubic";
+    case TcpOptions::Cc::kBbr:
+      return "bbr";
+  }
+  return "?";
 }
 
 void Network::set_partition(const std::string& a, const std::string& b, bool cut) {

@@ -107,10 +107,43 @@ Status parse_cpu(const json& c, CpuSpec& cpu) {
   return Status::ok();
 }
 
+Status parse_tcp(const json& t, TcpOptions& tcp) {
+  const std::string where = "scenario.run.tcp";
+  if (!t.is_object()) return field_error(where, "want an object such as {\"window_bytes\": 3900000, \"congestion_control\": \"cubic\"}");
+  DC_RETURN_IF_ERROR(check_fields(t, where, {"window_bytes", "congestion_control", "slow_start_after_idle", "initial_window_packets", "rto_min_ms"}));
+  tcp.modelled = true;
+  DC_RETURN_IF_ERROR(number(t, where, "window_bytes", tcp.window_bytes, 2048, 1ull << 31));
+  DC_RETURN_IF_ERROR(number(t, where, "initial_window_packets", tcp.initial_window_packets, 1, 1000));
+  DC_RETURN_IF_ERROR(number(t, where, "rto_min_ms", tcp.rto_min_ms, 1, 60000));
+  if (t.contains("congestion_control")) {
+    const json& cc = t["congestion_control"];
+    bool known = false;
+    for (auto c : {TcpOptions::Cc::kReno, TcpOptions::Cc::kCubic, TcpOptions::Cc::kBbr}) {
+      if (cc.is_string() && cc.get<std::string>() == cc_name(c)) {
+        tcp.congestion_control = c;
+        known = true;
+      }
+    }
+    if (!known) return field_error(where + ".congestion_control", "want \"reno\", \"cubic\" or \"bbr\"");
+  }
+  if (t.contains("slow_start_after_idle")) {
+    if (!t["slow_start_after_idle"].is_boolean()) return field_error(where + ".slow_start_after_idle", "want true or false");
+    tcp.slow_start_after_idle = t["slow_start_after_idle"].get<bool>();
+  }
+  return Status::ok();
+}
+
+Status parse_stripes(const json& s, StripesSpec& stripes) {
+  DC_RETURN_IF_ERROR(check_fields(s, "scenario.run.stripes", {"relay", "worker"}));
+  DC_RETURN_IF_ERROR(number(s, "scenario.run.stripes", "relay", stripes.relay, 1, 64));  // the runtime's limit, transport::kStripesMax
+  DC_RETURN_IF_ERROR(number(s, "scenario.run.stripes", "worker", stripes.worker, 1, 64));
+  return Status::ok();
+}
+
 Status parse_run(const json& r, RunSpec& run) {
   DC_RETURN_IF_ERROR(check_fields(r, "scenario.run",
                                   {"versions", "step_period_s", "anchor_every", "decode", "tick_ms", "settle_s", "relay_cache_versions", "parent_timeout_ms",
-                                   "heartbeat_ms", "cpu"}));
+                                   "heartbeat_ms", "cpu", "tcp", "stripes"}));
   DC_RETURN_IF_ERROR(number(r, "scenario.run", "heartbeat_ms", run.heartbeat_ms, 10, 1e6));
   DC_RETURN_IF_ERROR(number(r, "scenario.run", "parent_timeout_ms", run.parent_timeout_ms, 100, 1e7));
   DC_RETURN_IF_ERROR(number(r, "scenario.run", "versions", run.versions, 1, 100000));
@@ -121,6 +154,8 @@ Status parse_run(const json& r, RunSpec& run) {
   DC_RETURN_IF_ERROR(number(r, "scenario.run", "settle_s", run.settle_s, 0, 1e7));
   DC_RETURN_IF_ERROR(number(r, "scenario.run", "relay_cache_versions", run.relay_cache_versions, 1, 1000));
   if (r.contains("cpu")) DC_RETURN_IF_ERROR(parse_cpu(r["cpu"], run.cpu));
+  if (r.contains("tcp")) DC_RETURN_IF_ERROR(parse_tcp(r["tcp"], run.tcp));
+  if (r.contains("stripes")) DC_RETURN_IF_ERROR(parse_stripes(r["stripes"], run.stripes));
   return Status::ok();
 }
 
@@ -384,6 +419,7 @@ class ScenarioRun {
     no.decode_bytes_per_s = sc_.run.decode_bytes_per_s;
     no.cores_per_host = sc_.run.cpu.cores;
     no.net_ns_per_byte = sc_.run.cpu.net_ns_per_byte;
+    no.tcp = sc_.run.tcp;
     // Per-peer queues hold as many chunks as production's 256 MiB holds 4 MiB chunks.
     no.queue_bytes_max = std::max<std::uint64_t>(256ull << 20, static_cast<std::uint64_t>(64 * chunk_bytes));
     net_.emplace(sc_.fleet, no);
@@ -417,7 +453,7 @@ class ScenarioRun {
     Network& net = *net_;
     NodeConfig oc = base_config("origin");
     oc.serve_children = true;
-    origin_ = net.add(oc, sc_.fleet.origin_region, sc_.fleet.origin_nic, nullptr, 0, host_of(false, sc_.fleet.origin_region));
+    origin_ = net.add(oc, sc_.fleet.origin_region, sc_.fleet.origin_nic, {.host = host_of(false, sc_.fleet.origin_region)});
     const topology::Nic bucket_nic{sc_.object_store.egress_bytes_per_s, sc_.object_store.egress_bytes_per_s};
     NodeConfig central = base_config("bucket/" + sc_.fleet.origin_region);
     central.parents = {"origin"};
@@ -436,7 +472,8 @@ class ScenarioRun {
         NodeConfig wc = base_config(r.name + ".w" + std::to_string(i));
         wc.parents = {bucket};
         wc.reconstruct = true;
-        workers_.push_back(net.add(wc, r.name, r.worker_nic, initial_, sc_.object_store.poll_ms / 2, host_of(true, r.name)));
+        workers_.push_back(net.add(wc, r.name, r.worker_nic,
+                                   {.restored = initial_, .ingress_delay_ms = sc_.object_store.poll_ms / 2, .host = host_of(true, r.name)}));
       }
     }
     return Status::ok();
@@ -455,7 +492,8 @@ class ScenarioRun {
       c.serve_children = n.forwards;
       c.reconstruct = n.kind == topology::NodeKind::kWorker;
       c.store_and_forward = o_.strategy == Strategy::kStoreAndForward && n.kind != topology::NodeKind::kOrigin;
-      const int i = net_->add(c, n.region, n.nic, c.reconstruct ? initial_ : nullptr, 0, host_of(c.reconstruct, n.region));
+      const std::uint32_t stripes = n.kind == topology::NodeKind::kRelay ? sc_.run.stripes.relay : sc_.run.stripes.worker;
+      const int i = net_->add(c, n.region, n.nic, {.restored = c.reconstruct ? initial_ : nullptr, .host = host_of(c.reconstruct, n.region), .stripes = stripes});
       if (n.kind == topology::NodeKind::kOrigin) origin_ = i;
       if (c.reconstruct) workers_.push_back(i);
     }
@@ -578,6 +616,12 @@ class ScenarioRun {
     rep_.p50_s = quantile(rep_.ready_s, 0.5);
     rep_.p99_s = quantile(rep_.ready_s, 0.99);
     rep_.max_s = rep_.ready_s.empty() ? 0 : *std::max_element(rep_.ready_s.begin(), rep_.ready_s.end());
+    std::map<std::uint64_t, std::vector<double>> by_version;
+    for (const auto& [key, s] : ready_) by_version[key.second].push_back(s);
+    for (std::uint64_t v = kFirst; v <= last_; ++v) {
+      const std::vector<double>& t = by_version[v];
+      rep_.by_version.push_back({v, t.size(), quantile(t, 0.5), t.empty() ? 0 : *std::max_element(t.begin(), t.end())});
+    }
     for (int w : workers_)
       if (net.alive(w) && held_[w] < last_)
         violation(net.config(w).node_id + " is live but holds version " + std::to_string(held_[w]) + ", not " + std::to_string(last_));

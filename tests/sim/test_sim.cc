@@ -202,3 +202,107 @@ TEST_CASE("a scenario's cpu section is checked field by field", "[sim][cpu]") {
     CHECK_THAT(s.status().to_string(), Catch::Contains(field));
   }
 }
+
+// TCP (docs/SIM.md, "TCP"): a connection carries at most its window per round trip, starts
+// slow after idle, and answers loss as its congestion control does; a relay's link is striped.
+namespace {
+
+// The slowest worker's publish-to-ready time, the scenario above with run fields added: a
+// relay 21 ms one way from the origin over a 1 Gbit/s WAN link, an 11 MB delta.
+// The last version's: with `versions` > 1, its connections have carried versions before.
+double slowest_with(const std::string& run_fields, const std::string& wan_extra = "", std::uint32_t versions = 1) {
+  const Scenario sc = parse(scenario_json(R"({"parameters": 5e8, "chunks": 64})",
+                                          R"({"versions": )" + std::to_string(versions) + R"(, "step_period_s": 30, "decode": "100GB/s", "parent_timeout_ms": 20000)" +
+                                              run_fields + "}",
+                                          "[]", wan_extra));
+  auto r = run_scenario(sc, RunOptions{});
+  REQUIRE(r.is_ok());
+  for (const auto& v : r->violations) FAIL(v);
+  CHECK(r->missed == 0);
+  REQUIRE(r->by_version.size() == versions);  // deltas 2..versions + 1 after the held version 1
+  CHECK(r->by_version.back().version == versions + 1);
+  CHECK(r->by_version.back().ready == 10);
+  return r->by_version.back().max_s;
+}
+
+}  // namespace
+
+TEST_CASE("a connection carries at most its window per round trip, and stripes add windows", "[sim][tcp]") {
+  const double delta = 1e9 * 0.01109;
+  const double rtt = 2 * 0.021;  // LAN 0.5 ms + WAN 20 ms + LAN 0.5 ms, one way
+  const double window = 500e3;
+  const double ideal = slowest_with("");
+  const std::string tcp = R"(, "tcp": {"window_bytes": 500000, "congestion_control": "cubic"})";
+  const double one = slowest_with(tcp + R"(, "stripes": {"relay": 1})");
+  const double eight = slowest_with(tcp + R"(, "stripes": {"relay": 8})");
+  // One connection: the delta at window / RTT (11.9 MB/s, not the link's 125 MB/s), plus slow
+  // start from 10 packets (about 5 round trips) and the LAN hop behind it.
+  const double window_bound = delta / (window / rtt);
+  INFO("ideal " << ideal << " s, 1 connection " << one << " s, 8 connections " << eight << " s, window bound " << window_bound << " s");
+  CHECK(one >= window_bound);
+  CHECK(one <= window_bound + 8 * rtt);
+  CHECK(ideal < 0.2 * window_bound);
+  // Eight connections: 8 windows per round trip, 95 MB/s, still under the link's rate.
+  CHECK(eight >= window_bound / 8);
+  CHECK(eight <= window_bound / 8 + 8 * rtt);
+  // Without TCP modelled stripes change nothing.
+  CHECK(slowest_with(R"(, "stripes": {"relay": 1})") == Approx(ideal));
+}
+
+TEST_CASE("slow start after idle costs round trips, unless it is off or the control is BBR", "[sim][tcp]") {
+  const double rtt = 2 * 0.021;
+  // Versions 30 s apart: the relay's one connection has been idle far longer than its
+  // retransmission timeout when each delta comes.
+  auto slowest = [](const std::string& cc, bool after_idle) {
+    return slowest_with(R"(, "stripes": {"relay": 1}, "tcp": {"window_bytes": 500000, "congestion_control": ")" + cc + R"(", "slow_start_after_idle": )" +
+                        (after_idle ? "true" : "false") + "}", "", 4);
+  };
+  const double restarts = slowest("cubic", true), keeps = slowest("cubic", false);
+  INFO("after idle: slow start " << restarts << " s, window kept " << keeps << " s");
+  // From 10 packets to 345 takes 5 doublings; the rounds carry a fraction of a full window.
+  CHECK(restarts >= keeps + 3 * rtt);
+  CHECK(restarts <= keeps + 6 * rtt);
+  CHECK(slowest("bbr", true) == Approx(keeps).epsilon(0.02));
+}
+
+TEST_CASE("loss cuts the window as the congestion control does", "[sim][tcp]") {
+  auto slowest = [](const std::string& cc) {
+    return slowest_with(R"(, "stripes": {"relay": 1}, "tcp": {"window_bytes": 500000, "congestion_control": ")" + cc + R"("})", R"(, "loss": 0.001)");
+  };
+  const double clean = slowest_with(R"(, "stripes": {"relay": 1}, "tcp": {"window_bytes": 500000})");
+  const double reno = slowest("reno"), cubic = slowest("cubic"), bbr = slowest("bbr");
+  INFO("lossless " << clean << " s; at 0.1% loss: reno " << reno << " s, cubic " << cubic << " s, bbr " << bbr << " s");
+  // Reno halves and regains a packet per round trip: its window settles near
+  // sqrt(1.5 / p) = 39 packets, a ninth of the 345 allowed. CUBIC cuts to 0.7 and grows back
+  // faster; BBR keeps its rate and only waits for retransmissions.
+  CHECK(reno > 3 * clean);
+  CHECK(cubic < 0.8 * reno);
+  CHECK(cubic > 1.2 * clean);
+  CHECK(bbr < 1.3 * clean);
+}
+
+TEST_CASE("a scenario's tcp and stripes sections are checked field by field", "[sim][tcp]") {
+  const std::pair<const char*, const char*> bad[] = {
+      {R"("tcp": 3)", "scenario.run.tcp"},
+      {R"("tcp": {"window_bytes": 100})", "scenario.run.tcp.window_bytes"},
+      {R"("tcp": {"congestion_control": "vegas"})", "scenario.run.tcp.congestion_control"},
+      {R"("tcp": {"slow_start_after_idle": 1})", "scenario.run.tcp.slow_start_after_idle"},
+      {R"("tcp": {"initial_window_packets": 0})", "scenario.run.tcp.initial_window_packets"},
+      {R"("tcp": {"window": 1000000})", "scenario.run.tcp"},
+      {R"("stripes": {"relay": 0})", "scenario.run.stripes.relay"},
+      {R"("stripes": {"relay": 65})", "scenario.run.stripes.relay"},
+      {R"("stripes": {"origin": 2})", "scenario.run.stripes"},
+  };
+  for (const auto& [field_json, field] : bad) {
+    auto s = parse_scenario(scenario_json(R"({"parameters": 5e8})", std::string(R"({"versions": 2, )") + field_json + "}"));
+    INFO(field_json);
+    REQUIRE_FALSE(s.is_ok());
+    CHECK_THAT(s.status().to_string(), Catch::Contains(field));
+  }
+  auto ok = parse_scenario(scenario_json(R"({"parameters": 5e8})", R"({"tcp": {"congestion_control": "bbr"}, "stripes": {"relay": 4}})"));
+  REQUIRE(ok.is_ok());
+  CHECK(ok->run.tcp.modelled);
+  CHECK(ok->run.tcp.congestion_control == TcpOptions::Cc::kBbr);
+  CHECK(ok->run.stripes.relay == 4);
+  CHECK(ok->run.stripes.worker == 1);
+}

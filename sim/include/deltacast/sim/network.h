@@ -10,6 +10,11 @@
 //     message on the same link (TCP keeps order);
 //   - a loss rate p makes a message of n packets need a retransmission with probability
 //     1 - (1 - p)^n, which costs one round trip (fast retransmit);
+//   - with TCP modelled (TcpOptions), each link is one or more TCP connections (a child's
+//     `stripes`, messages dealt to them in turn), each of which also serves its messages in
+//     order, at most its window per round trip: slow start from the initial window, growth and
+//     loss response by the congestion control, and a window that decays after idle (loss is
+//     then drawn per round of a window, as the connection sends it);
 //   - a partitioned WAN link drops what crosses it (the connection breaks; the runtime asks
 //     again or fails over); a crashed node loses its state and its links.
 // CPU: every node runs on a host, its own unless it shares one (Network::add's `host`: several
@@ -94,6 +99,24 @@ class VirtualBlob final : public runtime::Blob {
   std::size_t size_;
 };
 
+// TCP on every connection (docs/SIM.md, "TCP"). Not modelled: a connection is as fast as its
+// path, however long the path.
+struct TcpOptions {
+  bool modelled = false;
+  enum class Cc : std::uint8_t { kReno, kCubic, kBbr };
+  Cc congestion_control = Cc::kCubic;
+  // The largest window one connection opens: what the receiver's tcp_rmem maximum lets it
+  // advertise (about 0.62 of it at MTU 1500) or the sender's tcp_wmem allows, the smaller.
+  double window_bytes = 4e6;
+  std::uint32_t initial_window_packets = 10;
+  // A connection that has not filled its window for a retransmission timeout (RTT + rto_min)
+  // halves its window per timeout, down to the initial one (Linux's tcp_slow_start_after_idle;
+  // BBR keeps its rate).
+  bool slow_start_after_idle = true;
+  double rto_min_ms = 200;
+};
+const char* cc_name(TcpOptions::Cc cc);
+
 struct NetworkOptions {
   std::uint64_t seed = 1;
   std::uint64_t queue_bytes_max = 256ull << 20;  // per peer, as transport::HostConfig
@@ -106,6 +129,17 @@ struct NetworkOptions {
   // A node with nothing in progress (Node::quiet) is not ticked until its next timed duty
   // (heartbeat, timeout): the same behaviour, far fewer events in a large idle fleet.
   bool skip_quiet_ticks = true;
+  TcpOptions tcp;
+};
+
+// How a node runs, beyond its config (Network::add).
+struct Placement {
+  std::shared_ptr<runtime::ModelVersion> restored;  // the version it holds at start (Node::restore)
+  // Added to everything it receives (a worker polling an object store notices a new object
+  // half a polling period late on average).
+  double ingress_delay_ms = 0;
+  int host = -1;                // nodes given the same host (>= 0) share its cores; -1: its own
+  std::uint32_t stripes = 1;    // TCP connections to each parent (transport::HostConfig::stripes)
 };
 
 class Network {
@@ -115,13 +149,9 @@ class Network {
   Network(const Network&) = delete;
   Network& operator=(const Network&) = delete;
 
-  // Adds a node in `region` and starts it (it connects to its first parent), holding
-  // `restored` if given (Node::restore). Its endpoint, for other nodes' NodeConfig::parents, is
-  // its node_id. `ingress_delay_ms` is added to everything it receives (a worker polling an
-  // object store notices a new object half a polling period late on average). Nodes given the
-  // same `host` (>= 0) share its cores; -1: a host of its own.
-  int add(runtime::NodeConfig config, const std::string& region, topology::Nic nic,
-          std::shared_ptr<runtime::ModelVersion> restored = nullptr, double ingress_delay_ms = 0, int host = -1);
+  // Adds a node in `region` and starts it (it connects to its first parent). Its endpoint, for
+  // other nodes' NodeConfig::parents, is its node_id.
+  int add(runtime::NodeConfig config, const std::string& region, topology::Nic nic, Placement placement = {});
   runtime::Node& node(int i);
   const runtime::NodeConfig& config(int i) const;
   const std::string& region(int i) const;
@@ -150,6 +180,8 @@ class Network {
     std::uint64_t messages_refused_full_queue = 0;
     std::uint64_t messages_lost = 0;            // to partitions and closed links
     std::uint64_t retransmissions = 0;          // messages that paid a round trip for loss
+    std::uint64_t window_reductions = 0;        // loss events a congestion control answered
+    std::uint64_t idle_restarts = 0;            // connections that went back toward slow start after idle
     std::uint64_t queue_bytes_high = 0;         // the fullest per-peer queue seen
     bool queue_bound_held = true;               // no queue past its bound (but for one oversized message)
     std::map<std::pair<std::string, std::string>, std::uint64_t> bytes_between;  // region -> region

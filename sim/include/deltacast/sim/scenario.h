@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "deltacast/sim/network.h"
 #include "deltacast/topology/fleet.h"
 
 namespace deltacast::sim {
@@ -31,6 +32,13 @@ struct CpuSpec {
   double net_ns_per_byte = 0;          // CPU per byte a node sends or receives
 };
 
+// TCP connections per parent link (transport::HostConfig::stripes), by the kind of child; the
+// runtime's defaults. Only matter with TCP modelled.
+struct StripesSpec {
+  std::uint32_t relay = 8;
+  std::uint32_t worker = 1;
+};
+
 struct RunSpec {
   std::uint32_t versions = 10;
   double step_period_s = 60;         // the trainer publishes a version this often
@@ -44,6 +52,8 @@ struct RunSpec {
   // thousand workers) one can take seconds to reach each child, longer than production's 2 s.
   std::uint64_t parent_timeout_ms = 2000;
   std::uint64_t heartbeat_ms = 250;  // NodeConfig::heartbeat_ms
+  TcpOptions tcp;                    // modelled if the scenario has a "tcp" section
+  StripesSpec stripes;
 };
 
 struct ObjectStoreSpec {
@@ -117,6 +127,12 @@ struct Report {
   std::uint64_t missed = 0;       // (version, worker) pairs never ready (skipped or still behind)
   double lower_bound_s = 0;       // version bytes / bottleneck rate + longest one-way latency
   double p50_s = 0, p99_s = 0, max_s = 0;
+  struct VersionTimes {
+    std::uint64_t version = 0;
+    std::uint64_t ready = 0;  // workers that got it
+    double p50_s = 0, max_s = 0;
+  };
+  std::vector<VersionTimes> by_version;  // every version published, in order
   struct Sample {
     double t_s, mean_behind, max_behind, mean_lag_steps;
   };

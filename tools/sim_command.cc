@@ -19,6 +19,7 @@ struct SimOptions {
   bool ideal_links = false;   // the scenario's TCP section ignored
   bool by_version = false;
   double window_bytes = 0;  // > 0: over the scenario's run.tcp.window_bytes
+  std::string congestion_control;  // non-empty: over the scenario's run.tcp.congestion_control
 };
 
 const std::pair<const char*, sim::Strategy> kStrategies[] = {
@@ -34,6 +35,8 @@ int run_sim(const SimOptions& o) {
   if (!sc.is_ok()) return fail(o.scenario + ": " + sc.status().message());
   if (o.stripes > 0) sc->run.stripes.relay = o.stripes;
   if (o.window_bytes > 0) sc->run.tcp.window_bytes = o.window_bytes;
+  for (auto cc : {sim::TcpOptions::Cc::kReno, sim::TcpOptions::Cc::kCubic, sim::TcpOptions::Cc::kBbr})
+    if (o.congestion_control == sim::cc_name(cc)) sc->run.tcp.congestion_control = cc;
   if (o.ideal_links) sc->run.tcp.modelled = false;
   std::vector<sim::Strategy> chosen;
   for (const auto& name : o.strategies) {
@@ -122,6 +125,8 @@ Command add_sim_command(CLI::App& app) {
       ->check(CLI::Range(1, 64));
   sub->add_option("--window-bytes", o->window_bytes, "One TCP connection's largest window, over the scenario's run.tcp.window_bytes")
       ->check(CLI::Range(2048.0, 2147483648.0));
+  sub->add_option("--congestion-control", o->congestion_control, "reno, cubic or bbr, over the scenario's run.tcp.congestion_control")
+      ->check(CLI::IsMember({"reno", "cubic", "bbr"}));
   sub->add_flag("--by-version", o->by_version, "Also print each version's median and slowest worker");
   sub->add_flag("--ideal-links", o->ideal_links, "Ignore the scenario's run.tcp: every connection as fast as its path");
   return {sub, [o] { return run_sim(*o); }};

@@ -124,6 +124,10 @@ class Wan:
     def stats(self) -> dict:
         return json.loads(self._ask("stats"))
 
+    def emulator_pid(self) -> int:
+        """The emulator's process id (for its CPU time in /proc)."""
+        return self._emulator.pid
+
     # --- teardown ---
 
     def _install_signal_handlers(self) -> None:

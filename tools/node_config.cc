@@ -134,6 +134,7 @@ Status apply_limits(const json& limits, LoadedNode& out) {
       {"hello_timeout_ms", count(h.hello_timeout_ms)},
       {"reorder_bytes_max", bytes(h.reorder_bytes_max)},
       {"reorder_timeout_ms", count(h.reorder_timeout_ms)},
+      {"stripe_part_bytes", bytes(h.stripe_part_bytes)},
       {"metrics_clients_max", count(h.metrics_clients_max)},
       {"metrics_timeout_ms", count(h.metrics_timeout_ms)},
       {"metrics_response_bytes_max", bytes(h.metrics_response_bytes_max)},

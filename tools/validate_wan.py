@@ -21,11 +21,8 @@ emulator and relays about 10 ns per byte per link; with three regions receiving 
 at once the fleet needs more than this machine's two cores (measured: 100% busy, the links at
 45-58 Mbit/s with 8 stripes), so the comparison would be of CPU, not of TCP. At 25 Mbit/s the
 cores are under half busy. (--rate-mbit 100 --size 128MB --lr 5e-5 runs the larger setting.)
-Why 512 KiB chunks: a striped link sends each message whole on one connection, so a chunk
-crosses at 1/8 of the link rate, and the relay hears its parent only through messages in
-order; a 4 MiB anchor chunk (2.7 MB coded) on one stripe of the 75 ms link at 100 Mbit/s takes
-longer than the relay's parent timeout (2 s) at the start of a connection, and the relay
-reconnects again and again, never receiving version 1.
+Chunks are publish's default 4 MiB: a striped link sends large payloads in 256 KiB parts spread
+over its connections (docs/RUNTIME.md, "Striped links").
 
 For each invocation and each --stripes setting (the relays' connections to the origin; 8 is
 the relay default, 1 the runtime without striped links) a round:
@@ -500,8 +497,7 @@ def main() -> int:
     ap.add_argument("--build", default=str(ROOT / "build"), help="build folder with tools/deltacast, tests/wan_emulator, tests/decode_rate")
     ap.add_argument("--size", default="32MB", help="deltacast gen --size")
     ap.add_argument("--lr", type=float, default=4e-4, help="deltacast gen --lr (4e-4 at 32MB: deltas of 8.5 MB)")
-    ap.add_argument("--chunk-size", default="512KiB", help="publish's --chunk-size (see above: 4 MiB anchor chunks outlast the "
-                    "relays' parent timeout on one of 8 stripes of the 75 ms link)")
+    ap.add_argument("--chunk-size", default="4MiB", help="publish's --chunk-size")
     ap.add_argument("--versions", type=int, default=7, help="versions published; 3..N are compared")
     ap.add_argument("--interval-ms", type=int, default=12000, help="publish's pause after every worker holds a version")
     ap.add_argument("--rate-mbit", type=float, default=25, help="each WAN link's rate (see above: at 100 the fleet is CPU-bound here)")

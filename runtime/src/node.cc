@@ -156,6 +156,10 @@ bool Node::on_parent_newest(std::uint64_t newest, const RunId& run) {
   return true;
 }
 
+void Node::on_traffic(PeerId from) {
+  if (upstream_->classify(from) == UpstreamLink::From::kParent) upstream_->heard();
+}
+
 void Node::on_message(PeerId from, const Message& m) {
   ctx_->stats.bytes_in += message_bytes(m);
   switch (upstream_->classify(from)) {

@@ -461,8 +461,8 @@ struct Network::Impl {
     return pass;
   }
 
-  // The connection a link's next message goes on: the next in turn, unless another is further
-  // ahead (the runtime deals messages in turn, passing over a connection whose queue is full).
+  // The connection a link's next message (or part) goes on: the next in turn, unless another is
+  // further ahead (the runtime deals them in turn, passing over a connection whose queue is full).
   Tcp& next_connection(Link& l) {
     std::size_t best = l.next_tcp % l.tcp.size();
     for (std::size_t k = 1; k < l.tcp.size(); ++k) {
@@ -517,14 +517,20 @@ struct Network::Impl {
     t.leaves_us = small ? now : std::max(now, through - bytes / bottleneck * 1e6);
     const double rtt_us = 2 * l.spec.latency_ms * 1e3;
     bool lost = false;
-    if (!l.tcp.empty()) {  // its connection's window may be slower still
-      Tcp& c = next_connection(l);
-      const TcpPass pass = tcp_send(c, bytes, now, rtt_us, l.spec.loss);
-      if (pass.end_us > through) {
-        through = pass.end_us;
-        t.leaves_us = pass.start_us;
+    if (!l.tcp.empty()) {  // its connections' windows may be slower still
+      // On several connections a large payload goes in parts, each on the next connection.
+      const double part = l.tcp.size() > 1 ? opt.tcp.stripe_part_bytes : bytes;
+      double start_us = std::numeric_limits<double>::infinity(), end_us = 0;
+      for (double sent = 0; sent < bytes; sent += part) {
+        const TcpPass pass = tcp_send(next_connection(l), std::min(part, bytes - sent), now, rtt_us, l.spec.loss);
+        start_us = std::min(start_us, pass.start_us);
+        end_us = std::max(end_us, pass.end_us);
+        lost |= pass.lost;
       }
-      lost = pass.lost;
+      if (end_us > through) {
+        through = end_us;
+        t.leaves_us = start_us;
+      }
     } else if (l.spec.loss > 0) {
       const double packets = std::ceil(bytes / opt.packet_bytes);
       lost = std::uniform_real_distribution<double>(0, 1)(rng) < 1 - std::pow(1 - l.spec.loss, packets);

@@ -239,7 +239,7 @@ def _on_term(signum, frame):
 
 def envelope():
     e = pb.Envelope()
-    e.protocol_version = 3
+    e.protocol_version = 4
     return e
 
 
@@ -777,6 +777,62 @@ def case_fake_parent_huge_image(t):
     check_versions(t, w, 4, s["expected"])
 
 
+def sequenced(frame, stream, seq, payload_bytes=0):
+    """A message of a numbered parent link: `frame` (an Envelope) with its stream and number."""
+    e = pb.Envelope()
+    e.ParseFromString(frame)
+    e.stream, e.seq, e.payload_bytes = stream, seq, payload_bytes
+    return e.SerializeToString()
+
+
+def m_part(stream, seq):
+    e = envelope()
+    e.stream, e.seq = stream, seq
+    e.part.SetInParent()
+    return e.SerializeToString()
+
+
+def case_fake_parent_parts(t):
+    """A fake parent numbers its messages and sends payloads in parts that lie: a chunk claiming a
+    2^62-byte payload, parts without their message, parts far ahead of the stream, a part that
+    overruns what its message announced; then it falls silent. The real origin is the second
+    parent."""
+    s = shared()
+    fake = t.sock(zmq.ROUTER)
+    fake.bind(t.ep(0))
+    start_origin(t, port=1)
+    w = t.start("worker", "worker", "--id", "w1", "--parent", t.ep(0), "--parent", t.ep(1), "--exit-after-version", "4")
+    stream = 0x5eed
+    served = 0
+    t0 = time.time()
+    while time.time() - t0 < 3.0:
+        if not fake.poll(50):
+            continue
+        frames = fake.recv_multipart()
+        if len(frames) < 2 or parse_env(frames[1]).WhichOneof("body") != "hello":
+            continue
+        ident = frames[0]
+        served += 1
+        fake.send_multipart([ident, sequenced(m_welcome(1), stream, 1)])
+        fake.send_multipart([ident, sequenced(m_chunk(1, True, 0), stream, 2, payload_bytes=1 << 62), b"\0" * 1024])
+        for seq in range(3, 40):  # parts of a message that was refused
+            fake.send_multipart([ident, m_part(stream, seq), b"\1" * 65536])
+        for seq in range(1 << 20, (1 << 20) + 64):  # far ahead: held, bounded, then given up on
+            fake.send_multipart([ident, m_part(stream, seq), b"\2" * 65536])
+        fake.send_multipart([ident, sequenced(m_chunk(1, True, 1), stream, 40, payload_bytes=2048), b"\0" * 1024])
+        fake.send_multipart([ident, m_part(stream, 41), b"\3" * 4096])  # more than the 1024 announced
+        fake.send_multipart([ident, m_part(0, 0), b"\4" * 16])  # a part outside the stream
+    t.require(served > 0, "the worker never said Hello to the fake parent")
+    fake.close(linger=0)
+    t.expect(w.wait_log(r"version 4 ready", 40) is not None, "the worker did not get version 4 from the real origin")
+    log = w.log()
+    t.expect("bad_alloc" not in log and "terminate" not in log and "Aborted" not in log, "the worker crashed: " + log[-300:])
+    t.expect(w.p.poll() in (None, 0), "the worker exited with %s" % w.p.poll())
+    t.expect(re.search(r"payload parts did not all come|a payload (part|in parts)", log) is not None,
+             "no dropped parts logged: " + log[-400:])
+    check_versions(t, w, 4, s["expected"])
+
+
 def case_forged_parent_signed(t):
     """Workers trusting the origin's key; first parents serve forgeries: unsigned v99, a bad signature
     that names the trusted key, and a rogue origin signing with its own key."""
@@ -1247,6 +1303,7 @@ def case_plaintext_to_curve(t):
 CASES = [
     ("fake-parent-heartbeat", case_fake_parent_heartbeat),
     ("fake-parent-huge-image", case_fake_parent_huge_image),
+    ("fake-parent-parts", case_fake_parent_parts),
     ("forged-parent-signed", case_forged_parent_signed),
     ("shard-injection", case_shard_injection),
     ("ready-for-other-id", case_ready_for_other_id),

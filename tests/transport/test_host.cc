@@ -167,6 +167,9 @@ TEST_CASE("a child queue bound of zero is refused: ZeroMQ would read it as no bo
 }
 
 TEST_CASE("a striped link spreads a version over its connections and delivers it whole and in order", "[transport][host][stripes]") {
+  // Whole chunks, and chunks cut into 1 KiB parts that the connections carry side by side.
+  const std::uint64_t part_bytes = GENERATE(std::uint64_t{256} << 10, std::uint64_t{1024});
+  INFO("stripe_part_bytes " << part_bytes);
   auto layout = test::make_layout({{DType::kBF16, 400000}});
   Bytes v1 = test::random_bytes(layout.image_size, 3), v2 = v1;
   for (std::size_t i = 0; i < v2.size(); i += 16) v2[i] ^= 1;
@@ -179,6 +182,7 @@ TEST_CASE("a striped link spreads a version over its connections and delivers it
   oc.serve_children = true;
   transport::HostConfig oh;
   oh.bind_endpoint = "tcp://127.0.0.1:*";
+  oh.stripe_part_bytes = part_bytes;
   transport::NodeHost origin(oc, oh);
   REQUIRE(origin.start_thread().is_ok());
   REQUIRE(origin.call([&] { return origin.node().publish(*encode_version(layout, 1, 0, {}, v1, opt, ex)); }).is_ok());
@@ -214,6 +218,7 @@ TEST_CASE("a striped link spreads a version over its connections and delivers it
   REQUIRE(after.size() == 4);
   for (std::size_t k = 0; k < 4; ++k) CHECK(after[k] > (k < before.size() ? before[k] : 0) + 2);  // every connection carried chunks
   CHECK(relay.call([&] { return relay.reorder_gaps_skipped(); }) == 0);  // nothing given up: everything came, in order
+  CHECK(relay.call([&] { return relay.parts_dropped(); }) == 0);
   CHECK(worker.call([&] { return worker.stripe_messages_out(); }).empty());  // a worker's own link is not striped
   worker.stop();
   relay.stop();

@@ -93,12 +93,13 @@ TEST_CASE("a peer's text that is not plain UTF-8 is refused with a reason", "[tr
 namespace {
 
 // One golden frame: a node's message with the fields the transport adds, or (no message) a
-// stripe announcement.
+// stripe announcement, or a payload part (`part`).
 struct GoldenFrame {
   std::string kind;
   std::optional<Message> message;
   transport::LinkFields fields;
   std::uint32_t stripe_index = 0;
+  SharedBytes part;
 };
 
 std::vector<GoldenFrame> golden_messages() {
@@ -116,10 +117,14 @@ std::vector<GoldenFrame> golden_messages() {
       {"heartbeat", Heartbeat{42, run}, sequenced},
       {"leave", Leave{"eu-west.w17", "stopped", true}, {}},
       {"stripe", std::nullopt, {0xfeedfacecafebeefull, 0, 0, 0}, 7},
+      // A chunk whose 13 payload bytes travel in parts: the first 5 with the message, then a Part.
+      {"chunk-first-part", ChunkMsg{{42, false}, 7, bytes("chunk"), 3}, {0, 0, 0x5eed5eed5eed5eedull, 1234568, 13}},
+      {"part", std::nullopt, {0, 0, 0x5eed5eed5eed5eedull, 1234569}, 0, bytes(" payload")},
   };
 }
 
 transport::Frames encode_golden(const GoldenFrame& g) {
+  if (g.part) return transport::encode_part(g.fields.stream, g.fields.seq, g.part);
   return g.message ? transport::encode_message(*g.message, g.fields) : transport::encode_stripe(g.fields.link, g.stripe_index);
 }
 
@@ -168,7 +173,8 @@ TEST_CASE("every message kind matches its golden frames, both ways", "[transport
     const GoldenFrame& expected = frames[i];
     INFO(kind);
     REQUIRE(decoded->message.has_value() == expected.message.has_value());
-    GoldenFrame again{kind, decoded->message, decoded->fields, decoded->stripe_index};
+    CHECK(static_cast<bool>(decoded->part) == static_cast<bool>(expected.part));
+    GoldenFrame again{kind, decoded->message, decoded->fields, decoded->stripe_index, decoded->part};
     if (expected.message) CHECK(message_name(*decoded->message) == message_name(*expected.message));
     CHECK(frame_line(kind, encode_golden(again)) == golden[i]);  // decoding loses nothing
   }

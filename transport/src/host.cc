@@ -328,6 +328,7 @@ std::string NodeHost::bound_endpoint() const {
 std::vector<std::uint64_t> NodeHost::stripe_messages_out() { return impl_->links ? impl_->links->stripe_messages_out() : std::vector<std::uint64_t>{}; }
 
 std::uint64_t NodeHost::reorder_gaps_skipped() { return impl_->links ? impl_->links->reorder_gaps_skipped() : 0; }
+std::uint64_t NodeHost::parts_dropped() { return impl_->links ? impl_->links->parts_dropped() : 0; }
 
 
 }  // namespace deltacast::transport

@@ -72,6 +72,7 @@ Frames encode_message(const Message& message, const LinkFields& fields) {
   env.set_protocol_version(kProtocolVersion);
   env.set_stream(fields.stream);
   env.set_seq(fields.seq);
+  env.set_payload_bytes(fields.payload_bytes);
   Frames f;
   std::visit(
       [&](const auto& m) {
@@ -131,6 +132,63 @@ Frames encode_message(const Message& message, const LinkFields& fields) {
       message);
   f.header = env.SerializeAsString();
   return f;
+}
+
+namespace {
+
+class SliceBlob final : public runtime::Blob {
+ public:
+  SliceBlob(SharedBytes whole, std::size_t offset, std::size_t bytes) : whole_(std::move(whole)), offset_(offset), bytes_(bytes) {}
+  const std::uint8_t* data() const override { return whole_->data() + offset_; }
+  std::size_t size() const override { return bytes_; }
+
+ private:
+  SharedBytes whole_;
+  std::size_t offset_, bytes_;
+};
+
+}  // namespace
+
+std::size_t payload_bytes(const Message& m) {
+  if (const auto* c = std::get_if<ChunkMsg>(&m)) return c->payload ? c->payload->size() : 0;
+  if (const auto* mm = std::get_if<ManifestMsg>(&m)) return mm->manifest ? mm->manifest->size() : 0;
+  return 0;
+}
+
+bool set_payload(Message& m, SharedBytes payload) {
+  if (auto* c = std::get_if<ChunkMsg>(&m)) {
+    c->payload = std::move(payload);
+    return true;
+  }
+  if (auto* mm = std::get_if<ManifestMsg>(&m)) {
+    mm->manifest = std::move(payload);
+    return true;
+  }
+  return false;
+}
+
+SharedBytes slice(const SharedBytes& whole, std::size_t offset, std::size_t bytes) { return std::make_shared<const SliceBlob>(whole, offset, bytes); }
+
+std::vector<Frames> encode_in_parts(const Message& message, LinkFields fields, std::size_t part_bytes) {
+  const std::size_t total = payload_bytes(message);
+  if (part_bytes == 0 || total <= part_bytes) return {encode_message(message, fields)};
+  fields.payload_bytes = total;
+  std::vector<Frames> out;
+  out.push_back(encode_message(message, fields));
+  const SharedBytes whole = out.front().payload;
+  out.front().payload = slice(whole, 0, part_bytes);
+  for (std::size_t offset = part_bytes; offset < total; offset += part_bytes)
+    out.push_back(encode_part(fields.stream, fields.seq + out.size(), slice(whole, offset, std::min(part_bytes, total - offset))));
+  return out;
+}
+
+Frames encode_part(std::uint64_t stream, std::uint64_t seq, SharedBytes bytes) {
+  wire::Envelope env;
+  env.set_protocol_version(kProtocolVersion);
+  env.set_stream(stream);
+  env.set_seq(seq);
+  env.mutable_part();
+  return Frames{env.SerializeAsString(), std::move(bytes)};
 }
 
 Frames encode_stripe(std::uint64_t link, std::uint32_t index) {
@@ -202,12 +260,22 @@ Result<Decoded> decode_frames(const void* header, std::size_t header_bytes, Shar
   if (header_bytes > kHeaderBytesMax) return Status::corruption("message header larger than " + std::to_string(kHeaderBytesMax) + " bytes");
   wire::Envelope env;
   if (!env.ParseFromArray(header, static_cast<int>(header_bytes))) return Status::corruption("message header is not a valid Envelope");
-  const bool has_payload = env.body_case() == wire::Envelope::kManifest || env.body_case() == wire::Envelope::kChunk;
+  const bool has_payload =
+      env.body_case() == wire::Envelope::kManifest || env.body_case() == wire::Envelope::kChunk || env.body_case() == wire::Envelope::kPart;
   if (has_payload != static_cast<bool>(payload)) return Status::corruption("payload frame missing or unexpected");
   Decoded d;
   d.fields.stream = env.stream();
   d.fields.seq = env.seq();
+  d.fields.payload_bytes = env.payload_bytes();
   if ((d.fields.stream == 0) != (d.fields.seq == 0)) return Status::corruption("a sequence number without its stream, or the reverse");
+  if (d.fields.payload_bytes != 0 && (d.fields.seq == 0 || !payload || payload->size() >= d.fields.payload_bytes))
+    return Status::corruption("a payload in parts outside a striped stream, or its first part not smaller than the whole");
+  if (env.body_case() == wire::Envelope::kPart) {
+    if (env.protocol_version() != kProtocolVersion) return Status::unsupported("part of another protocol version");
+    if (d.fields.seq == 0 || payload->size() == 0) return Status::corruption("a payload part outside a striped stream, or empty");
+    d.part = std::move(payload);
+    return d;
+  }
   if (env.body_case() == wire::Envelope::kStripe) {
     if (env.protocol_version() != kProtocolVersion) return Status::unsupported("stripe announcement of another protocol version");
     if (env.stripe().link() == 0 || env.stripe().index() == 0 || env.stripe().index() >= kStripesMax)
@@ -231,7 +299,7 @@ Result<Decoded> decode_frames(const void* header, std::size_t header_bytes, Shar
 Result<Message> decode_message(const void* header, std::size_t header_bytes, SharedBytes payload) {
   auto d = decode_frames(header, header_bytes, std::move(payload));
   if (!d.is_ok()) return d.status();
-  if (!d->message) return Status::corruption("a stripe announcement is not a node message");
+  if (!d->message) return Status::corruption("a stripe announcement or a payload part is not a node message");
   return std::move(*d->message);
 }
 

@@ -38,12 +38,6 @@ std::uint64_t nonzero_random64() {
 // What a message held for reordering costs beyond its frames (the map node, the Message).
 constexpr std::uint64_t kHeldMessageOverheadBytes = 256;
 
-std::uint64_t payload_bytes(const Message& m) {
-  if (const auto* c = std::get_if<ChunkMsg>(&m)) return c->payload ? c->payload->size() : 0;
-  if (const auto* mm = std::get_if<ManifestMsg>(&m)) return mm->manifest ? mm->manifest->size() : 0;
-  return 0;
-}
-
 // A received ZeroMQ frame held as a payload: no copy between the socket and the cache, the
 // children's send queues and the decoder.
 class ZmqBlob final : public Blob {
@@ -171,7 +165,9 @@ PeerId ZmqLinks::connect(const std::string& endpoint) {
   Socket& primary = parents[id];
   primary.peer = id;
   open_parent_socket(endpoint, primary);
-  if (config.stripes > 1 && primary.zsock) {
+  // Every parent link is numbered, even of one connection: the parent can then send large
+  // payloads in parts, and this node hears from it between parts.
+  if (primary.zsock) {
     StripedParent sp(config);
     sp.link = nonzero_random64();
     sp.connected_ms = clock.now_ms();
@@ -221,24 +217,29 @@ bool ZmqLinks::send(PeerId peer, const Message& message) {
     fields.stream = striped->stream;
     fields.seq = striped->next_seq;  // numbered in the order queued, which is the order sent
   }
-  Out o;
+  std::optional<Message> altered;
   if (config.outgoing_filter) {
-    Message altered = message;
-    config.outgoing_filter(altered);
-    o.frames = encode_message(altered, fields);
-  } else {
-    o.frames = encode_message(message, fields);
+    altered = message;
+    config.outgoing_filter(*altered);
   }
-  o.bytes = o.frames.header.size() + (o.frames.payload ? o.frames.payload->size() : 0);
+  const Message& m = altered ? *altered : message;
+  // To a striped child a large payload goes in parts, spread over its connections like whole
+  // messages: a chunk then crosses at the link's rate, not at one connection's.
+  std::vector<Frames> frames = striped ? encode_in_parts(m, fields, config.stripe_part_bytes) : std::vector<Frames>{encode_message(m, fields)};
+  std::uint64_t bytes = 0;
+  for (const Frames& f : frames) bytes += f.header.size() + (f.payload ? f.payload->size() : 0);
   Queue& q = queues[peer];
   // The bound holds except for a single message larger than it, which may wait alone.
-  if (!q.items.empty() && q.bytes + o.bytes > config.queue_bytes_max) {
+  if (!q.items.empty() && q.bytes + bytes > config.queue_bytes_max) {
     q.refused = true;
     return false;
   }
-  if (striped) ++striped->next_seq;
-  q.bytes += o.bytes;
-  q.items.push_back(std::move(o));
+  if (striped) striped->next_seq += frames.size();
+  q.bytes += bytes;
+  for (Frames& f : frames) {
+    const std::uint64_t piece = f.header.size() + (f.payload ? f.payload->size() : 0);
+    q.items.push_back(Out{std::move(f), piece});
+  }
   flush(peer);
   return true;
 }
@@ -377,7 +378,9 @@ Result<Decoded> ZmqLinks::decode(zmq_msg_t* header, zmq_msg_t* payload) {
 
 void ZmqLinks::dispatch(PeerId from, Result<Decoded> d, zmq_msg_t* header, bool from_child) {
   if (from_child) note_connection(from, zmq_msg_get(header, ZMQ_SRCFD));
-  if (d.is_ok() && !d->message) d = Status::corruption("a stripe announcement on a link's first connection");
+  if (d.is_ok() && !d->message && !d->part) d = Status::corruption("a stripe announcement on a link's first connection");
+  if (d.is_ok() && (d->part || d->fields.payload_bytes != 0) && (from_child || !striped_parents.count(from)))
+    d = Status::corruption("a payload in parts outside a striped link from a parent");
   if (!d.is_ok()) {
     bad_messages++;
     spdlog::warn("{}: dropped a message from {} {}: {}", node_config.node_id, from_child ? "child" : "parent", from, d.status().to_string());
@@ -390,21 +393,24 @@ void ZmqLinks::dispatch(PeerId from, Result<Decoded> d, zmq_msg_t* header, bool 
     }
     return;
   }
+  if (!from_child && d->fields.seq != 0) {
+    if (auto sp = striped_parents.find(from); sp != striped_parents.end()) {
+      std::vector<Piece> ready;
+      Piece piece{std::move(d->message), d->fields.payload_bytes, std::move(d->part)};
+      const std::uint64_t bytes =
+          zmq_msg_size(header) + (piece.part ? piece.part->size() : payload_bytes(*piece.message)) + kHeldMessageOverheadBytes;
+      const std::uint64_t skipped = sp->second.order.gaps_skipped();
+      sp->second.order.add(d->fields.stream, d->fields.seq, std::move(piece), bytes, clock.now_ms(), ready);
+      node_->on_traffic(from);  // the parent is sending, whether or not a message is whole yet
+      deliver_in_order(from, skipped, std::move(ready));
+      return;
+    }
+  }
   const Message& m = *d->message;
   if (from_child && std::holds_alternative<Hello>(m)) {
     if (auto fd = fd_of.find(from); fd != fd_of.end())
       if (auto c = connections.find(fd->second); c != connections.end()) c->second.said_hello = true;
-    if (d->fields.stripes > 1) register_striped_child(from, d->fields, header);
-  }
-  if (!from_child && d->fields.seq != 0) {
-    if (auto sp = striped_parents.find(from); sp != striped_parents.end()) {
-      std::vector<Message> ready;
-      const std::uint64_t bytes = zmq_msg_size(header) + payload_bytes(m) + kHeldMessageOverheadBytes;
-      const std::uint64_t skipped = sp->second.order.gaps_skipped();
-      sp->second.order.add(d->fields.stream, d->fields.seq, std::move(*d->message), bytes, clock.now_ms(), ready);
-      deliver_in_order(from, skipped, std::move(ready));
-      return;
-    }
+    if (d->fields.stripes >= 1 && d->fields.link != 0) register_striped_child(from, d->fields, header);
   }
   node_->on_message(from, m);
 }
@@ -574,21 +580,34 @@ void ZmqLinks::close_idle_connections() {
   for (const auto& [id, skipped] : expired) {
     auto sp = striped_parents.find(id);  // delivering may have let an earlier parent go
     if (sp == striped_parents.end()) continue;
-    std::vector<Message> ready;
+    std::vector<Piece> ready;
     sp->second.order.expire(now, ready);
     deliver_in_order(id, skipped, std::move(ready));
   }
 }
 
 // Hands the node what a striped link's Reorder released, and says so when it gave up on a gap.
-void ZmqLinks::deliver_in_order(PeerId parent, std::uint64_t gaps_before, std::vector<Message> ready) {
-  if (auto sp = striped_parents.find(parent); sp != striped_parents.end() && sp->second.order.gaps_skipped() != gaps_before) {
+// Messages whose payload came in parts are put together first.
+void ZmqLinks::deliver_in_order(PeerId parent, std::uint64_t gaps_before, std::vector<Piece> ready) {
+  auto sp = striped_parents.find(parent);
+  if (sp == striped_parents.end()) return;
+  if (sp->second.order.gaps_skipped() != gaps_before) {
     reorder_gaps_skipped_ += sp->second.order.gaps_skipped() - gaps_before;
     spdlog::warn("{}: gave up waiting for messages of the striped link to parent {} (a connection closed with them, or "
                  "reorder_timeout_ms / reorder_bytes_max passed); the node asks again for what it misses",
                  node_config.node_id, parent);
   }
-  for (const Message& m : ready)
+  std::vector<Message> messages;
+  const std::uint64_t dropped_before = sp->second.parts.dropped();
+  for (Piece& piece : ready)
+    if (auto m = sp->second.parts.add(std::move(piece))) messages.push_back(std::move(*m));
+  if (const std::uint64_t dropped = sp->second.parts.dropped() - dropped_before; dropped > 0) {
+    parts_dropped_ += dropped;
+    spdlog::warn("{}: dropped {} message(s) of the striped link to parent {} whose payload parts did not all come; the node "
+                 "asks again for what it misses",
+                 node_config.node_id, dropped, parent);
+  }
+  for (const Message& m : messages)
     if (parents.count(parent)) node_->on_message(parent, m);
 }
 

@@ -17,6 +17,7 @@
 #include "deltacast/runtime/node.h"
 #include "deltacast/transport/host.h"
 #include "deltacast/transport/wire.h"
+#include "parts.h"
 #include "reorder.h"
 
 namespace deltacast::transport {
@@ -50,6 +51,7 @@ class ZmqLinks final : public runtime::Transport {
   // Messages sent on each connection index of striped links, children and parents together.
   const std::vector<std::uint64_t>& stripe_messages_out() const { return stripe_messages_out_; }
   std::uint64_t reorder_gaps_skipped() const { return reorder_gaps_skipped_; }
+  std::uint64_t parts_dropped() const { return parts_dropped_; }
   // Stopping: what is queued may take `linger_ms` to go out, then every socket closes.
   void close(int linger_ms);
 
@@ -87,8 +89,9 @@ class ZmqLinks final : public runtime::Transport {
     std::vector<Socket> extra;                    // connections 1..stripes-1
     std::vector<std::uint64_t> announced_ms;      // last announcement sent on each
     std::uint64_t connected_ms = 0;
-    Reorder<runtime::Message> order;
-    explicit StripedParent(const HostConfig& c) : order(c.reorder_bytes_max, c.reorder_timeout_ms) {}
+    Reorder<Piece> order;
+    Parts parts;
+    explicit StripedParent(const HostConfig& c) : order(c.reorder_bytes_max, c.reorder_timeout_ms), parts(c.message_bytes_max) {}
   };
   struct Out {
     Frames frames;
@@ -112,7 +115,7 @@ class ZmqLinks final : public runtime::Transport {
   void register_striped_child(runtime::PeerId peer, const LinkFields& fields, zmq_msg_t* header);
   void drain_parent_socket(runtime::PeerId id, void* zsock);
   void announce_stripes();
-  void deliver_in_order(runtime::PeerId parent, std::uint64_t gaps_before, std::vector<runtime::Message> ready);
+  void deliver_in_order(runtime::PeerId parent, std::uint64_t gaps_before, std::vector<Piece> ready);
   void drop_striped_child(runtime::PeerId peer);
   void count_stripe_out(std::size_t index);
   int send_striped(StripedChild& c, const Frames& f);
@@ -157,6 +160,7 @@ class ZmqLinks final : public runtime::Transport {
   std::map<runtime::PeerId, StripedParent> striped_parents;
   std::vector<std::uint64_t> stripe_messages_out_;
   std::uint64_t reorder_gaps_skipped_ = 0;
+  std::uint64_t parts_dropped_ = 0;
   bool congestion_control_failed_ = false;  // warned once; not tried again
   std::vector<runtime::PeerId> peers_down;      // reported to the node outside of send()
   std::vector<runtime::PeerId> peers_writable;  // likewise

@@ -16,7 +16,7 @@ namespace deltacast::runtime {
 
 // Bumped on any incompatible change to the messages or their meaning. 2: run identity in
 // Hello, Welcome, Heartbeat and Ready.
-inline constexpr std::uint32_t kProtocolVersion = 3;
+inline constexpr std::uint32_t kProtocolVersion = 4;
 
 // Bounds on what a peer may send (docs/RELIABILITY.md): strings longer than these are refused.
 inline constexpr std::size_t kNodeIdBytesMax = 128;

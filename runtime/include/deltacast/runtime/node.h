@@ -57,6 +57,10 @@ class Node {
   // Connects to the first parent, if any.
   void start();
   void on_message(PeerId from, const Message& message);
+  // Part of a message from `from` arrived (a payload part, or a message the transport holds to
+  // put its link's messages back in order): a parent that is sending is not silent, however
+  // long its messages take to arrive whole.
+  void on_traffic(PeerId from);
   void on_peer_down(PeerId peer);
   // The transport's queue to `peer`, which refused a message, has room again: what was held
   // back for it goes out now (tick() also tries, for transports that do not say).

@@ -11,7 +11,7 @@
 //   - a loss rate p makes a message of n packets need a retransmission with probability
 //     1 - (1 - p)^n, which costs one round trip (fast retransmit);
 //   - with TCP modelled (TcpOptions), each link is one or more TCP connections (a child's
-//     `stripes`, messages dealt to them in turn), each of which also serves its messages in
+//     `stripes`, messages and the parts of large ones dealt to them in turn), each of which also serves its messages in
 //     order, at most its window per round trip: slow start from the initial window, growth and
 //     loss response by the congestion control, and a window that decays after idle (loss is
 //     then drawn per round of a window, as the connection sends it);
@@ -114,6 +114,9 @@ struct TcpOptions {
   // BBR keeps its rate).
   bool slow_start_after_idle = true;
   double rto_min_ms = 200;
+  // On a link of several connections a payload larger than this goes in parts of this size
+  // (transport::HostConfig::stripe_part_bytes).
+  double stripe_part_bytes = 256 << 10;
 };
 const char* cc_name(TcpOptions::Cc cc);
 

@@ -66,6 +66,10 @@ struct HostConfig {
   // A striped link's extra connections say which link they belong to this often (and every
   // tick for their first 3 s), so a parent that lost one takes it back when it reconnects.
   std::uint64_t stripe_announce_ms = 1000;
+  // A message to a striped child whose payload is larger than this goes in parts of this size,
+  // spread over the child's connections like whole messages, so that one chunk crosses at the
+  // link's rate and the child hears from its parent at least every few parts.
+  std::uint64_t stripe_part_bytes = 256 << 10;
   // The TCP congestion control of the connections the listener accepts, over which this node
   // sends versions to its children (Linux TCP_CONGESTION, e.g. "bbr": the kernel exempts it from
   // restarting slow start after idle); empty: the host's default. One not in
@@ -137,6 +141,8 @@ class NodeHost {
   // links to parents.
   std::vector<std::uint64_t> stripe_messages_out();
   std::uint64_t reorder_gaps_skipped();
+  // Messages of striped links to parents dropped because their payload's parts did not all come.
+  std::uint64_t parts_dropped();
 
   struct Impl;
 

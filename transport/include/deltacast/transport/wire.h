@@ -3,6 +3,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "deltacast/common/status.h"
 #include "deltacast/runtime/messages.h"
@@ -28,16 +29,28 @@ struct LinkFields {
   std::uint32_t stripes = 0;  // Hello: connections the child opens to this parent
   std::uint64_t stream = 0;   // parent -> child: the stream the sequence numbers count in
   std::uint64_t seq = 0;      //                  and this message's number in it, from 1
+  std::uint64_t payload_bytes = 0;  // the whole payload, when it travels in parts
 };
 
 Frames encode_message(const runtime::Message& message, const LinkFields& fields = {});
+// A message to a striped child: one frame set if its payload is at most `part_bytes`, else the
+// message with the payload's first part, then Parts of the rest, numbered from fields.seq on.
+std::vector<Frames> encode_in_parts(const runtime::Message& message, LinkFields fields, std::size_t part_bytes);
+Frames encode_part(std::uint64_t stream, std::uint64_t seq, runtime::SharedBytes bytes);
+// The payload frame's size (a manifest's or a chunk's bytes; 0 for other messages), and
+// replacing it (false for a message without one).
+std::size_t payload_bytes(const runtime::Message& message);
+bool set_payload(runtime::Message& message, runtime::SharedBytes payload);
+// `bytes` bytes of `whole` from `offset` on, sharing its memory.
+runtime::SharedBytes slice(const runtime::SharedBytes& whole, std::size_t offset, std::size_t bytes);
 // A striped link's connection `index` (1..stripes-1) announcing itself.
 Frames encode_stripe(std::uint64_t link, std::uint32_t index);
 
 struct Decoded {
-  std::optional<runtime::Message> message;  // absent for a stripe announcement
+  std::optional<runtime::Message> message;  // absent for a stripe announcement and a Part
   LinkFields fields;
   std::uint32_t stripe_index = 0;  // a stripe announcement's connection
+  runtime::SharedBytes part;       // a Part's bytes
 };
 // Parses an Envelope and its payload frame (null if none). A Hello from a peer with another
 // protocol version still parses, carrying that version, so the node can refuse it with a

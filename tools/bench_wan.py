@@ -122,7 +122,15 @@ def run_fleet(args, net: Wan, ckpts: list[Path], interval_ms: int, work: Path, l
                                  *(["--congestion-control", args.origin_cc] if args.origin_cc else []), "--wait-workers", "1", "--wait-timeout-ms", "600000", "--interval-ms", str(interval_ms),
                                  "--linger-ms", "500", *map(str, ckpts)],
                       capture_output=True, text=True, timeout=3600)
-    worker.wait(timeout=60)
+    try:
+        worker.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        worker.kill()
+        relay.terminate()
+        lines.join()
+        tail = "\n".join((work / f"{label}-{n}.log").read_text().splitlines()[-15:] for n in ("relay", "worker"))
+        raise RuntimeError(f"the worker did not get every version within 60 s of the last publish; publish said:\n"
+                           f"{publish.stdout[-1500:]}{publish.stderr[-1500:]}\nrelay, worker:\n{tail}")
     lines.join()
     sampler.stop()
     relay.terminate()

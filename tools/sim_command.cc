@@ -35,8 +35,7 @@ int run_sim(const SimOptions& o) {
   if (!sc.is_ok()) return fail(o.scenario + ": " + sc.status().message());
   if (o.stripes > 0) sc->run.stripes.relay = o.stripes;
   if (o.window_bytes > 0) sc->run.tcp.window_bytes = o.window_bytes;
-  for (auto cc : {sim::TcpOptions::Cc::kReno, sim::TcpOptions::Cc::kCubic, sim::TcpOptions::Cc::kBbr})
-    if (o.congestion_control == sim::cc_name(cc)) sc->run.tcp.congestion_control = cc;
+  if (auto cc = sim::cc_from_name(o.congestion_control)) sc->run.tcp.congestion_control = *cc;
   if (o.ideal_links) sc->run.tcp.modelled = false;
   std::vector<sim::Strategy> chosen;
   for (const auto& name : o.strategies) {

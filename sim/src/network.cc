@@ -706,6 +706,12 @@ const char* cc_name(TcpOptions::Cc cc) {
   return "?";
 }
 
+std::optional<TcpOptions::Cc> cc_from_name(std::string_view name) {
+  for (auto cc : {TcpOptions::Cc::kReno, TcpOptions::Cc::kCubic, TcpOptions::Cc::kBbr})
+    if (name == cc_name(cc)) return cc;
+  return std::nullopt;
+}
+
 void Network::set_partition(const std::string& a, const std::string& b, bool cut) {
   if (!fleet_.wan_between(a, b)) return;
   for (const auto& dir : {std::make_pair(a, b), std::make_pair(b, a)}) impl_->pipes[impl_->pipe(dir)].cut = cut;

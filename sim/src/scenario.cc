@@ -116,15 +116,10 @@ Status parse_tcp(const json& t, TcpOptions& tcp) {
   DC_RETURN_IF_ERROR(number(t, where, "initial_window_packets", tcp.initial_window_packets, 1, 1000));
   DC_RETURN_IF_ERROR(number(t, where, "rto_min_ms", tcp.rto_min_ms, 1, 60000));
   if (t.contains("congestion_control")) {
-    const json& cc = t["congestion_control"];
-    bool known = false;
-    for (auto c : {TcpOptions::Cc::kReno, TcpOptions::Cc::kCubic, TcpOptions::Cc::kBbr}) {
-      if (cc.is_string() && cc.get<std::string>() == cc_name(c)) {
-        tcp.congestion_control = c;
-        known = true;
-      }
-    }
-    if (!known) return field_error(where + ".congestion_control", "want \"reno\", \"cubic\" or \"bbr\"");
+    const json& name = t["congestion_control"];
+    const auto cc = name.is_string() ? cc_from_name(name.get<std::string>()) : std::nullopt;
+    if (!cc) return field_error(where + ".congestion_control", "want \"reno\", \"cubic\" or \"bbr\"");
+    tcp.congestion_control = *cc;
   }
   if (t.contains("slow_start_after_idle")) {
     if (!t["slow_start_after_idle"].is_boolean()) return field_error(where + ".slow_start_after_idle", "want true or false");

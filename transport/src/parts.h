@@ -56,10 +56,7 @@ class Parts {
       return std::nullopt;
     }
     buffer_.resize(piece.payload_bytes);
-    const runtime::Blob* b = nullptr;
-    if (const auto* c = std::get_if<runtime::ChunkMsg>(&*piece.message)) b = c->payload.get();
-    if (const auto* m = std::get_if<runtime::ManifestMsg>(&*piece.message)) b = m->manifest.get();
-    if (b && first > 0) std::memcpy(buffer_.data(), b->data(), first);
+    if (first > 0) std::memcpy(buffer_.data(), (*payload_of(*piece.message))->data(), first);
     filled_ = first;
     head_ = std::move(piece.message);
     return std::nullopt;

@@ -149,10 +149,15 @@ class SliceBlob final : public runtime::Blob {
 
 }  // namespace
 
+const SharedBytes* payload_of(const Message& m) {
+  if (const auto* c = std::get_if<ChunkMsg>(&m)) return &c->payload;
+  if (const auto* mm = std::get_if<ManifestMsg>(&m)) return &mm->manifest;
+  return nullptr;
+}
+
 std::size_t payload_bytes(const Message& m) {
-  if (const auto* c = std::get_if<ChunkMsg>(&m)) return c->payload ? c->payload->size() : 0;
-  if (const auto* mm = std::get_if<ManifestMsg>(&m)) return mm->manifest ? mm->manifest->size() : 0;
-  return 0;
+  const SharedBytes* p = payload_of(m);
+  return p && *p ? (*p)->size() : 0;
 }
 
 bool set_payload(Message& m, SharedBytes payload) {

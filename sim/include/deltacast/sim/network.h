@@ -35,9 +35,11 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <queue>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "deltacast/runtime/node.h"
@@ -119,6 +121,8 @@ struct TcpOptions {
   double stripe_part_bytes = 256 << 10;
 };
 const char* cc_name(TcpOptions::Cc cc);
+// The congestion control named ("reno", "cubic", "bbr"), if any.
+std::optional<TcpOptions::Cc> cc_from_name(std::string_view name);
 
 struct NetworkOptions {
   std::uint64_t seed = 1;

@@ -37,8 +37,9 @@ Frames encode_message(const runtime::Message& message, const LinkFields& fields 
 // message with the payload's first part, then Parts of the rest, numbered from fields.seq on.
 std::vector<Frames> encode_in_parts(const runtime::Message& message, LinkFields fields, std::size_t part_bytes);
 Frames encode_part(std::uint64_t stream, std::uint64_t seq, runtime::SharedBytes bytes);
-// The payload frame's size (a manifest's or a chunk's bytes; 0 for other messages), and
+// The payload frame (a manifest's or a chunk's bytes; null for other messages), its size, and
 // replacing it (false for a message without one).
+const runtime::SharedBytes* payload_of(const runtime::Message& message);
 std::size_t payload_bytes(const runtime::Message& message);
 bool set_payload(runtime::Message& message, runtime::SharedBytes payload);
 // `bytes` bytes of `whole` from `offset` on, sharing its memory.

@@ -17,37 +17,19 @@
 #include "deltacast/common/stats.h"
 #include "deltacast/common/thread_pool.h"
 #include "deltacast/io/safetensors.h"
+#include "bench_series.h"
 #include "progress.h"
 #include "svg.h"
 
 namespace deltacast::tools {
 namespace {
 
-struct BenchOptions {
-  std::vector<std::string> files;
-  std::string size = "64MB";
-  std::size_t steps = 4;
-  synth::TrainOptions train;
+struct BenchOptions : SeriesOptions {
   std::size_t runs = 5;
   std::string chunk_size = "4MiB";
   bool anchor = true;
-  bool quiet = false;
   std::string svg_path;
 };
-
-using Clock = std::chrono::steady_clock;
-
-// Runs fn `runs` times; returns seconds per run.
-template <typename F>
-std::vector<double> time_runs(std::size_t runs, F&& fn) {
-  std::vector<double> secs;
-  for (std::size_t r = 0; r < runs; ++r) {
-    auto t0 = Clock::now();
-    fn();
-    secs.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  return secs;
-}
 
 struct MethodResult {
   std::string name;
@@ -90,50 +72,6 @@ std::size_t zstd_size_mt(ByteSpan in, int level, int workers) {
   std::size_t n = ZSTD_compress2(c, out.data(), out.size(), in.data(), in.size());
   ZSTD_freeCCtx(c);
   return ZSTD_isError(n) ? 0 : n;
-}
-
-struct Series {
-  ModelLayout layout;
-  std::vector<MappedFile> mapped;  // when read from files
-  std::vector<Bytes> owned;        // when generated
-  std::vector<ByteSpan> images;
-  std::string description;
-};
-
-Result<Series> load_series(const BenchOptions& o) {
-  Series s;
-  if (!o.files.empty()) {
-    if (o.files.size() < 2) return Status::invalid_argument("bench needs at least two checkpoints");
-    for (const auto& f : o.files) {
-      DC_ASSIGN_OR_RETURN(SafetensorsFile st, SafetensorsFile::open(f));
-      if (s.images.empty()) s.layout = st.layout();
-      else if (st.layout().tensors != s.layout.tensors) return Status::invalid_argument(f + ": tensor layout differs from " + o.files[0]);
-      s.images.push_back(st.image());
-      s.mapped.emplace_back();
-      DC_ASSIGN_OR_RETURN(s.mapped.back(), MappedFile::open(f));  // keeps the mapping alive
-      s.images.back() = s.mapped.back().bytes().subspan(s.mapped.back().bytes().size() - s.layout.image_size);
-    }
-    s.description = std::to_string(o.files.size()) + " checkpoints from files";
-    return s;
-  }
-  DC_ASSIGN_OR_RETURN(std::uint64_t bytes, parse_bytes(o.size));
-  s.layout = synth::build_layout(synth::shape_for_bytes(bytes));
-  s.owned.resize(o.steps + 1);
-  std::vector<MutableByteSpan> spans;
-  for (auto& b : s.owned) {
-    b.resize(s.layout.image_size);
-    spans.emplace_back(b);
-  }
-  ThreadPool pool;
-  ProgressBar bar("generate", s.layout.image_size, !o.quiet);
-  synth::generate_series(s.layout, o.train, spans, pool, [&](std::uint64_t d, std::uint64_t) { bar.update(d); });
-  bar.finish();
-  for (auto& b : s.owned) s.images.emplace_back(b);
-  char desc[160];
-  std::snprintf(desc, sizeof desc, "deltacast gen series: %s model, %zu steps, lr %g, seed %" PRIu64, format_bytes(static_cast<double>(s.layout.image_size)).c_str(),
-                o.steps, o.train.lr, o.train.seed);
-  s.description = desc;
-  return s;
 }
 
 // One bench invocation: deltacast and its baselines over the same series, every method timed

@@ -20,6 +20,7 @@ Runner add_encode_command(CLI::App& app);
 Runner add_decode_command(CLI::App& app);
 Runner add_inspect_command(CLI::App& app);
 Runner add_bench_command(CLI::App& app);
+Runner add_bench_worker_command(CLI::App& app);
 Runner add_publish_command(CLI::App& app);
 Runner add_relay_command(CLI::App& app);
 Runner add_worker_command(CLI::App& app);

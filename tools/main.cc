@@ -9,7 +9,7 @@ int main(int argc, char** argv) {
   using namespace deltacast::tools;
   deltacast::transport::log_to_stderr();  // stdout is for reports
   const std::vector<Command> commands = {add_gen_command(app), add_encode_command(app), add_decode_command(app),
-                                         add_inspect_command(app), add_bench_command(app),   add_publish_command(app),
+                                         add_inspect_command(app), add_bench_command(app),   add_bench_worker_command(app), add_publish_command(app),
                                          add_relay_command(app),   add_worker_command(app),  add_keygen_command(app),
                                          add_status_command(app),  add_net_bench_command(app), add_fleet_init_command(app),
                                          add_plan_command(app), add_sim_command(app)};

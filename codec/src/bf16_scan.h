@@ -51,8 +51,8 @@ inline void for_each_difference(const std::uint16_t* a, const std::uint16_t* b, 
 // set) just before the scan reads it: the scan then finds it in cache, and the hashes cost no
 // extra pass over memory. The next tile is prefetched as the scan goes.
 template <typename F>
-inline void for_each_difference_hashed(const std::uint16_t* a, const std::uint16_t* b, std::size_t n, Hasher64* a_hash,
-                                       Hasher64* b_hash, F&& on_change) {
+inline void for_each_difference_hashed(const std::uint16_t* a, const std::uint16_t* b, std::size_t n, RangeHasher* a_hash,
+                                       RangeHasher* b_hash, F&& on_change) {
   constexpr std::size_t kTile = 8192, kStep = 512;  // values
   for (std::size_t i0 = 0; i0 < n; i0 += kTile) {
     const std::size_t len = std::min(kTile, n - i0);

@@ -168,7 +168,7 @@ std::size_t EncodeScratch::bytes() const {
 
 SectionCounts encode(const std::uint8_t* base, const std::uint8_t* next, std::size_t n, int level,
                      const std::vector<BackendChoice>& exception_backends, EncodeScratch& scratch, StreamEncoder& streams,
-                     Bytes& out, Hasher64* base_hash, Hasher64* next_hash) {
+                     Bytes& out, RangeHasher* base_hash, RangeHasher* next_hash) {
   const auto* a = reinterpret_cast<const std::uint16_t*>(base);
   const auto* b = reinterpret_cast<const std::uint16_t*>(next);
   // References, not a structured binding: lambdas below capture them.
@@ -338,7 +338,7 @@ Result<Section> parse(ByteReader& r, std::uint64_t n) {
 }
 
 Status decode(const Section& s, const std::uint8_t* base, ByteSpan exceptions, int level, std::vector<std::uint32_t>& gaps,
-              Changes& out, Hasher64* base_hash) {
+              Changes& out, RangeHasher* base_hash) {
   const auto* a = reinterpret_cast<const std::uint16_t*>(base);
 #if defined(__x86_64__)
   switch (level) {

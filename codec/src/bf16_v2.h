@@ -45,7 +45,7 @@ struct EncodeScratch {
 // Encodes a section of n values with the scan kernels of `level` (deltacast::scan_level_for).
 SectionCounts encode(const std::uint8_t* base, const std::uint8_t* next, std::size_t n, int level,
                      const std::vector<BackendChoice>& exception_backends, EncodeScratch& scratch, StreamEncoder& streams,
-                     Bytes& out, Hasher64* base_hash = nullptr, Hasher64* next_hash = nullptr);
+                     Bytes& out, RangeHasher* base_hash = nullptr, RangeHasher* next_hash = nullptr);
 
 // A section as it sits in a payload, parsed but not decoded.
 struct Section {
@@ -74,6 +74,6 @@ struct Changes {
 // Decodes a parsed section's changes against the base values; `gaps` is working memory (4 bytes
 // per change) kept by the caller.
 Status decode(const Section& s, const std::uint8_t* base, ByteSpan exceptions, int level, std::vector<std::uint32_t>& gaps,
-              Changes& out, Hasher64* base_hash = nullptr);
+              Changes& out, RangeHasher* base_hash = nullptr);
 
 }  // namespace deltacast::bf16v2

@@ -86,8 +86,8 @@ struct SectionWriter {
   ChunkStats* stats;
   double v1_excess_bytes = 0;  // v2 sections: how much larger v1 would be (an estimate)
   // Where set, the section encoders feed them the base and new bytes, in order, as they read them.
-  Hasher64* base_hash = nullptr;
-  Hasher64* next_hash = nullptr;
+  RangeHasher* base_hash = nullptr;
+  RangeHasher* next_hash = nullptr;
   void hash(const std::uint8_t* base, const std::uint8_t* next, std::size_t bytes) {
     if (base_hash) base_hash->update(base, bytes);
     if (next_hash) next_hash->update(next, bytes);
@@ -442,13 +442,229 @@ void collect_changes(const ParsedChunk& pc, std::span<const DecodedStreams> deco
   }
 }
 
+// Word j of a range as the state hash reads it: 8 bytes from 8j, zero-padded past the end.
+inline std::uint64_t state_word(const std::uint8_t* range, std::size_t range_bytes, std::uint64_t j) {
+  std::uint64_t w = 0;
+  const std::size_t at = 8 * j;
+  if (at + 8 <= range_bytes) std::memcpy(&w, range + at, 8);
+  else std::memcpy(&w, range + at, range_bytes - at);
+  return w;
+}
+
 // Bytes decode_chunk writes at a time: copying the base, applying the changes and hashing the
 // result each find the piece in L1.
 constexpr std::size_t kWriteTileBytes = 16u << 10;
 
 constexpr std::string_view kBaseMismatch = "base bytes differ from the base this delta was made against";
 
+// A parsed chunk against the range it is decoded into and the segments the tensor table gives.
+Status check_shape(const ParsedChunk& pc, std::span<const Segment> expected_segments, std::size_t range_bytes) {
+  if (pc.bytes != range_bytes) return Status::mismatch("chunk covers " + std::to_string(pc.bytes) + " bytes, range has " + std::to_string(range_bytes));
+  if (!expected_segments.empty()) {
+    bool same = expected_segments.size() == pc.sections.size();
+    for (std::size_t i = 0; same && i < pc.sections.size(); ++i) same = pc.sections[i].seg == expected_segments[i];
+    if (!same) return Status::mismatch("chunk segments do not match the tensor table");
+  }
+  return Status::ok();
+}
+
+
+// Writes the changes of a sparse apply into a range as they come, ascending, and keeps the
+// range's state hash current from the words they touch: each word moves the sum by the
+// difference of its mixes, old word against new. It logs what it wrote (the patch) and what was
+// there before, so that undo() can put a range whose result fails its hash back as it was.
+class SparseWriter {
+ public:
+  // `patch`, when set, receives what is written; `undo` is working memory (8 bytes a change).
+  SparseWriter(MutableByteSpan range, std::uint64_t state, ChunkPatch* patch, std::vector<std::uint64_t>& undo)
+      : p_(range.data()), n_(range.size()), state_(state), patch_(patch), undo_(undo) {
+    if (patch_) patch_->clear();
+    undo_.clear();
+  }
+  // `bytes` (1 or 2) bytes of `value` at `at`, where `old` is now; `at` beyond every earlier change.
+  [[gnu::always_inline]] void put(std::uint32_t at, unsigned bytes, std::uint16_t old, std::uint16_t value) {
+    // Account for the words first: a two-byte value may start the next word, which must be
+    // read as it was before this change writes into it.
+    if (bytes == 2 && (at & 7) != 7) {
+      word(at >> 3);
+      const unsigned shift = 8 * (at & 7);
+      new_word_ = (new_word_ & ~(std::uint64_t{0xffff} << shift)) | (std::uint64_t{value} << shift);
+      store_u16(p_ + at, value);
+    } else {
+      for (unsigned b = 0; b < bytes; ++b) {
+        const std::uint64_t pos = at + b;
+        word(pos >> 3);
+        const unsigned s = 8 * (pos & 7);
+        new_word_ = (new_word_ & ~(std::uint64_t{0xff} << s)) | (std::uint64_t{(value >> (8 * b)) & 0xffu} << s);
+      }
+      if (bytes == 2) store_u16(p_ + at, value);
+      else p_[at] = static_cast<std::uint8_t>(value);
+    }
+    if (patch_) {
+      patch_->at.push_back(bytes == 1 ? at | ChunkPatch::kOneByte : at);
+      patch_->values.push_back(value);
+    }
+    // What undo() puts back: the offset (and kOneByte) above the old value.
+    undo_.push_back(std::uint64_t{bytes == 1 ? at | ChunkPatch::kOneByte : at} << 16 | old);
+  }
+  // The range's state hash with every change written.
+  std::uint64_t finish() {
+    flush();
+    mix_batch();
+    return state_;
+  }
+  // Writes back what was there before every change.
+  void undo() {
+    for (const std::uint64_t u : undo_) {
+      const auto a = static_cast<std::uint32_t>(u >> 16), at = a & ~ChunkPatch::kOneByte;
+      const auto old = static_cast<std::uint16_t>(u);
+      if (a & ChunkPatch::kOneByte) p_[at] = static_cast<std::uint8_t>(old);
+      else store_u16(p_ + at, old);
+    }
+  }
+
+ private:
+  [[gnu::always_inline]] void word(std::uint64_t j) {
+    if (j == j_) return;
+    flush();
+    j_ = j;
+    old_word_ = new_word_ = state_word(p_, n_, j);
+  }
+  // Words are mixed a batch at a time (vectorised where the CPU allows), not one by one.
+  void flush() {
+    if (j_ != kNone) {
+      batch_[batched_++] = {j_, old_word_, new_word_};
+      if (batched_ == batch_.size()) mix_batch();
+    }
+    j_ = kNone;
+  }
+  void mix_batch() {
+    state_ += state_mix_delta(std::span(batch_.data(), batched_));
+    batched_ = 0;
+  }
+  static constexpr std::uint64_t kNone = ~std::uint64_t{0};
+  std::array<StateWordChange, 64> batch_;
+  std::size_t batched_ = 0;
+  std::uint8_t* p_;
+  std::size_t n_;
+  std::uint64_t state_;
+  std::uint64_t j_ = kNone, old_word_ = 0, new_word_ = 0;
+  ChunkPatch* patch_;
+  std::vector<std::uint64_t>& undo_;
+};
+
+// Changes ahead of the one being written whose cache line is fetched meanwhile.
+constexpr std::size_t kPrefetchChanges = 64;
+
+// Writes every change of a decoded delta into `range`, ascending: v1 BF16 changes from their
+// positions (each reads its one base value), v2 changes as decoded, generic bytes where the
+// xor is not zero. `offsets` is working memory.
+void write_sparse(const ParsedChunk& pc, std::span<const DecodedStreams> decoded, std::span<const bf16v2::Changes> v2,
+                  std::uint8_t* range, std::vector<std::uint32_t>& offsets, SparseWriter& w) {
+  std::uint32_t at = 0;  // the section's first byte
+  for (std::size_t k = 0; k < pc.sections.size(); at += static_cast<std::uint32_t>(pc.sections[k].seg.bytes), ++k) {
+    const ParsedSection& sec = pc.sections[k];
+    const DecodedStreams& d = decoded[k];
+    if (sec.v2) {
+      // Class by class as decoded: put in position order (a change's offset and value in one key).
+      const bf16v2::Changes& c = v2[k];
+      std::vector<std::uint64_t> keyed(c.starts[c.classes]);
+      for (std::uint64_t j = 0; j < keyed.size(); ++j) keyed[j] = std::uint64_t{at + 2 * c.positions[j]} << 16 | c.values[j];
+      std::sort(keyed.begin(), keyed.end());
+      for (const std::uint64_t key : keyed) {
+        const auto off = static_cast<std::uint32_t>(key >> 16);
+        w.put(off, 2, load_u16(range + off), static_cast<std::uint16_t>(key));
+      }
+    } else if (sec.seg.cls == SegmentClass::kBF16) {
+      // The positions first, so that the base values' lines are fetched ahead of their use.
+      offsets.resize(sec.change_count);
+      const std::uint8_t* p = d.s[0].data();
+      const std::uint8_t* const end = p + d.s[0].size();
+      std::uint64_t pos = 0;
+      for (auto& off : offsets) {
+        std::uint64_t gap;
+        p = get_varint32(p, end, gap);  // validated already
+        pos += gap;
+        off = at + static_cast<std::uint32_t>(2 * pos);
+        ++pos;
+      }
+      const std::uint8_t* val = d.s[1].data();
+      const std::uint8_t* exc = d.s[2].data();
+      for (std::size_t j = 0; j < offsets.size(); ++j) {
+        if (j + kPrefetchChanges < offsets.size()) __builtin_prefetch(range + offsets[j + kPrefetchChanges], 1);
+        const std::uint32_t off = offsets[j];
+        const std::uint16_t b = load_u16(range + off);
+        std::uint16_t v;
+        if (const std::uint8_t z = val[j]) {
+          v = static_cast<std::uint16_t>(b + unzigzag8(z));
+        } else {
+          v = load_u16(exc);
+          exc += 2;
+        }
+        w.put(off, 2, b, v);
+      }
+    } else {
+      // Transposed: byte j of element i is at j * m + i.
+      const std::size_t es = sec.seg.elem_size, m = sec.seg.bytes / es;
+      const std::uint8_t* x = d.s[0].data();
+      for (std::size_t i = 0; i < m; ++i)
+        for (std::size_t j = 0; j < es; ++j)
+          if (const std::uint8_t b = x[j * m + i]) {
+            const std::uint32_t off = at + static_cast<std::uint32_t>(i * es + j);
+            w.put(off, 1, range[off], static_cast<std::uint8_t>(range[off] ^ b));
+          }
+    }
+  }
+}
+
 }  // namespace
+
+Status apply_patch(const ChunkPatch& patch, MutableByteSpan range, std::uint64_t held_state, std::uint64_t expect_state) {
+  if (patch.at.size() != patch.values.size()) return Status::invalid_argument("a patch with more offsets than values");
+  std::uint64_t end = 0;  // past the last byte written so far: offsets must ascend
+  for (const std::uint32_t a : patch.at) {
+    const std::uint64_t at = a & ~ChunkPatch::kOneByte, bytes = (a & ChunkPatch::kOneByte) ? 1 : 2;
+    if (at < end || at + bytes > range.size()) return Status::invalid_argument("patch offsets out of order or outside the range");
+    end = at + bytes;
+  }
+  std::vector<std::uint64_t> undo;
+  undo.reserve(patch.size());
+  SparseWriter w(range, held_state, nullptr, undo);
+  std::uint8_t* const p = range.data();
+  for (std::size_t k = 0; k < patch.size(); ++k) {
+    if (k + kPrefetchChanges < patch.size()) __builtin_prefetch(p + (patch.at[k + kPrefetchChanges] & ~ChunkPatch::kOneByte), 1);
+    const std::uint32_t at = patch.at[k] & ~ChunkPatch::kOneByte;
+    if (patch.at[k] & ChunkPatch::kOneByte) w.put(at, 1, p[at], patch.values[k] & 0xff);
+    else w.put(at, 2, load_u16(p + at), patch.values[k]);
+  }
+  if (w.finish() != expect_state) {
+    w.undo();
+    return Status::corruption("reconstructed bytes fail their checksum");
+  }
+  return Status::ok();
+}
+
+ChunkPatch patch_of(std::span<const Segment> segments, std::span<const std::uint32_t> changed, ByteSpan range) {
+  ChunkPatch patch;
+  patch.at.reserve(changed.size());
+  patch.values.reserve(changed.size());
+  std::size_t seg = 0;
+  std::uint64_t seg_end = segments.empty() ? 0 : segments[0].bytes;
+  for (const std::uint32_t at : changed) {
+    while (seg + 1 < segments.size() && at >= seg_end) seg_end += segments[++seg].bytes;
+    const Segment& s = segments[seg];
+    if (s.cls == SegmentClass::kBF16) {
+      patch.at.push_back(at);
+      patch.values.push_back(load_u16(range.data() + at));
+      continue;
+    }
+    for (std::uint32_t b = 0; b < s.elem_size; ++b) {
+      patch.at.push_back((at + b) | ChunkPatch::kOneByte);
+      patch.values.push_back(range[at + b]);
+    }
+  }
+  return patch;
+}
 
 Status base_mismatch(std::optional<std::uint64_t> base_version) {
   std::string message(kBaseMismatch);
@@ -518,10 +734,10 @@ Result<Bytes> ChunkEncoder::encode_delta(std::span<const Segment> segments, Byte
   std::vector<ChunkKind> kinds = options.delta_kinds;
   std::stable_partition(kinds.begin(), kinds.end(), [](ChunkKind k) { return k == ChunkKind::kDeltaV2; });
   bool v1_cannot_win = false;
-  std::optional<Hasher64> base_hash, next_hash;  // fed by the first encoding tried
+  std::optional<RangeHasher> base_hash, next_hash;  // fed by the first encoding tried
   if (hashes) {
-    base_hash.emplace();
-    next_hash.emplace();
+    base_hash.emplace(hashes->scheme);
+    next_hash.emplace(hashes->scheme);
   }
   for (ChunkKind kind : kinds) {
     if (kind != ChunkKind::kDeltaV1 && kind != ChunkKind::kDeltaV2) return Status::invalid_argument("not a delta chunk encoding");
@@ -550,7 +766,10 @@ Result<Bytes> ChunkEncoder::encode_delta(std::span<const Segment> segments, Byte
     best_stats.v2_chunks = kind == ChunkKind::kDeltaV2;
   }
   if (stats) stats->add(best_stats);
-  if (hashes) *hashes = {base_hash->digest(), next_hash->digest()};
+  if (hashes) {
+    hashes->base = base_hash->digest();
+    hashes->content = next_hash->digest();
+  }
   trim();
   return best;
 }
@@ -577,6 +796,8 @@ struct ChunkDecoder::State {
   std::vector<SectionBuffers> sections;  // decoded streams, per section of the chunk
   std::vector<bf16v2::Changes> v2;       // v2 sections' changes
   std::vector<std::uint32_t> gaps;       // v2 decoder's working memory
+  std::vector<std::uint64_t> undo;       // apply_sparse: where each change wrote and what was there
+  std::vector<std::uint32_t> offsets;    // ... and a v1 section's change offsets
   alignas(64) std::array<std::uint8_t, kWriteTileBytes> tile;
   std::size_t bytes() const {
     std::size_t b = streams.scratch_bytes() + sizeof(State) + gaps.capacity() * 4;
@@ -584,9 +805,38 @@ struct ChunkDecoder::State {
     for (const auto& sec : sections)
       for (const auto& x : sec) b += x.capacity();
     for (const auto& c : v2) b += c.positions.capacity() * 4 + c.values.capacity() * 2;
+    b += undo.capacity() * 8 + offsets.capacity() * 4;
     return b;
   }
 };
+
+namespace {
+
+// Pass 1 of a decode: every section's streams into the decoder's memory, checked, and v2
+// sections' changes decoded against the base (which they read). `base_hash`, when set, is fed
+// the base of every section. Writes nothing.
+Status decode_sections(const ParsedChunk& pc, const std::uint8_t* base, int level, ChunkDecoder::State& s,
+                       std::vector<DecodedStreams>& decoded, RangeHasher* base_hash) {
+  const bool delta = pc.kind != ChunkKind::kAnchorV1;
+  if (s.sections.size() < pc.sections.size()) s.sections.resize(pc.sections.size());
+  if (s.v2.size() < pc.sections.size()) s.v2.resize(pc.sections.size());
+  decoded.assign(pc.sections.size(), {});
+  for (std::size_t k = 0, at = 0; k < pc.sections.size(); at += pc.sections[k].seg.bytes, ++k) {
+    const auto& sec = pc.sections[k];
+    if (Status st = decode_streams(sec, s.streams, s.sections[k], decoded[k]); !st.is_ok()) return st.with_context("segment " + std::to_string(k));
+    Status st;
+    if (sec.v2) {
+      st = bf16v2::decode(sec.bf16, base + at, decoded[k].s[0], level, s.gaps, s.v2[k], base_hash);
+    } else {
+      if (base_hash) base_hash->update(base + at, sec.seg.bytes);
+      if (delta && sec.seg.cls == SegmentClass::kBF16) st = validate_bf16_delta(sec, decoded[k]);
+    }
+    if (!st.is_ok()) return st.with_context("segment " + std::to_string(k));
+  }
+  return Status::ok();
+}
+
+}  // namespace
 
 ChunkDecoder::ChunkDecoder(ChunkDecodeOptions options) : options_(options), s_(std::make_unique<State>()) {
   options_.scan_level = scan_level_for(options_.scan_level);
@@ -611,45 +861,24 @@ Status ChunkDecoder::decode(ByteSpan payload, std::span<const Segment> expected_
 Status ChunkDecoder::decode_checked(ByteSpan payload, std::span<const Segment> expected_segments, ByteSpan base, MutableByteSpan out,
                                     const ChunkHashes* expect, std::vector<std::uint32_t>* changed) {
   DC_ASSIGN_OR_RETURN(ParsedChunk pc, parse_chunk(payload));
-  if (pc.bytes != out.size()) return Status::mismatch("chunk covers " + std::to_string(pc.bytes) + " bytes, range has " + std::to_string(out.size()));
-  if (!expected_segments.empty()) {
-    bool same = expected_segments.size() == pc.sections.size();
-    for (std::size_t i = 0; same && i < pc.sections.size(); ++i) same = pc.sections[i].seg == expected_segments[i];
-    if (!same) return Status::mismatch("chunk segments do not match the tensor table");
-  }
+  DC_RETURN_IF_ERROR(check_shape(pc, expected_segments, out.size()));
   const bool delta = pc.kind != ChunkKind::kAnchorV1;
   if (delta && base.size() != out.size()) return Status::invalid_argument("delta chunk needs base bytes of the same range");
   const bool in_place = delta && base.data() == out.data();
   if (delta && !in_place && base.data() < out.data() + out.size() && out.data() < base.data() + base.size())
     return Status::invalid_argument("base and output overlap without being the same memory");
   const bool check_base = delta && expect && expect->base.has_value();
-  std::optional<Hasher64> base_hash, out_hash;
-  if (check_base) base_hash.emplace();
-  if (expect && expect->content.has_value()) out_hash.emplace();
+  std::optional<RangeHasher> base_hash, out_hash;
+  if (check_base) base_hash.emplace(expect->scheme);
+  if (expect && expect->content.has_value()) out_hash.emplace(expect->scheme);
 
   // Pass 1: decode and check every section into the decoder's memory, and hash the base (v2
   // sections as their decoder walks it). Nothing is written to `out` yet.
-  auto& section_buffers = s_->sections;
-  if (section_buffers.size() < pc.sections.size()) section_buffers.resize(pc.sections.size());
-  auto& v2_changes = s_->v2;
-  if (v2_changes.size() < pc.sections.size()) v2_changes.resize(pc.sections.size());
-  std::vector<DecodedStreams> decoded(pc.sections.size());
-  for (std::size_t k = 0, at = 0; k < pc.sections.size(); at += pc.sections[k].seg.bytes, ++k) {
-    const auto& sec = pc.sections[k];
-    if (Status st = decode_streams(sec, s_->streams, section_buffers[k], decoded[k]); !st.is_ok()) return st.with_context("segment " + std::to_string(k));
-    Status st;
-    if (sec.v2) {
-      st = bf16v2::decode(sec.bf16, base.data() + at, decoded[k].s[0], options_.scan_level, s_->gaps, v2_changes[k],
-                          base_hash ? &*base_hash : nullptr);
-    } else {
-      if (base_hash) base_hash->update(base.data() + at, sec.seg.bytes);
-      if (delta && sec.seg.cls == SegmentClass::kBF16) st = validate_bf16_delta(sec, decoded[k]);
-    }
-    if (!st.is_ok()) {
-      // Decoded against a base that is not the one the delta was made against: say so.
-      if (check_base && hash64(base) != *expect->base) return base_mismatch();
-      return st.with_context("segment " + std::to_string(k));
-    }
+  std::vector<DecodedStreams> decoded;
+  if (Status st = decode_sections(pc, base.data(), options_.scan_level, *s_, decoded, base_hash ? &*base_hash : nullptr); !st.is_ok()) {
+    // Decoded against a base that is not the one the delta was made against: say so.
+    if (check_base && chunk_hash(expect->scheme, base) != *expect->base) return base_mismatch();
+    return st;
   }
   if (check_base && base_hash->digest() != *expect->base) return base_mismatch();
 
@@ -666,7 +895,7 @@ Status ChunkDecoder::decode_checked(ByteSpan payload, std::span<const Segment> e
     const std::size_t tile = kWriteTileBytes / es;  // elements
     std::optional<V1Applier> v1;
     if (delta && sec.seg.cls == SegmentClass::kBF16 && !sec.v2) v1.emplace(d);
-    const bf16v2::Changes& c2 = v2_changes[k];
+    const bf16v2::Changes& c2 = s_->v2[k];
     std::array<std::uint64_t, bf16v2::kClassesMax> next_change;  // v2: per class
     std::copy_n(c2.starts.begin(), bf16v2::kClassesMax, next_change.begin());
     for (std::size_t i0 = 0; i0 < count; i0 += tile) {
@@ -699,9 +928,39 @@ Status ChunkDecoder::decode_checked(ByteSpan payload, std::span<const Segment> e
   if (!in_place) stream_fence();
   if (out_hash && out_hash->digest() != *expect->content) return Status::corruption("reconstructed bytes fail their checksum");
   if (changed) {
-    if (delta) collect_changes(pc, decoded, v2_changes, *changed);
+    if (delta) collect_changes(pc, decoded, s_->v2, *changed);
     else changed->clear();
   }
+  return Status::ok();
+}
+
+Status ChunkDecoder::apply_sparse(ByteSpan payload, std::span<const Segment> expected_segments, MutableByteSpan range,
+                                  std::uint64_t held_state, const ChunkHashes& expect, std::vector<std::uint32_t>* changed,
+                                  ChunkPatch* patch) {
+  Status st = apply_sparse_checked(payload, expected_segments, range, held_state, expect, changed, patch);
+  trim();
+  return st;
+}
+
+Status ChunkDecoder::apply_sparse_checked(ByteSpan payload, std::span<const Segment> expected_segments, MutableByteSpan range,
+                                          std::uint64_t held_state, const ChunkHashes& expect, std::vector<std::uint32_t>* changed,
+                                          ChunkPatch* patch) {
+  if (expect.scheme != ChunkHashScheme::kState || !expect.base || !expect.content)
+    return Status::invalid_argument("a sparse apply needs the state hashes of the base and of the result");
+  if (held_state != *expect.base) return base_mismatch();
+  DC_ASSIGN_OR_RETURN(ParsedChunk pc, parse_chunk(payload));
+  if (pc.kind == ChunkKind::kAnchorV1) return Status::corruption("an anchor chunk where a delta chunk belongs");
+  DC_RETURN_IF_ERROR(check_shape(pc, expected_segments, range.size()));
+  std::vector<DecodedStreams> decoded;
+  DC_RETURN_IF_ERROR(decode_sections(pc, range.data(), options_.scan_level, *s_, decoded, nullptr));
+  // Written as they come, the state kept current; put back if the result fails its hash.
+  SparseWriter w(range, held_state, patch, s_->undo);
+  write_sparse(pc, decoded, s_->v2, range.data(), s_->offsets, w);
+  if (w.finish() != *expect.content) {
+    w.undo();
+    return Status::corruption("reconstructed bytes fail their checksum");
+  }
+  if (changed) collect_changes(pc, decoded, s_->v2, *changed);
   return Status::ok();
 }
 

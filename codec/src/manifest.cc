@@ -18,6 +18,24 @@ std::uint64_t Manifest::payload_bytes_total() const {
   return t;
 }
 
+ManifestChecksums checksums_of(const Manifest& m) {
+  std::vector<std::uint64_t> hashes(m.chunks.size());
+  ManifestChecksums sums;
+  for (std::size_t i = 0; i < hashes.size(); ++i) hashes[i] = m.chunks[i].content_hash;
+  sums.version = combine_chunk_hashes(m.image_size, hashes);
+  if (m.kind == VersionKind::kDelta) {
+    for (std::size_t i = 0; i < hashes.size(); ++i) hashes[i] = m.chunks[i].base_hash;
+    sums.base = combine_chunk_hashes(m.image_size, hashes);
+  }
+  return sums;
+}
+
+void set_checksums(Manifest& m) {
+  const ManifestChecksums sums = checksums_of(m);
+  m.version_checksum = sums.version;
+  m.base_checksum = sums.base;
+}
+
 std::string to_string(const RunId& run) {
   if (run.empty()) return "none";
   char buf[40];
@@ -44,6 +62,7 @@ namespace {
 constexpr std::uint32_t kManifestMagic = 0x4d464344;  // "DCFM"
 constexpr std::uint8_t kManifestFormatPlain = 1;      // no run, unsigned
 constexpr std::uint8_t kManifestFormatRun = 2;        // run identity, optionally signed
+constexpr std::uint8_t kManifestFormatState = 3;      // as 2, with state hashes per chunk
 constexpr std::uint8_t kFlagSigned = 1;
 
 bool mul_overflows(std::uint64_t a, std::uint64_t b, std::uint64_t& out) { return __builtin_mul_overflow(a, b, &out); }
@@ -95,9 +114,10 @@ Status validate_names(const std::vector<TensorInfo>& tensors, const std::vector<
 Bytes serialize_manifest(const Manifest& m) {
   Bytes out;
   ByteWriter w(out);
-  const bool v2 = m.is_signed || !m.run.empty();
+  const bool state = m.hash_scheme == ChunkHashScheme::kState;
+  const bool v2 = state || m.is_signed || !m.run.empty();
   w.u32(kManifestMagic);
-  w.u8(v2 ? kManifestFormatRun : kManifestFormatPlain);
+  w.u8(state ? kManifestFormatState : v2 ? kManifestFormatRun : kManifestFormatPlain);
   w.u8(static_cast<std::uint8_t>(m.kind));
   w.u64(m.version);
   w.u64(m.base_version);
@@ -147,15 +167,16 @@ Status read_header(ByteReader& r, const ManifestLimits& limits, Manifest& m) {
   std::uint8_t fmt, kind;
   if (!r.u32(magic) || magic != kManifestMagic) return Status::corruption("not a deltacast manifest (bad magic)");
   if (!r.u8(fmt)) return Status::corruption("manifest truncated");
-  if (fmt != kManifestFormatPlain && fmt != kManifestFormatRun)
-    return Status::unsupported("manifest format version " + std::to_string(fmt) + ", this build reads 1 and 2");
+  if (fmt != kManifestFormatPlain && fmt != kManifestFormatRun && fmt != kManifestFormatState)
+    return Status::unsupported("manifest format version " + std::to_string(fmt) + ", this build reads 1 to 3");
+  m.hash_scheme = fmt == kManifestFormatState ? ChunkHashScheme::kState : ChunkHashScheme::kXxh3;
   if (!r.u8(kind) || kind > 1) return Status::corruption("bad version kind");
   m.kind = static_cast<VersionKind>(kind);
   if (!r.u64(m.version) || !r.u64(m.base_version) || !r.u64(m.image_size)) return Status::corruption("manifest truncated");
   if (m.image_size > limits.image_bytes_max)
     return Status::resource_exhausted("manifest describes an image of " + std::to_string(m.image_size) + " bytes, above the limit of " +
                                       std::to_string(limits.image_bytes_max));
-  if (fmt == kManifestFormatRun) {
+  if (fmt != kManifestFormatPlain) {
     std::uint8_t flags;
     if (!r.u64(m.run.started_us) || !r.u64(m.run.nonce) || !r.u8(flags)) return Status::corruption("manifest truncated");
     if (flags & ~kFlagSigned) return Status::unsupported("manifest flags " + std::to_string(flags) + " are not known to this build");
@@ -225,14 +246,10 @@ Status read_chunks(ByteReader& r, const ManifestLimits& limits, Manifest& m) {
 // The version checksum over the chunks' content hashes, and a delta's base checksum over their
 // base hashes; an anchor names no base.
 Status check_checksums(const Manifest& m) {
-  std::vector<std::uint64_t> hashes(m.chunks.size());
-  for (std::size_t i = 0; i < m.chunks.size(); ++i) hashes[i] = m.chunks[i].content_hash;
-  if (combine_chunk_hashes(m.image_size, hashes) != m.version_checksum)
-    return Status::corruption("version checksum does not match the chunk hashes");
+  const ManifestChecksums sums = checksums_of(m);
+  if (sums.version != m.version_checksum) return Status::corruption("version checksum does not match the chunk hashes");
   if (m.kind == VersionKind::kDelta) {
-    for (std::size_t i = 0; i < m.chunks.size(); ++i) hashes[i] = m.chunks[i].base_hash;
-    if (combine_chunk_hashes(m.image_size, hashes) != m.base_checksum)
-      return Status::corruption("base checksum does not match the chunk base hashes");
+    if (sums.base != m.base_checksum) return Status::corruption("base checksum does not match the chunk base hashes");
   } else if (m.base_version != 0 || m.base_checksum != 0) {
     return Status::corruption("an anchor with a base version or base checksum");
   }

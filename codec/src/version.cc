@@ -52,6 +52,7 @@ Result<EncodedVersion> encode_version(const ModelLayout& layout, std::uint64_t v
   m.image_size = layout.image_size;
   m.metadata = layout.metadata;
   m.tensors = layout.tensors;
+  m.hash_scheme = options.hash_scheme;
   const auto ranges = plan_chunks(layout.tensors, layout.image_size, options.chunk_bytes);
   m.chunks.resize(ranges.size());
   ev.payloads.resize(ranges.size());
@@ -65,6 +66,7 @@ Result<EncodedVersion> encode_version(const ModelLayout& layout, std::uint64_t v
     const auto segs = segments_for_range(layout.tensors, off, len);
     ByteSpan nb = next.subspan(off, len);
     ChunkHashes h;
+    h.scheme = m.hash_scheme;
     const auto encoder = encoders->acquire();
     Result<Bytes> payload = delta ? encoder->encode_delta(segs, base.subspan(off, len), nb, options.chunk, &stats[i], &h)
                                   : encoder->encode_anchor(segs, nb, options.chunk, &stats[i]);
@@ -75,7 +77,7 @@ Result<EncodedVersion> encode_version(const ModelLayout& layout, std::uint64_t v
     c.payload_bytes = payload->size();
     c.payload_hash = hash64(*payload);
     if (options.payload_digest) c.payload_digest = options.payload_digest(*payload);
-    c.content_hash = delta ? *h.content : hash64(nb);
+    c.content_hash = delta ? *h.content : chunk_hash(m.hash_scheme, nb);
     c.base_hash = delta ? *h.base : 0;
     ev.payloads[i] = std::move(payload).value();
     const std::uint64_t d = done.fetch_add(len) + len;
@@ -84,13 +86,7 @@ Result<EncodedVersion> encode_version(const ModelLayout& layout, std::uint64_t v
   });
   if (!st.is_ok()) return st;
 
-  std::vector<std::uint64_t> hashes(m.chunks.size());
-  for (std::size_t i = 0; i < hashes.size(); ++i) hashes[i] = m.chunks[i].content_hash;
-  m.version_checksum = combine_chunk_hashes(m.image_size, hashes);
-  if (delta) {
-    for (std::size_t i = 0; i < hashes.size(); ++i) hashes[i] = m.chunks[i].base_hash;
-    m.base_checksum = combine_chunk_hashes(m.image_size, hashes);
-  }
+  set_checksums(m);
   for (auto& s : stats) ev.stats.add(s);
   ev.payload_digests = static_cast<bool>(options.payload_digest);
   return ev;
@@ -118,6 +114,7 @@ Status apply_chunk(const Manifest& manifest, std::size_t index, ByteSpan payload
   if (delta != (kind != ChunkKind::kAnchorV1)) return Status::corruption("chunk kind does not match the version kind");
   const auto segs = segments_for_range(manifest.tensors, c.offset, c.length);
   ChunkHashes expect;
+  expect.scheme = manifest.hash_scheme;
   if (delta && !base_checked) expect.base = c.base_hash;
   expect.content = c.content_hash;
   Status st = decoder.decode(payload, segs, base_range, out_range, &expect, changed);
@@ -133,6 +130,23 @@ Status decode_chunk_verified(const Manifest& manifest, std::size_t index, ByteSp
     return Status::invalid_argument(chunk_label(index) + ": output range has the wrong size");
   Status st = verify_payload(manifest, index, payload);
   if (st.is_ok()) st = apply_chunk(manifest, index, payload, base_range, out_range, false, decoder, changed);
+  return st.is_ok() ? st : st.with_context(chunk_label(index));
+}
+
+Status apply_chunk_sparse(const Manifest& manifest, std::size_t index, ByteSpan payload, MutableByteSpan range,
+                          std::uint64_t held_state, ChunkDecoder& decoder, std::vector<std::uint32_t>* changed,
+                          ChunkPatch* patch) {
+  if (index >= manifest.chunks.size()) return Status::invalid_argument(chunk_label(index) + ": no such chunk");
+  const ChunkEntry& c = manifest.chunks[index];
+  if (manifest.kind != VersionKind::kDelta || manifest.hash_scheme != ChunkHashScheme::kState)
+    return Status::invalid_argument("only deltas with state hashes apply sparsely");
+  if (range.size() != c.length) return Status::invalid_argument(chunk_label(index) + ": range has the wrong size");
+  Status st = verify_payload(manifest, index, payload);
+  if (st.is_ok()) {
+    const ChunkHashes expect{c.base_hash, c.content_hash, ChunkHashScheme::kState};
+    st = decoder.apply_sparse(payload, segments_for_range(manifest.tensors, c.offset, c.length), range, held_state, expect, changed, patch);
+    if (is_base_mismatch(st)) st = base_mismatch(manifest.base_version);
+  }
   return st.is_ok() ? st : st.with_context(chunk_label(index));
 }
 
@@ -153,7 +167,7 @@ Status decode_version(const Manifest& manifest, std::span<const ByteSpan> payloa
   DC_RETURN_IF_ERROR(run_chunks(executor, manifest.chunks.size(), [&](std::size_t i) -> Status {
     const ChunkEntry& c = manifest.chunks[i];
     Status st = verify_payload(manifest, i, payloads[i]);
-    if (st.is_ok() && in_place && hash64(base_of(c)) != c.base_hash) st = base_mismatch(manifest.base_version);
+    if (st.is_ok() && in_place && chunk_hash(manifest.hash_scheme, base_of(c)) != c.base_hash) st = base_mismatch(manifest.base_version);
     return st.is_ok() ? st : st.with_context(chunk_label(i));
   }));
   std::atomic<std::uint64_t> done{0};
@@ -170,10 +184,7 @@ Status decode_version(const Manifest& manifest, std::span<const ByteSpan> payloa
   }));
   // Each chunk's content hash matched its manifest entry; the version checksum ties those
   // entries together (checked on parse, rechecked here for manifests built in memory).
-  std::vector<std::uint64_t> hashes(manifest.chunks.size());
-  for (std::size_t i = 0; i < hashes.size(); ++i) hashes[i] = manifest.chunks[i].content_hash;
-  if (combine_chunk_hashes(manifest.image_size, hashes) != manifest.version_checksum)
-    return Status::corruption("version checksum mismatch");
+  if (checksums_of(manifest).version != manifest.version_checksum) return Status::corruption("version checksum mismatch");
   return Status::ok();
 }
 
@@ -186,12 +197,13 @@ Result<EncodedVersion> merge_shards(std::vector<EncodedVersion> shards) {
   m.base_version = first.base_version;
   m.kind = first.kind;
   m.metadata = first.metadata;
+  m.hash_scheme = first.hash_scheme;
   std::set<std::string> names;
   for (std::size_t s = 0; s < shards.size(); ++s) {
     EncodedVersion& shard = shards[s];
     const Manifest& sm = shard.manifest;
     const std::string where = "shard " + std::to_string(s) + ": ";
-    if (sm.version != m.version || sm.base_version != m.base_version || sm.kind != m.kind)
+    if (sm.version != m.version || sm.base_version != m.base_version || sm.kind != m.kind || sm.hash_scheme != m.hash_scheme)
       return Status::mismatch(where + "describes another version (v" + std::to_string(sm.version) + ")");
     if (shard.payloads.size() != sm.chunks.size()) return Status::invalid_argument(where + "payload count does not match its chunks");
     const std::uint64_t shift = m.image_size;
@@ -208,13 +220,7 @@ Result<EncodedVersion> merge_shards(std::vector<EncodedVersion> shards) {
     for (auto& p : shard.payloads) out.payloads.push_back(std::move(p));
     out.stats.add(shard.stats);
   }
-  std::vector<std::uint64_t> hashes(m.chunks.size());
-  for (std::size_t i = 0; i < hashes.size(); ++i) hashes[i] = m.chunks[i].content_hash;
-  m.version_checksum = combine_chunk_hashes(m.image_size, hashes);
-  if (m.kind == VersionKind::kDelta) {
-    for (std::size_t i = 0; i < hashes.size(); ++i) hashes[i] = m.chunks[i].base_hash;
-    m.base_checksum = combine_chunk_hashes(m.image_size, hashes);
-  }
+  set_checksums(m);
   return out;
 }
 

@@ -3,6 +3,17 @@
 #include "deltacast/codec/hash.h"
 
 namespace deltacast::runtime {
+namespace {
+
+// Whether an image's chunk states are in the chunking of `m` and can start a sparse apply of it.
+bool same_chunking(const std::vector<ModelVersion::ChunkState>& states, const Manifest& m) {
+  if (m.hash_scheme != ChunkHashScheme::kState || states.size() != m.chunks.size()) return false;
+  for (std::size_t i = 0; i < states.size(); ++i)
+    if (states[i].offset != m.chunks[i].offset || states[i].length != m.chunks[i].length) return false;
+  return true;
+}
+
+}  // namespace
 
 // The version being rebuilt: its manifest, the staging image and per-chunk state.
 struct Reconstructor::Assembly {
@@ -23,6 +34,17 @@ struct Reconstructor::Assembly {
   std::size_t inflight = 0;
   std::uint64_t generation = 0;
   bool in_place = false;   // staging is the image readers had; they are paused
+  // Deltas applied where they change values only: the staging image holds the base, whose
+  // chunk states (ModelVersion::chunk_states) match the manifest's chunking.
+  bool sparse = false;
+  // Double-buffered and sparse: the staging image holds the version before `catch_up` (the
+  // base), and each chunk first catches up by writing catch_up->patch. caught_up marks the
+  // chunks that did (a chunk fetched again after a failed apply does not catch up twice).
+  std::shared_ptr<const ModelVersion> catch_up;
+  std::vector<std::uint8_t> caught_up;
+  // Double-buffered: keep each chunk's patch for the next version's catch-up.
+  bool record_patch = false;
+  std::vector<ChunkPatch> patches;
   bool exclusive = false;  // in place: every reader has let go, chunks may be applied
 };
 
@@ -40,17 +62,44 @@ class Reconstructor::DecodeTask final : public Task {
     base_ = a.base;
     staging_ = a.staging;
     record_changes_ = a.record_changes;
+    sparse_ = a.sparse;
+    record_patch_ = a.record_patch;
+    catch_up_ = a.catch_up;
+    if (catch_up_) already_caught_up_ = a.caught_up[index];
   }
   void work() override {
     if (!staging_) return;
     const ChunkEntry& e = manifest_->chunks[index_];
-    ByteSpan b = base_ ? ByteSpan(base_->image).subspan(e.offset, e.length) : ByteSpan();
     const auto decoder = decoders_->acquire();
-    status_ = decode_chunk_verified(*manifest_, index_, *payload_, b, MutableByteSpan(staging_->image).subspan(e.offset, e.length),
-                                    *decoder, record_changes_ ? &changed_ : nullptr);
+    const MutableByteSpan out = MutableByteSpan(staging_->image).subspan(e.offset, e.length);
+    std::vector<std::uint32_t>* changed = record_changes_ || (record_patch_ && !sparse_) ? &changed_ : nullptr;
+    ChunkPatch* patch = record_patch_ ? &patch_ : nullptr;
+    if (!sparse_) {
+      ByteSpan b = base_ ? ByteSpan(base_->image).subspan(e.offset, e.length) : ByteSpan();
+      status_ = decode_chunk_verified(*manifest_, index_, *payload_, b, out, *decoder, changed);
+      if (status_.is_ok() && patch) *patch = patch_of(segments_for_range(manifest_->tensors, e.offset, e.length), changed_, out);
+      return;
+    }
+    // The range holds the base's state: the staging image's own (in place), or the base's once
+    // it caught up.
+    std::uint64_t held = staging_->chunk_states[index_].state;
+    if (catch_up_ && already_caught_up_) {
+      held = catch_up_->chunk_states[index_].state;
+    } else if (catch_up_) {
+      const ModelVersion::ChunkState& to = catch_up_->chunk_states[index_];
+      // A patch that does not bring the range to the base's state (memory that changed under
+      // the spare image): copy the base's range instead.
+      if (!apply_patch((*catch_up_->patch)[index_], out, held, to.state).is_ok()) {
+        copied_ = true;
+        std::memcpy(out.data(), catch_up_->image.data() + e.offset, e.length);
+      }
+      caught_up_ = true;
+      held = to.state;
+    }
+    status_ = apply_chunk_sparse(*manifest_, index_, *payload_, out, held, *decoder, changed, patch);
   }
   void done() override {
-    if (*alive_) owner_->on_decoded(generation_, index_, status_, std::move(changed_));
+    if (*alive_) owner_->on_decoded(generation_, index_, {status_, std::move(changed_), std::move(patch_), caught_up_, copied_});
   }
 
  private:
@@ -64,7 +113,12 @@ class Reconstructor::DecodeTask final : public Task {
   std::shared_ptr<const ModelVersion> base_;
   std::shared_ptr<ModelVersion> staging_;
   bool record_changes_ = false;
+  bool sparse_ = false;
+  bool record_patch_ = false;
+  std::shared_ptr<const ModelVersion> catch_up_;
+  bool already_caught_up_ = false, caught_up_ = false, copied_ = false;
   std::vector<std::uint32_t> changed_;
+  ChunkPatch patch_;
   Status status_;
 };
 
@@ -170,9 +224,23 @@ void Reconstructor::start(const CachedVersion& v) {
     expose(nullptr);  // readers paused: nobody gets this image until the new version verified in it
     a->in_place = true;
     a->staging = std::const_pointer_cast<ModelVersion>(live);
+    a->sparse = !v.key.anchor && same_chunking(live->chunk_states, *v.manifest);
   } else if (!stage_copy(*a, v)) {
     return;
+  } else if (live && !v.key.anchor && !config.virtual_payloads) {
+    // The spare image catches up sparsely when it holds the version before the live one, and
+    // the live one kept the patch that made it; every chunking must be the manifest's.
+    const ModelVersion& spare = *a->staging;
+    if (spare.version != 0 && spare.version == live->base_version && spare.run == live->run && live->patch &&
+        live->patch->size() == v.manifest->chunks.size() && same_chunking(spare.chunk_states, *v.manifest) &&
+        same_chunking(live->chunk_states, *v.manifest)) {
+      a->sparse = true;
+      a->catch_up = live;
+      a->caught_up.assign(v.manifest->chunks.size(), 0);
+    }
   }
+  a->record_patch = !a->in_place && !v.key.anchor && !config.virtual_payloads && v.manifest->hash_scheme == ChunkHashScheme::kState;
+  if (a->record_patch) a->patches.resize(v.manifest->chunks.size());
   live.reset();
   a->state.assign(v.manifest->chunks.size(), Assembly::ChunkState::kWaiting);
   a->record_changes = !v.key.anchor && config.change_history_versions_max > 0 && !config.virtual_payloads;
@@ -186,12 +254,19 @@ void Reconstructor::start(const CachedVersion& v) {
   if (assembly_ && assembly_->manifest->chunks.empty()) finish();
 }
 
-void Reconstructor::on_decoded(std::uint64_t generation, std::uint32_t i, const Status& status, std::vector<std::uint32_t>&& changed) {
+void Reconstructor::on_decoded(std::uint64_t generation, std::uint32_t i, Decoded&& result) {
   if (!assembly_ || assembly_->generation != generation) return;
   Assembly& as = *assembly_;
+  const Status& status = result.status;
   as.inflight--;
+  if (result.caught_up) {
+    as.caught_up[i] = 1;
+    (result.copied ? ctx_.stats.chunks_caught_up_copied : ctx_.stats.chunks_caught_up)++;
+  }
   if (status.is_ok()) {
-    if (as.record_changes) as.changed[i] = std::move(changed);
+    if (as.record_changes) as.changed[i] = std::move(result.changed);
+    if (as.record_patch) as.patches[i] = std::move(result.patch);
+    (as.sparse ? ctx_.stats.chunks_applied_sparse : ctx_.stats.chunks_applied_dense)++;
     as.state[i] = Assembly::ChunkState::kDone;
     as.done++;
   } else {
@@ -201,7 +276,8 @@ void Reconstructor::on_decoded(std::uint64_t generation, std::uint32_t i, const 
     // In place, a failure after the chunk was applied leaves the image damaged: it is
     // dropped and rebuilt from an anchor. (Every input is checked before a byte is written,
     // so this takes a decoder bug; a corrupt payload leaves the range as it was.)
-    const bool damaged = as.in_place && hash64(ByteSpan(as.staging->image).subspan(ce.offset, ce.length)) != ce.base_hash;
+    const bool damaged = as.in_place && !as.sparse &&
+                         chunk_hash(as.manifest->hash_scheme, ByteSpan(as.staging->image).subspan(ce.offset, ce.length)) != ce.base_hash;
     if (status.code() == StatusCode::kMismatch || damaged) {
       if (damaged) held_version_ = 0;
       abandon(status.to_string(), true);
@@ -269,6 +345,10 @@ void Reconstructor::finish() {
   image.checksum = a->manifest->version_checksum;
   image.tensors = a->manifest->tensors;
   image.metadata = a->manifest->metadata;
+  image.chunk_states.clear();
+  if (a->manifest->hash_scheme == ChunkHashScheme::kState && !ctx_.config.virtual_payloads)
+    for (const ChunkEntry& c : a->manifest->chunks) image.chunk_states.push_back({c.offset, c.length, c.content_hash});
+  image.patch = a->record_patch ? std::make_shared<const std::vector<ChunkPatch>>(std::move(a->patches)) : nullptr;
   image.changes = history_after(*a);
   image.ready_us = ctx_.clock.now_us();
   std::shared_ptr<const ModelVersion> ready = a->staging;

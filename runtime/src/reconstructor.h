@@ -65,7 +65,15 @@ class Reconstructor {
   class DecodeTask;
   void start(const CachedVersion& v);
   bool stage_copy(Assembly& a, const CachedVersion& v);
-  void on_decoded(std::uint64_t generation, std::uint32_t index, const Status& status, std::vector<std::uint32_t>&& changed);
+  // What a decode task reports for its chunk.
+  struct Decoded {
+    Status status;
+    std::vector<std::uint32_t> changed;  // where the delta changed it (when kept)
+    ChunkPatch patch;                    // what it wrote (double-buffered)
+    bool caught_up = false;              // the chunk caught up to the base first
+    bool copied = false;                 // ... by copying the base's range, not by its patch
+  };
+  void on_decoded(std::uint64_t generation, std::uint32_t index, Decoded&& result);
   std::vector<std::shared_ptr<const ChangeSet>> history_after(Assembly& a) const;
   void finish();
   void expose(std::shared_ptr<const ModelVersion> version);

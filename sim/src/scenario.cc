@@ -247,7 +247,6 @@ Manifest virtual_manifest(std::uint64_t v, bool anchor, const Versions& vs, std:
   m.image_size = vs.image_bytes;
   m.tensors = vs.tensors;
   const std::uint64_t elements = vs.image_bytes / 2;
-  std::vector<std::uint64_t> content, base;
   for (std::uint32_t i = 0; i < chunks; ++i) {
     ChunkEntry e;
     e.offset = elements * i / chunks * 2;
@@ -256,12 +255,9 @@ Manifest virtual_manifest(std::uint64_t v, bool anchor, const Versions& vs, std:
     e.content_hash = hash64(ByteSpan(reinterpret_cast<const std::uint8_t*>(&v), sizeof v)) ^ (0x9e3779b97f4a7c15ull * (i + 1));
     const std::uint64_t prev = v - 1;
     e.base_hash = anchor ? 0 : hash64(ByteSpan(reinterpret_cast<const std::uint8_t*>(&prev), sizeof prev)) ^ (0x9e3779b97f4a7c15ull * (i + 1));
-    content.push_back(e.content_hash);
-    base.push_back(e.base_hash);
     m.chunks.push_back(e);
   }
-  m.version_checksum = combine_chunk_hashes(m.image_size, content);
-  if (!anchor) m.base_checksum = combine_chunk_hashes(m.image_size, base);
+  set_checksums(m);
   return m;
 }
 

@@ -62,7 +62,33 @@ void check_delta(const std::vector<Segment>& segs, const Bytes& base, const Byte
       CHECK(changed == changed_elements(segs, base, next));
       // With the hashes checked on the way: the right ones pass, in place or not; a wrong base
       // hash is a mismatch before anything is written; a wrong content hash is corruption.
-      const ChunkHashes right{hash64(base), hash64(next)};
+      // The encoder's hashes are the ranges' hashes of the scheme asked for.
+      for (auto scheme : {ChunkHashScheme::kXxh3, ChunkHashScheme::kState}) {
+        ChunkHashes h;
+        h.scheme = scheme;
+        REQUIRE(encoder.encode_delta(segs, base, next, opt, nullptr, &h).is_ok());
+        CHECK(h.base == chunk_hash(scheme, base));
+        CHECK(h.content == chunk_hash(scheme, next));
+      }
+      const ChunkHashes right{state_hash(base), state_hash(next)};
+      // Sparse: the same bytes and changes, and a wrong held state, base hash or content hash
+      // writes nothing.
+      in_place = base;
+      changed = {7};
+      REQUIRE(decoder.apply_sparse(*payload, segs, in_place, *right.base, right, &changed).is_ok());
+      CHECK(in_place == next);
+      CHECK(changed == changed_elements(segs, base, next));
+      for (int wrong = 0; wrong < 3; ++wrong) {
+        in_place = base;
+        ChunkHashes h = right;
+        std::uint64_t held = *right.base;
+        if (wrong == 0) held ^= 1;
+        if (wrong == 1) h.base = *h.base ^ 1;
+        if (wrong == 2) h.content = *h.content ^ 1;
+        const Status st = decoder.apply_sparse(*payload, segs, in_place, held, h);
+        CHECK(st.code() == (wrong == 2 ? StatusCode::kCorruption : StatusCode::kMismatch));
+        CHECK(in_place == base);
+      }
       std::fill(out.begin(), out.end(), 0xcd);
       REQUIRE(decoder.decode(*payload, segs, base, out, &right).is_ok());
       CHECK(out == next);
@@ -91,7 +117,7 @@ void check_anchor(const std::vector<Segment>& segs, const Bytes& next) {
   Bytes out(next.size(), 0xcd);
   REQUIRE(decoder.decode(*payload, segs, {}, out).is_ok());
   CHECK(out == next);
-  const ChunkHashes right{std::nullopt, hash64(next)}, wrong{std::nullopt, hash64(next) ^ 1};
+  const ChunkHashes right{std::nullopt, state_hash(next)}, wrong{std::nullopt, state_hash(next) ^ 1};
   std::fill(out.begin(), out.end(), 0xcd);
   REQUIRE(decoder.decode(*payload, segs, {}, out, &right).is_ok());
   CHECK(out == next);
@@ -99,6 +125,46 @@ void check_anchor(const std::vector<Segment>& segs, const Bytes& next) {
 }
 
 }  // namespace
+
+TEST_CASE("state hashes: piece by piece, and kept current from the words a change touches", "[codec][state]") {
+  const Bytes data = test::random_bytes(100003, 6);  // not a whole number of words
+  std::mt19937_64 rng(6);
+  for (int t = 0; t < 20; ++t) {
+    StateHasher h;
+    RangeHasher r(ChunkHashScheme::kState);
+    for (std::size_t at = 0; at < data.size();) {
+      const std::size_t len = std::min<std::size_t>(data.size() - at, rng() % (t < 10 ? 13 : 20000));
+      h.update(data.data() + at, len);
+      r.update(data.data() + at, len);
+      at += len;
+    }
+    CHECK(h.digest() == state_hash(data));
+    CHECK(r.digest() == state_hash(data));
+  }
+  // The definition: sum of state_mix(j, word j), the last word zero-padded.
+  const Bytes small = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
+  CHECK(state_hash(small) == state_mix(0, 0x0807060504030201ull) + state_mix(1, 0x0b0a09ull));
+  CHECK(state_hash({}) == 0);
+  // Any change of bytes within one word changes the hash (state_mix is a bijection of the
+  // word), and the hash moves by the difference of the word's mixes.
+  Bytes changed = data;
+  for (int t = 0; t < 2000; ++t) {
+    const std::size_t at = rng() % data.size();
+    const std::uint8_t before = changed[at];
+    const std::uint64_t j = at / 8;
+    std::uint64_t old_word = 0, new_word = 0;
+    const std::size_t word_bytes = std::min<std::size_t>(8, data.size() - 8 * j);
+    std::memcpy(&old_word, changed.data() + 8 * j, word_bytes);
+    const std::uint64_t old_hash = state_hash(changed);
+    changed[at] = static_cast<std::uint8_t>(before ^ (1u + rng() % 255));
+    std::memcpy(&new_word, changed.data() + 8 * j, word_bytes);
+    const std::uint64_t new_hash = state_hash(changed);
+    CHECK(new_hash != old_hash);
+    CHECK(new_hash == old_hash + state_mix(j, new_word) - state_mix(j, old_word));
+  }
+  // The same bytes in another word give another mix.
+  CHECK(state_mix(0, 42) != state_mix(1, 42));
+}
 
 TEST_CASE("hashing piece by piece gives the one-call hash", "[codec]") {
   const Bytes data = test::random_bytes(100000, 5);
@@ -316,7 +382,7 @@ TEST_CASE("corrupt v2 payloads are refused or left to the content hash, never cr
   // nothing (the range coder's first byte and flushed tail, a recorded zstd level), 26 of the
   // 2000 flips here.
   std::mt19937_64 rng(3);
-  const ChunkHashes expect{hash64(s.base), hash64(s.next)};
+  const ChunkHashes expect{state_hash(s.base), state_hash(s.next)};
   int refused_by_structure = 0, refused = 0, harmless = 0;
   for (int t = 0; t < 2000; ++t) {
     Bytes bad = good;

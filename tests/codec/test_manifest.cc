@@ -19,10 +19,7 @@ Manifest sample_manifest(VersionKind kind) {
   m.chunks = {{0, 16, 5, 11, 22, 33}, {16, m.image_size - 16, 9, 44, 55, 66}};
   if (kind == VersionKind::kAnchor)
     for (auto& c : m.chunks) c.base_hash = 0;
-  std::vector<std::uint64_t> h = {m.chunks[0].content_hash, m.chunks[1].content_hash};
-  m.version_checksum = combine_chunk_hashes(m.image_size, h);
-  h = {m.chunks[0].base_hash, m.chunks[1].base_hash};
-  m.base_checksum = kind == VersionKind::kDelta ? combine_chunk_hashes(m.image_size, h) : 0;
+  set_checksums(m);
   return m;
 }
 }  // namespace
@@ -30,9 +27,22 @@ Manifest sample_manifest(VersionKind kind) {
 TEST_CASE("manifests round trip", "[codec][manifest]") {
   for (auto kind : {VersionKind::kDelta, VersionKind::kAnchor}) {
     Manifest m = sample_manifest(kind);
-    auto parsed = parse_manifest(serialize_manifest(m));
+    Bytes b = serialize_manifest(m);
+    CHECK(b[4] == 3);  // state hashes: format 3
+    auto parsed = parse_manifest(b);
     REQUIRE(parsed.is_ok());
     CHECK(*parsed == m);
+    // Formats 1 (no run) and 2 (a run) hold xxh3 chunk hashes, and are still read as such.
+    m.hash_scheme = ChunkHashScheme::kXxh3;
+    for (bool run : {false, true}) {
+      if (run) m.run = {1700000000000000, 42};
+      b = serialize_manifest(m);
+      CHECK(b[4] == (run ? 2 : 1));
+      parsed = parse_manifest(b);
+      REQUIRE(parsed.is_ok());
+      CHECK(parsed->hash_scheme == ChunkHashScheme::kXxh3);
+      CHECK(*parsed == m);
+    }
   }
 }
 
@@ -86,8 +96,9 @@ TEST_CASE("manifest parser rejects inconsistent tables", "[codec][manifest]") {
   }
   SECTION("future format version") {
     Bytes b = serialize_manifest(m);
-    b[4] = 3;
+    b[4] = 4;
     CHECK(parse_manifest(b).status().code() == StatusCode::kUnsupported);
+    CHECK(parse_manifest(b).status().message().find("manifest format version 4") != std::string::npos);
   }
   SECTION("every truncation") {
     Bytes b = serialize_manifest(m);

@@ -431,7 +431,7 @@ def parse_manifest(b):
     m["image_size"] = r.fixed("<Q")
     m["run"] = (0, 0)
     flags = 0
-    if m["format"] == 2:
+    if m["format"] in (2, 3):
         m["run"] = (r.fixed("<Q"), r.fixed("<Q"))
         flags = r.fixed("<B")
     m["signed"] = bool(flags & 1)
@@ -461,10 +461,11 @@ def parse_manifest(b):
 
 
 def write_manifest(m):
-    """Serializes a manifest dict (as parse_manifest returns); format 2 if it has a run or is signed."""
-    fmt = 2 if m["run"] != (0, 0) or m["signed"] else 1
+    """Serializes a manifest dict (as parse_manifest returns): in its format when that is 3 (state
+    hashes), else format 2 if it has a run or is signed, else 1."""
+    fmt = 3 if m.get("format") == 3 else 2 if m["run"] != (0, 0) or m["signed"] else 1
     out = struct.pack("<IBBQQQ", 0x4D464344, fmt, m["kind"], m["version"], m["base_version"], m["image_size"])
-    if fmt == 2:
+    if fmt >= 2:
         out += struct.pack("<QQB", m["run"][0], m["run"][1], 1 if m["signed"] else 0)
     out += varint(len(m["metadata"])) + b"".join(string(k) + string(v) for k, v in m["metadata"])
     out += varint(len(m["tensors"]))

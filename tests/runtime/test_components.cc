@@ -467,6 +467,85 @@ TEST_CASE("the reconstructor in place pauses readers and applies once they let g
   CHECK(w.ctx.stats.images_allocated == 0);
 }
 
+TEST_CASE("in place, the reconstructor applies deltas only where they change values, from the chunk states it holds",
+          "[runtime][components][sparse]") {
+  FakeNet net;
+  Series s(4);
+  Rebuild w(net, /*in_place=*/true);
+  const EncodedVersion a1 = s.anchor(1), d2 = s.delta(2);
+  w.arrive(a1);
+  REQUIRE(w.r.current());
+  CHECK(w.ctx.stats.chunks_applied_dense == a1.payloads.size());
+  auto held_states = [&] {
+    const auto v = w.r.current();
+    REQUIRE(v);
+    // The states held are the image's, chunk by chunk.
+    REQUIRE(v->chunk_states.size() == a1.manifest.chunks.size());
+    for (const auto& c : v->chunk_states) CHECK(c.state == state_hash(ByteSpan(v->image).subspan(c.offset, c.length)));
+  };
+  held_states();
+  w.arrive(d2);
+  REQUIRE(w.r.current()->version == 2);
+  CHECK(w.r.current()->image == s.images[1]);
+  CHECK(w.ctx.stats.chunks_applied_sparse == d2.payloads.size());
+  held_states();
+  // A held state that is not the delta's base: nothing is written, and only an anchor helps.
+  std::const_pointer_cast<ModelVersion>(w.r.current())->chunk_states[0].state ^= 1;
+  w.arrive(s.delta(3));
+  CHECK(w.r.need_anchor());
+  REQUIRE(w.r.current());
+  CHECK(w.r.current()->version == 2);
+  CHECK(w.r.current()->image == s.images[1]);
+  CHECK(w.ctx.stats.chunks_applied_sparse == d2.payloads.size());
+  w.arrive(s.anchor(3));
+  CHECK(w.r.current()->image == s.images[2]);
+  held_states();
+  w.arrive(s.delta(4));
+  CHECK(w.r.current()->image == s.images[3]);
+  CHECK(w.ctx.stats.chunks_applied_sparse == 2 * d2.payloads.size());
+}
+
+TEST_CASE("double-buffered, the spare image catches up by the live version's patch and takes the next delta sparsely",
+          "[runtime][components][sparse]") {
+  FakeNet net;
+  Series s(6);
+  Rebuild w(net);
+  const std::size_t chunks = s.delta(2).payloads.size();
+  w.arrive(s.anchor(1));
+  w.arrive(s.delta(2));  // the second image is new: decoded whole
+  CHECK(w.ctx.stats.chunks_applied_dense == 2 * chunks);
+  CHECK(w.ctx.stats.chunks_applied_sparse == 0);
+  REQUIRE(w.r.current()->patch);
+  w.arrive(s.delta(3));  // the spare holds version 1: it catches up to 2, then applies 3
+  REQUIRE(w.r.current()->version == 3);
+  CHECK(w.r.current()->image == s.images[2]);
+  CHECK(w.ctx.stats.chunks_caught_up == chunks);
+  CHECK(w.ctx.stats.chunks_applied_sparse == chunks);
+  // Memory that changed under the spare image (version 3's, once 4 is current): the patch no
+  // longer brings that chunk to version 4, which is copied for it instead.
+  auto* three = const_cast<ModelVersion*>(w.r.current().get());
+  w.arrive(s.delta(4));
+  REQUIRE(w.r.current()->version == 4);
+  CHECK(w.r.current()->image == s.images[3]);
+  CHECK(w.ctx.stats.chunks_caught_up == 2 * chunks);
+  three->image[three->image.size() / 2] ^= 0x40;
+  w.arrive(s.delta(5));
+  REQUIRE(w.r.current()->version == 5);
+  CHECK(w.r.current().get() == three);
+  CHECK(w.r.current()->image == s.images[4]);
+  CHECK(w.ctx.stats.chunks_caught_up_copied == 1);
+  CHECK(w.ctx.stats.chunks_caught_up == 3 * chunks - 1);
+  CHECK(w.ctx.stats.chunks_applied_sparse == 3 * chunks);
+  CHECK(w.ctx.stats.images_allocated == 2);
+  // A reader of the live version does not hold the spare back.
+  const auto five = w.r.current();
+  w.arrive(s.delta(6));
+  CHECK(w.r.current()->image == s.images[5]);
+  CHECK(five->image == s.images[4]);
+  CHECK(w.ctx.stats.chunks_applied_sparse == 4 * chunks);
+  CHECK(w.ctx.stats.images_allocated == 2);
+}
+
 TEST_CASE("the reconstructor keeps where each delta changed the image, as far back as configured", "[runtime][components]") {
   for (const bool in_place : {false, true}) {
     FakeNet net;

@@ -470,10 +470,11 @@ TEST_CASE("a signature covers every byte of the manifest", "[runtime][trust]") {
   }
 }
 
-// The golden signed anchor (tests/golden/anchor-signed.dcd) pins manifest format 2 with its
-// signature (tests/golden/test.sign.key is a key for this test only): it verifies, decodes to the
-// golden checkpoint (the image of the unsigned golden anchor), and signing the same encoding
-// reproduces it byte for byte.
+// The golden signed anchors (tests/golden/anchor-signed.dcd, manifest format 3, and
+// anchor-signed-format2.dcd, written before state hashes) pin the signed manifests
+// (tests/golden/test.sign.key is a key for this test only): they verify and decode to the golden
+// checkpoint (the image of the unsigned golden anchor), and signing the same encoding
+// reproduces the current one byte for byte.
 TEST_CASE("the golden signed anchor verifies and signing the golden inputs reproduces it", "[runtime][golden][trust]") {
   const Bytes file = test::read_bytes(test::golden("anchor-signed.dcd"));
   const Bytes unsigned_file = test::read_bytes(test::golden("anchor.dcd"));
@@ -490,17 +491,21 @@ TEST_CASE("the golden signed anchor verifies and signing the golden inputs repro
   ThreadPool pool(2);
   REQUIRE(decode_version(golden->manifest, golden->payloads, ByteSpan(), image, pool).is_ok());
 
-  auto v = parse_container(file);
-  REQUIRE(v.is_ok());
-  CHECK(v->manifest.is_signed);
-  CHECK(v->manifest.signer == key->public_key);
-  CHECK(v->manifest.version_checksum == golden->manifest.version_checksum);
-  CHECK(runtime::verify_manifest(v->manifest_bytes, v->manifest, {key->public_key}).is_ok());
-  CHECK(runtime::verify_payloads(v->manifest, v->payloads).is_ok());
-  CHECK(!runtime::verify_manifest(v->manifest_bytes, v->manifest, {runtime::make_signing_key().public_key}).is_ok());
-  Bytes out(v->manifest.image_size);
-  REQUIRE(decode_version(v->manifest, v->payloads, ByteSpan(), out, pool).is_ok());
-  CHECK(out == image);
+  for (const char* name : {"anchor-signed.dcd", "anchor-signed-format2.dcd"}) {
+    INFO(name);
+    const Bytes signed_file = test::read_bytes(test::golden(name));
+    auto v = parse_container(signed_file);
+    REQUIRE(v.is_ok());
+    CHECK(v->manifest.is_signed);
+    CHECK(v->manifest.signer == key->public_key);
+    CHECK(v->manifest_bytes[4] == (std::string(name) == "anchor-signed.dcd" ? 3 : 2));
+    CHECK(runtime::verify_manifest(v->manifest_bytes, v->manifest, {key->public_key}).is_ok());
+    CHECK(runtime::verify_payloads(v->manifest, v->payloads).is_ok());
+    CHECK(!runtime::verify_manifest(v->manifest_bytes, v->manifest, {runtime::make_signing_key().public_key}).is_ok());
+    Bytes out(v->manifest.image_size);
+    REQUIRE(decode_version(v->manifest, v->payloads, ByteSpan(), out, pool).is_ok());
+    CHECK(out == image);
+  }
 
   InlineExecutor ex;
   VersionEncodeOptions opt;

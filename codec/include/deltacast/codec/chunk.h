@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "deltacast/codec/backend.h"
+#include "deltacast/codec/hash.h"
 #include "deltacast/common/bytes.h"
 #include "deltacast/common/status.h"
 
@@ -89,11 +90,38 @@ struct ChunkStats {
   void add(const ChunkStats& other);
 };
 
-// Hashes (hash64) of a chunk's base range and of its bytes.
+// Hashes of a chunk's base range and of its bytes (chunk_hash of `scheme`).
 struct ChunkHashes {
   std::optional<std::uint64_t> base;
   std::optional<std::uint64_t> content;
+  ChunkHashScheme scheme = ChunkHashScheme::kState;
 };
+
+// The values one delta chunk changed, ascending, each with its new value: what turns the base
+// bytes of the chunk's range into the new ones. Element k writes the low byte of values[k] at
+// offset at[k] from the chunk's start when bit 31 of at[k] is set (a generic byte), else both
+// bytes of values[k], little-endian, at at[k] (a BF16 value). 6 bytes per change.
+struct ChunkPatch {
+  static constexpr std::uint32_t kOneByte = 1u << 31;
+  std::vector<std::uint32_t> at;
+  std::vector<std::uint16_t> values;
+  std::size_t size() const { return at.size(); }
+  void clear() {
+    at.clear();
+    values.clear();
+  }
+};
+
+// Writes `patch` into `range`, keeping the range's state hash, which its holder tracks as
+// `held_state`, current from the words the patch touches. If it does not come to
+// `expect_state`, the range is put back as it was and the result is Corruption. The range must
+// not be read by anyone else meanwhile.
+Status apply_patch(const ChunkPatch& patch, MutableByteSpan range, std::uint64_t held_state, std::uint64_t expect_state);
+
+// The patch of a decoded delta chunk from where it changed elements (`changed`, as
+// ChunkDecoder::decode gives them) and the decoded bytes `range`: a BF16 element as one
+// two-byte change, any other as one-byte changes.
+ChunkPatch patch_of(std::span<const Segment> segments, std::span<const std::uint32_t> changed, ByteSpan range);
 
 // What an encoder or decoder keeps between calls, at most: after a call that leaves it holding
 // more (an unusually large chunk), it frees its working memory.
@@ -115,7 +143,7 @@ class ChunkEncoder {
   ChunkEncoder& operator=(ChunkEncoder&&) noexcept;
 
   // Encodes a delta: `base` and `next` are the same range of two images, segments cover it.
-  // `hashes`, when set, receives both ranges' hashes, computed as the encoder reads them.
+  // `hashes`, when set, receives both ranges' hashes of its `scheme`, computed as the encoder reads them.
   Result<Bytes> encode_delta(std::span<const Segment> segments, ByteSpan base, ByteSpan next, const ChunkEncodeOptions& options,
                              ChunkStats* stats = nullptr, ChunkHashes* hashes = nullptr);
   // Encodes an anchor (full snapshot) of `next`.
@@ -166,6 +194,19 @@ class ChunkDecoder {
   // differs (a writer could code a value equal to its base, which is harmless to re-apply).
   Status decode(ByteSpan payload, std::span<const Segment> expected_segments, ByteSpan base, MutableByteSpan out,
                 const ChunkHashes* expect = nullptr, std::vector<std::uint32_t>* changed = nullptr);
+  // Applies a delta chunk to `range`, which holds its base, writing only the values it changes
+  // (docs/FORMAT.md, "Applying a delta sparsely"). `held_state` is the state hash of `range` as
+  // its holder tracks it, and `expect` the manifest's state hashes (scheme kState, base and
+  // content both set). A held state other than the base hash is base_mismatch(); the state
+  // after the changes is computed from the words they touch, and one other than the content
+  // hash is Corruption. Either way, and for every malformed payload, the range is left as it was
+  // (changes are written as their words are hashed, and put back on a mismatch: nobody else may
+  // read the range meanwhile); on success its state hash is expect.content. Reads the base only
+  // where values change,
+  // except for v2 BF16 sections, whose codes depend on every base value. `changed`: as decode().
+  // `patch`, when set, receives on success the changes written.
+  Status apply_sparse(ByteSpan payload, std::span<const Segment> expected_segments, MutableByteSpan range, std::uint64_t held_state,
+                      const ChunkHashes& expect, std::vector<std::uint32_t>* changed = nullptr, ChunkPatch* patch = nullptr);
   // Parses and decodes a payload's streams without applying them, for reports. Trims like decode().
   Result<ChunkStats> describe(ByteSpan payload, ChunkKind* kind = nullptr);
   // The working memory held now.
@@ -176,6 +217,8 @@ class ChunkDecoder {
  private:
   Status decode_checked(ByteSpan payload, std::span<const Segment> expected_segments, ByteSpan base, MutableByteSpan out,
                         const ChunkHashes* expect, std::vector<std::uint32_t>* changed);
+  Status apply_sparse_checked(ByteSpan payload, std::span<const Segment> expected_segments, MutableByteSpan range,
+                              std::uint64_t held_state, const ChunkHashes& expect, std::vector<std::uint32_t>* changed, ChunkPatch* patch);
   Result<ChunkStats> describe_checked(ByteSpan payload, ChunkKind* kind);
   void trim();
   ChunkDecodeOptions options_;

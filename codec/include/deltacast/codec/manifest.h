@@ -40,8 +40,8 @@ struct ChunkEntry {
   std::uint64_t length = 0;
   std::uint64_t payload_bytes = 0; // encoded size
   std::uint64_t payload_hash = 0;  // xxh3-64 of the encoded payload
-  std::uint64_t content_hash = 0;  // xxh3-64 of the reconstructed bytes of the range
-  std::uint64_t base_hash = 0;     // xxh3-64 of the base bytes of the range (deltas only)
+  std::uint64_t content_hash = 0;  // chunk_hash of the reconstructed bytes of the range
+  std::uint64_t base_hash = 0;     // chunk_hash of the base bytes of the range (deltas only)
   PayloadDigest payload_digest{};  // BLAKE2b-256 of the payload (signed manifests only)
   bool operator==(const ChunkEntry&) const = default;
 };
@@ -56,7 +56,10 @@ struct Manifest {
   std::vector<ChunkEntry> chunks;                             // in image order, covering it exactly
   std::uint64_t base_checksum = 0;     // combine_chunk_hashes over base_hash (deltas only)
   std::uint64_t version_checksum = 0;  // combine_chunk_hashes over content_hash
-  RunId run;                           // format 2 only
+  RunId run;                           // formats 2 and 3
+  // What content_hash and base_hash are: state hashes (format 3, what deltacast writes) or
+  // xxh3 (formats 1 and 2, read for old files).
+  ChunkHashScheme hash_scheme = ChunkHashScheme::kState;
   // Signed (format 2): every chunk carries payload_digest, and the serialized manifest ends
   // with the signer's Ed25519 public key and a signature over every byte before the signature.
   bool is_signed = false;
@@ -82,7 +85,18 @@ struct ManifestLimits {
   std::uint64_t image_bytes_max = std::uint64_t{1} << 42;  // 4 TiB
 };
 
-// Format 1 when the manifest has no run and no signature, else format 2. A signed manifest is
+// The checksums a manifest's chunk table gives: the version checksum over content hashes, and
+// for a delta the base checksum over base hashes (0 for an anchor).
+struct ManifestChecksums {
+  std::uint64_t version = 0;
+  std::uint64_t base = 0;
+};
+ManifestChecksums checksums_of(const Manifest& m);
+// Sets m.version_checksum and m.base_checksum from the chunk table.
+void set_checksums(Manifest& m);
+
+// Format 3 for state hashes; for xxh3 chunk hashes, format 1 when the manifest has no run and
+// no signature, else format 2. A signed manifest is
 // serialized with its `signature` as it stands: sign it with runtime::sign_manifest.
 Bytes serialize_manifest(const Manifest& m);
 // Parses and validates: tensors inside the image and not overlapping, chunks covering the image

@@ -27,6 +27,9 @@ using ProgressFn = std::function<void(std::uint64_t done_bytes, std::uint64_t to
 struct VersionEncodeOptions {
   std::uint64_t chunk_bytes = kDefaultChunkBytes;
   ChunkEncodeOptions chunk = ChunkEncodeOptions::defaults();
+  // The chunk hashes: state hashes (manifest format 3), or xxh3 (formats 1 and 2, as deltacast
+  // wrote before state hashes; for comparisons and for readers that know only those).
+  ChunkHashScheme hash_scheme = ChunkHashScheme::kState;
   ProgressFn progress;
   // When set, fills every chunk's payload_digest as its payload is made, on the executor's
   // threads (runtime::payload_digest, for a publisher that signs): signing then hashes nothing.
@@ -61,6 +64,15 @@ Result<EncodedVersion> encode_version(const ModelLayout& layout, std::uint64_t v
 // content hash check every failure leaves out_range untouched. `changed`: as ChunkDecoder::decode.
 Status decode_chunk_verified(const Manifest& manifest, std::size_t index, ByteSpan payload, ByteSpan base_range,
                              MutableByteSpan out_range, ChunkDecoder& decoder, std::vector<std::uint32_t>* changed = nullptr);
+
+// Checks and applies delta chunk `index` of `manifest` (state hashes, format 3) to `range`,
+// which holds the base and whose state hash its holder tracks as `held_state`: payload size
+// and hash, then ChunkDecoder::apply_sparse, which writes only the values that change and
+// nothing at all on any failure. base_mismatch() when held_state is not the chunk's base hash.
+// `changed` and `patch`: as ChunkDecoder::apply_sparse.
+Status apply_chunk_sparse(const Manifest& manifest, std::size_t index, ByteSpan payload, MutableByteSpan range,
+                          std::uint64_t held_state, ChunkDecoder& decoder, std::vector<std::uint32_t>* changed = nullptr,
+                          ChunkPatch* patch = nullptr);
 
 // Decodes every chunk into `out` (image_size bytes) in parallel, then checks the version
 // checksum. `base` is the whole base image for deltas (may be `out` itself for in-place apply).

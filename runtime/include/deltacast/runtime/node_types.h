@@ -115,6 +115,19 @@ struct ModelVersion {
   std::vector<TensorInfo> tensors;
   std::vector<std::pair<std::string, std::string>> metadata;
   Bytes image;
+  // The state hash (docs/FORMAT.md, "Chunk hashes") of each chunk of the image, in the chunking
+  // of the manifest it verified against: a sparse apply of the next delta starts from them, and
+  // a scrub checks the image against them. Empty when unknown (a manifest of xxh3 hashes, an
+  // image restored from disk): the next delta is then applied to the whole image.
+  struct ChunkState {
+    std::uint64_t offset = 0, length = 0, state = 0;
+    bool operator==(const ChunkState&) const = default;
+  };
+  std::vector<ChunkState> chunk_states;
+  // Per chunk, the values that made this version from base_version (double-buffered workers
+  // only): the spare image, which holds base_version, catches up by writing them instead of
+  // decoding the whole image. Null when not kept (anchors, in-place workers). 6 bytes a change.
+  std::shared_ptr<const std::vector<ChunkPatch>> patch;
   // Newest first: the changes that made this version from base_version, then those that made
   // base_version, and so on, up to NodeConfig::change_history_versions_max. Empty for a version
   // that came whole (an anchor, or from disk).
@@ -151,6 +164,10 @@ struct NodeStats {
   std::uint64_t parent_failovers = 0;
   std::uint64_t versions_ready = 0;
   std::uint64_t images_allocated = 0;      // model-sized buffers allocated (workers)
+  std::uint64_t chunks_applied_sparse = 0; // delta chunks written only where they change values (workers)
+  std::uint64_t chunks_applied_dense = 0;  // chunks decoded over their whole range (workers)
+  std::uint64_t chunks_caught_up = 0;      // spare-image chunks brought to the base by its patch (workers)
+  std::uint64_t chunks_caught_up_copied = 0;  // ... by copying the base's range, the patch not fitting
   std::uint64_t peers_dropped = 0;         // peers disconnected for breaking a bound
   std::uint64_t untrusted_manifests = 0;   // manifests refused: unsigned, unknown signer, bad signature
   std::uint64_t stale_run_manifests = 0;   // manifests of an older run, ignored

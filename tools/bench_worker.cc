@@ -1,0 +1,199 @@
+// deltacast bench-worker: a worker's CPU per version at several change densities, applying each
+// delta only where it changes values (sparse, from the chunk states it holds) against decoding
+// the whole image (dense), on one core, on the same deltas in the same run.
+#include <time.h>
+
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+
+#include "bench_series.h"
+#include "commands.h"
+#include "deltacast/common/stats.h"
+#include "deltacast/common/thread_pool.h"
+#include "deltacast/common/units.h"
+#include "progress.h"
+#include "svg.h"
+
+namespace deltacast::tools {
+namespace {
+
+struct WorkerBenchOptions {
+  SeriesOptions series;
+  std::vector<double> lrs = {2.5e-7, 1e-6, 3.5e-6};
+  std::size_t runs = 5;
+  std::string chunk_size = "4MiB";
+  std::string svg_path;
+};
+
+// CPU seconds of the calling thread.
+double thread_cpu_s() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
+
+// Runs fn `runs` times after prepare() each time (untimed); returns CPU milliseconds per run.
+template <typename Prepare, typename F>
+std::vector<double> cpu_runs(std::size_t runs, Prepare&& prepare, F&& fn) {
+  std::vector<double> ms;
+  for (std::size_t r = 0; r < runs; ++r) {
+    prepare();
+    const double t0 = thread_cpu_s();
+    fn();
+    ms.push_back((thread_cpu_s() - t0) * 1e3);
+  }
+  return ms;
+}
+
+// What one density measured, per version (medians over runs and deltas).
+struct DensityResult {
+  double lr = 0;
+  double changed_fraction = 0;
+  std::uint64_t changes_per_version = 0;
+  std::vector<double> today_ms, dense_ms, dense_in_place_ms, sparse_ms;
+};
+
+class WorkerBench {
+ public:
+  WorkerBench(const WorkerBenchOptions& o, std::uint64_t chunk_bytes) : o_(o) { vopt_.chunk_bytes = chunk_bytes; }
+
+  Status run() {
+    for (double lr : o_.lrs) {
+      SeriesOptions so = o_.series;
+      so.train.lr = lr;
+      DC_ASSIGN_OR_RETURN(Series s, load_series(so));
+      DC_ASSIGN_OR_RETURN(DensityResult r, measure(s, lr));
+      results_.push_back(std::move(r));
+    }
+    print();
+    if (!o_.svg_path.empty()) {
+      std::vector<BarPanel> panels(1);
+      BarPanel& p = panels[0];
+      p.title = "worker CPU per version, ms on one core";
+      p.value_format = "%.1f";
+      p.series = {{"before state hashes: whole image, xxh3", {}}, {"dense: whole image, state hashes", {}}, {"sparse in place", {}}};
+      for (const auto& r : results_) {
+        char label[64];
+        std::snprintf(label, sizeof label, "%.1f%% changed", 100 * r.changed_fraction);
+        p.categories.push_back(label);
+        p.series[0].values.push_back(median(r.today_ms));
+        p.series[1].values.push_back(median(r.dense_ms));
+        p.series[2].values.push_back(median(r.sparse_ms));
+      }
+      const std::string svg = render_bar_panels("deltacast bench-worker: " + description_, panels);
+      DC_RETURN_IF_ERROR(write_file_atomic(o_.svg_path, std::string_view(svg)));
+      std::printf("\nplot written to %s\n", o_.svg_path.c_str());
+    }
+    return Status::ok();
+  }
+
+ private:
+  Result<DensityResult> measure(const Series& s, double lr) {
+    const std::size_t image = s.layout.image_size, pairs = s.images.size() - 1;
+    DensityResult r;
+    r.lr = lr;
+    Bytes out(image), work(image), evict(64u << 20);
+    std::uint64_t changed = 0, values = 0;
+    ProgressBar bar("bench lr " + std::to_string(lr), pairs, !o_.series.quiet);
+    for (std::size_t p = 0; p < pairs; ++p) {
+      const ByteSpan base = s.images[p], next = s.images[p + 1];
+      DC_ASSIGN_OR_RETURN(EncodedVersion ev, encode_version(s.layout, p + 2, p + 1, base, next, vopt_, pool_, &encoders_));
+      VersionEncodeOptions xxh3 = vopt_;
+      xxh3.hash_scheme = ChunkHashScheme::kXxh3;
+      DC_ASSIGN_OR_RETURN(EncodedVersion old, encode_version(s.layout, p + 2, p + 1, base, next, xxh3, pool_, &encoders_));
+      changed += ev.stats.changed_values;
+      values += ev.stats.bf16_values;
+      const Manifest& m = ev.manifest;
+      std::vector<ByteSpan> payloads(ev.payloads.begin(), ev.payloads.end());
+      // The image in memory, not in cache, as a worker finds it a version later.
+      auto cold = [&](ByteSpan from, MutableByteSpan to) {
+        if (!from.empty()) std::memcpy(to.data(), from.data(), image);
+        std::memset(evict.data(), static_cast<int>(p), evict.size());
+      };
+      Status st;
+      auto check = [&](ByteSpan got, const char* what) -> Status {
+        if (!st.is_ok()) return Status::corruption(std::string(what) + ": " + st.to_string());
+        if (std::memcmp(got.data(), next.data(), image) != 0) return Status::corruption(std::string(what) + " is not bit-exact");
+        return Status::ok();
+      };
+      // The worker before state hashes (manifest format 1, xxh3 chunk hashes): every chunk
+      // decoded into a second image, its payload, base and content hashed.
+      const std::vector<ByteSpan> old_payloads(old.payloads.begin(), old.payloads.end());
+      auto ms = cpu_runs(o_.runs, [&] { cold({}, out); }, [&] { st = decode_version(old.manifest, old_payloads, base, out, one_core_, {}, &decoders_); });
+      DC_RETURN_IF_ERROR(check(out, "dense, format 1"));
+      r.today_ms.insert(r.today_ms.end(), ms.begin(), ms.end());
+      // The same with state hashes: a worker's first delta after an anchor or a restart.
+      ms = cpu_runs(o_.runs, [&] { cold({}, out); }, [&] { st = decode_version(m, payloads, base, out, one_core_, {}, &decoders_); });
+      DC_RETURN_IF_ERROR(check(out, "dense"));
+      r.dense_ms.insert(r.dense_ms.end(), ms.begin(), ms.end());
+      // The same in place: every base range hashed first, then decoded over.
+      ms = cpu_runs(o_.runs, [&] { cold(base, work); }, [&] { st = decode_version(m, payloads, work, work, one_core_, {}, &decoders_); });
+      DC_RETURN_IF_ERROR(check(work, "dense in place"));
+      r.dense_in_place_ms.insert(r.dense_in_place_ms.end(), ms.begin(), ms.end());
+      // Sparse in place, from the chunk states the worker holds (the delta's base hashes).
+      ms = cpu_runs(o_.runs, [&] { cold(base, work); }, [&] {
+        const auto decoder = decoders_.acquire();
+        for (std::size_t i = 0; i < m.chunks.size() && st.is_ok(); ++i) {
+          const ChunkEntry& c = m.chunks[i];
+          st = apply_chunk_sparse(m, i, payloads[i], MutableByteSpan(work).subspan(c.offset, c.length), c.base_hash, *decoder);
+        }
+      });
+      DC_RETURN_IF_ERROR(check(work, "sparse in place"));
+      r.sparse_ms.insert(r.sparse_ms.end(), ms.begin(), ms.end());
+      bar.update(p + 1);
+    }
+    bar.finish();
+    r.changed_fraction = values ? static_cast<double>(changed) / static_cast<double>(values) : 0;
+    r.changes_per_version = changed / pairs;
+    if (description_.empty()) description_ = format_bytes(static_cast<double>(image)) + " model, " + std::to_string(pairs) + " deltas per density";
+    return r;
+  }
+
+  void print() const {
+    std::printf("worker CPU per version: %s; %zu runs per delta, one core, chunk %s; medians in ms\n\n", description_.c_str(), o_.runs,
+                o_.chunk_size.c_str());
+    std::printf("| lr | changed | changes/version | before: dense, xxh3 | dense | dense in place | sparse in place | before / sparse | dense / sparse |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|\n");
+    for (const auto& r : results_) {
+      const double today = median(r.today_ms), dense = median(r.dense_ms), sparse = median(r.sparse_ms);
+      std::printf("| %g | %.2f%% | %" PRIu64 " | %.1f | %.1f | %.1f | %.1f | **%.1fx** | %.1fx |\n", r.lr, 100 * r.changed_fraction,
+                  r.changes_per_version, today, dense, median(r.dense_in_place_ms), sparse, today / sparse, dense / sparse);
+    }
+  }
+
+  const WorkerBenchOptions& o_;
+  VersionEncodeOptions vopt_;
+  ThreadPool pool_;
+  InlineExecutor one_core_;
+  ChunkEncoderPool encoders_;
+  ChunkDecoderPool decoders_;
+  std::vector<DensityResult> results_;
+  std::string description_;
+};
+
+}  // namespace
+
+Command add_bench_worker_command(CLI::App& app) {
+  auto o = std::make_shared<WorkerBenchOptions>();
+  o->series.size = "512MB";
+  o->series.steps = 2;
+  CLI::App* sub = app.add_subcommand("bench-worker", "A worker's CPU per version, sparse against dense, at several change densities");
+  sub->add_option("--size", o->series.size, "Generated checkpoint size")->capture_default_str();
+  sub->add_option("--steps", o->series.steps, "Deltas per density")->capture_default_str()->check(CLI::Range(1, 100));
+  sub->add_option("--lr", o->lrs, "Learning rates of the generated series, one density each")->capture_default_str()->delimiter(',');
+  sub->add_option("--seed", o->series.train.seed, "Generator seed")->capture_default_str();
+  sub->add_option("--runs", o->runs, "Timed runs per delta (median reported)")->capture_default_str()->check(CLI::Range(1, 1000));
+  sub->add_option("--chunk-size", o->chunk_size, "Chunk size")->capture_default_str();
+  sub->add_option("--svg", o->svg_path, "Also write the results as an SVG bar chart");
+  sub->add_flag("-q,--quiet", o->series.quiet, "No progress bar");
+  return {sub, [o] {
+            auto chunk = parse_bytes(o->chunk_size);
+            if (!chunk.is_ok()) return fail(chunk.status().message());
+            const Status st = WorkerBench(*o, *chunk).run();
+            return st.is_ok() ? 0 : fail(st.message());
+          }};
+}
+
+}  // namespace deltacast::tools

@@ -52,7 +52,7 @@ struct DensityResult {
   double lr = 0;
   double changed_fraction = 0;
   std::uint64_t changes_per_version = 0;
-  std::vector<double> today_ms, dense_ms, dense_in_place_ms, sparse_ms;
+  std::vector<double> today_ms, dense_ms, dense_in_place_ms, sparse_ms, double_buffered_ms;
 };
 
 class WorkerBench {
@@ -73,7 +73,10 @@ class WorkerBench {
       BarPanel& p = panels[0];
       p.title = "worker CPU per version, ms on one core";
       p.value_format = "%.1f";
-      p.series = {{"before state hashes: whole image, xxh3", {}}, {"dense: whole image, state hashes", {}}, {"sparse in place", {}}};
+      p.series = {{"before state hashes: whole image, xxh3", {}},
+                  {"dense: whole image, state hashes", {}},
+                  {"sparse in place", {}},
+                  {"sparse double-buffered (catch-up + delta)", {}}};
       for (const auto& r : results_) {
         char label[64];
         std::snprintf(label, sizeof label, "%.1f%% changed", 100 * r.changed_fraction);
@@ -81,6 +84,7 @@ class WorkerBench {
         p.series[0].values.push_back(median(r.today_ms));
         p.series[1].values.push_back(median(r.dense_ms));
         p.series[2].values.push_back(median(r.sparse_ms));
+        p.series[3].values.push_back(r.double_buffered_ms.empty() ? 0 : median(r.double_buffered_ms));
       }
       const std::string svg = render_bar_panels("deltacast bench-worker: " + description_, panels);
       DC_RETURN_IF_ERROR(write_file_atomic(o_.svg_path, std::string_view(svg)));
@@ -96,6 +100,8 @@ class WorkerBench {
     r.lr = lr;
     Bytes out(image), work(image), evict(64u << 20);
     std::uint64_t changed = 0, values = 0;
+    std::optional<EncodedVersion> prev;     // the delta before this one
+    std::vector<ChunkPatch> prev_patches;  // and the values it wrote
     ProgressBar bar("bench lr " + std::to_string(lr), pairs, !o_.series.quiet);
     for (std::size_t p = 0; p < pairs; ++p) {
       const ByteSpan base = s.images[p], next = s.images[p + 1];
@@ -105,7 +111,7 @@ class WorkerBench {
       DC_ASSIGN_OR_RETURN(EncodedVersion old, encode_version(s.layout, p + 2, p + 1, base, next, xxh3, pool_, &encoders_));
       changed += ev.stats.changed_values;
       values += ev.stats.bf16_values;
-      const Manifest& m = ev.manifest;
+      const Manifest& m = ev.manifest;  // (ev moves to prev at the end: m and payloads stay valid meanwhile)
       std::vector<ByteSpan> payloads(ev.payloads.begin(), ev.payloads.end());
       // The image in memory, not in cache, as a worker finds it a version later.
       auto cold = [&](ByteSpan from, MutableByteSpan to) {
@@ -133,15 +139,35 @@ class WorkerBench {
       DC_RETURN_IF_ERROR(check(work, "dense in place"));
       r.dense_in_place_ms.insert(r.dense_in_place_ms.end(), ms.begin(), ms.end());
       // Sparse in place, from the chunk states the worker holds (the delta's base hashes).
+      std::vector<ChunkPatch> patches(m.chunks.size());
       ms = cpu_runs(o_.runs, [&] { cold(base, work); }, [&] {
         const auto decoder = decoders_.acquire();
         for (std::size_t i = 0; i < m.chunks.size() && st.is_ok(); ++i) {
           const ChunkEntry& c = m.chunks[i];
-          st = apply_chunk_sparse(m, i, payloads[i], MutableByteSpan(work).subspan(c.offset, c.length), c.base_hash, *decoder);
+          st = apply_chunk_sparse(m, i, payloads[i], MutableByteSpan(work).subspan(c.offset, c.length), c.base_hash, *decoder,
+                                  nullptr, &patches[i]);
         }
       });
       DC_RETURN_IF_ERROR(check(work, "sparse in place"));
       r.sparse_ms.insert(r.sparse_ms.end(), ms.begin(), ms.end());
+      // Double-buffered: the spare image holds the version before the base; each chunk catches
+      // up by the previous delta's patch, then takes this one sparsely (and keeps its patch).
+      if (prev) {
+        const Manifest& pm = prev->manifest;
+        ms = cpu_runs(o_.runs, [&] { cold(s.images[p - 1], work); }, [&] {
+          const auto decoder = decoders_.acquire();
+          for (std::size_t i = 0; i < m.chunks.size() && st.is_ok(); ++i) {
+            const ChunkEntry& c = m.chunks[i];
+            const MutableByteSpan range = MutableByteSpan(work).subspan(c.offset, c.length);
+            st = apply_patch(prev_patches[i], range, pm.chunks[i].base_hash, pm.chunks[i].content_hash);
+            if (st.is_ok()) st = apply_chunk_sparse(m, i, payloads[i], range, c.base_hash, *decoder, nullptr, &patches[i]);
+          }
+        });
+        DC_RETURN_IF_ERROR(check(work, "sparse double-buffered"));
+        r.double_buffered_ms.insert(r.double_buffered_ms.end(), ms.begin(), ms.end());
+      }
+      prev = std::move(ev);
+      prev_patches = std::move(patches);
       bar.update(p + 1);
     }
     bar.finish();
@@ -154,12 +180,15 @@ class WorkerBench {
   void print() const {
     std::printf("worker CPU per version: %s; %zu runs per delta, one core, chunk %s; medians in ms\n\n", description_.c_str(), o_.runs,
                 o_.chunk_size.c_str());
-    std::printf("| lr | changed | changes/version | before: dense, xxh3 | dense | dense in place | sparse in place | before / sparse | dense / sparse |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|\n");
+    std::printf("| lr | changed | changes/version | before: dense, xxh3 | dense | dense in place | sparse in place | sparse double-buffered | "
+                "before / in place | before / double-buffered |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
     for (const auto& r : results_) {
-      const double today = median(r.today_ms), dense = median(r.dense_ms), sparse = median(r.sparse_ms);
-      std::printf("| %g | %.2f%% | %" PRIu64 " | %.1f | %.1f | %.1f | %.1f | **%.1fx** | %.1fx |\n", r.lr, 100 * r.changed_fraction,
-                  r.changes_per_version, today, dense, median(r.dense_in_place_ms), sparse, today / sparse, dense / sparse);
+      const double today = median(r.today_ms), sparse = median(r.sparse_ms);
+      const double twice = r.double_buffered_ms.empty() ? 0 : median(r.double_buffered_ms);
+      std::printf("| %g | %.2f%% | %" PRIu64 " | %.1f | %.1f | %.1f | %.1f | %.1f | **%.1fx** | **%.1fx** |\n", r.lr, 100 * r.changed_fraction,
+                  r.changes_per_version, today, median(r.dense_ms), median(r.dense_in_place_ms), sparse, twice, today / sparse,
+                  twice > 0 ? today / twice : 0.0);
     }
   }
 
@@ -181,7 +210,9 @@ Command add_bench_worker_command(CLI::App& app) {
   o->series.steps = 2;
   CLI::App* sub = app.add_subcommand("bench-worker", "A worker's CPU per version, sparse against dense, at several change densities");
   sub->add_option("--size", o->series.size, "Generated checkpoint size")->capture_default_str();
-  sub->add_option("--steps", o->series.steps, "Deltas per density")->capture_default_str()->check(CLI::Range(1, 100));
+  sub->add_option("--steps", o->series.steps, "Deltas per density (double-buffered figures need 2 or more)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100));
   sub->add_option("--lr", o->lrs, "Learning rates of the generated series, one density each")->capture_default_str()->delimiter(',');
   sub->add_option("--seed", o->series.train.seed, "Generator seed")->capture_default_str();
   sub->add_option("--runs", o->runs, "Timed runs per delta (median reported)")->capture_default_str()->check(CLI::Range(1, 1000));

@@ -471,15 +471,17 @@ Status check_shape(const ParsedChunk& pc, std::span<const Segment> expected_segm
 
 // Writes the changes of a sparse apply into a range as they come, ascending, and keeps the
 // range's state hash current from the words they touch: each word moves the sum by the
-// difference of its mixes, old word against new. It logs what it wrote (the patch) and what was
-// there before, so that undo() can put a range whose result fails its hash back as it was.
+// difference of its mixes, old word against new (mixed a batch at a time, vectorised where the
+// CPU allows). It logs where it wrote and what was there, so that undo() can put a range whose
+// result fails its hash back as it was. Its state lives in scalars and plain pointers, not in
+// containers: the compiler keeps them in registers across the byte stores into the range.
 class SparseWriter {
  public:
-  // `patch`, when set, receives what is written; `undo` is working memory (8 bytes a change).
-  SparseWriter(MutableByteSpan range, std::uint64_t state, ChunkPatch* patch, std::vector<std::uint64_t>& undo)
-      : p_(range.data()), n_(range.size()), state_(state), patch_(patch), undo_(undo) {
+  // `undo` holds room for every change to come (8 bytes each); `patch`, when set, receives
+  // what is written; `batch` is working memory.
+  SparseWriter(MutableByteSpan range, std::uint64_t state, std::uint64_t* undo, ChunkPatch* patch, StateWordChange* batch)
+      : p_(range.data()), n_(range.size()), state_(state), undo_(undo), patch_(patch), batch_(batch) {
     if (patch_) patch_->clear();
-    undo_.clear();
   }
   // `bytes` (1 or 2) bytes of `value` at `at`, where `old` is now; `at` beyond every earlier change.
   [[gnu::always_inline]] void put(std::uint32_t at, unsigned bytes, std::uint16_t old, std::uint16_t value) {
@@ -500,12 +502,12 @@ class SparseWriter {
       if (bytes == 2) store_u16(p_ + at, value);
       else p_[at] = static_cast<std::uint8_t>(value);
     }
+    const std::uint32_t tagged = bytes == 1 ? at | ChunkPatch::kOneByte : at;
     if (patch_) {
-      patch_->at.push_back(bytes == 1 ? at | ChunkPatch::kOneByte : at);
+      patch_->at.push_back(tagged);
       patch_->values.push_back(value);
     }
-    // What undo() puts back: the offset (and kOneByte) above the old value.
-    undo_.push_back(std::uint64_t{bytes == 1 ? at | ChunkPatch::kOneByte : at} << 16 | old);
+    undo_[count_++] = std::uint64_t{tagged} << 16 | old;  // the offset (and kOneByte) above the old value
   }
   // The range's state hash with every change written.
   std::uint64_t finish() {
@@ -515,13 +517,14 @@ class SparseWriter {
   }
   // Writes back what was there before every change.
   void undo() {
-    for (const std::uint64_t u : undo_) {
-      const auto a = static_cast<std::uint32_t>(u >> 16), at = a & ~ChunkPatch::kOneByte;
-      const auto old = static_cast<std::uint16_t>(u);
+    for (std::size_t k = 0; k < count_; ++k) {
+      const auto a = static_cast<std::uint32_t>(undo_[k] >> 16), at = a & ~ChunkPatch::kOneByte;
+      const auto old = static_cast<std::uint16_t>(undo_[k]);
       if (a & ChunkPatch::kOneByte) p_[at] = static_cast<std::uint8_t>(old);
       else store_u16(p_ + at, old);
     }
   }
+  static constexpr std::size_t kBatch = 64;
 
  private:
   [[gnu::always_inline]] void word(std::uint64_t j) {
@@ -530,28 +533,41 @@ class SparseWriter {
     j_ = j;
     old_word_ = new_word_ = state_word(p_, n_, j);
   }
-  // Words are mixed a batch at a time (vectorised where the CPU allows), not one by one.
-  void flush() {
+  [[gnu::always_inline]] void flush() {
     if (j_ != kNone) {
       batch_[batched_++] = {j_, old_word_, new_word_};
-      if (batched_ == batch_.size()) mix_batch();
+      if (batched_ == kBatch) mix_batch();
     }
     j_ = kNone;
   }
   void mix_batch() {
-    state_ += state_mix_delta(std::span(batch_.data(), batched_));
+    state_ += state_mix_delta(std::span<const StateWordChange>(batch_, batched_));
     batched_ = 0;
   }
   static constexpr std::uint64_t kNone = ~std::uint64_t{0};
-  std::array<StateWordChange, 64> batch_;
-  std::size_t batched_ = 0;
   std::uint8_t* p_;
   std::size_t n_;
   std::uint64_t state_;
   std::uint64_t j_ = kNone, old_word_ = 0, new_word_ = 0;
+  std::uint64_t* undo_;
+  std::size_t count_ = 0;
   ChunkPatch* patch_;
-  std::vector<std::uint64_t>& undo_;
+  StateWordChange* batch_;
+  std::size_t batched_ = 0;
 };
+
+// The changes a decoded delta writes: v1 and v2 BF16 changes, and generic bytes whose xor is
+// not zero.
+std::size_t sparse_change_count(const ParsedChunk& pc, std::span<const DecodedStreams> decoded, std::span<const bf16v2::Changes> v2) {
+  std::size_t n = 0;
+  for (std::size_t k = 0; k < pc.sections.size(); ++k) {
+    const ParsedSection& sec = pc.sections[k];
+    if (sec.v2) n += v2[k].starts[v2[k].classes];
+    else if (sec.seg.cls == SegmentClass::kBF16) n += sec.change_count;
+    else n += sec.seg.bytes - static_cast<std::size_t>(std::count(decoded[k].s[0].begin(), decoded[k].s[0].end(), std::uint8_t{0}));
+  }
+  return n;
+}
 
 // Changes ahead of the one being written whose cache line is fetched meanwhile.
 constexpr std::size_t kPrefetchChanges = 64;
@@ -559,7 +575,7 @@ constexpr std::size_t kPrefetchChanges = 64;
 // Writes every change of a decoded delta into `range`, ascending: v1 BF16 changes from their
 // positions (each reads its one base value), v2 changes as decoded, generic bytes where the
 // xor is not zero. `offsets` is working memory.
-void write_sparse(const ParsedChunk& pc, std::span<const DecodedStreams> decoded, std::span<const bf16v2::Changes> v2,
+[[gnu::always_inline]] inline void write_sparse(const ParsedChunk& pc, std::span<const DecodedStreams> decoded, std::span<const bf16v2::Changes> v2,
                   std::uint8_t* range, std::vector<std::uint32_t>& offsets, SparseWriter& w) {
   std::uint32_t at = 0;  // the section's first byte
   for (std::size_t k = 0; k < pc.sections.size(); at += static_cast<std::uint32_t>(pc.sections[k].seg.bytes), ++k) {
@@ -627,9 +643,9 @@ Status apply_patch(const ChunkPatch& patch, MutableByteSpan range, std::uint64_t
     if (at < end || at + bytes > range.size()) return Status::invalid_argument("patch offsets out of order or outside the range");
     end = at + bytes;
   }
-  std::vector<std::uint64_t> undo;
-  undo.reserve(patch.size());
-  SparseWriter w(range, held_state, nullptr, undo);
+  std::vector<std::uint64_t> undo(patch.size());
+  std::array<StateWordChange, SparseWriter::kBatch> words;
+  SparseWriter w(range, held_state, undo.data(), nullptr, words.data());
   std::uint8_t* const p = range.data();
   for (std::size_t k = 0; k < patch.size(); ++k) {
     if (k + kPrefetchChanges < patch.size()) __builtin_prefetch(p + (patch.at[k + kPrefetchChanges] & ~ChunkPatch::kOneByte), 1);
@@ -797,6 +813,7 @@ struct ChunkDecoder::State {
   std::vector<bf16v2::Changes> v2;       // v2 sections' changes
   std::vector<std::uint32_t> gaps;       // v2 decoder's working memory
   std::vector<std::uint64_t> undo;       // apply_sparse: where each change wrote and what was there
+  std::array<StateWordChange, 64> words; // ... and the words it changed, to mix
   std::vector<std::uint32_t> offsets;    // ... and a v1 section's change offsets
   alignas(64) std::array<std::uint8_t, kWriteTileBytes> tile;
   std::size_t bytes() const {
@@ -954,7 +971,14 @@ Status ChunkDecoder::apply_sparse_checked(ByteSpan payload, std::span<const Segm
   std::vector<DecodedStreams> decoded;
   DC_RETURN_IF_ERROR(decode_sections(pc, range.data(), options_.scan_level, *s_, decoded, nullptr));
   // Written as they come, the state kept current; put back if the result fails its hash.
-  SparseWriter w(range, held_state, patch, s_->undo);
+  const std::size_t changes = sparse_change_count(pc, decoded, s_->v2);
+  if (s_->undo.size() < changes) s_->undo.resize(changes);
+  if (patch) {
+    patch->at.reserve(changes);
+    patch->values.reserve(changes);
+  }
+  static_assert(SparseWriter::kBatch == std::tuple_size_v<decltype(s_->words)>);
+  SparseWriter w(range, held_state, s_->undo.data(), patch, s_->words.data());
   write_sparse(pc, decoded, s_->v2, range.data(), s_->offsets, w);
   if (w.finish() != *expect.content) {
     w.undo();

@@ -75,9 +75,28 @@ void check_delta(const std::vector<Segment>& segs, const Bytes& base, const Byte
       // writes nothing.
       in_place = base;
       changed = {7};
-      REQUIRE(decoder.apply_sparse(*payload, segs, in_place, *right.base, right, &changed).is_ok());
+      ChunkPatch patch;
+      REQUIRE(decoder.apply_sparse(*payload, segs, in_place, *right.base, right, &changed, &patch).is_ok());
       CHECK(in_place == next);
       CHECK(changed == changed_elements(segs, base, next));
+      // The patch it wrote is the one a dense decode's changes give, and brings the base to the
+      // result again; one held or expected state off puts the range back as it was.
+      const ChunkPatch from_dense = patch_of(segs, changed, next);
+      Bytes patched = base;
+      REQUIRE(apply_patch(patch, patched, *right.base, *right.content).is_ok());
+      CHECK(patched == next);
+      patched = base;
+      REQUIRE(apply_patch(from_dense, patched, *right.base, *right.content).is_ok());
+      CHECK(patched == next);
+      patched = base;
+      CHECK(apply_patch(patch, patched, *right.base ^ 1, *right.content).code() == StatusCode::kCorruption);
+      CHECK(patched == base);
+      if (patch.size() > 1) {
+        ChunkPatch reversed = patch;
+        std::swap(reversed.at.front(), reversed.at.back());
+        CHECK(apply_patch(reversed, patched, *right.base, *right.content).code() == StatusCode::kInvalidArgument);
+        CHECK(patched == base);
+      }
       for (int wrong = 0; wrong < 3; ++wrong) {
         in_place = base;
         ChunkHashes h = right;
@@ -394,6 +413,10 @@ TEST_CASE("corrupt v2 payloads are refused or left to the content hash, never cr
       CHECK(out == s.next);
       harmless++;
     }
+    // Sparse: refused with the range as it was, or the very result.
+    Bytes range = s.base;
+    if (ChunkDecoder().apply_sparse(bad, segs, range, *expect.base, expect).is_ok()) CHECK(range == s.next);
+    else CHECK(range == s.base);
   }
   CHECK(refused_by_structure > 500);
   CHECK(harmless < 50);

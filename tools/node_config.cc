@@ -39,6 +39,10 @@ void add_node_options(CLI::App* sub, NodeOptions& o, bool worker) {
   sub->add_option("--allow-key", o.allow_keys, "Public key of a child allowed to connect (repeat); none: any child with our key")->allow_extra_args(false);
   sub->add_option("--metrics", o.metrics, "Serve Prometheus metrics on host:port (GET /metrics; deltacast status reads it)");
   if (worker) sub->add_flag("--in-place", o.in_place, "Apply versions into the one image (half the memory; readers pause during updates)");
+  if (worker)
+    sub->add_option("--scrub-rate", o.scrub_rate,
+                    "Re-hash the exposed image against its chunk state hashes at most this many bytes a second, to find memory that "
+                    "changed outside of a delta (0: off); default 256MiB");
   sub->add_option("--sign-key", o.sign_key_path, "Sign every version with this Ed25519 key file (deltacast keygen --sign): origin, trainer shards")
       ->check(CLI::ExistingFile);
   sub->add_option("--trust-key", o.trust_keys,
@@ -189,14 +193,15 @@ Result<LoadedNode> load_node_options(const NodeOptions& flags, bool worker) {
     if (j.is_discarded() || !j.is_object()) return Status::invalid_argument(flags.config_path + ": not a JSON object");
     static const std::set<std::string> known = {"id",        "listen",   "parents",  "cache_size", "queue_size", "keys",
                                                 "parent_keys", "allow_keys", "log_level", "relay",  "metrics",    "in_place",
-                                                "sign_key",  "trust_keys", "shard_keys", "limits", "stripes", "congestion_control"};
+                                                "sign_key",  "trust_keys", "shard_keys", "limits", "stripes", "congestion_control",
+                                                "scrub_rate"};
     for (auto it = j.begin(); it != j.end(); ++it)
       if (!known.count(it.key())) return Status::invalid_argument(flags.config_path + ": unknown field \"" + it.key() + "\"");
     for (Status st : {get(j, "id", o.node_id), get(j, "listen", o.listen), get(j, "parents", o.parents), get(j, "cache_size", o.cache_size),
                       get(j, "queue_size", o.queue_size), get(j, "keys", o.keys_path), get(j, "parent_keys", o.parent_keys),
                       get(j, "allow_keys", o.allow_keys), get(j, "log_level", o.log_level), get(j, "relay", o.relay), get(j, "metrics", o.metrics), get(j, "in_place", o.in_place),
                       get(j, "sign_key", o.sign_key_path), get(j, "trust_keys", o.trust_keys), get(j, "shard_keys", o.shard_keys),
-                      get(j, "stripes", o.stripes), get(j, "congestion_control", o.congestion_control)})
+                      get(j, "stripes", o.stripes), get(j, "congestion_control", o.congestion_control), get(j, "scrub_rate", o.scrub_rate)})
       if (!st.is_ok()) return st.with_context(flags.config_path);
     if (j.contains("limits")) o.limits_json = j["limits"].dump();
   }
@@ -210,6 +215,7 @@ Result<LoadedNode> load_node_options(const NodeOptions& flags, bool worker) {
   if (!flags.allow_keys.empty()) o.allow_keys = flags.allow_keys;
   if (!flags.metrics.empty()) o.metrics = flags.metrics;
   if (flags.in_place) o.in_place = true;
+  if (!flags.scrub_rate.empty()) o.scrub_rate = flags.scrub_rate;
   if (!flags.sign_key_path.empty()) o.sign_key_path = flags.sign_key_path;
   if (!flags.trust_keys.empty()) o.trust_keys = flags.trust_keys;
   if (!flags.shard_keys.empty()) o.shard_keys = flags.shard_keys;
@@ -238,6 +244,9 @@ Result<LoadedNode> load_node_options(const NodeOptions& flags, bool worker) {
   out.node.parents = o.parents;
   out.node.reconstruct = worker;
   out.node.in_place = worker && o.in_place;
+  if (!o.scrub_rate.empty()) {
+    DC_ASSIGN_OR_RETURN(out.node.scrub_bytes_per_s, parse_bytes(o.scrub_rate));
+  }
   out.node.serve_children = !worker || !o.listen.empty();
   if (!o.listen.empty()) DC_RETURN_IF_ERROR(check_endpoint(o.listen, "--listen", true));
   for (const auto& p : o.parents) DC_RETURN_IF_ERROR(check_endpoint(p, "--parent", false));

@@ -30,6 +30,7 @@ struct NodeOptions {
   std::string congestion_control;         // of the connections children open to this node; empty: the host's
   bool relay = false;                     // workers: also serve children (peer to peer)
   bool in_place = false;                  // workers: one image, readers paused during updates
+  std::string scrub_rate;                 // workers: image bytes re-hashed a second, e.g. 256MB; 0: off
   // worker command
   std::string out_dir;
   std::size_t keep_versions = 2;          // files kept in out_dir

@@ -185,8 +185,22 @@ void ChildServer::serve_catch_up(PeerId peer, Child& c, std::uint64_t have, bool
   if (!plan->empty() && plan->front().anchor) c.wants_anchor = false;
   for (const auto& key : *plan) {
     c.subscribe(key, ctx_.now_ms());
-    if (const CachedVersion* v = cache_.find(key)) send_version(peer, c, *v);
+    const CachedVersion* v = cache_.find(key);
+    if (!v) continue;
+    // A child that asks for an anchor holds none of these versions, even those its link carried
+    // before (it dropped a damaged image): they go again, within resends_per_chunk_max.
+    if (want_anchor && !forget_sent(peer, c, *v)) return;  // dropped
+    send_version(peer, c, *v);
   }
+}
+
+bool ChildServer::forget_sent(PeerId peer, Child& c, const CachedVersion& v) {
+  auto* r = find_record(c.sent, v.key);
+  if (!r) return true;
+  const auto sent = static_cast<std::size_t>(std::count(r->second.begin(), r->second.end(), true));
+  if (sent > 0 && !count_resends(peer, c, v, sent)) return false;
+  std::fill(r->second.begin(), r->second.end(), false);
+  return true;
 }
 
 // ---- cut-through ----------------------------------------------------------------------------

@@ -123,6 +123,9 @@ class ChildServer {
   void drain_backlog(PeerId peer, Child& c);
   ManifestMsg manifest_msg(const CachedVersion& v) const;
   // Need with `again`: false (and the child dropped) past resends_per_chunk_max.
+  // Lets `v` go to `c` again in full (its link carried some of it before), counted as resends;
+  // false if that broke resends_per_chunk_max (the child was dropped).
+  bool forget_sent(PeerId peer, Child& c, const CachedVersion& v);
   bool count_resends(PeerId from, Child& child, const CachedVersion& v, std::size_t chunks);
   void prune(std::uint64_t now_ms);
 

@@ -5,6 +5,7 @@
 #include "child_server.h"
 #include "deltacast/codec/hash.h"
 #include "reconstructor.h"
+#include "scrubber.h"
 #include "shard_merger.h"
 #include "shard_publisher.h"
 #include "upstream_link.h"
@@ -12,7 +13,7 @@
 namespace deltacast::runtime {
 
 // What the components ask of the node: each call goes to the node's own member.
-class Node::Hooks final : public ChildServer::Owner, public Reconstructor::Owner {
+class Node::Hooks final : public ChildServer::Owner, public Reconstructor::Owner, public Scrubber::Owner {
  public:
   explicit Hooks(Node& node) : node_(node) {}
   Heartbeat heartbeat() const override { return node_.heartbeat(); }
@@ -28,6 +29,10 @@ class Node::Hooks final : public ChildServer::Owner, public Reconstructor::Owner
   void refetch(const Need& need) override { node_.send_to_parent(need); }
   void on_version_ready(const std::shared_ptr<const ModelVersion>& version) override { node_.on_version_ready(version); }
   bool parent_in_newer_run() const override { return node_.parent_run_ > node_.run_; }
+  void on_scrub_mismatch(const std::shared_ptr<const ModelVersion>& version, std::size_t chunk) override {
+    node_.rebuild_->drop_damaged(version, "scrub: chunk " + std::to_string(chunk) + " of version " + std::to_string(version->version) +
+                                              " no longer matches its state hash (memory changed outside of a delta); rebuilding from an anchor");
+  }
 
  private:
   Node& node_;
@@ -43,7 +48,10 @@ Node::Node(NodeConfig config, Transport& transport, Clock& clock, TaskRunner* ta
       children_(std::make_unique<ChildServer>(*ctx_, cache_, *hooks_)),
       ledger_(config_.ledger_workers_max),
       run_(config_.parents.empty() ? config_.run : RunId{}) {
-  if (config_.reconstruct) rebuild_ = std::make_unique<Reconstructor>(*ctx_, cache_, tasks_, *hooks_);
+  if (config_.reconstruct) {
+    rebuild_ = std::make_unique<Reconstructor>(*ctx_, cache_, tasks_, *hooks_);
+    scrubber_ = std::make_unique<Scrubber>(*ctx_, tasks_, *hooks_);
+  }
   if (config_.shard_count > 0) shard_out_ = std::make_unique<ShardPublisher>(*ctx_, *upstream_);
   if (config_.expect_shards > 0) shard_in_ = std::make_unique<ShardMerger>(*ctx_);
 }
@@ -126,7 +134,10 @@ Hello Node::make_hello() const {
 
 std::uint64_t Node::usable_parent_newest() const { return parent_run_ == run_ ? parent_newest_ : 0; }
 
-std::uint64_t Node::anchor_floor() const { return parent_run_ > run_ ? 0 : current_version(); }
+std::uint64_t Node::anchor_floor() const {
+  if (parent_run_ > run_) return 0;
+  return rebuild_ ? rebuild_->anchor_floor() : current_version();
+}
 
 Heartbeat Node::heartbeat() const {
   if (parent_run_ > run_) return {parent_newest_, parent_run_};
@@ -554,6 +565,7 @@ void Node::tick() {
   request_missing(/*force=*/false);
   if (shard_in_) shard_in_->ask_for_missing(now, [this](PeerId peer) { return children_->is_child(peer); });
   if (rebuild_ && rebuild_->busy()) rebuild_->pump();  // in place: readers may have let go since
+  if (scrubber_) scrubber_->tick(now, rebuild_->current());
   trim_history();
   // Children waiting for an anchor keep the request alive upstream.
   if (auto anchor_after = children_->anchor_wanted()) request_anchor(*anchor_after);

@@ -169,7 +169,7 @@ void Reconstructor::advance() {
     }
   }
   // An anchor newer than what is held (asked for, or planned by the parent's catch-up).
-  if (auto a = cache_.newest_anchor(); a && a->version > have) {
+  if (auto a = cache_.newest_anchor(); a && a->version > anchor_floor()) {
     start(*cache_.find(*a));
     return;
   }
@@ -359,6 +359,7 @@ void Reconstructor::finish() {
     current_ = ready;
   }
   held_version_ = ready->version;
+  if (a->key.anchor) damaged_floor_ = 0;
   ctx_.stats.versions_ready++;
   owner_.on_version_ready(ready);
   advance();
@@ -395,10 +396,28 @@ void Reconstructor::abandon(const std::string& why, bool want_anchor) {
   owner_.request_anchor();
 }
 
+void Reconstructor::drop_damaged(const std::shared_ptr<const ModelVersion>& version, const std::string& why) {
+  // Only the image held matters (exposed, or paused under an in-place build); another was replaced.
+  const bool staging = assembly_ && assembly_->in_place && assembly_->staging == version;
+  if (!version || (version != current() && !staging) || held_version_ != version->version) return;
+  held_version_ = 0;  // nothing held: abandon() does not expose it again
+  damaged_floor_ = version->version - 1;  // an anchor of this version or a newer one
+  expose(nullptr);
+  spare_.reset();
+  if (assembly_) {
+    abandon(why, true);
+  } else {
+    ctx_.set_error(why);
+    need_anchor_ = true;
+    owner_.request_anchor();
+  }
+}
+
 void Reconstructor::forget() {
   if (held_version_ != 0) expose(nullptr);
   spare_.reset();
   held_version_ = 0;
+  damaged_floor_ = 0;  // the new run's versions count from 1
 }
 
 }  // namespace deltacast::runtime

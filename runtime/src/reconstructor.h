@@ -44,6 +44,9 @@ class Reconstructor {
   // The version of the image held, exposed or paused.
   std::uint64_t held_version() const { return held_version_; }
   bool need_anchor() const { return need_anchor_; }
+  // An anchor it can use is newer than this: the version held, or after a damaged image was
+  // dropped, the one before it (so the worker does not go back to older versions).
+  std::uint64_t anchor_floor() const { return std::max(held_version_, damaged_floor_); }
   bool busy() const { return assembly_ != nullptr; }
   // The version being rebuilt (kept in the cache meanwhile).
   std::optional<VersionKey> building() const;
@@ -56,6 +59,9 @@ class Reconstructor {
   void pump();
   // Gives the version being rebuilt up (the image stays as it was).
   void abandon(const std::string& why, bool want_anchor);
+  // `version`'s image was found damaged (a scrub): if it is the one held, readers get nothing
+  // from it any more, a version built on it is given up, and only an anchor helps.
+  void drop_damaged(const std::shared_ptr<const ModelVersion>& version, const std::string& why);
   // A new run: what is held is not what the trainer publishes now; readers get nothing until
   // the new run's anchor verified.
   void forget();
@@ -91,6 +97,7 @@ class Reconstructor {
   std::shared_ptr<const ModelVersion> current_;
   bool need_anchor_ = false;
   std::uint64_t held_version_ = 0;
+  std::uint64_t damaged_floor_ = 0;  // see anchor_floor(); cleared once an anchor is built
   bool pumping_ = false;          // pump() is on the stack (inline task runners)
   std::uint64_t generation_ = 0;  // invalidates decode results of abandoned assemblies
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);

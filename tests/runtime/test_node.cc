@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <set>
 
+#include "deltacast/runtime/metrics.h"
 #include "node_fixtures.h"
 #include "test_util.h"
 
@@ -522,6 +523,58 @@ TEST_CASE("in-place workers keep one image and pause readers while applying", "[
   }
   CHECK(w2.stats().images_allocated == 2);
   CHECK(w2.current()->image == more.images[4]);
+}
+
+TEST_CASE("a worker's scrub finds a flipped bit, stops exposing the image and recovers from an anchor", "[runtime][node][scrub]") {
+  for (const bool in_place : {false, true}) {
+    INFO("in place: " << in_place);
+    Series s(5);
+    FakeNet net;
+    Node& origin = net.add(origin_config());
+    REQUIRE(origin.publish(s.anchor(1)).is_ok());
+    NodeConfig c = worker_config("w", {"origin"});
+    c.in_place = in_place;
+    c.scrub_bytes_per_s = 64ull << 20;  // the whole image in well under a second
+    Node& w = net.add(c);
+    std::vector<std::uint64_t> seen;
+    int bad = 0;
+    watch(w, s, seen, bad);
+    int anchor_requests = 0;
+    origin.set_on_anchor_wanted([&] { anchor_requests++; });
+    for (std::uint64_t v = 2; v <= 3; ++v) {
+      REQUIRE(origin.publish(s.delta(v)).is_ok());
+      REQUIRE(net.run_until([&] { return w.current_version() == v; }));
+    }
+    net.run_for(2000);
+    CHECK(w.stats().scrub_bytes >= s.images[0].size());  // scrubbed whole, again and again
+    CHECK(w.stats().scrub_mismatches == 0);
+    // A bit flips in the exposed image, outside of any delta.
+    {
+      auto held = w.current();
+      REQUIRE(held);
+      const_cast<ModelVersion&>(*held).image[held->image.size() / 3] ^= 0x04;
+    }
+    REQUIRE(net.run_until([&] { return w.stats().scrub_mismatches == 1; }));
+    CHECK(w.current() == nullptr);  // the damaged image is not exposed any more
+    CHECK(w.last_error().find("scrub") != std::string::npos);
+    CHECK(render_prometheus(w).find("deltacast_scrub_mismatches_total{node=\"w\"} 1") != std::string::npos);
+    // Deltas do not help, nor does the older anchor the origin has (the worker does not go back
+    // to older versions); the origin is asked for a new one, and every version exposed was right.
+    REQUIRE(origin.publish(s.delta(4)).is_ok());
+    net.run_for(1000);
+    CHECK(w.current() == nullptr);
+    CHECK(anchor_requests > 0);
+    REQUIRE(origin.publish(s.anchor(4)).is_ok());
+    REQUIRE(net.run_until([&] { return w.current_version() == 4; }));
+    CHECK(w.current()->image == s.images[3]);
+    REQUIRE(origin.publish(s.delta(5)).is_ok());
+    REQUIRE(net.run_until([&] { return w.current_version() == 5; }));
+    CHECK(bad == 0);
+    CHECK(seen == std::vector<std::uint64_t>{1, 2, 3, 4, 5});
+    // The origin's ledger has it from the worker's Ready.
+    REQUIRE(origin.ledger().count("w"));
+    CHECK(origin.ledger().at("w").last_error.find("scrub") != std::string::npos);
+  }
 }
 
 // Two trainer shards, each owning a disjoint part of the model, and an origin merging them.

@@ -39,6 +39,7 @@ class NodeContext;
 class UpstreamLink;
 class ChildServer;
 class Reconstructor;
+class Scrubber;
 class ShardPublisher;
 class ShardMerger;
 
@@ -190,6 +191,7 @@ class Node {
   std::unique_ptr<UpstreamLink> upstream_;
   std::unique_ptr<ChildServer> children_;
   std::unique_ptr<Reconstructor> rebuild_;     // workers
+  std::unique_ptr<Scrubber> scrubber_;         // workers
   std::unique_ptr<ShardPublisher> shard_out_;  // trainer shards
   std::unique_ptr<ShardMerger> shard_in_;      // an origin merging trainer shards
   FleetLedger ledger_;                         // origin

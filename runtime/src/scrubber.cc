@@ -1,0 +1,83 @@
+#include "scrubber.h"
+
+#include <algorithm>
+
+#include "deltacast/codec/hash.h"
+
+namespace deltacast::runtime {
+
+// Hashes chunks [first, end) of a version; done() reports the first that does not match. It holds
+// the version, so an in-place worker waits for it before it writes into the image.
+class Scrubber::Task final : public runtime::Task {
+ public:
+  Task(Scrubber& s, std::shared_ptr<const ModelVersion> v, std::size_t first, std::size_t end)
+      : owner_(&s), alive_(s.alive_), version_(std::move(v)), first_(first), end_(end), bad_(end) {}
+  void work() override {
+    for (std::size_t i = first_; i < end_; ++i) {
+      const ModelVersion::ChunkState& c = version_->chunk_states[i];
+      bytes_ += c.length;
+      if (state_hash(ByteSpan(version_->image).subspan(c.offset, c.length)) != c.state) {
+        bad_ = i;
+        return;
+      }
+    }
+  }
+  void done() override {
+    if (*alive_) owner_->on_done(version_, end_, bytes_, bad_);
+  }
+
+ private:
+  Scrubber* owner_;
+  std::shared_ptr<bool> alive_;
+  std::shared_ptr<const ModelVersion> version_;
+  std::size_t first_, end_, bad_;
+  std::uint64_t bytes_ = 0;
+};
+
+Scrubber::Scrubber(NodeContext& ctx, TaskRunner* tasks, Owner& owner) : ctx_(ctx), tasks_(tasks), owner_(owner) {}
+
+Scrubber::~Scrubber() { *alive_ = false; }
+
+void Scrubber::tick(std::uint64_t now_ms, std::shared_ptr<const ModelVersion> current) {
+  const std::uint64_t rate = ctx_.config.scrub_bytes_per_s;
+  const std::uint64_t elapsed_ms = last_ms_ && now_ms > last_ms_ ? now_ms - last_ms_ : 0;
+  last_ms_ = now_ms;
+  if (rate == 0 || ctx_.config.virtual_payloads) return;
+  budget_bytes_ += rate * elapsed_ms / 1000;
+  if (in_flight_ || !current || current->chunk_states.empty()) return;
+  if (current != version_.lock()) {
+    version_ = current;
+    next_chunk_ = 0;
+  }
+  const auto& chunks = current->chunk_states;
+  if (next_chunk_ >= chunks.size()) next_chunk_ = 0;  // all of it scrubbed: again
+  // Unspent budget is kept up to a second's worth, or the next chunk if that is larger.
+  budget_bytes_ = std::min(budget_bytes_, std::max(rate, chunks[next_chunk_].length));
+  // As many chunks as the budget covers, at least one once it covers that one.
+  std::size_t end = next_chunk_;
+  std::uint64_t bytes = 0;
+  while (end < chunks.size() && bytes + chunks[end].length <= budget_bytes_) bytes += chunks[end++].length;
+  if (end == next_chunk_) return;
+  budget_bytes_ -= bytes;
+  in_flight_ = true;
+  auto task = std::make_unique<Task>(*this, std::move(current), next_chunk_, end);
+  next_chunk_ = end;
+  if (tasks_) {
+    tasks_->run(std::move(task), bytes);
+  } else {
+    task->work();
+    task->done();
+  }
+}
+
+void Scrubber::on_done(const std::shared_ptr<const ModelVersion>& version, std::size_t end, std::uint64_t bytes, std::size_t bad_chunk) {
+  in_flight_ = false;
+  ctx_.stats.scrub_bytes += bytes;
+  if (bad_chunk >= end) return;
+  ctx_.stats.scrub_mismatches++;
+  version_.reset();
+  next_chunk_ = 0;
+  owner_.on_scrub_mismatch(version, bad_chunk);
+}
+
+}  // namespace deltacast::runtime

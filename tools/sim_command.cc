@@ -17,6 +17,7 @@ struct SimOptions {
   std::string svg = "sim.svg";
   std::uint32_t stripes = 0;  // > 0: relays' connections per parent link, over the scenario's
   bool ideal_links = false;   // the scenario's TCP section ignored
+  bool dense_apply = false;   // the scenario's run.sparse_apply ignored
   bool by_version = false;
   double window_bytes = 0;  // > 0: over the scenario's run.tcp.window_bytes
   std::string congestion_control;  // non-empty: over the scenario's run.tcp.congestion_control
@@ -37,6 +38,7 @@ int run_sim(const SimOptions& o) {
   if (o.window_bytes > 0) sc->run.tcp.window_bytes = o.window_bytes;
   if (auto cc = sim::cc_from_name(o.congestion_control)) sc->run.tcp.congestion_control = *cc;
   if (o.ideal_links) sc->run.tcp.modelled = false;
+  if (o.dense_apply) sc->run.sparse_payload_bytes_per_s = 0;
   std::vector<sim::Strategy> chosen;
   for (const auto& name : o.strategies) {
     if (name == "all") {
@@ -128,6 +130,9 @@ Command add_sim_command(CLI::App& app) {
       ->check(CLI::IsMember({"reno", "cubic", "bbr"}));
   sub->add_flag("--by-version", o->by_version, "Also print each version's median and slowest worker");
   sub->add_flag("--ideal-links", o->ideal_links, "Ignore the scenario's run.tcp: every connection as fast as its path");
+  sub->add_flag("--dense-apply", o->dense_apply,
+                "Ignore the scenario's run.sparse_apply: every delta decoded over the whole image at run.decode, as workers did "
+                "before manifest format 3");
   return {sub, [o] { return run_sim(*o); }};
 }
 

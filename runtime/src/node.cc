@@ -403,7 +403,7 @@ bool Node::check_off_loop(const ChunkMsg& m) {
     return false;
   if (check_bytes_in_flight_ + m.payload->size() > config_.check_bytes_in_flight_max) return false;
   check_bytes_in_flight_ += m.payload->size();
-  tasks_->run(std::make_unique<CheckTask>(*this, m, v->manifest), m.payload->size());
+  tasks_->run(std::make_unique<CheckTask>(*this, m, v->manifest), TaskCost{.image_bytes = m.payload->size()});
   return true;
 }
 

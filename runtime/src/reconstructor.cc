@@ -227,7 +227,10 @@ void Reconstructor::start(const CachedVersion& v) {
     a->sparse = !v.key.anchor && same_chunking(live->chunk_states, *v.manifest);
   } else if (!stage_copy(*a, v)) {
     return;
-  } else if (live && !v.key.anchor && !config.virtual_payloads) {
+  } else if (live && !v.key.anchor && config.virtual_payloads) {
+    // Virtual images: sparse whenever real ones would be (the chunk states chain as real ones).
+    a->sparse = same_chunking(live->chunk_states, *v.manifest);
+  } else if (live && !v.key.anchor) {
     // The spare image catches up sparsely when it holds the version before the live one, and
     // the live one kept the patch that made it; every chunking must be the manifest's.
     const ModelVersion& spare = *a->staging;
@@ -296,6 +299,16 @@ void Reconstructor::on_decoded(std::uint64_t generation, std::uint32_t i, Decode
   }
 }
 
+// What decoding chunk i costs: its range, or applied sparsely its payload; a double-buffered
+// worker's spare first catches up by the live version's patch, which costs about half as much
+// again (docs/BENCHMARKS.md, "Worker CPU per version").
+TaskCost Reconstructor::cost_of(const Assembly& a, std::uint32_t i) const {
+  const ChunkEntry& c = a.manifest->chunks[i];
+  if (!a.sparse) return TaskCost{.image_bytes = c.length};
+  const bool catches_up = !a.in_place && (a.catch_up || ctx_.config.virtual_payloads);
+  return TaskCost{.image_bytes = c.length, .sparse_payload_bytes = std::max<std::uint64_t>(1, catches_up ? c.payload_bytes * 3 / 2 : c.payload_bytes)};
+}
+
 void Reconstructor::pump() {
   Assembly* a = assembly_.get();
   if (!a || pumping_) return;
@@ -322,7 +335,7 @@ void Reconstructor::pump() {
     a->state[i] = Assembly::ChunkState::kDecoding;
     a->inflight++;
     auto task = std::make_unique<DecodeTask>(*this, *a, v->chunks[i], i);
-    if (tasks_) tasks_->run(std::move(task), a->manifest->chunks[i].length);
+    if (tasks_) tasks_->run(std::move(task), cost_of(*a, i));
     else {
       task->work();
       task->done();
@@ -346,7 +359,7 @@ void Reconstructor::finish() {
   image.tensors = a->manifest->tensors;
   image.metadata = a->manifest->metadata;
   image.chunk_states.clear();
-  if (a->manifest->hash_scheme == ChunkHashScheme::kState && !ctx_.config.virtual_payloads)
+  if (a->manifest->hash_scheme == ChunkHashScheme::kState)
     for (const ChunkEntry& c : a->manifest->chunks) image.chunk_states.push_back({c.offset, c.length, c.content_hash});
   image.patch = a->record_patch ? std::make_shared<const std::vector<ChunkPatch>>(std::move(a->patches)) : nullptr;
   image.changes = history_after(*a);

@@ -82,6 +82,7 @@ class Reconstructor {
   void on_decoded(std::uint64_t generation, std::uint32_t index, Decoded&& result);
   std::vector<std::shared_ptr<const ChangeSet>> history_after(Assembly& a) const;
   void finish();
+  TaskCost cost_of(const Assembly& a, std::uint32_t index) const;
   void expose(std::shared_ptr<const ModelVersion> version);
 
   NodeContext& ctx_;

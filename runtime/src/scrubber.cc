@@ -13,9 +13,10 @@ class Scrubber::Task final : public runtime::Task {
   Task(Scrubber& s, std::shared_ptr<const ModelVersion> v, std::size_t first, std::size_t end)
       : owner_(&s), alive_(s.alive_), version_(std::move(v)), first_(first), end_(end), bad_(end) {}
   void work() override {
+    for (std::size_t i = first_; i < end_; ++i) bytes_ += version_->chunk_states[i].length;
+    if (version_->image.empty()) return;  // virtual payloads: the time it takes is all there is to it
     for (std::size_t i = first_; i < end_; ++i) {
       const ModelVersion::ChunkState& c = version_->chunk_states[i];
-      bytes_ += c.length;
       if (state_hash(ByteSpan(version_->image).subspan(c.offset, c.length)) != c.state) {
         bad_ = i;
         return;
@@ -42,7 +43,7 @@ void Scrubber::tick(std::uint64_t now_ms, std::shared_ptr<const ModelVersion> cu
   const std::uint64_t rate = ctx_.config.scrub_bytes_per_s;
   const std::uint64_t elapsed_ms = last_ms_ && now_ms > last_ms_ ? now_ms - last_ms_ : 0;
   last_ms_ = now_ms;
-  if (rate == 0 || ctx_.config.virtual_payloads) return;
+  if (rate == 0) return;
   budget_bytes_ += rate * elapsed_ms / 1000;
   if (in_flight_ || !current || current->chunk_states.empty()) return;
   if (current != version_.lock()) {
@@ -63,7 +64,7 @@ void Scrubber::tick(std::uint64_t now_ms, std::shared_ptr<const ModelVersion> cu
   auto task = std::make_unique<Task>(*this, std::move(current), next_chunk_, end);
   next_chunk_ = end;
   if (tasks_) {
-    tasks_->run(std::move(task), bytes);
+    tasks_->run(std::move(task), TaskCost{.hashed_bytes = bytes});
   } else {
     task->work();
     task->done();

@@ -186,8 +186,14 @@ struct Network::Impl {
     double free_us = 0;
     std::deque<std::unique_ptr<runtime::Task>> running;
     SimTasks(Impl& i, int s) : impl(i), self(s) {}
-    void run(std::unique_ptr<runtime::Task> task, std::uint64_t cost_bytes) override {
-      const double cost_us = static_cast<double>(cost_bytes) / impl.opt.decode_bytes_per_s * 1e6;
+    void run(std::unique_ptr<runtime::Task> task, runtime::TaskCost cost) override {
+      const NetworkOptions& o = impl.opt;
+      // A sparse apply at the sparse rate when one is given, else as a decode of its range.
+      double cost_s = cost.sparse_payload_bytes > 0 && o.sparse_payload_bytes_per_s > 0
+                          ? static_cast<double>(cost.sparse_payload_bytes) / o.sparse_payload_bytes_per_s
+                          : static_cast<double>(cost.image_bytes) / o.decode_bytes_per_s;
+      if (cost.hashed_bytes > 0 && o.hash_bytes_per_s > 0) cost_s += static_cast<double>(cost.hashed_bytes) / o.hash_bytes_per_s;
+      const double cost_us = cost_s * 1e6;
       if (impl.opt.cores_per_host > 0) {
         Work w;
         w.left_us = cost_us;

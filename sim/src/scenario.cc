@@ -138,13 +138,16 @@ Status parse_stripes(const json& s, StripesSpec& stripes) {
 Status parse_run(const json& r, RunSpec& run) {
   DC_RETURN_IF_ERROR(check_fields(r, "scenario.run",
                                   {"versions", "step_period_s", "anchor_every", "decode", "tick_ms", "settle_s", "relay_cache_versions", "parent_timeout_ms",
-                                   "heartbeat_ms", "cpu", "tcp", "stripes"}));
+                                   "heartbeat_ms", "cpu", "tcp", "stripes", "sparse_apply", "scrub", "scrub_hash"}));
   DC_RETURN_IF_ERROR(number(r, "scenario.run", "heartbeat_ms", run.heartbeat_ms, 10, 1e6));
   DC_RETURN_IF_ERROR(number(r, "scenario.run", "parent_timeout_ms", run.parent_timeout_ms, 100, 1e7));
   DC_RETURN_IF_ERROR(number(r, "scenario.run", "versions", run.versions, 1, 100000));
   DC_RETURN_IF_ERROR(number(r, "scenario.run", "step_period_s", run.step_period_s, 0.001, 1e6));
   DC_RETURN_IF_ERROR(number(r, "scenario.run", "anchor_every", run.anchor_every, 1, 1e6));
   DC_RETURN_IF_ERROR(rate(r, "scenario.run", "decode", run.decode_bytes_per_s));
+  if (r.contains("sparse_apply")) DC_RETURN_IF_ERROR(rate(r, "scenario.run", "sparse_apply", run.sparse_payload_bytes_per_s));
+  if (r.contains("scrub")) DC_RETURN_IF_ERROR(rate(r, "scenario.run", "scrub", run.scrub_bytes_per_s));
+  if (r.contains("scrub_hash")) DC_RETURN_IF_ERROR(rate(r, "scenario.run", "scrub_hash", run.hash_bytes_per_s));
   DC_RETURN_IF_ERROR(number(r, "scenario.run", "tick_ms", run.tick_ms, 1, 10000));
   DC_RETURN_IF_ERROR(number(r, "scenario.run", "settle_s", run.settle_s, 0, 1e7));
   DC_RETURN_IF_ERROR(number(r, "scenario.run", "relay_cache_versions", run.relay_cache_versions, 1, 1000));
@@ -408,6 +411,8 @@ class ScenarioRun {
     no.seed = o_.seed;
     no.tick_ms = sc_.run.tick_ms;
     no.decode_bytes_per_s = sc_.run.decode_bytes_per_s;
+    no.sparse_payload_bytes_per_s = sc_.run.sparse_payload_bytes_per_s;
+    no.hash_bytes_per_s = sc_.run.hash_bytes_per_s;
     no.cores_per_host = sc_.run.cpu.cores;
     no.net_ns_per_byte = sc_.run.cpu.net_ns_per_byte;
     no.tcp = sc_.run.tcp;
@@ -426,6 +431,7 @@ class ScenarioRun {
     c.parent_timeout_ms = sc_.run.parent_timeout_ms;
     c.heartbeat_ms = sc_.run.heartbeat_ms;
     c.child_timeout_ms = std::max(c.child_timeout_ms, 5 * sc_.run.parent_timeout_ms);
+    c.scrub_bytes_per_s = static_cast<std::uint64_t>(sc_.run.scrub_bytes_per_s);
     return c;
   }
 

@@ -144,6 +144,31 @@ TEST_CASE("workers that share a host's cores share its decoding", "[sim][cpu]") 
   CHECK(slowest(R"(, "cpu": {"cores": 2, "one_host": true})") == Approx(5 * own).epsilon(0.05));
 }
 
+TEST_CASE("workers holding the previous version's chunk states apply deltas at the sparse rate", "[sim][cpu]") {
+  // Each 1 GB image at 1 GB/s decoded whole; a delta (1.109%: 11.1 MB of payload) applied
+  // sparsely at the sparse rate, half as much again for a double-buffered spare's catch-up.
+  auto delta_s = [](const std::string& extra) {
+    const Scenario sc = parse(scenario_json(R"({"parameters": 5e8, "chunks": 64})", R"({"versions": 3, "step_period_s": 60, "decode": "1GB/s")" + extra + "}"));
+    auto r = run_scenario(sc, RunOptions{});
+    REQUIRE(r.is_ok());
+    CHECK(r->violations.empty());
+    CHECK(r->missed == 0);
+    REQUIRE(r->by_version.size() == 3);
+    CHECK(r->by_version[0].max_s > 0.9);  // the anchor: always the whole image
+    return r->by_version[2].max_s;        // a delta after a delta
+  };
+  const double dense = delta_s("");
+  CHECK(dense == Approx(1.0).epsilon(0.15));
+  const double payload = 1e9 * 0.01109;
+  const double fast = delta_s(R"(, "sparse_apply": "100MB/s")");
+  CHECK(fast == Approx(1.5 * payload / 100e6).margin(0.15));
+  const double slow = delta_s(R"(, "sparse_apply": "10MB/s")");
+  CHECK(slow == Approx(1.5 * payload / 10e6).epsilon(0.1));
+  // A scrub of the whole image at 1 GB/s of hashing, at most 500 MB a second: half a core.
+  const double scrubbed = delta_s(R"(, "sparse_apply": "10MB/s", "scrub": "500MB/s", "scrub_hash": "1GB/s", "cpu": {"cores": 1})");
+  CHECK(scrubbed > 1.3 * slow);
+}
+
 TEST_CASE("moving bytes costs CPU, and a message reaches its node once taken in", "[sim][cpu]") {
   // Decoding is free here; every byte sent or received costs 200 ns of a core. The origin
   // sends each worker its delta directly (a star), so each worker takes in one delta.

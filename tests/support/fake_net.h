@@ -164,7 +164,7 @@ class FakeNet {
 
   class DeferredTasks final : public TaskRunner {
    public:
-    void run(std::unique_ptr<Task> task, std::uint64_t) override { q_.push_back(std::move(task)); }
+    void run(std::unique_ptr<Task> task, TaskCost) override { q_.push_back(std::move(task)); }
     bool run_one() {
       if (q_.empty()) return false;
       std::unique_ptr<Task> t = std::move(q_.front());

@@ -79,7 +79,7 @@ struct NodeHost::Impl final : Clock, TaskRunner {
     uv_work_t req{};
     std::unique_ptr<Task> task;
   };
-  void run(std::unique_ptr<Task> task, std::uint64_t) override {
+  void run(std::unique_ptr<Task> task, TaskCost) override {
     auto* w = new Work;
     w->req.data = w;
     w->task = std::move(task);

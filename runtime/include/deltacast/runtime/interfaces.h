@@ -49,13 +49,19 @@ class Task {
   virtual void done() = 0;
 };
 
+// What a task's work covers: real runners ignore it, the simulator turns it into time.
+struct TaskCost {
+  std::uint64_t image_bytes = 0;           // the image range decoded (or payload bytes checked)
+  std::uint64_t sparse_payload_bytes = 0;  // applied sparsely: this much delta payload (0: decoded over the range)
+  std::uint64_t hashed_bytes = 0;          // of image re-hashed against its state hashes (a scrub)
+};
+
 // Runs tasks, holding each until its done() has run. done() is always called, in some order,
-// unless the node is destroyed first. `cost_bytes` is how many bytes of model image the work
-// covers: real runners ignore it, the simulator turns it into time.
+// unless the node is destroyed first.
 class TaskRunner {
  public:
   virtual ~TaskRunner() = default;
-  virtual void run(std::unique_ptr<Task> task, std::uint64_t cost_bytes) = 0;
+  virtual void run(std::unique_ptr<Task> task, TaskCost cost) = 0;
 };
 
 }  // namespace deltacast::runtime

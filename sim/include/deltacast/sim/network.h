@@ -129,6 +129,9 @@ struct NetworkOptions {
   std::uint64_t queue_bytes_max = 256ull << 20;  // per peer, as transport::HostConfig
   std::uint64_t tick_ms = 50;                    // how often each node's tick() runs
   double decode_bytes_per_s = 100e9;             // one core's decode and apply rate (of image)
+  // One core's rate of a sparse apply, in delta payload bytes (0: as a decode of the range).
+  double sparse_payload_bytes_per_s = 0;
+  double hash_bytes_per_s = 0;                   // one core's scrub rate (0: scrubs cost nothing)
   std::uint32_t cores_per_host = 0;              // 0: no CPU model (see above)
   double net_ns_per_byte = 0;                    // CPU per byte a node sends or receives (with cores)
   std::uint32_t packet_bytes = 1448;             // for loss: packets per message

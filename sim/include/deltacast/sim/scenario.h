@@ -44,6 +44,11 @@ struct RunSpec {
   double step_period_s = 60;         // the trainer publishes a version this often
   std::uint32_t anchor_every = 25;
   double decode_bytes_per_s = 100e9; // a worker's decode and apply rate, of image bytes (one core's, with cpu)
+  // A delta applied sparsely (a worker holding the previous version's chunk states): this rate
+  // of payload bytes, one core's (0: as a decode of the whole image, at `decode_bytes_per_s`).
+  double sparse_payload_bytes_per_s = 0;
+  double scrub_bytes_per_s = 0;      // NodeConfig::scrub_bytes_per_s of every worker (0: no scrub)
+  double hash_bytes_per_s = 0;       // one core's scrub hashing rate (0: scrubs cost nothing)
   CpuSpec cpu;
   std::uint64_t tick_ms = 50;
   double settle_s = 600;             // after the last version, how long the run may go on

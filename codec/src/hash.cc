@@ -70,6 +70,11 @@ std::uint64_t mix_delta(const StateWordChange* c, std::size_t n) {
 }  // namespace portable
 
 #if defined(__x86_64__)
+#pragma GCC diagnostic push
+#if !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12's own AVX-512 headers trip them
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 namespace avx512 {
 
 __attribute__((target("avx512f,avx512dq"))) inline __m512i mix8(__m512i j, __m512i w) {
@@ -83,6 +88,16 @@ __attribute__((target("avx512f,avx512dq"))) inline __m512i mix8(__m512i j, __m51
   return _mm512_xor_si512(x, _mm512_srli_epi64(x, 32));
 }
 
+// The sum of the eight lanes, mod 2^64 (GCC's _mm512_reduce_add_epi64 adds them as signed
+// integers, which may overflow).
+__attribute__((target("avx512f"))) inline std::uint64_t lanes_sum(__m512i v) {
+  alignas(64) std::uint64_t lanes[8];
+  _mm512_store_si512(lanes, v);
+  std::uint64_t s = 0;
+  for (const std::uint64_t x : lanes) s += x;
+  return s;
+}
+
 __attribute__((target("avx512f,avx512dq"))) std::uint64_t sum_words(const std::uint8_t* p, std::uint64_t words, std::uint64_t j0) {
   __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
   __m512i j = _mm512_add_epi64(_mm512_set1_epi64(static_cast<long long>(j0)), _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7));
@@ -93,7 +108,7 @@ __attribute__((target("avx512f,avx512dq"))) std::uint64_t sum_words(const std::u
     s1 = _mm512_add_epi64(s1, mix8(_mm512_add_epi64(j, eight), _mm512_loadu_si512(p + 8 * i + 64)));
     j = _mm512_add_epi64(j, sixteen);
   }
-  return static_cast<std::uint64_t>(_mm512_reduce_add_epi64(_mm512_add_epi64(s0, s1))) + portable::sum_words(p + 8 * i, words - i, j0 + i);
+  return lanes_sum(_mm512_add_epi64(s0, s1)) + portable::sum_words(p + 8 * i, words - i, j0 + i);
 }
 
 __attribute__((target("avx512f,avx512dq"))) std::uint64_t mix_delta(const StateWordChange* c, std::size_t n) {
@@ -110,10 +125,11 @@ __attribute__((target("avx512f,avx512dq"))) std::uint64_t mix_delta(const StateW
     const __m512i now = _mm512_i64gather_epi64(idx, at + 2, 8);
     s = _mm512_add_epi64(s, _mm512_sub_epi64(mix8(j, now), mix8(j, was)));
   }
-  return static_cast<std::uint64_t>(_mm512_reduce_add_epi64(s)) + portable::mix_delta(c + k, n - k);
+  return lanes_sum(s) + portable::mix_delta(c + k, n - k);
 }
 
 }  // namespace avx512
+#pragma GCC diagnostic pop
 #endif
 
 bool has_avx512dq() {

@@ -88,10 +88,16 @@ class Reconstructor::DecodeTask final : public Task {
     } else if (catch_up_) {
       const ModelVersion::ChunkState& to = catch_up_->chunk_states[index_];
       // A patch that does not bring the range to the base's state (memory that changed under
-      // the spare image): copy the base's range instead.
+      // the spare image): copy the base's range instead, and hash the copy, so that damage in
+      // the live image is not carried over as if it were the base.
       if (!apply_patch((*catch_up_->patch)[index_], out, held, to.state).is_ok()) {
         copied_ = true;
         std::memcpy(out.data(), catch_up_->image.data() + e.offset, e.length);
+        if (state_hash(out) != to.state) {
+          status_ = Status::mismatch("chunk " + std::to_string(index_) + " of the live image no longer matches its state hash");
+          live_damaged_ = true;
+          return;
+        }
       }
       caught_up_ = true;
       held = to.state;
@@ -99,7 +105,7 @@ class Reconstructor::DecodeTask final : public Task {
     status_ = apply_chunk_sparse(*manifest_, index_, *payload_, out, held, *decoder, changed, patch);
   }
   void done() override {
-    if (*alive_) owner_->on_decoded(generation_, index_, {status_, std::move(changed_), std::move(patch_), caught_up_, copied_});
+    if (*alive_) owner_->on_decoded(generation_, index_, {status_, std::move(changed_), std::move(patch_), caught_up_, copied_, live_damaged_});
   }
 
  private:
@@ -116,7 +122,7 @@ class Reconstructor::DecodeTask final : public Task {
   bool sparse_ = false;
   bool record_patch_ = false;
   std::shared_ptr<const ModelVersion> catch_up_;
-  bool already_caught_up_ = false, caught_up_ = false, copied_ = false;
+  bool already_caught_up_ = false, caught_up_ = false, copied_ = false, live_damaged_ = false;
   std::vector<std::uint32_t> changed_;
   ChunkPatch patch_;
   Status status_;
@@ -265,6 +271,11 @@ void Reconstructor::on_decoded(std::uint64_t generation, std::uint32_t i, Decode
   if (result.caught_up) {
     as.caught_up[i] = 1;
     (result.copied ? ctx_.stats.chunks_caught_up_copied : ctx_.stats.chunks_caught_up)++;
+  }
+  if (result.live_damaged) {
+    const std::shared_ptr<const ModelVersion> live = as.catch_up;  // the spare copied from it
+    drop_damaged(live, status.to_string());
+    return;
   }
   if (status.is_ok()) {
     if (as.record_changes) as.changed[i] = std::move(result.changed);

@@ -78,6 +78,7 @@ class Reconstructor {
     ChunkPatch patch;                    // what it wrote (double-buffered)
     bool caught_up = false;              // the chunk caught up to the base first
     bool copied = false;                 // ... by copying the base's range, not by its patch
+    bool live_damaged = false;           // ... which did not match its state: the live image is damaged
   };
   void on_decoded(std::uint64_t generation, std::uint32_t index, Decoded&& result);
   std::vector<std::shared_ptr<const ChangeSet>> history_after(Assembly& a) const;

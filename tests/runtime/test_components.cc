@@ -508,7 +508,7 @@ TEST_CASE("in place, the reconstructor applies deltas only where they change val
 TEST_CASE("double-buffered, the spare image catches up by the live version's patch and takes the next delta sparsely",
           "[runtime][components][sparse]") {
   FakeNet net;
-  Series s(6);
+  Series s(7);
   Rebuild w(net);
   const std::size_t chunks = s.delta(2).payloads.size();
   w.arrive(s.anchor(1));
@@ -538,12 +538,28 @@ TEST_CASE("double-buffered, the spare image catches up by the live version's pat
   CHECK(w.ctx.stats.chunks_applied_sparse == 3 * chunks);
   CHECK(w.ctx.stats.images_allocated == 2);
   // A reader of the live version does not hold the spare back.
-  const auto five = w.r.current();
+  auto five = w.r.current();
   w.arrive(s.delta(6));
   CHECK(w.r.current()->image == s.images[5]);
   CHECK(five->image == s.images[4]);
   CHECK(w.ctx.stats.chunks_applied_sparse == 4 * chunks);
   CHECK(w.ctx.stats.images_allocated == 2);
+  // The same byte damaged in the spare (version 5) and the live image (6): the copy meant to
+  // replace the spare's chunk does not match either, so the live image is dropped too, and only
+  // an anchor helps.
+  auto* six = const_cast<ModelVersion*>(w.r.current().get());
+  const std::size_t at = six->image.size() / 2;
+  const_cast<ModelVersion&>(*five).image[at] ^= 0x08;
+  six->image[at] ^= 0x08;
+  five.reset();
+  w.arrive(s.delta(7));
+  CHECK(w.r.current() == nullptr);
+  CHECK(w.r.need_anchor());
+  CHECK(w.ctx.stats.chunks_caught_up_copied == 1);  // the copy did not match: not caught up
+  CHECK(w.ctx.last_error().find("live image") != std::string::npos);
+  w.arrive(s.anchor(7));
+  REQUIRE(w.r.current());
+  CHECK(w.r.current()->image == s.images[6]);
 }
 
 TEST_CASE("the reconstructor keeps where each delta changed the image, as far back as configured", "[runtime][components]") {

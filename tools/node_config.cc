@@ -246,6 +246,8 @@ Result<LoadedNode> load_node_options(const NodeOptions& flags, bool worker) {
   out.node.in_place = worker && o.in_place;
   if (!o.scrub_rate.empty()) {
     DC_ASSIGN_OR_RETURN(out.node.scrub_bytes_per_s, parse_bytes(o.scrub_rate));
+    if (out.node.scrub_bytes_per_s > runtime::kScrubBytesPerSMax)
+      return Status::invalid_argument("scrub_rate: at most 1TB a second, not " + o.scrub_rate);
   }
   out.node.serve_children = !worker || !o.listen.empty();
   if (!o.listen.empty()) DC_RETURN_IF_ERROR(check_endpoint(o.listen, "--listen", true));

@@ -40,8 +40,9 @@ Scrubber::Scrubber(NodeContext& ctx, TaskRunner* tasks, Owner& owner) : ctx_(ctx
 Scrubber::~Scrubber() { *alive_ = false; }
 
 void Scrubber::tick(std::uint64_t now_ms, std::shared_ptr<const ModelVersion> current) {
-  const std::uint64_t rate = ctx_.config.scrub_bytes_per_s;
-  const std::uint64_t elapsed_ms = last_ms_ && now_ms > last_ms_ ? now_ms - last_ms_ : 0;
+  const std::uint64_t rate = std::min(ctx_.config.scrub_bytes_per_s, kScrubBytesPerSMax);
+  // At most a minute counts: unspent budget is capped below anyway.
+  const std::uint64_t elapsed_ms = last_ms_ && now_ms > last_ms_ ? std::min<std::uint64_t>(now_ms - last_ms_, 60000) : 0;
   last_ms_ = now_ms;
   if (rate == 0) return;
   budget_bytes_ += rate * elapsed_ms / 1000;

@@ -24,11 +24,25 @@ std::string scenario_json(const std::string& model, const std::string& run, cons
     "model": )" + model + R"(, "run": )" + run + R"(, "faults": )" + faults + "}";
 }
 
+// A 1 GB model in 64 chunks over `versions`, a version a minute, decoded at 1 GB/s of a core,
+// with `run_extra` added to the run section; the run must keep every invariant and miss nothing.
+Report run_decode_bound(std::uint32_t versions, const std::string& run_extra);
+
 Scenario parse(const std::string& text) {
   auto s = parse_scenario(text);
   INFO(s.status().to_string());
   REQUIRE(s.is_ok());
   return *s;
+}
+
+Report run_decode_bound(std::uint32_t versions, const std::string& run_extra) {
+  const Scenario sc = parse(scenario_json(R"({"parameters": 5e8, "chunks": 64})", R"({"versions": )" + std::to_string(versions) +
+                                                                                      R"(, "step_period_s": 60, "decode": "1GB/s")" + run_extra + "}"));
+  auto r = run_scenario(sc, RunOptions{});
+  REQUIRE(r.is_ok());
+  CHECK(r->violations.empty());
+  CHECK(r->missed == 0);
+  return *r;
 }
 
 }  // namespace
@@ -126,14 +140,7 @@ TEST_CASE("fault scenarios keep the invariants across 200 seeds", "[sim][faults]
 TEST_CASE("workers that share a host's cores share its decoding", "[sim][cpu]") {
   // Decoding decides: each 1 GB image at 1 GB/s of one core, over links that bring a
   // delta's 64 chunks far faster.
-  auto slowest = [](const std::string& cpu) {
-    const Scenario sc = parse(scenario_json(R"({"parameters": 5e8, "chunks": 64})", R"({"versions": 2, "step_period_s": 60, "decode": "1GB/s")" + cpu + "}"));
-    auto r = run_scenario(sc, RunOptions{});
-    REQUIRE(r.is_ok());
-    CHECK(r->violations.empty());
-    CHECK(r->missed == 0);
-    return r->max_s;
-  };
+  auto slowest = [](const std::string& cpu) { return run_decode_bound(2, cpu).max_s; };
   const double own = slowest("");
   CHECK(own == Approx(1.0).epsilon(0.1));
   // Two workers on a host of two cores: a core each, as on hosts of their own.
@@ -148,14 +155,10 @@ TEST_CASE("workers holding the previous version's chunk states apply deltas at t
   // Each 1 GB image at 1 GB/s decoded whole; a delta (1.109%: 11.1 MB of payload) applied
   // sparsely at the sparse rate, half as much again for a double-buffered spare's catch-up.
   auto delta_s = [](const std::string& extra) {
-    const Scenario sc = parse(scenario_json(R"({"parameters": 5e8, "chunks": 64})", R"({"versions": 3, "step_period_s": 60, "decode": "1GB/s")" + extra + "}"));
-    auto r = run_scenario(sc, RunOptions{});
-    REQUIRE(r.is_ok());
-    CHECK(r->violations.empty());
-    CHECK(r->missed == 0);
-    REQUIRE(r->by_version.size() == 3);
-    CHECK(r->by_version[0].max_s > 0.9);  // the anchor: always the whole image
-    return r->by_version[2].max_s;        // a delta after a delta
+    const Report r = run_decode_bound(3, extra);
+    REQUIRE(r.by_version.size() == 3);
+    CHECK(r.by_version[0].max_s > 0.9);  // the anchor: always the whole image
+    return r.by_version[2].max_s;        // a delta after a delta
   };
   const double dense = delta_s("");
   CHECK(dense == Approx(1.0).epsilon(0.15));

@@ -16,6 +16,8 @@ namespace deltacast::runtime {
 
 // Versions a child asked for that are not here yet are remembered up to this many per child.
 inline constexpr std::size_t kChildSubscriptionsMax = 256;
+// The highest NodeConfig::scrub_bytes_per_s: the scrub's budget arithmetic stays far from overflow.
+inline constexpr std::uint64_t kScrubBytesPerSMax = 1'000'000'000'000;
 
 struct NodeConfig {
   std::string node_id;

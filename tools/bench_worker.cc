@@ -141,16 +141,18 @@ class WorkerBench {
       ms = cpu_runs(o_.runs, [&] { cold(base, work); }, [&] { st = decode_version(m, payloads, work, work, one_core_, {}, &decoders_); });
       DC_RETURN_IF_ERROR(check(work, "dense in place"));
       r.dense_in_place_ms.insert(r.dense_in_place_ms.end(), ms.begin(), ms.end());
-      // Sparse in place, from the chunk states the worker holds (the delta's base hashes).
+      // Sparse in place, from the chunk states the worker holds (the delta's base hashes); with
+      // `patches`, each chunk's patch is kept, as double-buffered workers do.
       std::vector<ChunkPatch> patches(m.chunks.size());
-      ms = cpu_runs(o_.runs, [&] { cold(base, work); }, [&] {
+      auto sparse = [&](MutableByteSpan image, std::vector<ChunkPatch>* keep) {
         const auto decoder = decoders_.acquire();
         for (std::size_t i = 0; i < m.chunks.size() && st.is_ok(); ++i) {
           const ChunkEntry& c = m.chunks[i];
-          st = apply_chunk_sparse(m, i, payloads[i], MutableByteSpan(work).subspan(c.offset, c.length), c.base_hash, *decoder,
-                                  nullptr, &patches[i]);
+          st = apply_chunk_sparse(m, i, payloads[i], image.subspan(c.offset, c.length), c.base_hash, *decoder, nullptr,
+                                  keep ? &(*keep)[i] : nullptr);
         }
-      });
+      };
+      ms = cpu_runs(o_.runs, [&] { cold(base, work); }, [&] { sparse(work, nullptr); });
       DC_RETURN_IF_ERROR(check(work, "sparse in place"));
       r.sparse_ms.insert(r.sparse_ms.end(), ms.begin(), ms.end());
       // Double-buffered: the spare image holds the version before the base; each chunk catches
@@ -162,12 +164,17 @@ class WorkerBench {
           for (std::size_t i = 0; i < m.chunks.size() && st.is_ok(); ++i) {
             const ChunkEntry& c = m.chunks[i];
             const MutableByteSpan range = MutableByteSpan(work).subspan(c.offset, c.length);
-            st = apply_patch(prev_patches[i], range, pm.chunks[i].base_hash, pm.chunks[i].content_hash);
+            st = decoder->apply_patch(prev_patches[i], range, pm.chunks[i].base_hash, pm.chunks[i].content_hash);
             if (st.is_ok()) st = apply_chunk_sparse(m, i, payloads[i], range, c.base_hash, *decoder, nullptr, &patches[i]);
           }
         });
         DC_RETURN_IF_ERROR(check(work, "sparse double-buffered"));
         r.double_buffered_ms.insert(r.double_buffered_ms.end(), ms.begin(), ms.end());
+      } else {
+        // The first delta: its patches, for the next one's catch-up (untimed).
+        cold(base, work);
+        sparse(work, &patches);
+        DC_RETURN_IF_ERROR(check(work, "sparse with patches"));
       }
       prev = std::move(ev);
       prev_patches = std::move(patches);

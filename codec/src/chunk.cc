@@ -315,6 +315,7 @@ Result<ParsedChunk> parse_chunk(ByteSpan payload) {
 // Decoded streams of one section, in the decoder's memory.
 struct DecodedStreams {
   std::array<ByteSpan, 3> s{};
+  std::span<const std::uint32_t> positions;  // a v1 BF16 delta's change positions (values), ascending
 };
 
 using SectionBuffers = std::array<Bytes, 3>;
@@ -345,21 +346,34 @@ inline const std::uint8_t* get_varint32(const std::uint8_t* p, const std::uint8_
   return nullptr;
 }
 
-// Checks the positions and values streams of a BF16 delta section before anything is written.
-Status validate_bf16_delta(const ParsedSection& sec, const DecodedStreams& d) {
+// Checks the positions and values streams of a BF16 delta section before anything is written,
+// and decodes the positions into `positions` (d.positions then points there).
+Status validate_bf16_delta(const ParsedSection& sec, DecodedStreams& d, std::vector<std::uint32_t>& positions) {
   const std::uint64_t n = sec.seg.bytes / 2;
   const std::uint8_t* p = d.s[0].data();
   const std::uint8_t* const end = p + d.s[0].size();
+  positions.resize(sec.change_count);  // at most n (parse_chunk)
+  std::uint32_t* out = positions.data();
   std::uint64_t next_min = 0;
   for (std::uint64_t k = 0; k < sec.change_count; ++k) {
     std::uint64_t gap;
-    p = get_varint32(p, end, gap);
-    if (!p) return Status::corruption("positions stream ends early or holds a malformed number");
+    if (end - p >= 2 && (p[0] & p[1] & 0x80) == 0) {
+      // One or two bytes (most gaps), without a branch on which: at 0.5-2% changed values
+      // about as many gaps take one byte as take two.
+      const std::uint64_t more = p[0] >> 7;
+      gap = (p[0] & 0x7fu) | ((p[1] & 0x7fu) << 7) * more;
+      p += 1 + more;
+    } else {
+      p = get_varint32(p, end, gap);
+      if (!p) return Status::corruption("positions stream ends early or holds a malformed number");
+    }
     next_min += gap;
     if (next_min >= n) return Status::corruption("change position outside the segment");
+    out[k] = static_cast<std::uint32_t>(next_min);
     ++next_min;
   }
   if (p != end) return Status::corruption("positions stream longer than its change count");
+  d.positions = positions;
   const auto escapes = static_cast<std::uint64_t>(std::count(d.s[1].begin(), d.s[1].end(), std::uint8_t{0}));
   if (escapes != sec.exception_count) return Status::corruption("escape count disagrees with the exception count");
   return Status::ok();
@@ -369,39 +383,26 @@ Status validate_bf16_delta(const ParsedSection& sec, const DecodedStreams& d) {
 // increasing position.
 class V1Applier {
  public:
-  explicit V1Applier(const DecodedStreams& d)
-      : p_(d.s[0].data()), end_(p_ + d.s[0].size()), val_(d.s[1].data()), exc_(d.s[2].data()), left_(d.s[1].size()) {
-    next();
-  }
+  explicit V1Applier(const DecodedStreams& d) : pos_(d.positions), val_(d.s[1].data()), exc_(d.s[2].data()) {}
   // The changes at positions before `stop`, into `v`, which holds the values from `first` on.
   void apply_before(std::uint64_t stop, std::uint16_t* v, std::uint64_t first) {
     v -= first;
-    for (; left_ && at_ < stop; next()) {
-      const std::uint8_t z = *val_++;
-      if (z) {
-        v[at_] = static_cast<std::uint16_t>(v[at_] + unzigzag8(z));
+    for (; k_ < pos_.size() && pos_[k_] < stop; ++k_) {
+      const std::uint32_t at = pos_[k_];
+      if (const std::uint8_t z = val_[k_]) {
+        v[at] = static_cast<std::uint16_t>(v[at] + unzigzag8(z));
       } else {
-        v[at_] = load_u16(exc_);
+        v[at] = load_u16(exc_);
         exc_ += 2;
       }
-      left_--;
     }
   }
 
  private:
-  void next() {
-    if (!left_) return;
-    std::uint64_t gap;
-    p_ = get_varint32(p_, end_, gap);  // validated already
-    at_ = start_ + gap;
-    start_ = at_ + 1;
-  }
-  const std::uint8_t* p_;
-  const std::uint8_t* end_;
+  std::span<const std::uint32_t> pos_;
   const std::uint8_t* val_;
   const std::uint8_t* exc_;
-  std::uint64_t left_;
-  std::uint64_t at_ = 0, start_ = 0;  // the next change's position; where the gap after it starts
+  std::size_t k_ = 0;  // the next change
 };
 
 // The element starts (bytes from the chunk's start) of every value a decoded delta changes,
@@ -419,16 +420,7 @@ void collect_changes(const ParsedChunk& pc, std::span<const DecodedStreams> deco
       for (std::uint64_t j = 0; j < c.starts[c.classes]; ++j) out.push_back(at + 2 * c.positions[j]);
       std::sort(out.begin() + static_cast<std::ptrdiff_t>(first), out.end());
     } else if (sec.seg.cls == SegmentClass::kBF16) {
-      const std::uint8_t* p = decoded[k].s[0].data();
-      const std::uint8_t* const end = p + decoded[k].s[0].size();
-      std::uint64_t pos = 0;
-      for (std::uint64_t j = 0; j < sec.change_count; ++j) {
-        std::uint64_t gap;
-        p = get_varint32(p, end, gap);  // validated already
-        pos += gap;
-        out.push_back(at + static_cast<std::uint32_t>(2 * pos));
-        ++pos;
-      }
+      for (const std::uint32_t pos : decoded[k].positions) out.push_back(at + 2 * pos);
     } else {
       // Transposed: byte j of element i is at j * m + i.
       const std::size_t es = sec.seg.elem_size, m = sec.seg.bytes / es;
@@ -443,7 +435,7 @@ void collect_changes(const ParsedChunk& pc, std::span<const DecodedStreams> deco
 }
 
 // Word j of a range as the state hash reads it: 8 bytes from 8j, zero-padded past the end.
-inline std::uint64_t state_word(const std::uint8_t* range, std::size_t range_bytes, std::uint64_t j) {
+[[gnu::always_inline]] inline std::uint64_t state_word(const std::uint8_t* range, std::size_t range_bytes, std::uint64_t j) {
   std::uint64_t w = 0;
   const std::size_t at = 8 * j;
   if (at + 8 <= range_bytes) std::memcpy(&w, range + at, 8);
@@ -469,91 +461,106 @@ Status check_shape(const ParsedChunk& pc, std::span<const Segment> expected_segm
 }
 
 
-// Writes the changes of a sparse apply into a range as they come, ascending, and keeps the
-// range's state hash current from the words they touch: each word moves the sum by the
-// difference of its mixes, old word against new (mixed a batch at a time, vectorised where the
-// CPU allows). It logs where it wrote and what was there, so that undo() can put a range whose
-// result fails its hash back as it was. Its state lives in scalars and plain pointers, not in
-// containers: the compiler keeps them in registers across the byte stores into the range.
+// Writes the changes of a sparse apply into a range as they come, ascending, and logs each word
+// they touch once, as it was and as it became: the range's state hash moves by the difference of
+// the logged words' mixes (mixed a batch at a time while the log is in L1, vectorised where the
+// CPU allows), and undo() puts a range whose result fails its hash back from the log. Its state
+// lives in scalars and plain pointers, not in containers: the compiler keeps them in registers
+// across the byte stores into the range.
 class SparseWriter {
  public:
-  // `undo` holds room for every change to come (8 bytes each); `patch`, when set, receives
-  // what is written; `batch` is working memory.
-  SparseWriter(MutableByteSpan range, std::uint64_t state, std::uint64_t* undo, ChunkPatch* patch, StateWordChange* batch)
-      : p_(range.data()), n_(range.size()), state_(state), undo_(undo), patch_(patch), batch_(batch) {
-    if (patch_) patch_->clear();
+  // Words a log needs room for: each change touches one word, or two when a BF16 value
+  // straddles two, and no word is logged twice.
+  static std::size_t log_words_max(std::size_t changes, std::size_t range_bytes) { return std::min(2 * changes, (range_bytes + 7) / 8); }
+  // `log` holds room for log_words_max(changes, range.size()) words; `patch`, when set,
+  // receives the `changes` values written.
+  SparseWriter(MutableByteSpan range, std::size_t changes, StateWordChange* log, ChunkPatch* patch)
+      : p_(range.data()), n_(range.size()), log_(log), patch_(patch) {
+    if (patch_) {
+      patch_->at.resize(changes);
+      patch_->values.resize(changes);
+      patch_at_ = patch_->at.data();
+      patch_values_ = patch_->values.data();
+    }
   }
-  // `bytes` (1 or 2) bytes of `value` at `at`, where `old` is now; `at` beyond every earlier change.
-  [[gnu::always_inline]] void put(std::uint32_t at, unsigned bytes, std::uint16_t old, std::uint16_t value) {
+  // The two bytes at `at`, which must not straddle two words ((at & 7) != 7), as they are now:
+  // from the word they lie in, loaded for its first change.
+  [[gnu::always_inline]] std::uint16_t get2(std::uint32_t at) {
+    word(at >> 3);
+    return static_cast<std::uint16_t>(now_ >> (8 * (at & 7)));
+  }
+  // `bytes` (1 or 2) bytes of `value` at `at`, beyond every earlier change.
+  [[gnu::always_inline]] void put(std::uint32_t at, unsigned bytes, std::uint16_t value) {
     // Account for the words first: a two-byte value may start the next word, which must be
     // read as it was before this change writes into it.
     if (bytes == 2 && (at & 7) != 7) {
       word(at >> 3);
       const unsigned shift = 8 * (at & 7);
-      new_word_ = (new_word_ & ~(std::uint64_t{0xffff} << shift)) | (std::uint64_t{value} << shift);
+      now_ = (now_ & ~(std::uint64_t{0xffff} << shift)) | (std::uint64_t{value} << shift);
       store_u16(p_ + at, value);
     } else {
       for (unsigned b = 0; b < bytes; ++b) {
         const std::uint64_t pos = at + b;
         word(pos >> 3);
         const unsigned s = 8 * (pos & 7);
-        new_word_ = (new_word_ & ~(std::uint64_t{0xff} << s)) | (std::uint64_t{(value >> (8 * b)) & 0xffu} << s);
+        now_ = (now_ & ~(std::uint64_t{0xff} << s)) | (std::uint64_t{(value >> (8 * b)) & 0xffu} << s);
       }
       if (bytes == 2) store_u16(p_ + at, value);
       else p_[at] = static_cast<std::uint8_t>(value);
     }
-    const std::uint32_t tagged = bytes == 1 ? at | ChunkPatch::kOneByte : at;
     if (patch_) {
-      patch_->at.push_back(tagged);
-      patch_->values.push_back(value);
+      patch_at_[count_] = bytes == 1 ? at | ChunkPatch::kOneByte : at;
+      patch_values_[count_] = value;
     }
-    undo_[count_++] = std::uint64_t{tagged} << 16 | old;  // the offset (and kOneByte) above the old value
+    ++count_;
   }
-  // The range's state hash with every change written.
-  std::uint64_t finish() {
+  // The range's state hash, which was `held`, with every change written.
+  [[gnu::always_inline]] std::uint64_t finish(std::uint64_t held) {
     flush();
-    mix_batch();
-    return state_;
-  }
-  // Writes back what was there before every change.
-  void undo() {
-    for (std::size_t k = 0; k < count_; ++k) {
-      const auto a = static_cast<std::uint32_t>(undo_[k] >> 16), at = a & ~ChunkPatch::kOneByte;
-      const auto old = static_cast<std::uint16_t>(undo_[k]);
-      if (a & ChunkPatch::kOneByte) p_[at] = static_cast<std::uint8_t>(old);
-      else store_u16(p_ + at, old);
+    mix(logged_ - mixed_);
+    if (patch_) {
+      patch_->at.resize(count_);
+      patch_->values.resize(count_);
     }
+    return held + state_;
   }
-  static constexpr std::size_t kBatch = 64;
+  // Writes back every word as it was before the first change.
+  [[gnu::always_inline]] void undo() {
+    for (std::size_t k = 0; k < logged_; ++k) {
+      const std::size_t at = 8 * log_[k].j;
+      std::memcpy(p_ + at, &log_[k].was, std::min<std::size_t>(8, n_ - at));
+    }
+    if (patch_) patch_->clear();
+  }
 
  private:
+  static constexpr std::size_t kMixBatch = 64;
   [[gnu::always_inline]] void word(std::uint64_t j) {
     if (j == j_) return;
     flush();
     j_ = j;
-    old_word_ = new_word_ = state_word(p_, n_, j);
+    was_ = now_ = state_word(p_, n_, j);
   }
   [[gnu::always_inline]] void flush() {
-    if (j_ != kNone) {
-      batch_[batched_++] = {j_, old_word_, new_word_};
-      if (batched_ == kBatch) mix_batch();
-    }
-    j_ = kNone;
+    if (j_ == kNone) return;
+    log_[logged_++] = {j_, was_, now_};
+    if (logged_ - mixed_ == kMixBatch) mix(kMixBatch);
   }
-  void mix_batch() {
-    state_ += state_mix_delta(std::span<const StateWordChange>(batch_, batched_));
-    batched_ = 0;
+  [[gnu::always_inline]] void mix(std::size_t words) {
+    state_ += state_mix_delta(std::span<const StateWordChange>(log_ + mixed_, words));
+    mixed_ += words;
   }
   static constexpr std::uint64_t kNone = ~std::uint64_t{0};
   std::uint8_t* p_;
   std::size_t n_;
-  std::uint64_t state_;
-  std::uint64_t j_ = kNone, old_word_ = 0, new_word_ = 0;
-  std::uint64_t* undo_;
-  std::size_t count_ = 0;
+  std::uint64_t state_ = 0;  // the mixes' difference so far
+  std::uint64_t j_ = kNone, was_ = 0, now_ = 0;
+  StateWordChange* log_;
+  std::size_t logged_ = 0, mixed_ = 0;
   ChunkPatch* patch_;
-  StateWordChange* batch_;
-  std::size_t batched_ = 0;
+  std::uint32_t* patch_at_ = nullptr;
+  std::uint16_t* patch_values_ = nullptr;
+  std::size_t count_ = 0;
 };
 
 // The changes a decoded delta writes: v1 and v2 BF16 changes, and generic bytes whose xor is
@@ -574,9 +581,9 @@ constexpr std::size_t kPrefetchChanges = 64;
 
 // Writes every change of a decoded delta into `range`, ascending: v1 BF16 changes from their
 // positions (each reads its one base value), v2 changes as decoded, generic bytes where the
-// xor is not zero. `offsets` is working memory.
+// xor is not zero.
 [[gnu::always_inline]] inline void write_sparse(const ParsedChunk& pc, std::span<const DecodedStreams> decoded, std::span<const bf16v2::Changes> v2,
-                  std::uint8_t* range, std::vector<std::uint32_t>& offsets, SparseWriter& w) {
+                                                std::uint8_t* range, SparseWriter& w) {
   std::uint32_t at = 0;  // the section's first byte
   for (std::size_t k = 0; k < pc.sections.size(); at += static_cast<std::uint32_t>(pc.sections[k].seg.bytes), ++k) {
     const ParsedSection& sec = pc.sections[k];
@@ -587,29 +594,18 @@ constexpr std::size_t kPrefetchChanges = 64;
       std::vector<std::uint64_t> keyed(c.starts[c.classes]);
       for (std::uint64_t j = 0; j < keyed.size(); ++j) keyed[j] = std::uint64_t{at + 2 * c.positions[j]} << 16 | c.values[j];
       std::sort(keyed.begin(), keyed.end());
-      for (const std::uint64_t key : keyed) {
-        const auto off = static_cast<std::uint32_t>(key >> 16);
-        w.put(off, 2, load_u16(range + off), static_cast<std::uint16_t>(key));
-      }
+      for (const std::uint64_t key : keyed) w.put(static_cast<std::uint32_t>(key >> 16), 2, static_cast<std::uint16_t>(key));
     } else if (sec.seg.cls == SegmentClass::kBF16) {
-      // The positions first, so that the base values' lines are fetched ahead of their use.
-      offsets.resize(sec.change_count);
-      const std::uint8_t* p = d.s[0].data();
-      const std::uint8_t* const end = p + d.s[0].size();
-      std::uint64_t pos = 0;
-      for (auto& off : offsets) {
-        std::uint64_t gap;
-        p = get_varint32(p, end, gap);  // validated already
-        pos += gap;
-        off = at + static_cast<std::uint32_t>(2 * pos);
-        ++pos;
-      }
+      // Each base value's line is fetched kPrefetchChanges changes ahead of its use.
+      const std::uint32_t* const pos = d.positions.data();
+      const std::size_t count = d.positions.size();
+      const std::uint8_t* const section = range + at;
       const std::uint8_t* val = d.s[1].data();
       const std::uint8_t* exc = d.s[2].data();
-      for (std::size_t j = 0; j < offsets.size(); ++j) {
-        if (j + kPrefetchChanges < offsets.size()) __builtin_prefetch(range + offsets[j + kPrefetchChanges], 1);
-        const std::uint32_t off = offsets[j];
-        const std::uint16_t b = load_u16(range + off);
+      for (std::size_t j = 0; j < count; ++j) {
+        if (j + kPrefetchChanges < count) __builtin_prefetch(section + 2 * pos[j + kPrefetchChanges], 1);
+        const std::uint32_t off = at + 2 * pos[j];
+        const std::uint16_t b = (off & 7) != 7 ? w.get2(off) : load_u16(range + off);
         std::uint16_t v;
         if (const std::uint8_t z = val[j]) {
           v = static_cast<std::uint16_t>(b + unzigzag8(z));
@@ -617,7 +613,7 @@ constexpr std::size_t kPrefetchChanges = 64;
           v = load_u16(exc);
           exc += 2;
         }
-        w.put(off, 2, b, v);
+        w.put(off, 2, v);
       }
     } else {
       // Transposed: byte j of element i is at j * m + i.
@@ -627,38 +623,13 @@ constexpr std::size_t kPrefetchChanges = 64;
         for (std::size_t j = 0; j < es; ++j)
           if (const std::uint8_t b = x[j * m + i]) {
             const std::uint32_t off = at + static_cast<std::uint32_t>(i * es + j);
-            w.put(off, 1, range[off], static_cast<std::uint8_t>(range[off] ^ b));
+            w.put(off, 1, static_cast<std::uint8_t>(range[off] ^ b));
           }
     }
   }
 }
 
 }  // namespace
-
-Status apply_patch(const ChunkPatch& patch, MutableByteSpan range, std::uint64_t held_state, std::uint64_t expect_state) {
-  if (patch.at.size() != patch.values.size()) return Status::invalid_argument("a patch with more offsets than values");
-  std::uint64_t end = 0;  // past the last byte written so far: offsets must ascend
-  for (const std::uint32_t a : patch.at) {
-    const std::uint64_t at = a & ~ChunkPatch::kOneByte, bytes = (a & ChunkPatch::kOneByte) ? 1 : 2;
-    if (at < end || at + bytes > range.size()) return Status::invalid_argument("patch offsets out of order or outside the range");
-    end = at + bytes;
-  }
-  std::vector<std::uint64_t> undo(patch.size());
-  std::array<StateWordChange, SparseWriter::kBatch> words;
-  SparseWriter w(range, held_state, undo.data(), nullptr, words.data());
-  std::uint8_t* const p = range.data();
-  for (std::size_t k = 0; k < patch.size(); ++k) {
-    if (k + kPrefetchChanges < patch.size()) __builtin_prefetch(p + (patch.at[k + kPrefetchChanges] & ~ChunkPatch::kOneByte), 1);
-    const std::uint32_t at = patch.at[k] & ~ChunkPatch::kOneByte;
-    if (patch.at[k] & ChunkPatch::kOneByte) w.put(at, 1, p[at], patch.values[k] & 0xff);
-    else w.put(at, 2, load_u16(p + at), patch.values[k]);
-  }
-  if (w.finish() != expect_state) {
-    w.undo();
-    return Status::corruption("reconstructed bytes fail their checksum");
-  }
-  return Status::ok();
-}
 
 ChunkPatch patch_of(std::span<const Segment> segments, std::span<const std::uint32_t> changed, ByteSpan range) {
   ChunkPatch patch;
@@ -812,9 +783,8 @@ struct ChunkDecoder::State {
   std::vector<SectionBuffers> sections;  // decoded streams, per section of the chunk
   std::vector<bf16v2::Changes> v2;       // v2 sections' changes
   std::vector<std::uint32_t> gaps;       // v2 decoder's working memory
-  std::vector<std::uint64_t> undo;       // apply_sparse: where each change wrote and what was there
-  std::array<StateWordChange, 64> words; // ... and the words it changed, to mix
-  std::vector<std::uint32_t> offsets;    // ... and a v1 section's change offsets
+  std::vector<std::vector<std::uint32_t>> positions;  // v1 BF16 delta sections' change positions
+  std::vector<StateWordChange> words;                 // apply_sparse: the words it changed
   alignas(64) std::array<std::uint8_t, kWriteTileBytes> tile;
   std::size_t bytes() const {
     std::size_t b = streams.scratch_bytes() + sizeof(State) + gaps.capacity() * 4;
@@ -822,7 +792,8 @@ struct ChunkDecoder::State {
     for (const auto& sec : sections)
       for (const auto& x : sec) b += x.capacity();
     for (const auto& c : v2) b += c.positions.capacity() * 4 + c.values.capacity() * 2;
-    b += undo.capacity() * 8 + offsets.capacity() * 4;
+    for (const auto& p : positions) b += p.capacity() * 4;
+    b += positions.capacity() * sizeof(positions[0]) + words.capacity() * sizeof(StateWordChange);
     return b;
   }
 };
@@ -837,6 +808,7 @@ Status decode_sections(const ParsedChunk& pc, const std::uint8_t* base, int leve
   const bool delta = pc.kind != ChunkKind::kAnchorV1;
   if (s.sections.size() < pc.sections.size()) s.sections.resize(pc.sections.size());
   if (s.v2.size() < pc.sections.size()) s.v2.resize(pc.sections.size());
+  if (s.positions.size() < pc.sections.size()) s.positions.resize(pc.sections.size());
   decoded.assign(pc.sections.size(), {});
   for (std::size_t k = 0, at = 0; k < pc.sections.size(); at += pc.sections[k].seg.bytes, ++k) {
     const auto& sec = pc.sections[k];
@@ -846,7 +818,7 @@ Status decode_sections(const ParsedChunk& pc, const std::uint8_t* base, int leve
       st = bf16v2::decode(sec.bf16, base + at, decoded[k].s[0], level, s.gaps, s.v2[k], base_hash);
     } else {
       if (base_hash) base_hash->update(base + at, sec.seg.bytes);
-      if (delta && sec.seg.cls == SegmentClass::kBF16) st = validate_bf16_delta(sec, decoded[k]);
+      if (delta && sec.seg.cls == SegmentClass::kBF16) st = validate_bf16_delta(sec, decoded[k], s.positions[k]);
     }
     if (!st.is_ok()) return st.with_context("segment " + std::to_string(k));
   }
@@ -972,19 +944,46 @@ Status ChunkDecoder::apply_sparse_checked(ByteSpan payload, std::span<const Segm
   DC_RETURN_IF_ERROR(decode_sections(pc, range.data(), options_.scan_level, *s_, decoded, nullptr));
   // Written as they come, the state kept current; put back if the result fails its hash.
   const std::size_t changes = sparse_change_count(pc, decoded, s_->v2);
-  if (s_->undo.size() < changes) s_->undo.resize(changes);
-  if (patch) {
-    patch->at.reserve(changes);
-    patch->values.reserve(changes);
-  }
-  static_assert(SparseWriter::kBatch == std::tuple_size_v<decltype(s_->words)>);
-  SparseWriter w(range, held_state, s_->undo.data(), patch, s_->words.data());
-  write_sparse(pc, decoded, s_->v2, range.data(), s_->offsets, w);
-  if (w.finish() != *expect.content) {
+  const std::size_t words = SparseWriter::log_words_max(changes, range.size());
+  if (s_->words.size() < words) s_->words.resize(words);
+  SparseWriter w(range, changes, s_->words.data(), patch);
+  write_sparse(pc, decoded, s_->v2, range.data(), w);
+  if (w.finish(held_state) != *expect.content) {
     w.undo();
     return Status::corruption("reconstructed bytes fail their checksum");
   }
   if (changed) collect_changes(pc, decoded, s_->v2, *changed);
+  return Status::ok();
+}
+
+Status ChunkDecoder::apply_patch(const ChunkPatch& patch, MutableByteSpan range, std::uint64_t held_state, std::uint64_t expect_state) {
+  Status st = apply_patch_checked(patch, range, held_state, expect_state);
+  trim();
+  return st;
+}
+
+Status ChunkDecoder::apply_patch_checked(const ChunkPatch& patch, MutableByteSpan range, std::uint64_t held_state, std::uint64_t expect_state) {
+  if (patch.at.size() != patch.values.size()) return Status::invalid_argument("a patch with more offsets than values");
+  std::uint64_t end = 0;  // past the last byte written so far: offsets must ascend
+  for (const std::uint32_t a : patch.at) {
+    const std::uint64_t at = a & ~ChunkPatch::kOneByte, bytes = (a & ChunkPatch::kOneByte) ? 1 : 2;
+    if (at < end || at + bytes > range.size()) return Status::invalid_argument("patch offsets out of order or outside the range");
+    end = at + bytes;
+  }
+  const std::size_t words = SparseWriter::log_words_max(patch.size(), range.size());
+  if (s_->words.size() < words) s_->words.resize(words);
+  SparseWriter w(range, patch.size(), s_->words.data(), nullptr);
+  std::uint8_t* const p = range.data();
+  for (std::size_t k = 0; k < patch.size(); ++k) {
+    if (k + kPrefetchChanges < patch.size()) __builtin_prefetch(p + (patch.at[k + kPrefetchChanges] & ~ChunkPatch::kOneByte), 1);
+    const std::uint32_t at = patch.at[k] & ~ChunkPatch::kOneByte;
+    if (patch.at[k] & ChunkPatch::kOneByte) w.put(at, 1, patch.values[k] & 0xff);
+    else w.put(at, 2, patch.values[k]);
+  }
+  if (w.finish(held_state) != expect_state) {
+    w.undo();
+    return Status::corruption("reconstructed bytes fail their checksum");
+  }
   return Status::ok();
 }
 
@@ -1023,10 +1022,11 @@ Result<ChunkStats> ChunkDecoder::describe_checked(ByteSpan payload, ChunkKind* k
     }
     if (pc.kind == ChunkKind::kAnchorV1) continue;
     if (s_->sections.empty()) s_->sections.resize(1);
+    if (s_->positions.empty()) s_->positions.resize(1);
     DecodedStreams d;
     DC_RETURN_IF_ERROR(decode_streams(sec, s_->streams, s_->sections[0], d));
     if (sec.seg.cls == SegmentClass::kBF16) {
-      DC_RETURN_IF_ERROR(validate_bf16_delta(sec, d));
+      DC_RETURN_IF_ERROR(validate_bf16_delta(sec, d, s_->positions[0]));
       st.changed_values += sec.change_count;
       st.exceptions += sec.exception_count;
       st.small_deltas += sec.change_count - sec.exception_count;

@@ -90,7 +90,7 @@ class Reconstructor::DecodeTask final : public Task {
       // A patch that does not bring the range to the base's state (memory that changed under
       // the spare image): copy the base's range instead, and hash the copy, so that damage in
       // the live image is not carried over as if it were the base.
-      if (!apply_patch((*catch_up_->patch)[index_], out, held, to.state).is_ok()) {
+      if (!decoder->apply_patch((*catch_up_->patch)[index_], out, held, to.state).is_ok()) {
         copied_ = true;
         std::memcpy(out.data(), catch_up_->image.data() + e.offset, e.length);
         if (state_hash(out) != to.state) {

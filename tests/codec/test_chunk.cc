@@ -83,18 +83,18 @@ void check_delta(const std::vector<Segment>& segs, const Bytes& base, const Byte
       // result again; one held or expected state off puts the range back as it was.
       const ChunkPatch from_dense = patch_of(segs, changed, next);
       Bytes patched = base;
-      REQUIRE(apply_patch(patch, patched, *right.base, *right.content).is_ok());
+      REQUIRE(decoder.apply_patch(patch, patched, *right.base, *right.content).is_ok());
       CHECK(patched == next);
       patched = base;
-      REQUIRE(apply_patch(from_dense, patched, *right.base, *right.content).is_ok());
+      REQUIRE(decoder.apply_patch(from_dense, patched, *right.base, *right.content).is_ok());
       CHECK(patched == next);
       patched = base;
-      CHECK(apply_patch(patch, patched, *right.base ^ 1, *right.content).code() == StatusCode::kCorruption);
+      CHECK(decoder.apply_patch(patch, patched, *right.base ^ 1, *right.content).code() == StatusCode::kCorruption);
       CHECK(patched == base);
       if (patch.size() > 1) {
         ChunkPatch reversed = patch;
         std::swap(reversed.at.front(), reversed.at.back());
-        CHECK(apply_patch(reversed, patched, *right.base, *right.content).code() == StatusCode::kInvalidArgument);
+        CHECK(decoder.apply_patch(reversed, patched, *right.base, *right.content).code() == StatusCode::kInvalidArgument);
         CHECK(patched == base);
       }
       for (int wrong = 0; wrong < 3; ++wrong) {
@@ -436,10 +436,11 @@ TEST_CASE("encoders and decoders keep their memory within the stated bounds, and
   }
   constexpr std::size_t kZstdBytesMax = 2u << 20;  // a level-3 context for 4 MiB inputs takes about 1.3 MiB
   Bytes out(kBytes);
-  // The stated bounds (chunk.h): encoders 6.4L with v1 deltas, 20L with v2 tried too; decoders 3L.
+  // The stated bounds (chunk.h): encoders 6.4L with v1 deltas, 20L with v2 tried too; decoders
+  // 4L, and 7L once they applied sparsely.
   for (const auto& [opt, bound] : {std::pair{kOptions, 6.5}, std::pair{ChunkEncodeOptions::smallest(), 20.5}}) {
     ChunkEncoder encoder;
-    ChunkDecoder decoder;
+    ChunkDecoder decoder, sparse_decoder;
     std::size_t encoder_after_first = 0, decoder_after_first = 0;
     for (int round = 0; round < 2; ++round) {
       for (const Bytes* next : {&far, &near}) {
@@ -448,7 +449,12 @@ TEST_CASE("encoders and decoders keep their memory within the stated bounds, and
         CHECK(static_cast<double>(encoder.scratch_bytes()) <= bound * kBytes + kZstdBytesMax);
         REQUIRE(decoder.decode(*payload, segs, base, out).is_ok());
         CHECK(out == *next);
-        CHECK(decoder.scratch_bytes() <= 3 * kBytes + 72 + kZstdBytesMax / 8);
+        CHECK(decoder.scratch_bytes() <= 4 * kBytes + 72 + kZstdBytesMax / 8);
+        Bytes work = base;
+        const ChunkHashes states{state_hash(base), state_hash(*next), ChunkHashScheme::kState};
+        REQUIRE(sparse_decoder.apply_sparse(*payload, segs, work, *states.base, states).is_ok());
+        CHECK(work == *next);
+        CHECK(sparse_decoder.scratch_bytes() <= 7 * kBytes + 72 + kZstdBytesMax / 8);
       }
       auto anchor = encoder.encode_anchor(segs, far, opt);
       REQUIRE(anchor.is_ok());

@@ -112,12 +112,6 @@ struct ChunkPatch {
   }
 };
 
-// Writes `patch` into `range`, keeping the range's state hash, which its holder tracks as
-// `held_state`, current from the words the patch touches. If it does not come to
-// `expect_state`, the range is put back as it was and the result is Corruption. The range must
-// not be read by anyone else meanwhile.
-Status apply_patch(const ChunkPatch& patch, MutableByteSpan range, std::uint64_t held_state, std::uint64_t expect_state);
-
 // The patch of a decoded delta chunk from where it changed elements (`changed`, as
 // ChunkDecoder::decode gives them) and the decoded bytes `range`: a BF16 element as one
 // two-byte change, any other as one-byte changes.
@@ -167,10 +161,11 @@ struct ChunkDecodeOptions {
 
 // Decodes chunks. Owns its working memory: every section's decoded streams (a chunk is checked
 // whole before anything is written), the v2 changes, a 16 KiB write tile and a StreamDecoder.
-// For a chunk of L bytes at most about 2L (a v1 BF16 delta whose every value changed to an
-// exception: 0.5L of positions, 0.5L of values, L of exceptions; v2 keeps 6 bytes per change,
-// 3L at most), plus 72 bytes per segment and the zstd context (about 160 KiB). Not thread-safe:
-// one per thread.
+// For a chunk of L bytes at most about 4L (a v1 BF16 delta whose every value changed to an
+// exception: 0.5L of coded positions and 2L decoded, 4 bytes each, 0.5L of values, L of
+// exceptions; v2 keeps 6 bytes per change, 3L at most), and 3L more after apply_sparse (the
+// words it changed, 24 bytes per 8-byte word), plus 72 bytes per segment and the zstd context
+// (about 160 KiB). Not thread-safe: one per thread.
 class ChunkDecoder {
  public:
   explicit ChunkDecoder(ChunkDecodeOptions options = {});
@@ -207,6 +202,11 @@ class ChunkDecoder {
   // `patch`, when set, receives on success the changes written.
   Status apply_sparse(ByteSpan payload, std::span<const Segment> expected_segments, MutableByteSpan range, std::uint64_t held_state,
                       const ChunkHashes& expect, std::vector<std::uint32_t>* changed = nullptr, ChunkPatch* patch = nullptr);
+  // Writes `patch` into `range`, keeping the range's state hash, which its holder tracks as
+  // `held_state`, current from the words the patch touches. If it does not come to
+  // `expect_state`, the range is put back as it was and the result is Corruption. The range
+  // must not be read by anyone else meanwhile. Trims like decode().
+  Status apply_patch(const ChunkPatch& patch, MutableByteSpan range, std::uint64_t held_state, std::uint64_t expect_state);
   // Parses and decodes a payload's streams without applying them, for reports. Trims like decode().
   Result<ChunkStats> describe(ByteSpan payload, ChunkKind* kind = nullptr);
   // The working memory held now.
@@ -217,6 +217,7 @@ class ChunkDecoder {
  private:
   Status decode_checked(ByteSpan payload, std::span<const Segment> expected_segments, ByteSpan base, MutableByteSpan out,
                         const ChunkHashes* expect, std::vector<std::uint32_t>* changed);
+  Status apply_patch_checked(const ChunkPatch& patch, MutableByteSpan range, std::uint64_t held_state, std::uint64_t expect_state);
   Status apply_sparse_checked(ByteSpan payload, std::span<const Segment> expected_segments, MutableByteSpan range,
                               std::uint64_t held_state, const ChunkHashes& expect, std::vector<std::uint32_t>* changed, ChunkPatch* patch);
   Result<ChunkStats> describe_checked(ByteSpan payload, ChunkKind* kind);

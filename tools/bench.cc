@@ -18,6 +18,7 @@
 #include "deltacast/common/thread_pool.h"
 #include "deltacast/io/safetensors.h"
 #include "bench_series.h"
+#include "file_codec.h"
 #include "progress.h"
 #include "svg.h"
 
@@ -28,6 +29,7 @@ struct BenchOptions : SeriesOptions {
   std::size_t runs = 5;
   std::string chunk_size = "4MiB";
   bool anchor = true;
+  bool end_to_end = false;
   std::string svg_path;
 };
 
@@ -325,12 +327,80 @@ class Bench {
   std::vector<double> mt_enc_[2], mt_dec_[2];
 };
 
+// Files in, files out: encode_file and decode_file on one core, as `deltacast encode -j 1` and
+// `deltacast decode -j 1` run them, against encode_version and decode_version in memory on the
+// same pairs in the same run (the output a buffer written before). Both timed by the process's
+// CPU time, user and system, as /usr/bin/time counts it.
+Status run_end_to_end(const BenchOptions& o, const Series& s, std::uint64_t chunk_bytes) {
+  DC_ASSIGN_OR_RETURN(ScratchDir dir, ScratchDir::create("deltacast-bench"));
+  DC_ASSIGN_OR_RETURN(std::vector<std::string> files, series_files(s, dir.path()));
+  const std::size_t pairs = s.images.size() - 1;
+  const std::uint64_t image = s.layout.image_size;
+  InlineExecutor one_core;
+  ChunkEncoderPool encoders;  // kept across runs in memory, as a publisher keeps them
+  ChunkDecoderPool decoders;
+  VersionEncodeOptions opt;  // as deltacast encode without options
+  opt.chunk_bytes = chunk_bytes;
+  Bytes out(image);
+  std::vector<double> mem_enc, mem_dec, file_enc, file_dec;  // CPU seconds per run and pair
+  auto cpu_runs = [&](std::vector<double>& into, auto&& fn) -> Status {
+    for (std::size_t r = 0; r < o.runs; ++r) {
+      const double t0 = process_cpu_s();
+      DC_RETURN_IF_ERROR(fn());
+      into.push_back(process_cpu_s() - t0);
+    }
+    return Status::ok();
+  };
+  ProgressBar bar("end to end", pairs, !o.quiet);
+  for (std::size_t p = 0; p < pairs; ++p) {
+    const ByteSpan base = s.images[p], next = s.images[p + 1];
+    std::optional<EncodedVersion> ev;
+    DC_RETURN_IF_ERROR(cpu_runs(mem_enc, [&]() -> Status {
+      DC_ASSIGN_OR_RETURN(ev, encode_version(s.layout, p + 1, p, base, next, opt, one_core, &encoders));
+      return Status::ok();
+    }));
+    const std::vector<ByteSpan> payloads(ev->payloads.begin(), ev->payloads.end());
+    DC_RETURN_IF_ERROR(cpu_runs(mem_dec, [&] { return decode_version(ev->manifest, payloads, base, out, one_core, {}, &decoders); }));
+    if (std::memcmp(out.data(), next.data(), image) != 0) return Status::corruption("in-memory round trip is not bit-exact");
+    FileEncodeRequest enc;
+    enc.base_path = files[p];
+    enc.next_path = files[p + 1];
+    enc.out_path = dir.path() + "/delta.dcd";
+    enc.options = opt;
+    enc.base_version = p;
+    DC_RETURN_IF_ERROR(cpu_runs(file_enc, [&] { return encode_file(enc, one_core).status(); }));
+    FileDecodeRequest dec;
+    dec.base_path = files[p];
+    dec.in_path = enc.out_path;
+    dec.out_path = dir.path() + "/out.safetensors";
+    DC_RETURN_IF_ERROR(cpu_runs(file_dec, [&] { return decode_file(dec, one_core).status(); }));
+    DC_ASSIGN_OR_RETURN(SafetensorsFile written, SafetensorsFile::open(dec.out_path));
+    if (written.image().size() != image || std::memcmp(written.image().data(), next.data(), image) != 0)
+      return Status::corruption("the decoded file is not bit-exact");
+    bar.update(p + 1);
+  }
+  bar.finish();
+  auto gbps = [&](const std::vector<double>& secs) { return static_cast<double>(image) / median(secs) / 1e9; };
+  std::printf("end to end: %s, %zu pairs, %zu runs each; one core, CPU time (user + system) per version, median\n\n", s.description.c_str(),
+              pairs, o.runs);
+  std::printf("| path | in memory | files in, files out | files / in memory |\n|---|---|---|---|\n");
+  bool met = true;
+  for (const auto& [name, mem, file] : {std::tuple{"encode", &mem_enc, &file_enc}, std::tuple{"decode", &mem_dec, &file_dec}}) {
+    const double ratio = median(*file) / median(*mem);
+    met = met && ratio <= 1.5;
+    std::printf("| %s | %.1f ms (%.2f GB/s) | %.1f ms (%.2f GB/s) | **%.2fx** |\n", name, 1e3 * median(*mem), gbps(*mem), 1e3 * median(*file),
+                gbps(*file), ratio);
+  }
+  std::printf("\ntarget: files within 1.5x of in memory, CPU per version: %s\n", met ? "met" : "MISSED");
+  return Status::ok();
+}
+
 int run_bench(const BenchOptions& o) {
   auto series = load_series(o);
   if (!series.is_ok()) return fail(series.status().to_string());
   auto chunk = parse_bytes(o.chunk_size);
   if (!chunk.is_ok()) return fail(chunk.status().message());
-  const Status st = Bench(o, *series, *chunk).run();
+  const Status st = o.end_to_end ? run_end_to_end(o, *series, *chunk) : Bench(o, *series, *chunk).run();
   return st.is_ok() ? 0 : fail(st.message());
 }
 
@@ -347,6 +417,8 @@ Command add_bench_command(CLI::App& app) {
   sub->add_option("--runs", o->runs, "Timed runs per measurement (median reported)")->capture_default_str()->check(CLI::Range(1, 1000));
   sub->add_option("--chunk-size", o->chunk_size, "Chunk size")->capture_default_str();
   sub->add_flag("!--no-anchor", o->anchor, "Skip the anchor comparison");
+  sub->add_flag("--end-to-end", o->end_to_end,
+                "Instead: encode and decode from files to files on one core, as the encode and decode commands do, against in memory");
   sub->add_option("--svg", o->svg_path, "Also write the results as an SVG bar chart");
   sub->add_flag("-q,--quiet", o->quiet, "No progress bar");
   return {sub, [o] { return run_bench(*o); }};

@@ -1,7 +1,11 @@
 #include "bench_series.h"
 
+#include <stdlib.h>
+#include <sys/resource.h>
+
 #include <cinttypes>
 #include <cstdio>
+#include <filesystem>
 
 #include "deltacast/common/thread_pool.h"
 #include "deltacast/common/units.h"
@@ -18,6 +22,7 @@ Result<Series> load_series(const SeriesOptions& o) {
       if (s.images.empty()) s.layout = st.layout();
       else if (st.layout().tensors != s.layout.tensors) return Status::invalid_argument(f + ": tensor layout differs from " + o.files[0]);
       s.images.push_back(st.image());
+      s.paths.push_back(f);
       s.mapped.emplace_back();
       DC_ASSIGN_OR_RETURN(s.mapped.back(), MappedFile::open(f));  // keeps the mapping alive
       s.images.back() = s.mapped.back().bytes().subspan(s.mapped.back().bytes().size() - s.layout.image_size);
@@ -45,5 +50,34 @@ Result<Series> load_series(const SeriesOptions& o) {
   return s;
 }
 
+Result<ScratchDir> ScratchDir::create(const std::string& prefix) {
+  std::error_code ec;
+  std::string templ = (std::filesystem::temp_directory_path(ec) / (prefix + "-XXXXXX")).string();
+  if (ec) return Status::io_error("no temporary directory: " + ec.message());
+  if (!::mkdtemp(templ.data())) return Status::io_error("cannot create a directory from " + templ);
+  return ScratchDir(templ);
+}
+
+ScratchDir::~ScratchDir() {
+  std::error_code ec;
+  if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+}
+
+Result<std::vector<std::string>> series_files(const Series& s, const std::string& dir) {
+  if (!s.paths.empty()) return s.paths;
+  std::vector<std::string> paths;
+  for (std::size_t i = 0; i < s.images.size(); ++i) {
+    paths.push_back(dir + "/step-" + std::to_string(i) + ".safetensors");
+    DC_RETURN_IF_ERROR(write_safetensors(paths.back(), s.layout, s.images[i]));
+  }
+  return paths;
+}
+
+double process_cpu_s() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto s = [](const timeval& t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6; };
+  return s(u.ru_utime) + s(u.ru_stime);
+}
 
 }  // namespace deltacast::tools

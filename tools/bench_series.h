@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@ struct SeriesOptions {
 
 struct Series {
   ModelLayout layout;
+  std::vector<std::string> paths;  // the checkpoint files, when read from files
   std::vector<MappedFile> mapped;  // when read from files
   std::vector<Bytes> owned;        // when generated
   std::vector<ByteSpan> images;
@@ -29,6 +31,27 @@ struct Series {
 };
 
 Result<Series> load_series(const SeriesOptions& o);
+
+// A directory of its own under the system's temporary directory, removed with everything in it
+// when this goes.
+class ScratchDir {
+ public:
+  static Result<ScratchDir> create(const std::string& prefix);
+  ScratchDir(ScratchDir&& o) noexcept : path_(std::exchange(o.path_, {})) {}
+  ScratchDir& operator=(ScratchDir&&) = delete;
+  ~ScratchDir();
+  const std::string& path() const { return path_; }
+
+ private:
+  explicit ScratchDir(std::string path) : path_(std::move(path)) {}
+  std::string path_;
+};
+
+// The series as checkpoint files: its own paths, or (generated) written into `dir`.
+Result<std::vector<std::string>> series_files(const Series& s, const std::string& dir);
+
+// CPU seconds of the whole process, user and system, as /usr/bin/time counts them.
+double process_cpu_s();
 
 // Runs fn `runs` times; returns seconds per run.
 template <typename F>

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "commands.h"
+#include "file_codec.h"
 #include "deltacast/common/units.h"
 #include "deltacast/synth/gen.h"
 #include "deltacast/codec/entropy.h"
@@ -35,8 +36,12 @@ void add_common(CLI::App* sub, CommonOptions& o) {
   sub->add_flag("-q,--quiet", o.quiet, "No progress bar");
 }
 
-ProgressFn bar_callback(ProgressBar& bar) {
-  return [&bar](std::uint64_t done, std::uint64_t) { bar.update(done); };
+// A progress callback that starts `bar` when the work reports its total.
+ProgressFn lazy_bar(const char* label, std::optional<ProgressBar>& bar, bool quiet) {
+  return [label, &bar, quiet](std::uint64_t done, std::uint64_t total) {
+    if (!bar) bar.emplace(label, total, !quiet);
+    bar->update(done);
+  };
 }
 
 std::string step_file(const std::string& dir, std::size_t step, std::size_t shard = 0, std::size_t shards = 1) {
@@ -151,53 +156,34 @@ struct EncodeOptions {
 };
 
 int run_encode(const EncodeOptions& o) {
-  const bool anchor = o.inputs.size() == 1;
-  auto next = SafetensorsFile::open(o.inputs.back());
-  if (!next.is_ok()) return fail(next.status().to_string());
-  Result<SafetensorsFile> base = Status::not_found("no base");
-  if (!anchor) {
-    base = SafetensorsFile::open(o.inputs.front());
-    if (!base.is_ok()) return fail(base.status().to_string());
-    if (base->layout().tensors != next->layout().tensors)
-      return fail("base and new checkpoints have different tensor layouts; encode an anchor of the new one instead");
-  }
+  FileEncodeRequest r;
+  if (o.inputs.size() == 2) r.base_path = o.inputs.front();
+  r.next_path = o.inputs.back();
+  r.out_path = o.output;
   auto chunk = parse_bytes(o.chunk_size);
   if (!chunk.is_ok()) return fail(chunk.status().message());
-  std::optional<runtime::SigningKey> sign_key;
   if (!o.sign_key_path.empty()) {
     auto k = read_signing_key_file(o.sign_key_path);
     if (!k.is_ok()) return fail(k.status().to_string());
-    sign_key = *k;
+    r.sign_key = *k;
   }
-  VersionEncodeOptions opt;
-  opt.chunk_bytes = *chunk;
-  if (o.v2) opt.chunk = ChunkEncodeOptions::smallest();
-  if (o.max_effort) opt.chunk = ChunkEncodeOptions::max_effort();
-  if (sign_key) opt.payload_digest = runtime::payload_digest;
+  r.options.chunk_bytes = *chunk;
+  if (o.v2) r.options.chunk = ChunkEncodeOptions::smallest();
+  if (o.max_effort) r.options.chunk = ChunkEncodeOptions::max_effort();
+  r.version = o.version;
+  r.base_version = o.base_version;
   ThreadPool pool(o.common.threads);
-  ProgressBar bar("encode", next->layout().image_size, !o.common.quiet);
-  opt.progress = bar_callback(bar);
-  const std::uint64_t version = o.version ? o.version : (anchor ? 1 : o.base_version + 1);
-  auto ev = encode_version(next->layout(), version, o.base_version, anchor ? ByteSpan() : base->image(), next->image(), opt, pool);
-  bar.finish();
-  if (!ev.is_ok()) return fail(ev.status().to_string());
-  if (sign_key) runtime::sign_manifest_with_digests(ev->manifest, *sign_key);
-  Bytes prefix = container_prefix(ev->manifest);
-  const std::uint64_t total = prefix.size() + ev->manifest.payload_bytes_total();
-  auto out = OutputFile::create(o.output, total);
-  if (!out.is_ok()) return fail(out.status().to_string());
-  std::uint8_t* p = out->bytes().data();
-  std::memcpy(p, prefix.data(), prefix.size());
-  p += prefix.size();
-  for (const auto& pl : ev->payloads) {
-    std::memcpy(p, pl.data(), pl.size());
-    p += pl.size();
-  }
-  if (Status st = out->commit(); !st.is_ok()) return fail(st.to_string());
-  const double image = static_cast<double>(next->layout().image_size);
+  std::optional<ProgressBar> bar;
+  r.options.progress = lazy_bar("encode", bar, o.common.quiet);
+  auto done = encode_file(r, pool);
+  if (bar) bar->finish();
+  if (!done.is_ok()) return fail(done.status().to_string());
+  const bool anchor = r.base_path.empty();
+  const double image = static_cast<double>(done->image_bytes);
   std::printf("%s version %" PRIu64 "%s%s: %zu chunks, %s -> %s (%.3f%% of the checkpoint data)\n", anchor ? "anchor" : "delta",
-              version, anchor ? "" : (" from " + std::to_string(o.base_version)).c_str(), sign_key ? ", signed" : "", ev->manifest.chunks.size(),
-              format_bytes(image).c_str(), format_bytes(static_cast<double>(total)).c_str(), 100.0 * static_cast<double>(total) / image);
+              done->version, anchor ? "" : (" from " + std::to_string(o.base_version)).c_str(), r.sign_key ? ", signed" : "", done->chunks,
+              format_bytes(image).c_str(), format_bytes(static_cast<double>(done->file_bytes)).c_str(),
+              100.0 * static_cast<double>(done->file_bytes) / image);
   return 0;
 }
 
@@ -210,47 +196,24 @@ struct DecodeOptions {
   std::vector<std::string> trust_keys;
 };
 
-// With trust keys, a file decodes only if one of them signed its manifest and every payload
-// matches the digest the manifest gives for it.
-Status check_signed(const ContainerView& c, const std::vector<std::string>& trust_keys) {
-  if (trust_keys.empty()) return Status::ok();
-  std::vector<runtime::PublicKey> trusted;
-  for (const auto& k : trust_keys) {
-    DC_ASSIGN_OR_RETURN(runtime::PublicKey key, read_public_key(k));
-    trusted.push_back(key);
-  }
-  DC_RETURN_IF_ERROR(runtime::verify_manifest(c.manifest_bytes, c.manifest, trusted));
-  return runtime::verify_payloads(c.manifest, c.payloads);
-}
-
 int run_decode(const DecodeOptions& o) {
-  auto file = MappedFile::open(o.inputs.back());
-  if (!file.is_ok()) return fail(file.status().to_string());
-  auto c = parse_container(file->bytes());
-  if (!c.is_ok()) return fail(o.inputs.back() + ": " + c.status().to_string());
-  const Manifest& m = c->manifest;
-  if (Status st = check_signed(*c, o.trust_keys); !st.is_ok()) return fail(o.inputs.back() + ": " + st.to_string() + " (nothing written)");
-  Result<SafetensorsFile> base = Status::not_found("no base");
-  if (m.kind == VersionKind::kDelta) {
-    if (o.inputs.size() != 2) return fail("a delta needs its base checkpoint: deltacast decode BASE.safetensors DELTA -o OUT");
-    base = SafetensorsFile::open(o.inputs.front());
-    if (!base.is_ok()) return fail(base.status().to_string());
-    if (base->layout().tensors != m.tensors) return fail("the base checkpoint's tensor layout differs from the delta's");
-  } else if (o.inputs.size() != 1) {
-    return fail("an anchor decodes on its own: deltacast decode ANCHOR -o OUT");
+  FileDecodeRequest r;
+  if (o.inputs.size() == 2) r.base_path = o.inputs.front();
+  r.in_path = o.inputs.back();
+  r.out_path = o.output;
+  for (const auto& k : o.trust_keys) {
+    auto key = read_public_key(k);
+    if (!key.is_ok()) return fail(key.status().to_string());
+    r.trusted.push_back(*key);
   }
-  ModelLayout layout{m.tensors, m.metadata, m.image_size};
-  auto writer = SafetensorsWriter::create(o.output, layout);
-  if (!writer.is_ok()) return fail(writer.status().to_string());
   ThreadPool pool(o.common.threads);
-  ProgressBar bar("decode", m.image_size, !o.common.quiet);
-  Status st = decode_version(m, c->payloads, m.kind == VersionKind::kDelta ? base->image() : ByteSpan(), writer->data(), pool,
-                             bar_callback(bar));
-  bar.finish();
-  if (!st.is_ok()) return fail(st.to_string() + " (nothing written to " + o.output + ")");
-  if (Status cs = writer->commit(); !cs.is_ok()) return fail(cs.to_string());
-  std::printf("version %" PRIu64 " verified%s: %zu chunks, checksum %016" PRIx64 ", wrote %s\n", m.version,
-              o.trust_keys.empty() ? "" : (", signed by " + runtime::to_hex(m.signer)).c_str(), m.chunks.size(), m.version_checksum,
+  std::optional<ProgressBar> bar;
+  r.progress = lazy_bar("decode", bar, o.common.quiet);
+  auto done = decode_file(r, pool);
+  if (bar) bar->finish();
+  if (!done.is_ok()) return fail(done.status().to_string());
+  std::printf("version %" PRIu64 " verified%s: %zu chunks, checksum %016" PRIx64 ", wrote %s\n", done->version,
+              done->signer ? (", signed by " + runtime::to_hex(*done->signer)).c_str() : "", done->chunks, done->checksum,
               o.output.c_str());
   return 0;
 }

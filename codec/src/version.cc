@@ -150,24 +150,27 @@ Status apply_chunk_sparse(const Manifest& manifest, std::size_t index, ByteSpan 
   return st.is_ok() ? st : st.with_context(chunk_label(index));
 }
 
-Status decode_version(const Manifest& manifest, std::span<const ByteSpan> payloads, ByteSpan base, MutableByteSpan out,
-                      Executor& executor, const ProgressFn& progress, ChunkDecoderPool* decoders) {
+namespace {
+
+// What both decode_version forms share: the checks before anything is written, then every
+// chunk through `write(i, decoder)` on the executor, then the version checksum.
+template <typename Write>
+Status decode_chunks(const Manifest& manifest, std::span<const ByteSpan> payloads, ByteSpan base, bool in_place, Executor& executor,
+                     const ProgressFn& progress, ChunkDecoderPool* decoders, Write&& write) {
   if (payloads.size() != manifest.chunks.size()) return Status::invalid_argument("payload count does not match the manifest");
-  if (out.size() != manifest.image_size) return Status::invalid_argument("output image has the wrong size");
   const bool delta = manifest.kind == VersionKind::kDelta;
   if (delta && base.size() != manifest.image_size)
     return Status::mismatch("base image is " + std::to_string(base.size()) + " bytes, the delta expects " +
                             std::to_string(manifest.image_size));
-  auto base_of = [&](const ChunkEntry& c) { return delta ? base.subspan(c.offset, c.length) : ByteSpan(); };
   // Pass 1 checks every payload (and, in place, every base range) before pass 2 writes
-  // anything, so a corrupt delta leaves `out` exactly as it was, and a mismatched one leaves
-  // the live base as it was. Into separate memory, pass 2 checks each chunk's base range as it
-  // decodes it: one read of the base instead of two.
-  const bool in_place = delta && base.data() == out.data();
+  // anything, so a corrupt delta leaves the output exactly as it was, and a mismatched one
+  // leaves the live base as it was. Into separate memory, pass 2 checks each chunk's base range
+  // as it decodes it: one read of the base instead of two.
   DC_RETURN_IF_ERROR(run_chunks(executor, manifest.chunks.size(), [&](std::size_t i) -> Status {
     const ChunkEntry& c = manifest.chunks[i];
     Status st = verify_payload(manifest, i, payloads[i]);
-    if (st.is_ok() && in_place && chunk_hash(manifest.hash_scheme, base_of(c)) != c.base_hash) st = base_mismatch(manifest.base_version);
+    if (st.is_ok() && in_place && chunk_hash(manifest.hash_scheme, base.subspan(c.offset, c.length)) != c.base_hash)
+      st = base_mismatch(manifest.base_version);
     return st.is_ok() ? st : st.with_context(chunk_label(i));
   }));
   std::atomic<std::uint64_t> done{0};
@@ -176,8 +179,7 @@ Status decode_version(const Manifest& manifest, std::span<const ByteSpan> payloa
   DC_RETURN_IF_ERROR(run_chunks(executor, manifest.chunks.size(), [&](std::size_t i) -> Status {
     const ChunkEntry& c = manifest.chunks[i];
     const auto decoder = decoders->acquire();
-    if (Status st = apply_chunk(manifest, i, payloads[i], base_of(c), out.subspan(c.offset, c.length), in_place, *decoder); !st.is_ok())
-      return st.with_context(chunk_label(i));
+    if (Status st = write(i, *decoder); !st.is_ok()) return st.with_context(chunk_label(i));
     const std::uint64_t d = done.fetch_add(c.length) + c.length;
     if (progress) progress(d, manifest.image_size);
     return Status::ok();
@@ -186,6 +188,46 @@ Status decode_version(const Manifest& manifest, std::span<const ByteSpan> payloa
   // entries together (checked on parse, rechecked here for manifests built in memory).
   if (checksums_of(manifest).version != manifest.version_checksum) return Status::corruption("version checksum mismatch");
   return Status::ok();
+}
+
+}  // namespace
+
+Status decode_version(const Manifest& manifest, std::span<const ByteSpan> payloads, ByteSpan base, MutableByteSpan out,
+                      Executor& executor, const ProgressFn& progress, ChunkDecoderPool* decoders) {
+  if (out.size() != manifest.image_size) return Status::invalid_argument("output image has the wrong size");
+  const bool delta = manifest.kind == VersionKind::kDelta;
+  const bool in_place = delta && base.data() == out.data();
+  return decode_chunks(manifest, payloads, base, in_place, executor, progress, decoders, [&](std::size_t i, ChunkDecoder& decoder) {
+    const ChunkEntry& c = manifest.chunks[i];
+    return apply_chunk(manifest, i, payloads[i], delta ? base.subspan(c.offset, c.length) : ByteSpan(), out.subspan(c.offset, c.length),
+                       in_place, decoder);
+  });
+}
+
+Status decode_version_to(const Manifest& manifest, std::span<const ByteSpan> payloads, ByteSpan base, const ChunkSink& sink,
+                      Executor& executor, const ProgressFn& progress, ChunkDecoderPool* decoders) {
+  const bool delta = manifest.kind == VersionKind::kDelta;
+  // A buffer per task in flight, reused: at most one per executor thread, each a chunk long.
+  std::mutex mu;
+  std::vector<Bytes> spare;
+  return decode_chunks(manifest, payloads, base, false, executor, progress, decoders, [&](std::size_t i, ChunkDecoder& decoder) {
+    const ChunkEntry& c = manifest.chunks[i];
+    Bytes buf;
+    {
+      std::lock_guard lock(mu);
+      if (!spare.empty()) {
+        buf = std::move(spare.back());
+        spare.pop_back();
+      }
+    }
+    if (buf.size() < c.length) buf.resize(c.length);
+    const MutableByteSpan out = MutableByteSpan(buf).first(c.length);
+    Status st = apply_chunk(manifest, i, payloads[i], delta ? base.subspan(c.offset, c.length) : ByteSpan(), out, false, decoder);
+    if (st.is_ok()) st = sink(c.offset, out);
+    std::lock_guard lock(mu);
+    spare.push_back(std::move(buf));
+    return st;
+  });
 }
 
 Result<EncodedVersion> merge_shards(std::vector<EncodedVersion> shards) {

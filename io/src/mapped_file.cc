@@ -124,7 +124,7 @@ MappedFile::~MappedFile() {
   if (data_) munmap(const_cast<std::uint8_t*>(data_), size_);
 }
 
-Result<OutputFile> OutputFile::create(const std::string& path, std::uint64_t size) {
+Result<OutputFile> OutputFile::create(const std::string& path, std::uint64_t size, Access access) {
   OutputFile f;
   f.path_ = path;
   f.tmp_path_ = temp_path_of(path);
@@ -135,7 +135,7 @@ Result<OutputFile> OutputFile::create(const std::string& path, std::uint64_t siz
   // SIGBUS on the first write to an unbacked page. (Each return unlinks the temporary file.)
   DC_RETURN_IF_ERROR(reserve(f.fd_, size, f.tmp_path_));
   f.size_ = size;
-  if (size > 0) {
+  if (size > 0 && access == Access::kMapped) {
     void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, f.fd_, 0);
     if (p == MAP_FAILED) return errno_status("cannot map", f.tmp_path_);
     f.data_ = static_cast<std::uint8_t*>(p);
@@ -168,9 +168,24 @@ void OutputFile::release() {
 
 OutputFile::~OutputFile() { release(); }
 
+Status OutputFile::write_at(std::uint64_t offset, ByteSpan data) {
+  if (committed_ || fd_ < 0 || data_) return Status::invalid_argument("output file not open for writes");
+  if (offset > size_ || data.size() > size_ - offset) return Status::invalid_argument("write past the end of " + tmp_path_);
+  while (!data.empty()) {
+    const ssize_t n = ::pwrite(fd_, data.data(), data.size(), static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return errno_status("cannot write", tmp_path_);
+    if (n == 0) return Status::io_error("cannot write " + tmp_path_ + ": no progress");
+    data = data.subspan(static_cast<std::size_t>(n));
+    offset += static_cast<std::uint64_t>(n);
+  }
+  return Status::ok();
+}
+
 Status OutputFile::commit() {
   if (committed_ || fd_ < 0) return Status::invalid_argument("output file already committed");
   if (data_ && msync(data_, size_, MS_SYNC) != 0) return errno_status("cannot flush", tmp_path_);
+  if (!data_ && ::fsync(fd_) != 0) return errno_status("cannot flush", tmp_path_);
   if (::rename(tmp_path_.c_str(), path_.c_str()) != 0) return errno_status("cannot rename onto", path_);
   committed_ = true;
   release();

@@ -318,11 +318,12 @@ Bytes safetensors_header(const ModelLayout& layout) {
   return out;
 }
 
-Result<SafetensorsWriter> SafetensorsWriter::create(const std::string& path, const ModelLayout& layout) {
+Result<SafetensorsWriter> SafetensorsWriter::create(const std::string& path, const ModelLayout& layout, OutputFile::Access access) {
   Bytes header = safetensors_header(layout);
   SafetensorsWriter w;
-  DC_ASSIGN_OR_RETURN(w.file_, OutputFile::create(path, header.size() + layout.image_size));
-  std::memcpy(w.file_.bytes().data(), header.data(), header.size());
+  DC_ASSIGN_OR_RETURN(w.file_, OutputFile::create(path, header.size() + layout.image_size, access));
+  if (access == OutputFile::Access::kMapped) std::memcpy(w.file_.bytes().data(), header.data(), header.size());
+  else DC_RETURN_IF_ERROR(w.file_.write_at(0, header));
   w.data_offset_ = header.size();
   return w;
 }

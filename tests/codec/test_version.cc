@@ -1,5 +1,8 @@
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cstring>
+#include <mutex>
 
 #include "deltacast/codec/hash.h"
 #include "deltacast/codec/version.h"
@@ -125,6 +128,47 @@ TEST_CASE("a delta applied to the wrong base is refused as a mismatch", "[codec]
   // Payloads in the wrong slots: each is caught by its hash.
   std::swap(payloads[0], payloads[1]);
   CHECK(decode_version(d->manifest, payloads, p.base, out, ex).code() == StatusCode::kCorruption);
+}
+
+TEST_CASE("decoding into a sink hands over every chunk once, bit-exact, and nothing from a corrupt delta", "[codec][version]") {
+  Pair p = make_pair(3);
+  ThreadPool pool(3);
+  VersionEncodeOptions opt;
+  opt.chunk_bytes = 64 << 10;
+  for (const bool anchor : {false, true}) {
+    auto v = encode_version(p.layout, 2, anchor ? 0 : 1, anchor ? ByteSpan() : ByteSpan(p.base), p.next, opt, pool);
+    REQUIRE(v.is_ok());
+    std::vector<ByteSpan> payloads(v->payloads.begin(), v->payloads.end());
+    const ByteSpan base = anchor ? ByteSpan() : ByteSpan(p.base);
+    std::mutex mu;
+    Bytes out(p.layout.image_size, 0);
+    std::vector<int> calls(v->manifest.chunks.size(), 0);
+    const ChunkSink sink = [&](std::uint64_t offset, ByteSpan bytes) {
+      std::lock_guard lock(mu);
+      std::size_t i = 0;
+      while (i < v->manifest.chunks.size() && v->manifest.chunks[i].offset != offset) ++i;
+      REQUIRE(i < v->manifest.chunks.size());
+      CHECK(bytes.size() == v->manifest.chunks[i].length);
+      calls[i]++;
+      std::memcpy(out.data() + offset, bytes.data(), bytes.size());
+      return Status::ok();
+    };
+    REQUIRE(decode_version_to(v->manifest, payloads, base, sink, pool).is_ok());
+    CHECK(out == p.next);
+    CHECK(std::all_of(calls.begin(), calls.end(), [](int c) { return c == 1; }));
+    // A failing sink fails the decode with its error.
+    const ChunkSink full = [](std::uint64_t, ByteSpan) { return Status::io_error("disk full"); };
+    const Status st = decode_version_to(v->manifest, payloads, base, full, pool);
+    CHECK(st.code() == StatusCode::kIOError);
+    CHECK(st.message().find("disk full") != std::string::npos);
+    // One corrupt payload: refused before any chunk is handed over.
+    Bytes bad(payloads.back().begin(), payloads.back().end());
+    bad[bad.size() / 2] ^= 1;
+    payloads.back() = bad;
+    std::fill(calls.begin(), calls.end(), 0);
+    CHECK(decode_version_to(v->manifest, payloads, base, sink, pool).code() == StatusCode::kCorruption);
+    CHECK(std::all_of(calls.begin(), calls.end(), [](int c) { return c == 0; }));
+  }
 }
 
 TEST_CASE("an empty model encodes and decodes", "[codec][version]") {

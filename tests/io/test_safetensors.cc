@@ -102,6 +102,31 @@ TEST_CASE("output files appear only on commit", "[io][mapped_file]") {
   std::filesystem::remove(path);
 }
 
+TEST_CASE("output files written with pwrite hold what was written, within their size, on commit", "[io][mapped_file]") {
+  const std::string path = temp_path("writes.safetensors");
+  std::filesystem::remove(path);
+  auto layout = test::make_layout({{DType::kBF16, 1000}, {DType::kF32, 7}});
+  const Bytes image = test::random_bytes(layout.image_size, 9);
+  {
+    auto w = SafetensorsWriter::create(path, layout, OutputFile::Access::kWrites);
+    REQUIRE(w.is_ok());
+    REQUIRE(w->write_image(0, ByteSpan(image).first(100)).is_ok());
+    CHECK(w->write_image(layout.image_size - 10, ByteSpan(image).first(11)).code() == StatusCode::kInvalidArgument);
+  }
+  CHECK_FALSE(std::filesystem::exists(path));  // not committed: gone
+  auto w = SafetensorsWriter::create(path, layout, OutputFile::Access::kWrites);
+  REQUIRE(w.is_ok());
+  // Out of order, as decode threads finish.
+  REQUIRE(w->write_image(1000, ByteSpan(image).subspan(1000)).is_ok());
+  REQUIRE(w->write_image(0, ByteSpan(image).first(1000)).is_ok());
+  REQUIRE(w->commit().is_ok());
+  auto f = SafetensorsFile::open(path);
+  REQUIRE(f.is_ok());
+  CHECK(f->layout().tensors == layout.tensors);
+  CHECK(Bytes(f->image().begin(), f->image().end()) == image);
+  std::filesystem::remove(path);
+}
+
 TEST_CASE("the safetensors header of 50000 tiny tensors is written and read back exactly", "[io][safetensors]") {
   const ModelLayout layout = test::many_tiny_tensors(50000, /*holes=*/false);
   const Bytes header = safetensors_header(layout);

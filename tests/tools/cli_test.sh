@@ -71,6 +71,11 @@ ls "$tmp"/*.tmp.* >/dev/null 2>&1 && { failed=$((failed + 1)); echo "FAILED: tem
 
 check "bench on files" "$dc" bench -q --runs 1 --no-anchor "$tmp/s/step-000000.safetensors" "$tmp/s/step-000001.safetensors" "$tmp/s/step-000002.safetensors"
 grep -q "deltacast v1" "$tmp/out" || { failed=$((failed + 1)); echo "FAILED: bench printed no table"; }
+# End to end: the same pairs through encode_file and decode_file (each decoded file compared
+# with its checkpoint), and its scratch directory removed afterwards.
+check "bench end to end" env TMPDIR="$tmp" "$dc" bench -q --end-to-end --runs 1 "$tmp/s/step-000000.safetensors" "$tmp/s/step-000001.safetensors"
+grep -q "^| decode | .* | \*\*[0-9.]*x\*\* |$" "$tmp/out" || { failed=$((failed + 1)); echo "FAILED: bench --end-to-end printed no decode row"; }
+ls -d "$tmp"/deltacast-bench-* >/dev/null 2>&1 && { failed=$((failed + 1)); echo "FAILED: bench --end-to-end left its directory"; }
 
 # The validation's decode-rate probe (tests/tools/decode_rate_main.cc): a rate, a barrier, a
 # clear refusal of checkpoints that do not belong together.

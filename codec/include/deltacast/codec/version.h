@@ -84,6 +84,17 @@ Status apply_chunk_sparse(const Manifest& manifest, std::size_t index, ByteSpan 
 Status decode_version(const Manifest& manifest, std::span<const ByteSpan> payloads, ByteSpan base, MutableByteSpan out,
                       Executor& executor, const ProgressFn& progress = {}, ChunkDecoderPool* decoders = nullptr);
 
+// Where decode_version_to hands each decoded chunk: its offset in the image and its bytes,
+// valid during the call. Called from the executor's threads, concurrently, once per chunk.
+using ChunkSink = std::function<Status(std::uint64_t offset, ByteSpan bytes)>;
+
+// decode_version into a sink instead of an image in memory (a file written with pwrite, whose
+// pages then need not be faulted in and zeroed first): each chunk is decoded into a buffer of
+// its own and handed over. The same checks before anything is handed over; a failure of the
+// sink is returned. Never in place.
+Status decode_version_to(const Manifest& manifest, std::span<const ByteSpan> payloads, ByteSpan base, const ChunkSink& sink,
+                         Executor& executor, const ProgressFn& progress = {}, ChunkDecoderPool* decoders = nullptr);
+
 // Merges the slices of one version that several trainer shards encoded separately (each a
 // disjoint set of tensors, its own image) into one version whose image is the shards' images
 // back to back in order. Chunks and payloads are reused as they are; tensor and chunk offsets

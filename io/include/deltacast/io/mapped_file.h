@@ -34,16 +34,22 @@ class MappedFile {
 
 class OutputFile {
  public:
-  // Creates `path`.tmp.<pid> of `size` bytes, mapped writable. The blocks are reserved here
-  // (posix_fallocate), so a disk without room for them fails this call with an IOError instead
-  // of killing the process with SIGBUS when a page of the mapping is first written.
-  static Result<OutputFile> create(const std::string& path, std::uint64_t size);
+  // How the contents get written: through a writable mapping (bytes()), or with write_at
+  // (pwrite), which spares the kernel faulting in and zeroing each page before it is written.
+  enum class Access { kMapped, kWrites };
+  // Creates `path`.tmp.<pid> of `size` bytes. The blocks are reserved here (posix_fallocate),
+  // so a disk without room for them fails this call with an IOError instead of killing the
+  // process with SIGBUS when a page of the mapping is first written.
+  static Result<OutputFile> create(const std::string& path, std::uint64_t size, Access access = Access::kMapped);
   OutputFile() = default;
   OutputFile(OutputFile&& o) noexcept;
   OutputFile& operator=(OutputFile&& o) noexcept;
   ~OutputFile();  // removes the temporary file unless committed
-  MutableByteSpan bytes() { return {data_, size_}; }
-  // Flushes and atomically renames the temporary file onto the destination.
+  MutableByteSpan bytes() { return {data_, size_}; }  // kMapped only
+  // Writes `data` at `offset` (kWrites only; safe from several threads at once). IOError on a
+  // failed or short write, InvalidArgument past the file's size.
+  Status write_at(std::uint64_t offset, ByteSpan data);
+  // Flushes (msync or fsync) and atomically renames the temporary file onto the destination.
   Status commit();
 
  private:

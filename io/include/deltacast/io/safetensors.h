@@ -41,8 +41,11 @@ Bytes safetensors_header(const ModelLayout& layout);
 // data(); nothing appears at `path` until commit().
 class SafetensorsWriter {
  public:
-  static Result<SafetensorsWriter> create(const std::string& path, const ModelLayout& layout);
-  MutableByteSpan data() { return file_.bytes().subspan(data_offset_); }
+  static Result<SafetensorsWriter> create(const std::string& path, const ModelLayout& layout,
+                                          OutputFile::Access access = OutputFile::Access::kMapped);
+  MutableByteSpan data() { return file_.bytes().subspan(data_offset_); }  // kMapped only
+  // Writes image bytes at `offset` in the image (kWrites only; safe from several threads).
+  Status write_image(std::uint64_t offset, ByteSpan bytes) { return file_.write_at(data_offset_ + offset, bytes); }
   Status commit() { return file_.commit(); }
 
  private:

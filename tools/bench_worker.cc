@@ -54,6 +54,10 @@ struct DensityResult {
   double changed_fraction = 0;
   std::uint64_t changes_per_version = 0;
   std::vector<double> today_ms, dense_ms, dense_in_place_ms, sparse_ms, double_buffered_ms;
+  // The same deltas with codec v2 tried on every chunk (publish --v2: the smaller of v1 and v2
+  // per chunk): payload bytes summed over the deltas, and the sparse apply in place.
+  std::uint64_t v1_bytes = 0, v2_bytes = 0;
+  std::vector<double> v2_sparse_ms;
 };
 
 class WorkerBench {
@@ -144,17 +148,28 @@ class WorkerBench {
       // Sparse in place, from the chunk states the worker holds (the delta's base hashes); with
       // `patches`, each chunk's patch is kept, as double-buffered workers do.
       std::vector<ChunkPatch> patches(m.chunks.size());
-      auto sparse = [&](MutableByteSpan image, std::vector<ChunkPatch>* keep) {
+      auto sparse_of = [&](const Manifest& vm, std::span<const ByteSpan> vp, MutableByteSpan image, std::vector<ChunkPatch>* keep) {
         const auto decoder = decoders_.acquire();
-        for (std::size_t i = 0; i < m.chunks.size() && st.is_ok(); ++i) {
-          const ChunkEntry& c = m.chunks[i];
-          st = apply_chunk_sparse(m, i, payloads[i], image.subspan(c.offset, c.length), c.base_hash, *decoder, nullptr,
+        for (std::size_t i = 0; i < vm.chunks.size() && st.is_ok(); ++i) {
+          const ChunkEntry& c = vm.chunks[i];
+          st = apply_chunk_sparse(vm, i, vp[i], image.subspan(c.offset, c.length), c.base_hash, *decoder, nullptr,
                                   keep ? &(*keep)[i] : nullptr);
         }
       };
+      auto sparse = [&](MutableByteSpan image, std::vector<ChunkPatch>* keep) { sparse_of(m, payloads, image, keep); };
       ms = cpu_runs(o_.runs, [&] { cold(base, work); }, [&] { sparse(work, nullptr); });
       DC_RETURN_IF_ERROR(check(work, "sparse in place"));
       r.sparse_ms.insert(r.sparse_ms.end(), ms.begin(), ms.end());
+      // Codec v2 where it is smaller: fewer bytes, but its decoder reads every base value.
+      VersionEncodeOptions v2 = vopt_;
+      v2.chunk = ChunkEncodeOptions::smallest();
+      DC_ASSIGN_OR_RETURN(EncodedVersion ev2, encode_version(s.layout, p + 2, p + 1, base, next, v2, pool_, &encoders_));
+      const std::vector<ByteSpan> payloads2(ev2.payloads.begin(), ev2.payloads.end());
+      r.v1_bytes += m.payload_bytes_total();
+      r.v2_bytes += ev2.manifest.payload_bytes_total();
+      ms = cpu_runs(o_.runs, [&] { cold(base, work); }, [&] { sparse_of(ev2.manifest, payloads2, work, nullptr); });
+      DC_RETURN_IF_ERROR(check(work, "v2 sparse in place"));
+      r.v2_sparse_ms.insert(r.v2_sparse_ms.end(), ms.begin(), ms.end());
       // Double-buffered: the spare image holds the version before the base; each chunk catches
       // up by the previous delta's patch, then takes this one sparsely (and keeps its patch).
       if (prev) {
@@ -221,6 +236,16 @@ class WorkerBench {
       std::printf("| %g | %.2f%% | %" PRIu64 " | %.1f | %.1f | %.1f | %.1f | %.1f | **%.1fx** | **%.1fx** |\n", r.lr, 100 * r.changed_fraction,
                   r.changes_per_version, today, median(r.dense_ms), median(r.dense_in_place_ms), sparse, twice, today / sparse,
                   twice > 0 ? today / twice : 0.0);
+    }
+    std::printf("\ncodec v2 at the worker (publish --v2: v1 or v2 per chunk, the smaller): payload per version, and sparse in place\n\n");
+    std::printf("| changed | v1 payload | v2 payload | v2 / v1 bytes | v1 sparse in place | v2 sparse in place | v2 / v1 CPU |\n");
+    std::printf("|---|---|---|---|---|---|---|\n");
+    for (const auto& r : results_) {
+      const double pairs = static_cast<double>(r.sparse_ms.size()) / static_cast<double>(o_.runs);
+      const double v1 = static_cast<double>(r.v1_bytes) / pairs, v2 = static_cast<double>(r.v2_bytes) / pairs;
+      const double cpu1 = median(r.sparse_ms), cpu2 = median(r.v2_sparse_ms);
+      std::printf("| %.2f%% | %s | %s | %.3f | %.1f ms | %.1f ms | **%.2fx** |\n", 100 * r.changed_fraction, format_bytes(v1).c_str(),
+                  format_bytes(v2).c_str(), v2 / v1, cpu1, cpu2, cpu2 / cpu1);
     }
   }
 

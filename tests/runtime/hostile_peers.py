@@ -1221,17 +1221,20 @@ def case_big_ready_ids(t):
         drain(c, 0.3)
         # Each message waits for the origin's answer (a Refuse): what is measured is what the
         # origin keeps of a message, not how far its loop lags behind a sender on a busy machine
-        # (child_queue_messages_max bounds that; test_host.cc shows it).
+        # (child_queue_messages_max bounds that; test_host.cc shows it). About one answer in 25
+        # does not come at all (seen in Release and under ASan; the origin logs the refusal and
+        # lets go of the child), so the wait is short: under ASan, 5 s waits took this case to
+        # its 90 s limit.
         for i in range(70):
             c.send(m_ready(big[:-i - 1] + "%d" % i, 4, checksum=1, run=run))
-            drain(c, 5.0, until_any=True)
+            drain(c, 1.5, until_any=True)
         peak = max(peak, origin.rss() or 0)
     for k in range(90):
         c = t.sock(zmq.DEALER)
         c.connect(t.ep(0))
         c.send(m_hello(big[:-k - 1] + "%d" % k, role=1, serves=True))
         c.send(m_ready(big, 4, run=run))
-        drain(c, 5.0, until_any=True)
+        drain(c, 1.5, until_any=True)
         if k % 10 == 0:
             peak = max(peak, origin.rss() or 0)
     time.sleep(2.0)

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "deltacast/codec/hash.h"
+#include "deltacast/common/object_pool.h"
 
 namespace deltacast {
 namespace {
@@ -208,25 +209,14 @@ Status decode_version_to(const Manifest& manifest, std::span<const ByteSpan> pay
                       Executor& executor, const ProgressFn& progress, ChunkDecoderPool* decoders) {
   const bool delta = manifest.kind == VersionKind::kDelta;
   // A buffer per task in flight, reused: at most one per executor thread, each a chunk long.
-  std::mutex mu;
-  std::vector<Bytes> spare;
+  ObjectPool<Bytes> buffers;
   return decode_chunks(manifest, payloads, base, false, executor, progress, decoders, [&](std::size_t i, ChunkDecoder& decoder) {
     const ChunkEntry& c = manifest.chunks[i];
-    Bytes buf;
-    {
-      std::lock_guard lock(mu);
-      if (!spare.empty()) {
-        buf = std::move(spare.back());
-        spare.pop_back();
-      }
-    }
-    if (buf.size() < c.length) buf.resize(c.length);
-    const MutableByteSpan out = MutableByteSpan(buf).first(c.length);
+    const auto buf = buffers.acquire();
+    if (buf->size() < c.length) buf->resize(c.length);
+    const MutableByteSpan out = MutableByteSpan(*buf).first(c.length);
     Status st = apply_chunk(manifest, i, payloads[i], delta ? base.subspan(c.offset, c.length) : ByteSpan(), out, false, decoder);
-    if (st.is_ok()) st = sink(c.offset, out);
-    std::lock_guard lock(mu);
-    spare.push_back(std::move(buf));
-    return st;
+    return st.is_ok() ? sink(c.offset, out) : st;
   });
 }
 

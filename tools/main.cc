@@ -1,8 +1,18 @@
 // deltacast: lossless BF16 delta broadcast for RL rollout fleets.
+#include <malloc.h>
+
 #include "commands.h"
 #include "deltacast/transport/host.h"
 
 int main(int argc, char** argv) {
+  // Every version allocates buffers of the same few sizes (chunk payloads, decode scratch) and
+  // frees them. By default glibc maps blocks above 128 KiB on their own and unmaps them when
+  // freed, so each version faults its buffers in again, page by page: about half of an anchor's
+  // encode time on a VM (docs/BENCHMARKS.md, "Anchors"). Kept in the heap instead: only blocks
+  // of 64 MiB or more (images) are mapped on their own, and the heap gives memory back to the
+  // kernel only when more than 1 GiB at its top is free.
+  mallopt(M_MMAP_THRESHOLD, 64 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
   CLI::App app{"deltacast: lossless BF16 weight-delta codec and broadcast runtime for RL rollout fleets"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "deltacast 0.1.0");

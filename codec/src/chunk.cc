@@ -9,6 +9,7 @@
 #include <emmintrin.h>
 #endif
 
+#include "anchor_v2.h"
 #include "bf16_scan.h"
 #include "bf16_v2.h"
 #include "deltacast/codec/hash.h"
@@ -188,6 +189,19 @@ void encode_bf16_anchor(const std::uint8_t* next, std::size_t n, SectionWriter& 
   if (w.stats) w.stats->bf16_values += n;
 }
 
+// The anchor v2 BF16 section: the Huffman-coded symbols, then the low fields as a stream, which
+// stays raw unless the values repeat (zstd-1 is tried on a sample).
+void encode_bf16_anchor_v2(const std::uint8_t* next, std::size_t n, SectionWriter& w) {
+  // Working memory shared with the other encodings: 1.5n + 64 bytes of bitstreams in `pos`
+  // (5n for v1 deltas), 0.75n of low fields in `exponents` (n for v1 anchors).
+  const std::size_t coded = anchorv2::encode(reinterpret_cast<const std::uint16_t*>(next), n, w.s.pos, w.s.exponents, w.out);
+  static const std::vector<BackendChoice> kLowBackends = {{Backend::kRaw, 0}, {Backend::kZstd, 1}};
+  w.stream("low", ByteSpan(w.s.exponents.data(), anchorv2::low_bytes(n)), kLowBackends);
+  if (!w.stats) return;
+  w.stats->bf16_values += n;
+  w.stats->streams.push_back({"symbols", StreamReport{{Backend::kRaw, 0}, 2 * n, coded}, "huffman"});
+}
+
 void encode_generic_anchor(const std::uint8_t* next, std::size_t bytes, std::size_t es, SectionWriter& w) {
   std::uint8_t* s = scratch(w.s.shuffled, bytes + 1);
   shuffle(next, bytes / es, es, s);
@@ -229,6 +243,8 @@ struct ParsedSection {
   Segment seg;
   bool v2 = false;  // a v2 BF16 delta section: `bf16` holds it, streams[0] its exceptions
   bf16v2::Section bf16;
+  bool anchor_v2 = false;  // an anchor v2 BF16 section: `a2` holds it, streams[0] its low fields
+  anchorv2::Section a2;
   std::uint64_t change_count = 0;
   std::uint64_t exception_count = 0;
   std::array<StreamRef, 3> streams{};
@@ -248,8 +264,7 @@ Result<ParsedChunk> parse_chunk(ByteSpan payload) {
   std::uint8_t kind;
   std::uint64_t nseg;
   if (!r.u8(kind)) return Status::corruption("empty chunk payload");
-  if (kind != static_cast<std::uint8_t>(ChunkKind::kDeltaV1) && kind != static_cast<std::uint8_t>(ChunkKind::kAnchorV1) &&
-      kind != static_cast<std::uint8_t>(ChunkKind::kDeltaV2))
+  if (kind < static_cast<std::uint8_t>(ChunkKind::kDeltaV1) || kind > static_cast<std::uint8_t>(ChunkKind::kAnchorV2))
     return Status::unsupported("unknown chunk encoding " + std::to_string(kind));
   pc.kind = static_cast<ChunkKind>(kind);
   // Every segment header takes at least 3 bytes, which bounds the count by the payload size.
@@ -267,7 +282,7 @@ Result<ParsedChunk> parse_chunk(ByteSpan payload) {
   if (pc.bytes > kChunkBytesMax) return Status::corruption("chunk larger than the format allows");
   if (Status st = check_segments(segs, pc.bytes); !st.is_ok()) return Status::corruption(st.message());
 
-  const bool delta = pc.kind != ChunkKind::kAnchorV1;
+  const bool delta = is_delta_kind(pc.kind);
   pc.sections.reserve(segs.size());
   for (const auto& s : segs) {
     ParsedSection sec;
@@ -298,6 +313,12 @@ Result<ParsedChunk> parse_chunk(ByteSpan payload) {
     } else if (delta) {
       DC_RETURN_IF_ERROR(add("xor", s.bytes));
       if (sec.streams[0].raw_bytes != s.bytes) return Status::corruption("xor stream size mismatch");
+    } else if (pc.kind == ChunkKind::kAnchorV2 && s.cls == SegmentClass::kBF16) {
+      DC_ASSIGN_OR_RETURN(sec.a2, anchorv2::parse(r, n));
+      sec.anchor_v2 = true;
+      sec.names[0] = "low";
+      sec.streams[0] = sec.a2.low;
+      sec.stream_count = 1;
     } else if (s.cls == SegmentClass::kBF16) {
       DC_RETURN_IF_ERROR(add("exponents", n));
       DC_RETURN_IF_ERROR(add("sign_mantissa", n));
@@ -320,8 +341,13 @@ struct DecodedStreams {
 
 using SectionBuffers = std::array<Bytes, 3>;
 
-Status decode_streams(const ParsedSection& sec, StreamDecoder& streams, SectionBuffers& bufs, DecodedStreams& d) {
+Status decode_streams(const ParsedSection& sec, StreamDecoder& streams, SectionBuffers& bufs, DecodedStreams& d, bool anchor = false) {
   for (int k = 0; k < sec.stream_count; ++k) {
+    // An anchor's readers stay inside their streams, so raw ones are read where they lie.
+    if (anchor && sec.streams[k].choice.backend == Backend::kRaw) {
+      d.s[k] = sec.streams[k].body;
+      continue;
+    }
     std::uint8_t* p = scratch(bufs[k], sec.streams[k].raw_bytes + 1);
     MutableByteSpan out(p, sec.streams[k].raw_bytes);
     if (Status st = streams.decode(sec.streams[k], out); !st.is_ok()) return st.with_context(sec.names[k]);
@@ -673,6 +699,7 @@ ChunkEncodeOptions ChunkEncodeOptions::defaults() {
 ChunkEncodeOptions ChunkEncodeOptions::smallest() {
   ChunkEncodeOptions o = defaults();
   o.delta_kinds = {ChunkKind::kDeltaV1, ChunkKind::kDeltaV2};
+  o.anchor_kinds = {ChunkKind::kAnchorV2, ChunkKind::kAnchorV1};
   return o;
 }
 
@@ -764,18 +791,30 @@ Result<Bytes> ChunkEncoder::encode_delta(std::span<const Segment> segments, Byte
 Result<Bytes> ChunkEncoder::encode_anchor(std::span<const Segment> segments, ByteSpan next, const ChunkEncodeOptions& options,
                                           ChunkStats* stats) {
   DC_RETURN_IF_ERROR(check_segments(segments, next.size()));
-  Bytes out;
-  out.reserve(64 + next.size());
-  write_chunk_header(ChunkKind::kAnchorV1, segments, out);
-  SectionWriter w{*s_, out, options, scan_level_for(options.scan_level), stats};
-  std::size_t off = 0;
-  for (const auto& s : segments) {
-    if (s.cls == SegmentClass::kBF16) encode_bf16_anchor(next.data() + off, s.bytes / 2, w);
-    else encode_generic_anchor(next.data() + off, s.bytes, s.elem_size, w);
-    off += s.bytes;
+  if (options.anchor_kinds.empty()) return Status::invalid_argument("no anchor encoding to try");
+  Bytes best;
+  ChunkStats best_stats;
+  for (ChunkKind kind : options.anchor_kinds) {
+    if (kind != ChunkKind::kAnchorV1 && kind != ChunkKind::kAnchorV2) return Status::invalid_argument("not an anchor chunk encoding");
+    Bytes out;
+    out.reserve(64 + next.size());
+    ChunkStats st;
+    write_chunk_header(kind, segments, out);
+    SectionWriter w{*s_, out, options, scan_level_for(options.scan_level), stats ? &st : nullptr};
+    std::size_t off = 0;
+    for (const auto& s : segments) {
+      if (s.cls != SegmentClass::kBF16) encode_generic_anchor(next.data() + off, s.bytes, s.elem_size, w);
+      else if (kind == ChunkKind::kAnchorV2) encode_bf16_anchor_v2(next.data() + off, s.bytes / 2, w);
+      else encode_bf16_anchor(next.data() + off, s.bytes / 2, w);
+      off += s.bytes;
+    }
+    if (!best.empty() && out.size() >= best.size()) continue;
+    best = std::move(out);
+    best_stats = std::move(st);
   }
+  if (stats) stats->add(best_stats);
   trim();
-  return out;
+  return best;
 }
 
 struct ChunkDecoder::State {
@@ -785,6 +824,7 @@ struct ChunkDecoder::State {
   std::vector<std::uint32_t> gaps;       // v2 decoder's working memory
   std::vector<std::vector<std::uint32_t>> positions;  // v1 BF16 delta sections' change positions
   std::vector<StateWordChange> words;                 // apply_sparse: the words it changed
+  std::array<std::uint32_t, 1u << anchorv2::kCodeBitsMax> huffman;  // anchor v2 decoding table
   alignas(64) std::array<std::uint8_t, kWriteTileBytes> tile;
   std::size_t bytes() const {
     std::size_t b = streams.scratch_bytes() + sizeof(State) + gaps.capacity() * 4;
@@ -805,17 +845,24 @@ namespace {
 // the base of every section. Writes nothing.
 Status decode_sections(const ParsedChunk& pc, const std::uint8_t* base, int level, ChunkDecoder::State& s,
                        std::vector<DecodedStreams>& decoded, RangeHasher* base_hash) {
-  const bool delta = pc.kind != ChunkKind::kAnchorV1;
+  const bool delta = is_delta_kind(pc.kind);
   if (s.sections.size() < pc.sections.size()) s.sections.resize(pc.sections.size());
   if (s.v2.size() < pc.sections.size()) s.v2.resize(pc.sections.size());
   if (s.positions.size() < pc.sections.size()) s.positions.resize(pc.sections.size());
   decoded.assign(pc.sections.size(), {});
   for (std::size_t k = 0, at = 0; k < pc.sections.size(); at += pc.sections[k].seg.bytes, ++k) {
     const auto& sec = pc.sections[k];
-    if (Status st = decode_streams(sec, s.streams, s.sections[k], decoded[k]); !st.is_ok()) return st.with_context("segment " + std::to_string(k));
+    if (Status st = decode_streams(sec, s.streams, s.sections[k], decoded[k], !delta); !st.is_ok())
+      return st.with_context("segment " + std::to_string(k));
     Status st;
     if (sec.v2) {
       st = bf16v2::decode(sec.bf16, base + at, decoded[k].s[0], level, s.gaps, s.v2[k], base_hash);
+    } else if (sec.anchor_v2) {
+      // The whole section, checked, into the decoder's memory (the buffer a v1 delta's
+      // exceptions take, as large); pass 2 hashes and copies it.
+      auto* values = reinterpret_cast<std::uint16_t*>(scratch(s.sections[k][2], sec.seg.bytes + 1));
+      st = anchorv2::decode(sec.a2, decoded[k].s[0], values, s.huffman);
+      decoded[k].s[2] = ByteSpan(reinterpret_cast<const std::uint8_t*>(values), sec.seg.bytes);
     } else {
       if (base_hash) base_hash->update(base + at, sec.seg.bytes);
       if (delta && sec.seg.cls == SegmentClass::kBF16) st = validate_bf16_delta(sec, decoded[k], s.positions[k]);
@@ -851,7 +898,7 @@ Status ChunkDecoder::decode_checked(ByteSpan payload, std::span<const Segment> e
                                     const ChunkHashes* expect, std::vector<std::uint32_t>* changed) {
   DC_ASSIGN_OR_RETURN(ParsedChunk pc, parse_chunk(payload));
   DC_RETURN_IF_ERROR(check_shape(pc, expected_segments, out.size()));
-  const bool delta = pc.kind != ChunkKind::kAnchorV1;
+  const bool delta = is_delta_kind(pc.kind);
   if (delta && base.size() != out.size()) return Status::invalid_argument("delta chunk needs base bytes of the same range");
   const bool in_place = delta && base.data() == out.data();
   if (delta && !in_place && base.data() < out.data() + out.size() && out.data() < base.data() + base.size())
@@ -889,7 +936,9 @@ Status ChunkDecoder::decode_checked(ByteSpan payload, std::span<const Segment> e
     std::copy_n(c2.starts.begin(), bf16v2::kClassesMax, next_change.begin());
     for (std::size_t i0 = 0; i0 < count; i0 += tile) {
       const std::size_t i1 = std::min(count, i0 + tile), bytes = (i1 - i0) * es;
-      std::uint8_t* const t = in_place ? o + i0 * es : scratch.data();  // element i0
+      std::uint8_t* const t = in_place        ? o + i0 * es
+                              : sec.anchor_v2 ? s_->sections[k][2].data() + i0 * es
+                                              : scratch.data();  // element i0
       auto* const tv = reinterpret_cast<std::uint16_t*>(t);
       if (delta) {
         if (!in_place) std::memcpy(t, b + i0 * es, bytes);
@@ -901,6 +950,8 @@ Status ChunkDecoder::decode_checked(ByteSpan payload, std::span<const Segment> e
         } else {
           unshuffle<true>(d.s[0].data(), count, es, i0, i1, t);
         }
+      } else if (sec.anchor_v2) {
+        // Decoded in pass 1: t is the section's values.
       } else if (sec.seg.cls == SegmentClass::kBF16) {
         const std::uint8_t* e = d.s[0].data();
         const std::uint8_t* sm = d.s[1].data();
@@ -938,7 +989,7 @@ Status ChunkDecoder::apply_sparse_checked(ByteSpan payload, std::span<const Segm
     return Status::invalid_argument("a sparse apply needs the state hashes of the base and of the result");
   if (held_state != *expect.base) return base_mismatch();
   DC_ASSIGN_OR_RETURN(ParsedChunk pc, parse_chunk(payload));
-  if (pc.kind == ChunkKind::kAnchorV1) return Status::corruption("an anchor chunk where a delta chunk belongs");
+  if (!is_delta_kind(pc.kind)) return Status::corruption("an anchor chunk where a delta chunk belongs");
   DC_RETURN_IF_ERROR(check_shape(pc, expected_segments, range.size()));
   std::vector<DecodedStreams> decoded;
   DC_RETURN_IF_ERROR(decode_sections(pc, range.data(), options_.scan_level, *s_, decoded, nullptr));
@@ -1006,6 +1057,7 @@ Result<ChunkStats> ChunkDecoder::describe_checked(ByteSpan payload, ChunkKind* k
       st.streams.push_back({"changes", StreamReport{{Backend::kRaw, 0}, sec.seg.bytes, sec.bf16.coded.size()}, "range-coded"});
       st.streams.push_back({"remainders", StreamReport{{Backend::kRaw, 0}, sec.bf16.remainders.size(), sec.bf16.remainders.size()}, "bits"});
     }
+    if (sec.anchor_v2) st.streams.push_back({"symbols", StreamReport{{Backend::kRaw, 0}, sec.seg.bytes, sec.a2.coded_bytes}, "huffman"});
     for (int k = 0; k < sec.stream_count; ++k) {
       st.streams.push_back({sec.names[k], StreamReport{sec.streams[k].choice, sec.streams[k].raw_bytes, sec.streams[k].body.size()}});
     }
@@ -1020,7 +1072,7 @@ Result<ChunkStats> ChunkDecoder::describe_checked(ByteSpan payload, ChunkKind* k
       st.small_deltas += sec.change_count - sec.exception_count;
       continue;
     }
-    if (pc.kind == ChunkKind::kAnchorV1) continue;
+    if (!is_delta_kind(pc.kind)) continue;
     if (s_->sections.empty()) s_->sections.resize(1);
     if (s_->positions.empty()) s_->positions.resize(1);
     DecodedStreams d;

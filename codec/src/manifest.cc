@@ -63,6 +63,7 @@ constexpr std::uint32_t kManifestMagic = 0x4d464344;  // "DCFM"
 constexpr std::uint8_t kManifestFormatPlain = 1;      // no run, unsigned
 constexpr std::uint8_t kManifestFormatRun = 2;        // run identity, optionally signed
 constexpr std::uint8_t kManifestFormatState = 3;      // as 2, with state hashes per chunk
+constexpr std::uint8_t kManifestFormatAnchorV2 = 4;   // as 3, an anchor whose chunks may be anchor v2
 constexpr std::uint8_t kFlagSigned = 1;
 
 bool mul_overflows(std::uint64_t a, std::uint64_t b, std::uint64_t& out) { return __builtin_mul_overflow(a, b, &out); }
@@ -117,7 +118,7 @@ Bytes serialize_manifest(const Manifest& m) {
   const bool state = m.hash_scheme == ChunkHashScheme::kState;
   const bool v2 = state || m.is_signed || !m.run.empty();
   w.u32(kManifestMagic);
-  w.u8(state ? kManifestFormatState : v2 ? kManifestFormatRun : kManifestFormatPlain);
+  w.u8(state ? (m.anchor_v2 ? kManifestFormatAnchorV2 : kManifestFormatState) : v2 ? kManifestFormatRun : kManifestFormatPlain);
   w.u8(static_cast<std::uint8_t>(m.kind));
   w.u64(m.version);
   w.u64(m.base_version);
@@ -167,11 +168,13 @@ Status read_header(ByteReader& r, const ManifestLimits& limits, Manifest& m) {
   std::uint8_t fmt, kind;
   if (!r.u32(magic) || magic != kManifestMagic) return Status::corruption("not a deltacast manifest (bad magic)");
   if (!r.u8(fmt)) return Status::corruption("manifest truncated");
-  if (fmt != kManifestFormatPlain && fmt != kManifestFormatRun && fmt != kManifestFormatState)
-    return Status::unsupported("manifest format version " + std::to_string(fmt) + ", this build reads 1 to 3");
-  m.hash_scheme = fmt == kManifestFormatState ? ChunkHashScheme::kState : ChunkHashScheme::kXxh3;
+  if (fmt < kManifestFormatPlain || fmt > kManifestFormatAnchorV2)
+    return Status::unsupported("manifest format version " + std::to_string(fmt) + ", this build reads 1 to 4");
+  m.hash_scheme = fmt >= kManifestFormatState ? ChunkHashScheme::kState : ChunkHashScheme::kXxh3;
   if (!r.u8(kind) || kind > 1) return Status::corruption("bad version kind");
   m.kind = static_cast<VersionKind>(kind);
+  m.anchor_v2 = fmt == kManifestFormatAnchorV2;
+  if (m.anchor_v2 && m.kind != VersionKind::kAnchor) return Status::corruption("manifest format 4 is for anchors only");
   if (!r.u64(m.version) || !r.u64(m.base_version) || !r.u64(m.image_size)) return Status::corruption("manifest truncated");
   if (m.image_size > limits.image_bytes_max)
     return Status::resource_exhausted("manifest describes an image of " + std::to_string(m.image_size) + " bytes, above the limit of " +

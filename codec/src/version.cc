@@ -1,5 +1,6 @@
 #include "deltacast/codec/version.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <mutex>
@@ -54,6 +55,12 @@ Result<EncodedVersion> encode_version(const ModelLayout& layout, std::uint64_t v
   m.metadata = layout.metadata;
   m.tensors = layout.tensors;
   m.hash_scheme = options.hash_scheme;
+  // Anchor v2 chunks need manifest format 4, which has state hashes: with xxh3 chunk hashes
+  // (formats 1 and 2) anchors are v1.
+  ChunkEncodeOptions chunk_options = options.chunk;
+  const bool v2_anchor = std::ranges::find(chunk_options.anchor_kinds, ChunkKind::kAnchorV2) != chunk_options.anchor_kinds.end();
+  if (!delta && v2_anchor && m.hash_scheme != ChunkHashScheme::kState) chunk_options.anchor_kinds = {ChunkKind::kAnchorV1};
+  m.anchor_v2 = !delta && v2_anchor && m.hash_scheme == ChunkHashScheme::kState;
   const auto ranges = plan_chunks(layout.tensors, layout.image_size, options.chunk_bytes);
   m.chunks.resize(ranges.size());
   ev.payloads.resize(ranges.size());
@@ -69,8 +76,8 @@ Result<EncodedVersion> encode_version(const ModelLayout& layout, std::uint64_t v
     ChunkHashes h;
     h.scheme = m.hash_scheme;
     const auto encoder = encoders->acquire();
-    Result<Bytes> payload = delta ? encoder->encode_delta(segs, base.subspan(off, len), nb, options.chunk, &stats[i], &h)
-                                  : encoder->encode_anchor(segs, nb, options.chunk, &stats[i]);
+    Result<Bytes> payload = delta ? encoder->encode_delta(segs, base.subspan(off, len), nb, chunk_options, &stats[i], &h)
+                                  : encoder->encode_anchor(segs, nb, chunk_options, &stats[i]);
     if (!payload.is_ok()) return payload.status().with_context(chunk_label(i));
     ChunkEntry& c = m.chunks[i];
     c.offset = off;
@@ -112,7 +119,8 @@ Status apply_chunk(const Manifest& manifest, std::size_t index, ByteSpan payload
   const bool delta = manifest.kind == VersionKind::kDelta;
   if (delta && base_range.size() != c.length) return Status::invalid_argument("base range has the wrong size");
   DC_ASSIGN_OR_RETURN(ChunkKind kind, chunk_kind(payload));
-  if (delta != (kind != ChunkKind::kAnchorV1)) return Status::corruption("chunk kind does not match the version kind");
+  if (delta != is_delta_kind(kind)) return Status::corruption("chunk kind does not match the version kind");
+  if (kind == ChunkKind::kAnchorV2 && !manifest.anchor_v2) return Status::corruption("an anchor v2 chunk in a manifest of format 3 or older");
   const auto segs = segments_for_range(manifest.tensors, c.offset, c.length);
   ChunkHashes expect;
   expect.scheme = manifest.hash_scheme;
@@ -249,6 +257,7 @@ Result<EncodedVersion> merge_shards(std::vector<EncodedVersion> shards) {
       m.chunks.push_back(c);
     }
     m.image_size += sm.image_size;
+    m.anchor_v2 |= sm.anchor_v2;
     for (auto& p : shard.payloads) out.payloads.push_back(std::move(p));
     out.stats.add(shard.stats);
   }

@@ -1,6 +1,9 @@
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstring>
+#include <random>
+#include <tuple>
 
 #include "deltacast/codec/chunk.h"
 #include "deltacast/codec/hash.h"
@@ -483,4 +486,154 @@ TEST_CASE("encoders and decoders keep their memory within the stated bounds, and
   CHECK(small_decoder.scratch_bytes() <= 1u << 20);
   REQUIRE(small_decoder.describe(*payload).is_ok());
   CHECK(small_decoder.scratch_bytes() <= 1u << 20);
+}
+
+// ---- anchor v2 ---------------------------------------------------------------------------
+
+namespace {
+
+ChunkEncodeOptions anchor_kinds(std::vector<ChunkKind> kinds) {
+  ChunkEncodeOptions o = ChunkEncodeOptions::defaults();
+  o.anchor_kinds = std::move(kinds);
+  return o;
+}
+
+// Gaussian-like weights: the exponents and top mantissa bits a trained BF16 tensor has.
+Bytes weight_like(std::size_t n, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 0.02f);
+  std::vector<std::uint16_t> v(n);
+  for (auto& x : v) {
+    const float f = dist(rng);
+    std::uint32_t u;
+    std::memcpy(&u, &f, 4);
+    x = static_cast<std::uint16_t>(u >> 16);
+  }
+  return test::from_u16(v);
+}
+
+}  // namespace
+
+TEST_CASE("anchor v2 is the default anchor encoding, smaller than v1 on weights, and both decode", "[codec][chunk]") {
+  const Bytes next = weight_like(300000, 3);
+  const auto segs = bf16_segment(next.size());
+  auto v2 = ChunkEncoder().encode_anchor(segs, next, kOptions);
+  auto v1 = ChunkEncoder().encode_anchor(segs, next, anchor_kinds({ChunkKind::kAnchorV1}));
+  REQUIRE(v2.is_ok());
+  REQUIRE(v1.is_ok());
+  CHECK((*v2)[0] == static_cast<std::uint8_t>(ChunkKind::kAnchorV2));
+  CHECK((*v1)[0] == static_cast<std::uint8_t>(ChunkKind::kAnchorV1));
+  CHECK(v2->size() < v1->size());
+  for (const Bytes* p : {&*v1, &*v2}) {
+    Bytes out(next.size());
+    const ChunkHashes expect{std::nullopt, state_hash(next)};
+    REQUIRE(ChunkDecoder().decode(*p, segs, {}, out, &expect).is_ok());
+    CHECK(out == next);
+  }
+  // Trying both keeps the smaller.
+  auto both = ChunkEncoder().encode_anchor(segs, next, ChunkEncodeOptions::smallest());
+  REQUIRE(both.is_ok());
+  CHECK(*both == *v2);
+  ChunkStats st;
+  REQUIRE(ChunkEncoder().encode_anchor(segs, next, kOptions, &st).is_ok());
+  CHECK(st.bf16_values == 300000);
+  auto described = ChunkDecoder().describe(*v2);
+  REQUIRE(described.is_ok());
+  CHECK(described->bf16_values == 300000);
+  REQUIRE(described->streams.size() == 2);
+  CHECK(described->streams[0].name == "symbols");
+  CHECK(described->streams[1].name == "low");
+}
+
+TEST_CASE("anchor v2 round trips any section length and distribution", "[codec][chunk]") {
+  std::mt19937_64 rng(11);
+  std::vector<std::vector<std::uint16_t>> cases;
+  // Every length up to 70 (streams of 0 to 5 groups of four, every tail), and a few larger.
+  for (std::size_t n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 70, 1001, 4099}) {
+    std::vector<std::uint16_t> v(n);
+    for (auto& x : v) x = static_cast<std::uint16_t>(rng());
+    cases.push_back(v);
+    std::vector<std::uint16_t> same(n, 0x3f80);  // a lone symbol: no code bits at all
+    cases.push_back(same);
+  }
+  // Counts growing like Fibonacci numbers make a Huffman tree 25 deep: the lengths are limited to 12.
+  std::vector<std::uint16_t> fib;
+  std::uint64_t a = 1, b = 1;
+  for (std::uint16_t sym = 0; sym < 25; ++sym) {
+    for (std::uint64_t k = 0; k < a; ++k) fib.push_back(static_cast<std::uint16_t>(sym << 5 | (k & 31) | (k & 1) << 15));
+    std::tie(a, b) = std::make_pair(b, a + b);
+  }
+  std::shuffle(fib.begin(), fib.end(), rng);
+  cases.push_back(fib);
+  // Every symbol once but one very often: lengths 1 and 11-12.
+  std::vector<std::uint16_t> skew(200000, 0x1234);
+  for (std::uint32_t s = 0; s < 1024; ++s) skew[s * 150] = static_cast<std::uint16_t>(s << 5 | 7);
+  cases.push_back(skew);
+  for (const auto& v : cases) {
+    INFO(v.size() << " values, first " << v[0]);
+    const Bytes next = test::from_u16(v);
+    const auto segs = bf16_segment(next.size());
+    auto p = ChunkEncoder().encode_anchor(segs, next, kOptions);
+    REQUIRE(p.is_ok());
+    REQUIRE((*p)[0] == static_cast<std::uint8_t>(ChunkKind::kAnchorV2));
+    Bytes out(next.size(), 0xcd);
+    REQUIRE(ChunkDecoder().decode(*p, segs, {}, out).is_ok());
+    CHECK(out == next);
+  }
+}
+
+TEST_CASE("anchor v2: corrupt or truncated payloads fail, never decode to wrong bytes", "[codec][chunk]") {
+  const Bytes next = weight_like(5003, 9);
+  const auto segs = bf16_segment(next.size());
+  auto p = ChunkEncoder().encode_anchor(segs, next, kOptions);
+  REQUIRE(p.is_ok());
+  const ChunkHashes expect{std::nullopt, state_hash(next)};
+  ChunkDecoder decoder;
+  Bytes out(next.size());
+  std::size_t refused = 0;
+  for (std::size_t i = 0; i < p->size(); ++i) {
+    for (int bit : {0, 3, 7}) {
+      Bytes bad = *p;
+      bad[i] ^= static_cast<std::uint8_t>(1u << bit);
+      const Status st = decoder.decode(bad, segs, {}, out, &expect);
+      if (st.is_ok()) CHECK(out == next);  // a flip that changes nothing the decoder reads
+      else ++refused;
+    }
+  }
+  CHECK(refused > 3 * p->size() * 9 / 10);
+  for (std::size_t len = 0; len < p->size(); ++len) CHECK_FALSE(decoder.decode(ByteSpan(p->data(), len), segs, {}, out, &expect).is_ok());
+}
+
+TEST_CASE("anchor v2: a code table that is not a complete code is refused", "[codec][chunk]") {
+  const Bytes next = weight_like(2000, 4);
+  const auto segs = bf16_segment(next.size());
+  auto p = ChunkEncoder().encode_anchor(segs, next, kOptions);
+  REQUIRE(p.is_ok());
+  // kind, segment count, class, element size, a 2-byte varint of 4000 bytes, then the table:
+  // the symbol range, its presence bits, the code lengths.
+  ByteReader r(ByteSpan(*p).subspan(6));
+  std::uint64_t first, span;
+  REQUIRE(r.varint(first));
+  REQUIRE(r.varint(span));
+  const std::size_t nibbles = 6 + r.position() + (span + 7) / 8;
+  for (std::uint8_t first_length : {0, 13, 15}) {
+    Bytes bad = *p;
+    const std::uint8_t old = bad[nibbles] & 15;
+    if (old == first_length) continue;
+    bad[nibbles] = static_cast<std::uint8_t>((bad[nibbles] & 0xf0) | first_length);
+    Bytes out(next.size());
+    const Status s2 = ChunkDecoder().decode(bad, segs, {}, out);
+    CHECK(s2.code() == StatusCode::kCorruption);
+    CHECK(s2.message().find("anchor v2") != std::string::npos);
+  }
+  // One length longer than it was: the code is no longer complete.
+  Bytes bad = *p;
+  const std::uint8_t l = bad[nibbles] & 15;
+  REQUIRE(l >= 1);
+  REQUIRE(l < 12);
+  bad[nibbles] = static_cast<std::uint8_t>((bad[nibbles] & 0xf0) | (l + 1));
+  Bytes out(next.size());
+  const Status st = ChunkDecoder().decode(bad, segs, {}, out);
+  CHECK(st.code() == StatusCode::kCorruption);
+  CHECK(st.message().find("complete code") != std::string::npos);
 }

@@ -32,6 +32,23 @@ TEST_CASE("manifests round trip", "[codec][manifest]") {
     auto parsed = parse_manifest(b);
     REQUIRE(parsed.is_ok());
     CHECK(*parsed == m);
+    CHECK_FALSE(parsed->anchor_v2);
+    if (kind == VersionKind::kAnchor) {
+      // An anchor that may hold anchor v2 chunks: format 4.
+      Manifest a = m;
+      a.anchor_v2 = true;
+      const Bytes b4 = serialize_manifest(a);
+      CHECK(b4[4] == 4);
+      auto p4 = parse_manifest(b4);
+      REQUIRE(p4.is_ok());
+      CHECK(p4->anchor_v2);
+      CHECK(*p4 == a);
+    } else {
+      Bytes b4 = b;
+      b4[4] = 4;
+      CHECK(parse_manifest(b4).status().code() == StatusCode::kCorruption);
+      CHECK(parse_manifest(b4).status().message().find("for anchors only") != std::string::npos);
+    }
     // Formats 1 (no run) and 2 (a run) hold xxh3 chunk hashes, and are still read as such.
     m.hash_scheme = ChunkHashScheme::kXxh3;
     for (bool run : {false, true}) {
@@ -96,9 +113,9 @@ TEST_CASE("manifest parser rejects inconsistent tables", "[codec][manifest]") {
   }
   SECTION("future format version") {
     Bytes b = serialize_manifest(m);
-    b[4] = 4;
+    b[4] = 5;
     CHECK(parse_manifest(b).status().code() == StatusCode::kUnsupported);
-    CHECK(parse_manifest(b).status().message().find("manifest format version 4") != std::string::npos);
+    CHECK(parse_manifest(b).status().message().find("manifest format version 5, this build reads 1 to 4") != std::string::npos);
   }
   SECTION("every truncation") {
     Bytes b = serialize_manifest(m);

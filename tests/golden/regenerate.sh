@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Regenerates the golden files of the current format. (The *-format1.dcd and
 # anchor-signed-format2.dcd files were written by an earlier deltacast, before manifest format 3,
-# and are kept as they are: readers must still accept them.) Only for a deliberate format change: the golden test exists so
+# and the anchor*-format3.dcd files before anchor v2 (manifest format 4); they are kept as they
+# are: readers must still accept them.) Only for a deliberate format change: the golden test exists so
 # that the format cannot drift silently. Usage: tests/golden/regenerate.sh path/to/deltacast
 set -euo pipefail
 dc=${1:?usage: regenerate.sh path/to/deltacast}

@@ -1,7 +1,8 @@
 // Golden files (tests/golden, made by regenerate.sh): the checked-in deltas and anchors must still
 // decode to the checked-in checkpoint, and encoding the same inputs must reproduce the current
 // ones byte for byte, so the format cannot drift silently. The *-format1 files were written
-// before state hashes (manifest format 1, xxh3 chunk hashes) and must still be read. (The signed
+// before state hashes (manifest format 1, xxh3 chunk hashes), anchor-format3.dcd before anchor
+// v2 (manifest format 3), and they must still be read. (The signed
 // anchors are checked in tests/runtime/test_trust.cc, where signatures live.)
 #include <catch2/catch.hpp>
 
@@ -26,7 +27,8 @@ TEST_CASE("golden delta and anchor decode to the golden checkpoint", "[codec][go
   REQUIRE(base.is_ok());
   REQUIRE(next.is_ok());
   ThreadPool pool(2);
-  for (const char* name : {"delta.dcd", "delta-v2.dcd", "anchor.dcd", "delta-format1.dcd", "delta-v2-format1.dcd", "anchor-format1.dcd"}) {
+  for (const char* name :
+       {"delta.dcd", "delta-v2.dcd", "anchor.dcd", "anchor-format3.dcd", "delta-format1.dcd", "delta-v2-format1.dcd", "anchor-format1.dcd"}) {
     INFO(name);
     const bool format1 = std::string_view(name).ends_with("-format1.dcd");
     auto file = MappedFile::open(test::golden(name));
@@ -37,6 +39,8 @@ TEST_CASE("golden delta and anchor decode to the golden checkpoint", "[codec][go
     CHECK(v->manifest.hash_scheme == (format1 ? ChunkHashScheme::kXxh3 : ChunkHashScheme::kState));
     CHECK(v->manifest.version_checksum == (format1 ? kGoldenVersionChecksumFormat1 : kGoldenVersionChecksum));
     CHECK(v->manifest.tensors == next->layout().tensors);
+    // Anchors: format 4 (anchor v2 chunks) as written now, format 3 and 1 (anchor v1) as before.
+    CHECK(v->manifest.anchor_v2 == (std::string_view(name) == "anchor.dcd"));
     const bool delta = v->manifest.kind == VersionKind::kDelta;
     if (delta) {
       CHECK(v->manifest.base_version == 1);

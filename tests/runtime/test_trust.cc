@@ -470,8 +470,9 @@ TEST_CASE("a signature covers every byte of the manifest", "[runtime][trust]") {
   }
 }
 
-// The golden signed anchors (tests/golden/anchor-signed.dcd, manifest format 3, and
-// anchor-signed-format2.dcd, written before state hashes) pin the signed manifests
+// The golden signed anchors (tests/golden/anchor-signed.dcd, manifest format 4 with anchor v2
+// chunks; anchor-signed-format3.dcd, written before anchor v2; anchor-signed-format2.dcd,
+// before state hashes) pin the signed manifests
 // (tests/golden/test.sign.key is a key for this test only): they verify and decode to the golden
 // checkpoint (the image of the unsigned golden anchor), and signing the same encoding
 // reproduces the current one byte for byte.
@@ -491,14 +492,15 @@ TEST_CASE("the golden signed anchor verifies and signing the golden inputs repro
   ThreadPool pool(2);
   REQUIRE(decode_version(golden->manifest, golden->payloads, ByteSpan(), image, pool).is_ok());
 
-  for (const char* name : {"anchor-signed.dcd", "anchor-signed-format2.dcd"}) {
+  for (const char* name : {"anchor-signed.dcd", "anchor-signed-format3.dcd", "anchor-signed-format2.dcd"}) {
     INFO(name);
     const Bytes signed_file = test::read_bytes(test::golden(name));
     auto v = parse_container(signed_file);
     REQUIRE(v.is_ok());
     CHECK(v->manifest.is_signed);
     CHECK(v->manifest.signer == key->public_key);
-    CHECK(v->manifest_bytes[4] == (std::string(name) == "anchor-signed.dcd" ? 3 : 2));
+    const std::string n = name;
+    CHECK(v->manifest_bytes[4] == (n == "anchor-signed.dcd" ? 4 : n == "anchor-signed-format3.dcd" ? 3 : 2));
     CHECK(runtime::verify_manifest(v->manifest_bytes, v->manifest, {key->public_key}).is_ok());
     CHECK(runtime::verify_payloads(v->manifest, v->payloads).is_ok());
     CHECK(!runtime::verify_manifest(v->manifest_bytes, v->manifest, {runtime::make_signing_key().public_key}).is_ok());

@@ -25,7 +25,10 @@ enum class ChunkKind : std::uint8_t {
   kDeltaV1 = 1,   // changes against the base bytes of the same range
   kAnchorV1 = 2,  // a full snapshot of the range
   kDeltaV2 = 3,   // changes, BF16 runs coded with models conditioned on the base exponent
+  kAnchorV2 = 4,  // a full snapshot, BF16 runs Huffman-coded in four streams (fast to decode)
 };
+
+inline bool is_delta_kind(ChunkKind k) { return k == ChunkKind::kDeltaV1 || k == ChunkKind::kDeltaV2; }
 
 enum class SegmentClass : std::uint8_t {
   kGeneric = 0,  // any bytes; elem_size says how to transpose them (1, 2, 4 or 8)
@@ -60,6 +63,10 @@ struct ChunkEncodeOptions {
   // smaller at lr 1e-6 but its decoder is still slower than v1's (docs/BENCHMARKS.md), and a
   // worker applying a large model is bound by decoding, so v1 alone is the default for now.
   std::vector<ChunkKind> delta_kinds = {ChunkKind::kDeltaV1};
+  // Anchor encodings tried for every chunk, the smallest kept. v2 is smaller on BF16 weights and
+  // several times faster both ways; v1 (with its zstd backends) wins only on highly repetitive
+  // data such as constant tensors, which max_effort() and smallest() also try.
+  std::vector<ChunkKind> anchor_kinds = {ChunkKind::kAnchorV2};
   // The v2 scan kernels to use (kScanLevelBest: the highest the CPU has); every level writes
   // the same bytes.
   int scan_level = kScanLevelBest;
@@ -163,9 +170,10 @@ struct ChunkDecodeOptions {
 // whole before anything is written), the v2 changes, a 16 KiB write tile and a StreamDecoder.
 // For a chunk of L bytes at most about 4L (a v1 BF16 delta whose every value changed to an
 // exception: 0.5L of coded positions and 2L decoded, 4 bytes each, 0.5L of values, L of
-// exceptions; v2 keeps 6 bytes per change, 3L at most), and 3L more after apply_sparse (the
-// words it changed, 24 bytes per 8-byte word), plus 72 bytes per segment and the zstd context
-// (about 160 KiB). Not thread-safe: one per thread.
+// exceptions; v2 keeps 6 bytes per change, 3L at most; an anchor v2 decodes its L bytes into
+// the exceptions' buffer), and 3L more after apply_sparse (the words it changed, 24 bytes per
+// 8-byte word), plus 72 bytes per segment, the anchor v2 decoding table (16 KiB) and the zstd
+// context (about 160 KiB). Not thread-safe: one per thread.
 class ChunkDecoder {
  public:
   explicit ChunkDecoder(ChunkDecodeOptions options = {});

@@ -60,6 +60,9 @@ struct Manifest {
   // What content_hash and base_hash are: state hashes (format 3, what deltacast writes) or
   // xxh3 (formats 1 and 2, read for old files).
   ChunkHashScheme hash_scheme = ChunkHashScheme::kState;
+  // Format 4: an anchor (with state hashes) whose chunks may be anchor v2 (chunk kind 4) as
+  // well as anchor v1; in formats 1 to 3 an anchor's chunks are anchor v1 only.
+  bool anchor_v2 = false;
   // Signed (format 2): every chunk carries payload_digest, and the serialized manifest ends
   // with the signer's Ed25519 public key and a signature over every byte before the signature.
   bool is_signed = false;

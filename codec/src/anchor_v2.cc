@@ -94,6 +94,19 @@ std::array<std::uint32_t, kSymbols> canonical_codes(const std::array<std::uint8_
   return code;
 }
 
+// The low fields of four values in the 16-bit lanes of x, packed into 24 bits (LSB first).
+inline std::uint64_t pack_low4(std::uint64_t x) {
+  const std::uint64_t f = ((x >> 10) & 0x0020002000200020ull) | (x & 0x001f001f001f001full);
+  const std::uint64_t y = (f | f >> 10) & 0x00000fff00000fffull;
+  return (y | y >> 20) & 0xffffff;
+}
+// The reverse: 24 bits of four packed low fields to the bits they set in four 16-bit lanes.
+inline std::uint64_t unpack_low4(std::uint64_t x) {
+  const std::uint64_t y = (x | x << 20) & 0x00000fff00000fffull;
+  const std::uint64_t f = (y | y << 10) & 0x003f003f003f003full;
+  return (f & 0x0020002000200020ull) << 10 | (f & 0x001f001f001f001full);
+}
+
 struct BitWriter {
   std::uint8_t* p;
   std::uint64_t buf = 0;
@@ -165,15 +178,32 @@ Status read_lengths(std::uint32_t first, ByteSpan bitmap, ByteSpan nibbles, std:
 
 std::size_t encode(const std::uint16_t* v, std::size_t n, Bytes& bits, Bytes& low, Bytes& out) {
   const std::size_t at = out.size();
+  // One pass over the values: the symbols' histogram (in four tables, so that equal neighbours
+  // do not wait on each other's increments) and the low fields, packed eight at a time.
+  if (low.size() < low_bytes(n) + 8) low.resize(low_bytes(n) + 8);
   std::array<std::array<std::uint32_t, kSymbols>, 4> part{};
+  std::uint8_t* o = low.data();
   std::size_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    part[0][symbol_of(v[i])]++;
-    part[1][symbol_of(v[i + 1])]++;
-    part[2][symbol_of(v[i + 2])]++;
-    part[3][symbol_of(v[i + 3])]++;
+  for (; i + 8 <= n; i += 8, o += 6) {
+    std::uint64_t w[2];
+    std::memcpy(w, v + i, 16);
+    std::uint64_t packed = 0;
+    for (int h = 0; h < 2; ++h) {
+      const std::uint64_t x = w[h];
+      part[0][(x >> 5) & (kSymbols - 1)]++;
+      part[1][(x >> 21) & (kSymbols - 1)]++;
+      part[2][(x >> 37) & (kSymbols - 1)]++;
+      part[3][(x >> 53) & (kSymbols - 1)]++;
+      packed |= pack_low4(x) << (24 * h);
+    }
+    store_u64(o, packed);  // 6 bytes; the next group overwrites the other two
   }
-  for (; i < n; ++i) part[0][symbol_of(v[i])]++;
+  std::uint64_t tail = 0;  // up to 7 fields, 42 bits
+  for (std::size_t t = i; t < n; ++t) {
+    part[0][symbol_of(v[t])]++;
+    tail |= pack_low4(v[t]) << (6 * (t - i));
+  }
+  for (std::size_t t = 0; t < low_bytes(n - i); ++t) o[t] = static_cast<std::uint8_t>(tail >> (8 * t));
   std::array<std::uint32_t, kSymbols> counts{};
   for (std::uint32_t x = 0; x < kSymbols; ++x) counts[x] = part[0][x] + part[1][x] + part[2][x] + part[3][x];
   const auto len = code_lengths(counts);
@@ -239,20 +269,6 @@ std::size_t encode(const std::uint16_t* v, std::size_t n, Bytes& bits, Bytes& lo
   }
   for (int q = 0; q < kStreams; ++q) out.insert(out.end(), region[q], w[q].p);
 
-  // The low fields, four to three bytes, LSB first.
-  if (low.size() < low_bytes(n)) low.resize(low_bytes(n));
-  std::uint8_t* o = low.data();
-  std::size_t g = 0;
-  auto field = [&](std::size_t x) -> std::uint32_t { return ((v[x] >> 10) & 0x20) | (v[x] & 0x1f); };
-  for (; g + 4 <= n; g += 4, o += 3) {
-    const std::uint32_t x = field(g) | field(g + 1) << 6 | field(g + 2) << 12 | field(g + 3) << 18;
-    o[0] = static_cast<std::uint8_t>(x);
-    o[1] = static_cast<std::uint8_t>(x >> 8);
-    o[2] = static_cast<std::uint8_t>(x >> 16);
-  }
-  std::uint32_t x = 0;
-  for (std::size_t t = g; t < n; ++t) x |= field(t) << (6 * (t - g));
-  for (std::size_t t = 0; t < low_bytes(n - g); ++t) o[t] = static_cast<std::uint8_t>(x >> (8 * t));
   return out.size() - at;
 }
 
@@ -292,44 +308,37 @@ Result<Section> parse(ByteReader& r, std::uint64_t n) {
 
 namespace {
 
-// The bits a low field f (sign, mantissa bits 4..0) sets in its value, by f.
-constexpr std::array<std::uint16_t, 64> kLowBits = [] {
-  std::array<std::uint16_t, 64> t{};
-  for (std::uint32_t f = 0; f < 64; ++f) t[f] = static_cast<std::uint16_t>((f & 0x20) << 10 | (f & 0x1f));
-  return t;
-}();
+constexpr std::uint32_t kLenShift = 16;  // a one-symbol entry: value (symbol << 5) | length << 16
+constexpr int kRoundsPerMerge = 64;      // at most 2 KiB of values per stream between merges
 
-// The value a symbol's table entry makes with the low field in the low 6 bits of f.
-inline std::uint16_t with_low(std::uint32_t entry, std::uint32_t f) { return static_cast<std::uint16_t>(entry | kLowBits[f & 63]); }
-
-// Low field i of the packed fields at `low` (`size` bytes).
-inline std::uint32_t low_field(const std::uint8_t* low, std::size_t size, std::size_t i) {
-  const std::size_t bit = 6 * i, byte = bit / 8;
-  std::uint32_t x = low[byte];
-  if (byte + 1 < size) x |= static_cast<std::uint32_t>(low[byte + 1]) << 8;
-  return (x >> (bit % 8)) & 63;
+// Adds the low fields of values [i0, i1) of a section of n values to `values`, in place.
+void merge_low(std::uint16_t* values, const std::uint8_t* low, std::size_t n, std::size_t i0, std::size_t i1) {
+  auto one = [&](std::size_t i) {
+    const std::size_t bit = 6 * i, byte = bit / 8;
+    std::uint32_t x = low[byte];
+    if (byte + 1 < low_bytes(n)) x |= static_cast<std::uint32_t>(low[byte + 1]) << 8;
+    values[i] = static_cast<std::uint16_t>(values[i] | unpack_low4((x >> (bit % 8)) & 63));
+  };
+  std::size_t i = i0;
+  for (; i < i1 && i % 8; ++i) one(i);
+  // Eight values from an 8-byte load of their 6 bytes, while that stays inside the fields.
+  for (; i + 8 <= i1 && i / 8 * 6 + 8 <= low_bytes(n); i += 8) {
+    std::uint64_t x, w[2];
+    std::memcpy(&x, low + i / 8 * 6, 8);
+    std::memcpy(w, values + i, 16);
+    w[0] |= unpack_low4(x & 0xffffff);
+    w[1] |= unpack_low4((x >> 24) & 0xffffff);
+    std::memcpy(values + i, w, 16);
+  }
+  for (; i < i1; ++i) one(i);
 }
 
-}  // namespace
 
-Status decode(const Section& s, ByteSpan low, std::uint16_t* out, std::array<std::uint32_t, 1u << kCodeBitsMax>& table) {
-  if (low.size() != low_bytes(s.n)) return Status::corruption("anchor v2: low fields of the wrong size");
-  std::array<std::uint8_t, kSymbols> lengths;
-  std::uint32_t lone = 0;
-  DC_RETURN_IF_ERROR(read_lengths(s.first, s.bitmap, s.nibbles, s.symbols, lengths, lone));
-  // The decoding table: for every 12-bit window, the symbol its first code is (<< 5) and that
-  // code's length (<< 16). A lone symbol has no code: every window decodes to it and consumes
-  // nothing.
-  if (s.symbols == 1) table.fill(lone << 5);
-  const auto code = canonical_codes(lengths);
-  for (std::uint32_t x = 0; x < kSymbols; ++x) {
-    const std::uint32_t l = code[x] >> 16;
-    if (!l) continue;
-    const std::uint32_t e = (x << 5) | l << 16;
-    for (std::uint32_t w = code[x] & 0xffff; w < kKraftOne; w += 1u << l) table[w] = e;
-  }
-  // Bitstreams are contiguous in the payload: the block starts at streams[0].
-  const std::uint8_t* block = s.streams[0].data();
+// The values of a section that has two or more symbols, into `out`: its symbols two per
+// lookup while every stream has room, then one at a time, and the low fields added every few
+// rounds, while the values are still in L1.
+Status decode_values(const Section& s, const std::uint8_t* low, std::uint16_t* out, const DecodeTables& t) {
+  const std::uint8_t* block = s.streams[0].data();  // the streams lie back to back
   std::array<std::size_t, kStreams> start{};
   std::size_t size = 0;
   for (int q = 0; q < kStreams; ++q) {
@@ -337,61 +346,108 @@ Status decode(const Section& s, ByteSpan low, std::uint16_t* out, std::array<std
     size += s.streams[q].size();
   }
   std::array<BitReader, kStreams> r;
-  std::array<std::uint64_t, kStreams> first, cnt;
+  std::array<std::uint16_t*, kStreams> o, end;
+  std::array<std::size_t, kStreams> merged;  // values before this have their low fields
   for (int q = 0; q < kStreams; ++q) {
     r[q] = BitReader{block, size, start[q]};
-    first[q] = stream_first(s.n, q);
-    cnt[q] = stream_values(s.n, q);
+    merged[q] = stream_first(s.n, q);
+    o[q] = out + merged[q];
+    end[q] = o[q] + stream_values(s.n, q);
   }
-  // Side by side while every stream has 8 bytes to load and its next four low fields lie in
-  // 4 loadable bytes (the last stream is the shortest and its fields come last).
-  std::uint64_t common = cnt[kStreams - 1];
-  while (common >= 4 && (first[kStreams - 1] + common - 4) / 4 * 3 + 4 > low.size()) common -= 4;
-  // The four readers as locals, so that they live in registers.
-  BitReader r0 = r[0], r1 = r[1], r2 = r[2], r3 = r[3];
-  const std::uint32_t* const tab = table.data();
-  auto four = [tab, &low](BitReader& b, std::uint16_t* o, std::uint64_t i) __attribute__((always_inline)) {
-    b.refill_fast();
-    std::uint32_t x;
-    std::memcpy(&x, low.data() + i / 4 * 3, 4);
-    for (int k = 0; k < 4; ++k) {
-      const std::uint32_t e = tab[b.buf & kTableMask];
-      o[i + k] = with_low(e, x >> (6 * k));
-      b.buf >>= e >> 16;
-      b.bits -= e >> 16;
+  if (s.n >= kTwoSymbolValuesMin) {
+    // Each round takes four lookups of up to 12 bits (48 of the 56 a refill leaves) and writes
+    // up to 8 values, the last lookup's 4-byte store reaching one value further.
+    BitReader r0 = r[0], r1 = r[1], r2 = r[2], r3 = r[3];  // locals, to live in registers
+    std::uint16_t *o0 = o[0], *o1 = o[1], *o2 = o[2], *o3 = o[3];
+    const std::uint64_t* const two = t.two.data();
+    auto round = [two](BitReader& b, std::uint16_t*& p) __attribute__((always_inline)) {
+      b.refill_fast();
+      for (int k = 0; k < 4; ++k) {
+        const std::uint64_t e = two[b.buf & kTableMask];
+        const std::uint32_t pair = static_cast<std::uint32_t>(e);
+        std::memcpy(p, &pair, 4);
+        p += e >> 40;
+        const unsigned len = (e >> 32) & 0xff;
+        b.buf >>= len;
+        b.bits -= len;
+      }
+    };
+    for (;;) {
+      int rounds = 0;
+      for (; rounds < kRoundsPerMerge && o0 + 9 <= end[0] && o1 + 9 <= end[1] && o2 + 9 <= end[2] && o3 + 9 <= end[3] && r0.pos + 8 <= size &&
+             r1.pos + 8 <= size && r2.pos + 8 <= size && r3.pos + 8 <= size;
+           ++rounds) {
+        round(r0, o0);
+        round(r1, o1);
+        round(r2, o2);
+        round(r3, o3);
+      }
+      // The complete values so far (a stray second value past o_q is not one).
+      const std::array<std::uint16_t*, kStreams> done{o0, o1, o2, o3};
+      for (int q = 0; q < kStreams; ++q) {
+        const std::size_t to = static_cast<std::size_t>(done[q] - out);
+        merge_low(out, low, s.n, merged[q], to);
+        merged[q] = to;
+      }
+      if (rounds < kRoundsPerMerge) break;
     }
-  };
-  std::uint64_t j = 0;
-  const std::uint64_t m = first[1];
-  for (; j + 4 <= common; j += 4) {
-    if (r0.pos + 8 > size || r1.pos + 8 > size || r2.pos + 8 > size || r3.pos + 8 > size) break;
-    four(r0, out, j);
-    four(r1, out, m + j);
-    four(r2, out, 2 * m + j);
-    four(r3, out, 3 * m + j);
+    r = {r0, r1, r2, r3};
+    o = {o0, o1, o2, o3};
   }
-  r[0] = r0;
-  r[1] = r1;
-  r[2] = r2;
-  r[3] = r3;
   for (int q = 0; q < kStreams; ++q) {
     BitReader& b = r[q];
-    for (std::uint64_t t = j; t < cnt[q]; ++t) {
+    for (std::uint16_t* p = o[q]; p < end[q]; ++p) {
       if (b.bits < kCodeBitsMax) b.refill_safe();
-      const std::uint32_t e = table[b.buf & kTableMask];
-      out[first[q] + t] = with_low(e, low_field(low.data(), low.size(), first[q] + t));
-      b.buf >>= e >> 16;
-      b.bits -= e >> 16;
+      const std::uint32_t e = t.one[b.buf & kTableMask];
+      *p = static_cast<std::uint16_t>(e);
+      b.buf >>= e >> kLenShift;
+      b.bits -= e >> kLenShift;
     }
+    merge_low(out, low, s.n, merged[q], static_cast<std::size_t>(end[q] - out));
     const std::uint64_t used = b.consumed_bits(start[q]);
     if ((used + 7) / 8 != s.streams[q].size()) return Status::corruption("anchor v2: bitstream " + std::to_string(q) + " does not end where its symbols do");
     if (used % 8 && (s.streams[q].back() >> (used % 8)))
       return Status::corruption("anchor v2: unused bits at the end of bitstream " + std::to_string(q) + " are not zero");
   }
-  if (low_bytes(s.n) * 8 != 6 * s.n && (low.back() >> ((6 * s.n) % 8)))
-    return Status::corruption("anchor v2: unused bits at the end of the low fields are not zero");
   return Status::ok();
 }
 
+}  // namespace
+
+Status decode(const Section& s, ByteSpan low, std::uint16_t* out, DecodeTables& t) {
+  if (low.size() != low_bytes(s.n)) return Status::corruption("anchor v2: low fields of the wrong size");
+  if (low_bytes(s.n) * 8 != 6 * s.n && (low.back() >> ((6 * s.n) % 8)))
+    return Status::corruption("anchor v2: unused bits at the end of the low fields are not zero");
+  std::array<std::uint8_t, kSymbols> lengths;
+  std::uint32_t lone = 0;
+  DC_RETURN_IF_ERROR(read_lengths(s.first, s.bitmap, s.nibbles, s.symbols, lengths, lone));
+  if (s.symbols == 1) {
+    // A lone symbol has no code: every value has it, and the streams are empty.
+    for (int q = 0; q < kStreams; ++q)
+      if (!s.streams[q].empty()) return Status::corruption("anchor v2: bitstream " + std::to_string(q) + " does not end where its symbols do");
+    std::fill(out, out + s.n, static_cast<std::uint16_t>(lone << 5));
+    merge_low(out, low.data(), s.n, 0, s.n);
+    return Status::ok();
+  }
+  // For every 12-bit window: the first code's symbol and length, and (`two`) up to two symbols
+  // whose codes fit in it, their total length and how many.
+  const auto code = canonical_codes(lengths);
+  for (std::uint32_t x = 0; x < kSymbols; ++x) {
+    const std::uint32_t l = code[x] >> 16;
+    if (!l) continue;
+    const std::uint32_t e = (x << 5) | l << kLenShift;
+    for (std::uint32_t w = code[x] & 0xffff; w < kKraftOne; w += 1u << l) t.one[w] = e;
+  }
+  if (s.n >= kTwoSymbolValuesMin) {
+    for (std::uint32_t w = 0; w < kKraftOne; ++w) {
+      const std::uint32_t e1 = t.one[w], l1 = e1 >> kLenShift;
+      const std::uint32_t e2 = t.one[w >> l1], l2 = e2 >> kLenShift;
+      const bool both = l1 + l2 <= kCodeBitsMax;
+      t.two[w] = (e1 & 0xffff) | (both ? std::uint64_t{e2 & 0xffff} << 16 : 0) | std::uint64_t{both ? l1 + l2 : l1} << 32 |
+                 std::uint64_t{both ? 2u : 1u} << 40;
+    }
+  }
+  return decode_values(s, low.data(), out, t);
+}
 
 }  // namespace deltacast::anchorv2

@@ -46,9 +46,19 @@ struct Section {
 };
 Result<Section> parse(ByteReader& r, std::uint64_t n);
 
+// Sections of at least this many values decode two symbols per table lookup where their codes
+// fit in 12 bits together (building that table costs about as much as decoding this many).
+inline constexpr std::uint64_t kTwoSymbolValuesMin = 1u << 14;
+
+// The decoder's tables (48 KiB), rebuilt for every section.
+struct DecodeTables {
+  std::array<std::uint32_t, 1u << kCodeBitsMax> one;  // first code in a 12-bit window
+  std::array<std::uint64_t, 1u << kCodeBitsMax> two;  // up to two codes in a 12-bit window
+};
+
 // Decodes the n values of `s` into `out`, given its low fields (the decoded `low` stream),
-// checking that every bitstream ends exactly where its symbols do and that unused bits are zero.
-// `table`: the decoder's working memory (2^kCodeBitsMax entries).
-Status decode(const Section& s, ByteSpan low, std::uint16_t* out, std::array<std::uint32_t, 1u << kCodeBitsMax>& table);
+// checking the code table, that every bitstream ends exactly where its symbols do, and that
+// the low fields have the right size and zero padding.
+Status decode(const Section& s, ByteSpan low, std::uint16_t* out, DecodeTables& tables);
 
 }  // namespace deltacast::anchorv2

@@ -824,7 +824,7 @@ struct ChunkDecoder::State {
   std::vector<std::uint32_t> gaps;       // v2 decoder's working memory
   std::vector<std::vector<std::uint32_t>> positions;  // v1 BF16 delta sections' change positions
   std::vector<StateWordChange> words;                 // apply_sparse: the words it changed
-  std::array<std::uint32_t, 1u << anchorv2::kCodeBitsMax> huffman;  // anchor v2 decoding table
+  anchorv2::DecodeTables huffman;                     // anchor v2 decoding tables
   alignas(64) std::array<std::uint8_t, kWriteTileBytes> tile;
   std::size_t bytes() const {
     std::size_t b = streams.scratch_bytes() + sizeof(State) + gaps.capacity() * 4;
@@ -951,7 +951,7 @@ Status ChunkDecoder::decode_checked(ByteSpan payload, std::span<const Segment> e
           unshuffle<true>(d.s[0].data(), count, es, i0, i1, t);
         }
       } else if (sec.anchor_v2) {
-        // Decoded in pass 1: t is the section's values.
+        // Decoded whole in pass 1: t is the section's values.
       } else if (sec.seg.cls == SegmentClass::kBF16) {
         const std::uint8_t* e = d.s[0].data();
         const std::uint8_t* sm = d.s[1].data();

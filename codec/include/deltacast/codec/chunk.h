@@ -172,7 +172,7 @@ struct ChunkDecodeOptions {
 // exception: 0.5L of coded positions and 2L decoded, 4 bytes each, 0.5L of values, L of
 // exceptions; v2 keeps 6 bytes per change, 3L at most; an anchor v2 decodes its L bytes into
 // the exceptions' buffer), and 3L more after apply_sparse (the words it changed, 24 bytes per
-// 8-byte word), plus 72 bytes per segment, the anchor v2 decoding table (16 KiB) and the zstd
+// 8-byte word), plus 72 bytes per segment, the anchor v2 decoding tables (48 KiB) and the zstd
 // context (about 160 KiB). Not thread-safe: one per thread.
 class ChunkDecoder {
  public:

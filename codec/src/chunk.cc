@@ -844,7 +844,7 @@ namespace {
 // sections' changes decoded against the base (which they read). `base_hash`, when set, is fed
 // the base of every section. Writes nothing.
 Status decode_sections(const ParsedChunk& pc, const std::uint8_t* base, int level, ChunkDecoder::State& s,
-                       std::vector<DecodedStreams>& decoded, RangeHasher* base_hash) {
+                       std::vector<DecodedStreams>& decoded, RangeHasher* base_hash, std::uint8_t* out = nullptr) {
   const bool delta = is_delta_kind(pc.kind);
   if (s.sections.size() < pc.sections.size()) s.sections.resize(pc.sections.size());
   if (s.v2.size() < pc.sections.size()) s.v2.resize(pc.sections.size());
@@ -858,11 +858,13 @@ Status decode_sections(const ParsedChunk& pc, const std::uint8_t* base, int leve
     if (sec.v2) {
       st = bf16v2::decode(sec.bf16, base + at, decoded[k].s[0], level, s.gaps, s.v2[k], base_hash);
     } else if (sec.anchor_v2) {
-      // The whole section, checked, into the decoder's memory (the buffer a v1 delta's
-      // exceptions take, as large); pass 2 hashes and copies it.
-      auto* values = reinterpret_cast<std::uint16_t*>(scratch(s.sections[k][2], sec.seg.bytes + 1));
-      st = anchorv2::decode(sec.a2, decoded[k].s[0], values, s.huffman);
-      decoded[k].s[2] = ByteSpan(reinterpret_cast<const std::uint8_t*>(values), sec.seg.bytes);
+      // Straight into the output where it is aligned for 16-bit values (an anchor has no base
+      // to keep; pass 2 only hashes it), else into the decoder's memory (the buffer a v1
+      // delta's exceptions take, as large) for pass 2 to copy.
+      if (!out) return Status::invalid_argument("an anchor section needs its output");
+      std::uint8_t* to = reinterpret_cast<std::uintptr_t>(out + at) % 2 ? scratch(s.sections[k][2], sec.seg.bytes + 1) : out + at;
+      st = anchorv2::decode(sec.a2, decoded[k].s[0], reinterpret_cast<std::uint16_t*>(to), s.huffman);
+      decoded[k].s[2] = ByteSpan(to, sec.seg.bytes);
     } else {
       if (base_hash) base_hash->update(base + at, sec.seg.bytes);
       if (delta && sec.seg.cls == SegmentClass::kBF16) st = validate_bf16_delta(sec, decoded[k], s.positions[k]);
@@ -911,7 +913,8 @@ Status ChunkDecoder::decode_checked(ByteSpan payload, std::span<const Segment> e
   // Pass 1: decode and check every section into the decoder's memory, and hash the base (v2
   // sections as their decoder walks it). Nothing is written to `out` yet.
   std::vector<DecodedStreams> decoded;
-  if (Status st = decode_sections(pc, base.data(), options_.scan_level, *s_, decoded, base_hash ? &*base_hash : nullptr); !st.is_ok()) {
+  if (Status st = decode_sections(pc, base.data(), options_.scan_level, *s_, decoded, base_hash ? &*base_hash : nullptr, out.data());
+      !st.is_ok()) {
     // Decoded against a base that is not the one the delta was made against: say so.
     if (check_base && chunk_hash(expect->scheme, base) != *expect->base) return base_mismatch();
     return st;
@@ -936,9 +939,11 @@ Status ChunkDecoder::decode_checked(ByteSpan payload, std::span<const Segment> e
     std::copy_n(c2.starts.begin(), bf16v2::kClassesMax, next_change.begin());
     for (std::size_t i0 = 0; i0 < count; i0 += tile) {
       const std::size_t i1 = std::min(count, i0 + tile), bytes = (i1 - i0) * es;
-      std::uint8_t* const t = in_place        ? o + i0 * es
-                              : sec.anchor_v2 ? s_->sections[k][2].data() + i0 * es
-                                              : scratch.data();  // element i0
+      // Element i0: in place, or where pass 1 decoded an anchor v2 section, or L1 scratch.
+      const bool decoded_in_out = sec.anchor_v2 && d.s[2].data() == o;
+      std::uint8_t* const t = in_place || decoded_in_out ? o + i0 * es
+                              : sec.anchor_v2            ? s_->sections[k][2].data() + i0 * es
+                                                         : scratch.data();
       auto* const tv = reinterpret_cast<std::uint16_t*>(t);
       if (delta) {
         if (!in_place) std::memcpy(t, b + i0 * es, bytes);
@@ -951,7 +956,7 @@ Status ChunkDecoder::decode_checked(ByteSpan payload, std::span<const Segment> e
           unshuffle<true>(d.s[0].data(), count, es, i0, i1, t);
         }
       } else if (sec.anchor_v2) {
-        // Decoded whole in pass 1: t is the section's values.
+        // Decoded in pass 1.
       } else if (sec.seg.cls == SegmentClass::kBF16) {
         const std::uint8_t* e = d.s[0].data();
         const std::uint8_t* sm = d.s[1].data();
@@ -961,7 +966,7 @@ Status ChunkDecoder::decode_checked(ByteSpan payload, std::span<const Segment> e
         unshuffle<false>(d.s[0].data(), count, es, i0, i1, t);
       }
       if (out_hash) out_hash->update(t, bytes);
-      if (!in_place) stream_copy(o + i0 * es, t, bytes);
+      if (!in_place && !decoded_in_out) stream_copy(o + i0 * es, t, bytes);
     }
     off += sec.seg.bytes;
   }

@@ -637,3 +637,24 @@ TEST_CASE("anchor v2: a code table that is not a complete code is refused", "[co
   CHECK(st.code() == StatusCode::kCorruption);
   CHECK(st.message().find("complete code") != std::string::npos);
 }
+
+TEST_CASE("anchor v2 decodes into output at any alignment, beside other segments", "[codec][chunk]") {
+  // A BF16 tensor at an odd image offset (after 3 bytes of U8) and one at an even offset.
+  auto layout = test::make_layout({{DType::kU8, 3}, {DType::kBF16, 40000}, {DType::kF32, 5}, {DType::kBF16, 20001}});
+  auto segs = segments_for_range(layout.tensors, 0, layout.image_size);
+  REQUIRE(segs.size() == 4);
+  Bytes next = test::random_bytes(layout.image_size, 21);
+  const Bytes w = weight_like(60001, 22);
+  std::copy(w.begin(), w.begin() + 80000, next.begin() + 3);
+  std::copy(w.begin() + 80000, w.end(), next.begin() + 3 + 80000 + 20);
+  auto p = ChunkEncoder().encode_anchor(segs, next, kOptions);
+  REQUIRE(p.is_ok());
+  REQUIRE((*p)[0] == static_cast<std::uint8_t>(ChunkKind::kAnchorV2));
+  const ChunkHashes expect{std::nullopt, state_hash(next)};
+  for (std::size_t shift : {0, 1}) {
+    Bytes buf(next.size() + 1, 0xab);
+    MutableByteSpan out(buf.data() + shift, next.size());
+    REQUIRE(ChunkDecoder().decode(*p, segs, {}, out, &expect).is_ok());
+    CHECK(std::equal(out.begin(), out.end(), next.begin()));
+  }
+}

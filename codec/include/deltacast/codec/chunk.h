@@ -186,8 +186,11 @@ class ChunkDecoder {
   //   the very same memory (in-place apply) but must not otherwise overlap.
   // - Anchor: `base` is ignored.
   // `expected_segments`, when not empty, must equal the payload's own segment list.
-  // Everything is parsed and checked before the first byte of `out` is written; a payload that
-  // passes those checks but is still wrong is caught by the content hash.
+  // Everything is parsed and checked before the first byte of `out` is written (except anchor
+  // v2 sections, decoded straight into `out` where it is 2-byte aligned, and checked as they
+  // decode: an anchor has no base to keep, and a failed anchor chunk leaves its range to be
+  // rewritten either way); a payload that passes those checks but is still wrong is caught by
+  // the content hash.
   // `expect`, when set, holds hashes to check as the decoder passes the bytes: `base`, of the
   // base range (deltas), before anything is written (base_mismatch()), and `content`, of the
   // decoded bytes, after (Corruption).

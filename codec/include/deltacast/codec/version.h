@@ -61,7 +61,8 @@ Result<EncodedVersion> encode_version(const ModelLayout& layout, std::uint64_t v
 //   -> write, hashing the result -> content hash.
 // `base_range` holds the base bytes of the chunk's range (deltas; may be out_range itself for
 // in-place apply), `out_range` receives the new bytes. Any failure names the chunk; until the
-// content hash check every failure leaves out_range untouched. `changed`: as ChunkDecoder::decode.
+// content hash check every failure of a delta leaves out_range untouched (an anchor's may leave
+// it written: ChunkDecoder::decode). `changed`: as ChunkDecoder::decode.
 Status decode_chunk_verified(const Manifest& manifest, std::size_t index, ByteSpan payload, ByteSpan base_range,
                              MutableByteSpan out_range, ChunkDecoder& decoder, std::vector<std::uint32_t>* changed = nullptr);
 

@@ -431,7 +431,7 @@ def parse_manifest(b):
     m["image_size"] = r.fixed("<Q")
     m["run"] = (0, 0)
     flags = 0
-    if m["format"] in (2, 3):
+    if m["format"] in (2, 3, 4):
         m["run"] = (r.fixed("<Q"), r.fixed("<Q"))
         flags = r.fixed("<B")
     m["signed"] = bool(flags & 1)
@@ -461,9 +461,10 @@ def parse_manifest(b):
 
 
 def write_manifest(m):
-    """Serializes a manifest dict (as parse_manifest returns): in its format when that is 3 (state
-    hashes), else format 2 if it has a run or is signed, else 1."""
-    fmt = 3 if m.get("format") == 3 else 2 if m["run"] != (0, 0) or m["signed"] else 1
+    """Serializes a manifest dict (as parse_manifest returns): in its format when that is 3 or 4
+    (state hashes; 4 for anchors that may hold anchor v2 chunks), else format 2 if it has a run or
+    is signed, else 1."""
+    fmt = m["format"] if m.get("format") in (3, 4) else 2 if m["run"] != (0, 0) or m["signed"] else 1
     out = struct.pack("<IBBQQQ", 0x4D464344, fmt, m["kind"], m["version"], m["base_version"], m["image_size"])
     if fmt >= 2:
         out += struct.pack("<QQB", m["run"][0], m["run"][1], 1 if m["signed"] else 0)
@@ -1214,6 +1215,7 @@ def case_big_ready_ids(t):
     rss0 = origin.rss()
     big = "x" * 900000
     peak = rss0
+    unanswered = 0
     for k in range(3):
         c = t.sock(zmq.DEALER)
         c.connect(t.ep(0))
@@ -1221,28 +1223,30 @@ def case_big_ready_ids(t):
         drain(c, 0.3)
         # Each message waits for the origin's answer (a Refuse): what is measured is what the
         # origin keeps of a message, not how far its loop lags behind a sender on a busy machine
-        # (child_queue_messages_max bounds that; test_host.cc shows it). About one answer in 25
-        # does not come at all (seen in Release and under ASan; the origin logs the refusal and
-        # lets go of the child), so the wait is short: under ASan, 5 s waits took this case to
-        # its 90 s limit.
+        # (child_queue_messages_max bounds that; test_host.cc shows it). The refused connection
+        # closes leave_linger_ms after the last Refuse queued on it (an earlier refusal's close,
+        # when it came first, cut off a later message or its Refuse: about one in 25 went
+        # unanswered in an earlier session's runs). A sender stalled past that linger on a
+        # loaded machine still loses one now and then: a few are allowed.
         for i in range(70):
             c.send(m_ready(big[:-i - 1] + "%d" % i, 4, checksum=1, run=run))
-            drain(c, 1.5, until_any=True)
+            unanswered += not drain(c, 3.0, until_any=True)
         peak = max(peak, origin.rss() or 0)
     for k in range(90):
         c = t.sock(zmq.DEALER)
         c.connect(t.ep(0))
         c.send(m_hello(big[:-k - 1] + "%d" % k, role=1, serves=True))
         c.send(m_ready(big, 4, run=run))
-        drain(c, 1.5, until_any=True)
+        unanswered += not drain(c, 3.0, until_any=True)
         if k % 10 == 0:
             peak = max(peak, origin.rss() or 0)
     time.sleep(2.0)
     peak = max(peak, origin.rss() or 0)
     body, took, status = metrics(t.port(1))
     dropped = len(re.findall(r"dropped a message from child", origin.log()))
-    t.note("%d messages refused; origin RSS %.0f MB, peak %.0f MB; /metrics %d bytes in %.0f ms" %
-           (dropped, rss0 / 1e6, peak / 1e6, len(body), took * 1e3))
+    t.note("%d messages refused, %d without an answer; origin RSS %.0f MB, peak %.0f MB; /metrics %d bytes in %.0f ms" %
+           (dropped, unanswered, rss0 / 1e6, peak / 1e6, len(body), took * 1e3))
+    t.expect(unanswered <= 3, "%d of the 300 oversized messages got no Refuse" % unanswered)
     t.expect(dropped >= 250, "only %d of the 300 oversized messages reached the origin's checks" % dropped)
     t.expect(peak - rss0 < 100e6, "the origin's RSS grew by %.0f MB" % ((peak - rss0) / 1e6))
     t.expect(len(body) < 256 << 10 and "xxxxxxxx" not in body, "/metrics is %d bytes or lists the big ids" % len(body))

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 
@@ -196,9 +197,14 @@ void ZmqLinks::disconnect(PeerId peer) {
   }
   if (identity_of.count(peer)) {
     forget_child(peer);
-    // Its connection closes once what was queued for it (a Refuse, a Leave) had time to go.
+    // Its connection closes once what was queued for it (a Refuse, a Leave) had time to go:
+    // the last thing queued, when a connection let go of before sends again (its next message
+    // gets a peer id of its own, and a Refuse of its own).
     if (auto fd = fd_of.find(peer); fd != fd_of.end()) {
-      shutdowns_due.emplace_back(clock.now_ms() + config.leave_linger_ms, fd->second);
+      const std::uint64_t due = clock.now_ms() + config.leave_linger_ms;
+      auto same = std::find_if(shutdowns_due.begin(), shutdowns_due.end(), [&](const auto& d) { return d.second == fd->second; });
+      if (same != shutdowns_due.end()) same->first = std::max(same->first, due);
+      else shutdowns_due.emplace_back(due, fd->second);
       fd_of.erase(fd);
     }
   }

@@ -176,7 +176,9 @@ Status read_lengths(std::uint32_t first, ByteSpan bitmap, ByteSpan nibbles, std:
 
 }  // namespace
 
-std::size_t encode(const std::uint16_t* v, std::size_t n, Bytes& bits, Bytes& low, Bytes& out) {
+std::size_t encode(const std::uint8_t* v, std::size_t n, Bytes& bits, Bytes& low, Bytes& out) {
+  // Values are loaded with memcpy: a BF16 segment may start at any byte of the image.
+  auto value = [v](std::size_t i) { return load_u16(v + 2 * i); };
   const std::size_t at = out.size();
   // One pass over the values: the symbols' histogram (in four tables, so that equal neighbours
   // do not wait on each other's increments) and the low fields, packed eight at a time.
@@ -186,7 +188,7 @@ std::size_t encode(const std::uint16_t* v, std::size_t n, Bytes& bits, Bytes& lo
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8, o += 6) {
     std::uint64_t w[2];
-    std::memcpy(w, v + i, 16);
+    std::memcpy(w, v + 2 * i, 16);
     std::uint64_t packed = 0;
     for (int h = 0; h < 2; ++h) {
       const std::uint64_t x = w[h];
@@ -200,8 +202,8 @@ std::size_t encode(const std::uint16_t* v, std::size_t n, Bytes& bits, Bytes& lo
   }
   std::uint64_t tail = 0;  // up to 7 fields, 42 bits
   for (std::size_t t = i; t < n; ++t) {
-    part[0][symbol_of(v[t])]++;
-    tail |= pack_low4(v[t]) << (6 * (t - i));
+    part[0][symbol_of(value(t))]++;
+    tail |= pack_low4(value(t)) << (6 * (t - i));
   }
   for (std::size_t t = 0; t < low_bytes(n - i); ++t) o[t] = static_cast<std::uint8_t>(tail >> (8 * t));
   std::array<std::uint32_t, kSymbols> counts{};
@@ -234,34 +236,34 @@ std::size_t encode(const std::uint16_t* v, std::size_t n, Bytes& bits, Bytes& lo
   // Stream q is written at region[q] of `bits`, room for kCodeBitsMax bits a value and the
   // writer's 8-byte stores.
   std::array<BitWriter, kStreams> w;
-  std::array<const std::uint16_t*, kStreams> src;
-  std::array<std::uint64_t, kStreams> cnt;
+  std::array<std::uint64_t, kStreams> first, cnt;
   std::array<std::uint8_t*, kStreams> region;
   std::size_t room = 0;
   for (int q = 0; q < kStreams; ++q) room += stream_values(n, q) * kCodeBitsMax / 8 + 16;
   if (bits.size() < room) bits.resize(room);
-  for (int q = 0, at = 0; q < kStreams; ++q) {
-    cnt[q] = stream_values(n, q);
-    region[q] = bits.data() + at;
-    at += static_cast<int>(cnt[q] * kCodeBitsMax / 8 + 16);
+  for (std::size_t q = 0, offset = 0; q < kStreams; ++q) {
+    first[q] = stream_first(n, static_cast<int>(q));
+    cnt[q] = stream_values(n, static_cast<int>(q));
+    region[q] = bits.data() + offset;
+    offset += cnt[q] * kCodeBitsMax / 8 + 16;
     w[q].p = region[q];
-    src[q] = v + stream_first(n, q);
   }
+  auto symbol = [&](int q, std::uint64_t j) { return symbol_of(value(first[q] + j)); };
   const std::uint64_t common = cnt[kStreams - 1];  // the last stream is the shortest
   std::uint64_t j = 0;
   for (; j + 4 <= common; j += 4) {
     for (int q = 0; q < kStreams; ++q) {
-      w[q].put(code[symbol_of(src[q][j])]);
-      w[q].put(code[symbol_of(src[q][j + 1])]);
-      w[q].put(code[symbol_of(src[q][j + 2])]);
-      w[q].put(code[symbol_of(src[q][j + 3])]);
+      w[q].put(code[symbol(q, j)]);
+      w[q].put(code[symbol(q, j + 1)]);
+      w[q].put(code[symbol(q, j + 2)]);
+      w[q].put(code[symbol(q, j + 3)]);
       w[q].flush();
     }
   }
   ByteWriter bw(out);
   for (int q = 0; q < kStreams; ++q) {
     for (std::uint64_t t = j; t < cnt[q]; ++t) {
-      w[q].put(code[symbol_of(src[q][t])]);
+      w[q].put(code[symbol(q, t)]);
       w[q].flush();
     }
     w[q].finish();
@@ -374,7 +376,7 @@ Status decode_values(const Section& s, const std::uint8_t* low, std::uint16_t* o
     };
     for (;;) {
       int rounds = 0;
-      for (; rounds < kRoundsPerMerge && o0 + 9 <= end[0] && o1 + 9 <= end[1] && o2 + 9 <= end[2] && o3 + 9 <= end[3] && r0.pos + 8 <= size &&
+      for (; rounds < kRoundsPerMerge && end[0] - o0 >= 9 && end[1] - o1 >= 9 && end[2] - o2 >= 9 && end[3] - o3 >= 9 && r0.pos + 8 <= size &&
              r1.pos + 8 <= size && r2.pos + 8 <= size && r3.pos + 8 <= size;
            ++rounds) {
         round(r0, o0);

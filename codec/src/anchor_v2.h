@@ -28,11 +28,11 @@ inline std::uint64_t stream_first(std::uint64_t n, int q) {
 }
 inline std::uint64_t stream_values(std::uint64_t n, int q) { return stream_first(n, q + 1) - stream_first(n, q); }
 
-// Appends the coded part of a section of n values (code table, stream lengths, bitstreams) to
-// `out`, and leaves the packed low fields, low_bytes(n) of them, in `low` for the caller to
-// write as the section's `low` stream. `bits`: working memory (grows to 1.5n + 64 bytes).
-// Returns the coded part's size.
-std::size_t encode(const std::uint16_t* v, std::size_t n, Bytes& bits, Bytes& low, Bytes& out);
+// Appends the coded part of a section of the n values at `v` (little-endian, at any alignment)
+// to `out`: code table, stream lengths, bitstreams. Leaves the packed low fields, low_bytes(n)
+// of them, in `low` for the caller to write as the section's `low` stream. `bits`: working
+// memory (grows to 1.5n + 64 bytes). Returns the coded part's size.
+std::size_t encode(const std::uint8_t* v, std::size_t n, Bytes& bits, Bytes& low, Bytes& out);
 
 // A section as it sits in a payload, parsed and its code table checked, but not decoded.
 struct Section {

@@ -178,9 +178,8 @@ void encode_generic_delta(const std::uint8_t* base, const std::uint8_t* next, st
 void encode_bf16_anchor(const std::uint8_t* next, std::size_t n, SectionWriter& w) {
   std::uint8_t* e = scratch(w.s.exponents, n + 1);
   std::uint8_t* sm = scratch(w.s.sign_mantissa, n + 1);
-  const auto* v = reinterpret_cast<const std::uint16_t*>(next);
   for (std::size_t i = 0; i < n; ++i) {
-    std::uint16_t x = v[i];
+    const std::uint16_t x = load_u16(next + 2 * i);  // any alignment
     e[i] = static_cast<std::uint8_t>(x >> 7);
     sm[i] = static_cast<std::uint8_t>(((x >> 8) & 0x80) | (x & 0x7f));
   }
@@ -194,7 +193,7 @@ void encode_bf16_anchor(const std::uint8_t* next, std::size_t n, SectionWriter& 
 void encode_bf16_anchor_v2(const std::uint8_t* next, std::size_t n, SectionWriter& w) {
   // Working memory shared with the other encodings: 1.5n + 64 bytes of bitstreams in `pos`
   // (5n for v1 deltas), 0.75n of low fields in `exponents` (n for v1 anchors).
-  const std::size_t coded = anchorv2::encode(reinterpret_cast<const std::uint16_t*>(next), n, w.s.pos, w.s.exponents, w.out);
+  const std::size_t coded = anchorv2::encode(next, n, w.s.pos, w.s.exponents, w.out);
   static const std::vector<BackendChoice> kLowBackends = {{Backend::kRaw, 0}, {Backend::kZstd, 1}};
   w.stream("low", ByteSpan(w.s.exponents.data(), anchorv2::low_bytes(n)), kLowBackends);
   if (!w.stats) return;

@@ -17,6 +17,7 @@ something that fails if its protection is missing.
   partial-frames         connections that send most of a huge frame and stall
   idle-connections       300 connections that never speak
   big-ready-ids          300 messages carrying 0.9 MB node ids
+  refused-keeps-sending  a refused child that sends a bad message every 50 ms
   metrics-early-close    metrics clients that hang up at once, and one that never asks
   plaintext-to-curve     plaintext and unknown-key clients of a CURVE relay
 
@@ -933,15 +934,21 @@ def case_shard_injection(t):
     check_versions(t, w, 4, s["expected"])
 
 
+def watched_worker(t, name, run):
+    """A worker socket that said Hello to the origin, and a monitor that sees it disconnected."""
+    w = t.sock(zmq.DEALER)
+    mon = w.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    t.socks.append(mon)
+    w.connect(t.ep(0))
+    w.send(m_hello(name, role=1, have=4, resume=True, run=run))
+    return w, mon
+
+
 def case_ready_for_other_id(t):
     """A worker "a" reports Ready for "b" at version 999; another reports itself at a version never published."""
     origin = published_origin(t)
     run = origin_run(t)
-    a = t.sock(zmq.DEALER)
-    mon = a.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-    t.socks.append(mon)
-    a.connect(t.ep(0))
-    a.send(m_hello("a", role=1, have=4, resume=True, run=run))
+    a, mon = watched_worker(t, "a", run)
     got = drain(a, 1.0)
     t.require(any(parse_env(f[0].bytes).WhichOneof("body") == "welcome" for f in got), "the origin did not welcome a")
     a.send(m_ready("b", 999, checksum=0x1234, run=run))
@@ -1254,6 +1261,32 @@ def case_big_ready_ids(t):
     t.expect(origin.alive(), "the origin died")
 
 
+def case_refused_keeps_sending(t):
+    """A child refused for an oversized message that sends one every 50 ms: cut off all the same."""
+    origin = published_origin(t)
+    run = origin_run(t)
+    c, mon = watched_worker(t, "pest", run)
+    drain(c, 0.5)
+    big = "x" * 900000  # a node id past the wire's bound: each message is refused
+    t0 = time.time()
+    cut = None
+    sent = 0
+    while time.time() - t0 < 5.0:
+        try:
+            c.send(m_ready(big + "%d" % sent, 4, checksum=1, run=run), zmq.NOBLOCK)
+            sent += 1
+        except zmq.Again:
+            pass
+        if mon.poll(50):
+            cut = time.time() - t0
+            break
+    t.note("%d messages sent; cut off after %s" % (sent, "%.2f s" % cut if cut is not None else "never"))
+    # Each refusal moves the connection's close to leave its Refuse time to go out, but by one
+    # linger (200 ms) at most: the connection closes within about 400 ms of the first.
+    t.expect(cut is not None and cut < 2.0, "the origin kept the connection of a child it refused %d times" % sent)
+    t.expect(origin.alive(), "the origin died")
+
+
 def case_metrics_early_close(t):
     """200 metrics clients that ask and hang up at once (half with a reset); one that never asks."""
     origin = start_origin(t, extra=["--metrics", "127.0.0.1:%d" % t.port(1)])
@@ -1320,6 +1353,7 @@ CASES = [
     ("partial-frames", case_partial_frames),
     ("idle-connections", case_idle_connections),
     ("big-ready-ids", case_big_ready_ids),
+    ("refused-keeps-sending", case_refused_keeps_sending),
     ("metrics-early-close", case_metrics_early_close),
     ("plaintext-to-curve", case_plaintext_to_curve),
 ]

@@ -197,14 +197,15 @@ void ZmqLinks::disconnect(PeerId peer) {
   }
   if (identity_of.count(peer)) {
     forget_child(peer);
-    // Its connection closes once what was queued for it (a Refuse, a Leave) had time to go:
-    // the last thing queued, when a connection let go of before sends again (its next message
-    // gets a peer id of its own, and a Refuse of its own).
+    // Its connection closes once what was queued for it (a Refuse, a Leave) had time to go.
+    // A connection let go of that sends again gets a peer id, and a Refuse, for each message:
+    // its close moves to leave the last one time to go too, but by one linger at most, so a
+    // sender of a bad message every few milliseconds is still cut off.
     if (auto fd = fd_of.find(peer); fd != fd_of.end()) {
       const std::uint64_t due = clock.now_ms() + config.leave_linger_ms;
-      auto same = std::find_if(shutdowns_due.begin(), shutdowns_due.end(), [&](const auto& d) { return d.second == fd->second; });
-      if (same != shutdowns_due.end()) same->first = std::max(same->first, due);
-      else shutdowns_due.emplace_back(due, fd->second);
+      auto same = std::find_if(shutdowns_due.begin(), shutdowns_due.end(), [&](const auto& d) { return d.fd == fd->second; });
+      if (same != shutdowns_due.end()) same->when_ms = std::min(same->latest_ms, std::max(same->when_ms, due));
+      else shutdowns_due.push_back({due, fd->second, due + config.leave_linger_ms});
       fd_of.erase(fd);
     }
   }
@@ -510,11 +511,14 @@ void ZmqLinks::on_monitor_event(std::uint16_t event, std::int32_t value, const s
         ::shutdown(value, SHUT_RDWR);
         return;
       }
+      // A close still due for an earlier connection that had this descriptor is not this one's.
+      std::erase_if(shutdowns_due, [&](const ShutdownDue& d) { return d.fd == value; });
       connections[value] = Connection{now, false, 0, {}};
       set_congestion_control(value);
       return;
     case ZMQ_EVENT_DISCONNECTED:
     case ZMQ_EVENT_CLOSED:
+      std::erase_if(shutdowns_due, [&](const ShutdownDue& d) { return d.fd == value; });
       if (auto c = connections.find(value); c != connections.end()) {
         // An extra connection of a striped child leaves the turn; the child stays.
         if (auto owner = stripe_owner.find(c->second.stripe_identity); owner != stripe_owner.end()) {
@@ -572,9 +576,9 @@ void ZmqLinks::close_idle_connections() {
       spdlog::warn("{}: closed a connection without a Hello within hello_timeout_ms ({} ms; {} so far)", node_config.node_id,
                    config.hello_timeout_ms, idle_closed);
   }
-  std::erase_if(shutdowns_due, [&](const auto& due) {
-    if (now < due.first) return false;
-    if (connections.count(due.second)) close_connection(due.second, "the node let go of this child");
+  std::erase_if(shutdowns_due, [&](const ShutdownDue& due) {
+    if (now < due.when_ms) return false;
+    if (connections.count(due.fd)) close_connection(due.fd, "the node let go of this child");
     return true;
   });
   announce_stripes();

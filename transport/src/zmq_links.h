@@ -145,7 +145,14 @@ class ZmqLinks final : public runtime::Transport {
   Socket monitor;  // the listener's connection events (ZeroMQ socket monitor)
   std::map<int, Connection> connections;
   std::map<runtime::PeerId, int> fd_of;
-  std::vector<std::pair<std::uint64_t, int>> shutdowns_due;  // (when, fd): after a Refuse had time to go out
+  // A let-go child's connection, closed once its Refuse had time to go out: at when_ms, which
+  // later refusals on the same connection move, up to latest_ms.
+  struct ShutdownDue {
+    std::uint64_t when_ms = 0;
+    int fd = -1;
+    std::uint64_t latest_ms = 0;
+  };
+  std::vector<ShutdownDue> shutdowns_due;
   std::uint64_t connections_refused = 0;
   std::uint64_t handshakes_failed = 0;
   std::uint64_t idle_closed = 0;

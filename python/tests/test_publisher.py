@@ -259,7 +259,12 @@ def test_a_new_run_is_loaded_whole_even_with_the_same_version_number(tmp_path):
         with deltacast.Publisher(endpoint) as pub:  # the trainer restarted: a new run, counting from 1
             pub.publish(second)
             deadline = time.monotonic() + 30
-            while (w.current() is None or w.current().run != pub.run) and time.monotonic() < deadline:
+            # One look per turn: a worker that meets a new run drops the old run's version, so
+            # current() can go from a version to None between two calls.
+            while time.monotonic() < deadline:
+                current = w.current()
+                if current is not None and current.run == pub.run:
+                    break
                 time.sleep(0.05)
             updater.update(w, 1, timeout=30)
             assert updater.run == pub.run

@@ -3,12 +3,12 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
-#include <numeric>
 #include <vector>
 
 namespace deltacast::anchorv2 {
 namespace {
 
+constexpr std::uint32_t kLenShift = 16;  // a code: reversed code | length << 16; a table entry: symbol << 5 | length << 16
 constexpr std::uint32_t kKraftOne = 1u << kCodeBitsMax;  // sum of 2^(kCodeBitsMax - length)
 constexpr std::uint32_t kTableMask = kKraftOne - 1;
 
@@ -89,7 +89,7 @@ std::array<std::uint32_t, kSymbols> canonical_codes(const std::array<std::uint8_
     const std::uint32_t c = next[l]++;
     std::uint32_t r = 0;
     for (int b = 0; b < l; ++b) r |= ((c >> b) & 1u) << (l - 1 - b);
-    code[s] = r | static_cast<std::uint32_t>(l) << 16;
+    code[s] = r | static_cast<std::uint32_t>(l) << kLenShift;
   }
   return code;
 }
@@ -113,7 +113,7 @@ struct BitWriter {
   unsigned bits = 0;
   void put(std::uint32_t code) {
     buf |= static_cast<std::uint64_t>(code & 0xffff) << bits;
-    bits += code >> 16;
+    bits += code >> kLenShift;
   }
   // At most 7 bits stay behind; writes 8 bytes at p, so the buffer has 8 bytes of room.
   void flush() {
@@ -310,7 +310,6 @@ Result<Section> parse(ByteReader& r, std::uint64_t n) {
 
 namespace {
 
-constexpr std::uint32_t kLenShift = 16;  // a one-symbol entry: value (symbol << 5) | length << 16
 constexpr int kRoundsPerMerge = 64;      // at most 2 KiB of values per stream between merges
 
 // Adds the low fields of values [i0, i1) of a section of n values to `values`, in place.
@@ -435,7 +434,7 @@ Status decode(const Section& s, ByteSpan low, std::uint16_t* out, DecodeTables& 
   // whose codes fit in it, their total length and how many.
   const auto code = canonical_codes(lengths);
   for (std::uint32_t x = 0; x < kSymbols; ++x) {
-    const std::uint32_t l = code[x] >> 16;
+    const std::uint32_t l = code[x] >> kLenShift;
     if (!l) continue;
     const std::uint32_t e = (x << 5) | l << kLenShift;
     for (std::uint32_t w = code[x] & 0xffff; w < kKraftOne; w += 1u << l) t.one[w] = e;

@@ -841,7 +841,8 @@ namespace {
 
 // Pass 1 of a decode: every section's streams into the decoder's memory, checked, and v2
 // sections' changes decoded against the base (which they read). `base_hash`, when set, is fed
-// the base of every section. Writes nothing.
+// the base of every section. Writes nothing to `out` but anchor v2 sections (where `out` is
+// 2-byte aligned).
 Status decode_sections(const ParsedChunk& pc, const std::uint8_t* base, int level, ChunkDecoder::State& s,
                        std::vector<DecodedStreams>& decoded, RangeHasher* base_hash, std::uint8_t* out = nullptr) {
   const bool delta = is_delta_kind(pc.kind);
@@ -910,7 +911,8 @@ Status ChunkDecoder::decode_checked(ByteSpan payload, std::span<const Segment> e
   if (expect && expect->content.has_value()) out_hash.emplace(expect->scheme);
 
   // Pass 1: decode and check every section into the decoder's memory, and hash the base (v2
-  // sections as their decoder walks it). Nothing is written to `out` yet.
+  // sections as their decoder walks it). Nothing is written to `out` yet, but anchor v2
+  // sections (decode_sections).
   std::vector<DecodedStreams> decoded;
   if (Status st = decode_sections(pc, base.data(), options_.scan_level, *s_, decoded, base_hash ? &*base_hash : nullptr, out.data());
       !st.is_ok()) {
@@ -936,10 +938,10 @@ Status ChunkDecoder::decode_checked(ByteSpan payload, std::span<const Segment> e
     const bf16v2::Changes& c2 = s_->v2[k];
     std::array<std::uint64_t, bf16v2::kClassesMax> next_change;  // v2: per class
     std::copy_n(c2.starts.begin(), bf16v2::kClassesMax, next_change.begin());
+    const bool decoded_in_out = sec.anchor_v2 && d.s[2].data() == o;  // pass 1 wrote it to `out`
     for (std::size_t i0 = 0; i0 < count; i0 += tile) {
       const std::size_t i1 = std::min(count, i0 + tile), bytes = (i1 - i0) * es;
       // Element i0: in place, or where pass 1 decoded an anchor v2 section, or L1 scratch.
-      const bool decoded_in_out = sec.anchor_v2 && d.s[2].data() == o;
       std::uint8_t* const t = in_place || decoded_in_out ? o + i0 * es
                               : sec.anchor_v2            ? s_->sections[k][2].data() + i0 * es
                                                          : scratch.data();

@@ -46,8 +46,9 @@ cleanup() {
 trap cleanup EXIT
 RANDOM=$seed
 
-# Ports below the kernel's ephemeral range (see tests/runtime/fleet_test.sh).
-port_base=$((10000 + ($$ % 100) * 200))
+# A block of loopback ports of its own (tests/port_block.sh).
+source "$(dirname "$0")/../tests/port_block.sh"
+claim_port_block || exit 1
 ep() { echo "tcp://127.0.0.1:$((port_base + $1))"; }
 
 per_run=20  # checkpoints per run, published in a cycle

@@ -47,15 +47,10 @@ for ((v = 1; v <= versions; v++)); do
   expected[$v]=$("$dc" inspect "$tmp/a.dcd" | sed -n 's/.*version checksum \([0-9a-f]*\).*/\1/p')
 done
 
-# Ports: each test gets its own block so tests may run side by side. All below the kernel's
-# ephemeral range (32768 and up by default), where other tests' "127.0.0.1:*" listeners and
-# every outgoing connection take theirs: a port from there can be taken when a node binds.
-port_base=$((10000 + ($$ % 100) * 200))  # 200 ports per invocation (10000-29999); tests use 10 each
-ephemeral_low=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
-if [ "$ephemeral_low" -lt 30000 ]; then
-  echo "the kernel's ephemeral ports start at $ephemeral_low, among this test's (10000-29999)" >&2
-  exit 1
-fi
+# Ports: a block of 200 for this invocation (tests/port_block.sh), 10 per test, so tests and
+# other scripts may run side by side.
+source "$(dirname "$0")/../port_block.sh"
+claim_port_block || exit 1
 ep() { echo "tcp://127.0.0.1:$((port_base + $1))"; }
 
 start() {  # start NAME command...  (output in $tmp/NAME.log)

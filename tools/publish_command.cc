@@ -37,7 +37,10 @@ struct PublishOptions {
   std::size_t wait_workers = 0;
   std::uint64_t wait_timeout_ms = 60000;
   std::string chunk_size = "4MiB";
-  bool v2 = false;
+  bool v2 = false;               // the older spelling of --codec v2
+  std::string codec = "v1";
+  std::string wan_rate = "10Gbit";
+  double worker_cores = 16;
   std::size_t threads = 0;
   std::string shard;            // "I/N": publish slice I of N to the origin (--parent)
   std::uint32_t expect_shards = 0;  // origin: merge versions from N trainer shards
@@ -84,7 +87,11 @@ Result<transport::PublisherOptions> publisher_options(PublishOptions& o) {
   po.host = cfg.host;
   po.anchor_every = o.anchor_every;
   po.encode.chunk_bytes = chunk;
-  if (o.v2) po.encode.chunk = ChunkEncodeOptions::smallest();
+  DC_ASSIGN_OR_RETURN(po.codec, parse_delta_codec(o.v2 ? "v2" : o.codec));
+  auto wan = parse_rate(o.wan_rate);
+  if (!wan.is_ok()) return Status::invalid_argument("--wan-rate: " + wan.status().message());
+  po.delivery.wan_bytes_per_s = *wan;
+  po.delivery.worker_cores = o.worker_cores;
   po.threads = o.threads;
   return po;
 }
@@ -119,6 +126,17 @@ std::optional<std::string> next_checkpoint(const PublishOptions& o, std::size_t&
   return std::nullopt;
 }
 
+// What --codec auto chose for a delta, and why: each candidate's WAN and worker seconds.
+void print_codec_choice(std::uint64_t version, const CodecDecision& d) {
+  std::printf("version %" PRIu64 ": codec %s; v1: WAN %.3g s, workers %.3g s", version, std::string(to_string(d.chosen)).c_str(), d.v1.wan_s,
+              d.v1.worker_s);
+  if (d.v2_tried)
+    std::printf("; v2: WAN %.3g s, workers %.3g s\n", d.v2.wan_s, d.v2.worker_s);
+  else
+    std::printf("; v2 not tried: the workers are v1's bottleneck\n");
+  std::fflush(stdout);
+}
+
 // Publishes every checkpoint (waiting for delivery if asked); answers anchor requests while the
 // watched directory has nothing new.
 int publish_checkpoints(transport::Publisher& pub, const PublishOptions& o) {
@@ -140,6 +158,7 @@ int publish_checkpoints(transport::Publisher& pub, const PublishOptions& o) {
     if (!version.is_ok()) return fail(*path + ": " + version.status().to_string());
     const double encode_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     spdlog::info("published version {} from {} (encoded in {:.0f} ms)", *version, *path, encode_ms);
+    if (o.codec == "auto" && !o.v2 && pub.last_codec()) print_codec_choice(*version, *pub.last_codec());
     if (o.wait_workers > 0 && o.shard.empty()) {
       const transport::Delivery d = pub.wait_for_delivery(*version, o.wait_workers, o.wait_timeout_ms);
       print_delivery(*version, d, o.wait_workers);
@@ -242,7 +261,17 @@ Command add_publish_command(CLI::App& app) {
   sub->add_option("--wait-workers", o->wait_workers, "Wait until this many workers hold each version before the next, and report it");
   sub->add_option("--wait-timeout-ms", o->wait_timeout_ms, "Give up waiting for workers after this long")->capture_default_str();
   sub->add_option("--chunk-size", o->chunk_size, "Chunk size")->capture_default_str();
-  sub->add_flag("--v2", o->v2, "Code deltas with codec v2 where it is smaller (about 30% fewer bytes; workers decode it more slowly)");
+  sub->add_option("--codec", o->codec,
+                  "Delta codec: v1; v2 where smaller per chunk (about 30% fewer bytes, several times the worker CPU); auto: per "
+                  "version, whichever workers hold sooner given --wan-rate and --worker-cores")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"v1", "v2", "auto"}));
+  sub->add_flag("--v2", o->v2, "Same as --codec v2")->excludes("--codec");
+  sub->add_option("--wan-rate", o->wan_rate, "--codec auto: the slowest WAN link a version crosses (e.g. 10Gbit, 1.2GB/s)")
+      ->capture_default_str();
+  sub->add_option("--worker-cores", o->worker_cores, "--codec auto: cores a worker applies versions on")
+      ->capture_default_str()
+      ->check(CLI::Range(0.01, 1e6));
   sub->add_option("-j,--threads", o->threads, "Encoder threads (default: one per core)");
   sub->add_option("--shard", o->shard, "Trainer shard I/N: send this slice of every version to the origin at --parent");
   sub->add_option("--expect-shards", o->expect_shards, "Origin: versions come as slices from N trainer shards; merge and broadcast them");

@@ -3,6 +3,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <map>
 
 namespace deltacast {
 
@@ -38,6 +39,31 @@ std::string format_bytes(double bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", bytes, units[u]);
   return buf;
+}
+
+Result<double> parse_rate(std::string_view text) {
+  std::size_t i = 0;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
+  if (i == 0) return Status::invalid_argument("rate '" + std::string(text) + "': want a number and a unit, e.g. 10Gbit or 1.2GB/s");
+  double value = 0;
+  try {
+    value = std::stod(std::string(text.substr(0, i)));
+  } catch (...) {
+    return Status::invalid_argument("rate '" + std::string(text) + "': bad number");
+  }
+  std::string unit;
+  for (char c : text.substr(i))
+    if (c != ' ') unit += c;
+  if (unit.size() > 2 && unit.compare(unit.size() - 2, 2, "/s") == 0) unit.resize(unit.size() - 2);
+  static const std::map<std::string, double> kUnits = {
+      {"bit", 1.0 / 8}, {"Kbit", 1e3 / 8}, {"Mbit", 1e6 / 8}, {"Gbit", 1e9 / 8}, {"Tbit", 1e12 / 8},
+      {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+  };
+  auto it = kUnits.find(unit);
+  if (it == kUnits.end()) return Status::invalid_argument("rate '" + std::string(text) + "': unknown unit '" + unit + "' (bit, Kbit, Mbit, Gbit, Tbit, B, KB, MB, GB, TB, optionally /s)");
+  const double rate = value * it->second;
+  if (!(rate > 0) || !std::isfinite(rate)) return Status::invalid_argument("rate '" + std::string(text) + "' must be positive");
+  return rate;
 }
 
 }  // namespace deltacast

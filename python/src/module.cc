@@ -23,18 +23,20 @@ std::vector<TensorRef> tensor_refs(const py::list& items) {
 void bind_publisher(py::module_& m) {
   py::class_<Publisher>(m, "Publisher")
       .def(py::init([](std::string id, std::string listen, std::optional<std::pair<std::string, std::string>> keys,
-                       std::vector<std::string> allow_keys, std::string sign_key, std::uint64_t anchor_every, bool v2,
-                       std::uint64_t chunk_bytes, std::size_t threads, std::string metrics) {
-             PublisherArgs a{std::move(id), std::move(listen), std::move(keys), std::move(allow_keys), std::move(sign_key),
-                             anchor_every,  v2,                chunk_bytes,     threads,              std::move(metrics)};
+                       std::vector<std::string> allow_keys, std::string sign_key, std::uint64_t anchor_every, std::string codec,
+                       std::string wan_rate, double worker_cores, std::uint64_t chunk_bytes, std::size_t threads, std::string metrics) {
+             PublisherArgs a{std::move(id),       std::move(listen),   std::move(keys), std::move(allow_keys),
+                             std::move(sign_key), anchor_every,        std::move(codec), std::move(wan_rate),
+                             worker_cores,        chunk_bytes,         threads,          std::move(metrics)};
              return std::make_unique<Publisher>(a);
            }),
            py::arg("id"), py::arg("listen"), py::arg("keys"), py::arg("allow_keys"), py::arg("sign_key"), py::arg("anchor_every"),
-           py::arg("v2"), py::arg("chunk_bytes"), py::arg("threads"), py::arg("metrics"))
+           py::arg("codec"), py::arg("wan_rate"), py::arg("worker_cores"), py::arg("chunk_bytes"), py::arg("threads"), py::arg("metrics"))
       .def("publish", [](Publisher& p, const py::list& tensors) { return p.publish(tensor_refs(tensors)); })
       .def("wait_ready", &Publisher::wait_ready, py::arg("version"), py::arg("workers"), py::arg("timeout_s"))
       .def("ledger", &Publisher::ledger)
       .def("version", &Publisher::version)
+      .def("last_codec", &Publisher::last_codec)
       .def("run", &Publisher::run)
       .def("listening", &Publisher::listening)
       .def("close", &Publisher::close);

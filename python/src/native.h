@@ -111,7 +111,9 @@ struct PublisherArgs {
   std::vector<std::string> allow_keys;                       // workers' and relays' CURVE public keys, Z85
   std::string sign_key;                                      // Ed25519 secret key (hex); empty: unsigned
   std::uint64_t anchor_every = 25;
-  bool v2 = false;
+  std::string codec = "v1";      // "v1", "v2" or "auto" (codec_choice.h)
+  std::string wan_rate = "10Gbit";  // auto: the slowest WAN link a version crosses
+  double worker_cores = 16;         // auto: cores a worker applies versions on
   std::uint64_t chunk_bytes = 4u << 20;
   std::size_t threads = 0;
   std::string metrics;
@@ -129,6 +131,9 @@ class Publisher {
   pybind11::tuple wait_ready(std::uint64_t version, std::size_t workers, double timeout_s);
   pybind11::dict ledger();
   std::uint64_t version() const;
+  // How the newest version went out as a delta: {"codec", "v2_tried", "v1_wan_s", "v1_worker_s",
+  // "v2_wan_s", "v2_worker_s"}; None when it went out as an anchor.
+  pybind11::object last_codec();
   std::string run();
   std::string listening();
   // Stops the publisher. A wait_ready in another thread ends with deltacast.Error. Idempotent.

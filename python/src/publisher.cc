@@ -1,3 +1,4 @@
+#include "deltacast/common/units.h"
 #include "deltacast/runtime/trust.h"
 #include "native.h"
 
@@ -25,7 +26,13 @@ transport::PublisherOptions publisher_options(const PublisherArgs& a) {
   if (!a.allow_keys.empty() && !a.keys) throw Error("allow_keys needs keys: the publisher's own CURVE key pair");
   o.anchor_every = a.anchor_every;
   o.encode.chunk_bytes = a.chunk_bytes;
-  if (a.v2) o.encode.chunk = ChunkEncodeOptions::smallest();
+  auto codec = parse_delta_codec(a.codec);
+  if (!codec.is_ok()) throw Error("codec: " + codec.status().message());
+  o.codec = *codec;
+  auto wan = parse_rate(a.wan_rate);
+  if (!wan.is_ok()) throw Error("wan_rate: " + wan.status().message());
+  o.delivery.wan_bytes_per_s = *wan;
+  o.delivery.worker_cores = a.worker_cores;
   o.threads = a.threads;
   return o;
 }
@@ -139,6 +146,25 @@ py::dict Publisher::ledger() {
 
 std::uint64_t Publisher::version() const { return live()->version(); }
 std::string Publisher::run() { return deltacast::to_string(live()->run()); }
+
+py::object Publisher::last_codec() {
+  const auto publisher = live();
+  std::optional<CodecDecision> d;
+  {
+    py::gil_scoped_release release;
+    std::lock_guard turn(publish_mu_);  // publish() writes it
+    d = publisher->last_codec();
+  }
+  if (!d) return py::none();
+  py::dict r;
+  r["codec"] = std::string(to_string(d->chosen));
+  r["v2_tried"] = d->v2_tried;
+  r["v1_wan_s"] = d->v1.wan_s;
+  r["v1_worker_s"] = d->v1.worker_s;
+  r["v2_wan_s"] = d->v2.wan_s;
+  r["v2_worker_s"] = d->v2.worker_s;
+  return r;
+}
 std::string Publisher::listening() { return live()->host().bound_endpoint(); }
 
 void Publisher::close() {

@@ -105,9 +105,36 @@ def test_a_changed_layout_goes_out_whole():
             v.patches()
 
 
+def test_codec_auto_picks_v2_over_a_slow_wan_and_v1_for_busy_workers():
+    for wan_rate, cores, expect in (("1Mbit", 1000, "v2"), ("1Tbit", 1, "v1")):
+        sd = state_dict()
+        with deltacast.Publisher("tcp://127.0.0.1:0", codec="auto", wan_rate=wan_rate, worker_cores=cores) as pub, \
+                deltacast.Worker("w", [pub.listening]) as w:
+            pub.publish(sd)
+            assert pub.last_codec is None  # an anchor
+            for step in (2, 3):
+                train_step(sd, step)
+                pub.publish(sd)
+                d = pub.last_codec
+                assert d["codec"] == expect, (wan_rate, d)
+                assert d["v2_tried"] == (expect == "v2")
+                if expect == "v2":
+                    assert d["v2_wan_s"] < d["v1_wan_s"] and max(d["v2_wan_s"], d["v2_worker_s"]) < d["v1_wan_s"]
+                else:
+                    assert d["v1_worker_s"] >= d["v1_wan_s"]
+                got = dict(w.wait(step, timeout=30).tensors())
+                assert all(bits(got[name]) == bits(t) for name, t in sd.items())
+
+
 def test_publisher_errors_are_clear():
     with pytest.raises(deltacast.Error, match="listen"):
         deltacast.Publisher("")
+    with pytest.raises(deltacast.Error, match="codec"):
+        deltacast.Publisher("tcp://127.0.0.1:0", codec="v3")
+    with pytest.raises(deltacast.Error, match="wan_rate"):
+        deltacast.Publisher("tcp://127.0.0.1:0", codec="auto", wan_rate="fast")
+    with pytest.raises(ValueError, match="say different things"):
+        deltacast.Publisher("tcp://127.0.0.1:0", codec="auto", v2=True)
     with deltacast.Publisher("tcp://127.0.0.1:0") as pub:
         with pytest.raises(TypeError, match="not a torch tensor"):
             pub.publish({"x": [1, 2, 3]})

@@ -1,6 +1,7 @@
 #include "deltacast/sim/scenario.h"
 
 #include "deltacast/common/stats.h"
+#include "deltacast/common/units.h"
 
 #include <algorithm>
 #include <chrono>
@@ -68,7 +69,7 @@ Status number(const json& j, const std::string& where, const char* key, T& out, 
 Status rate(const json& j, const std::string& where, const char* key, double& out) {
   if (!j.contains(key)) return Status::ok();
   if (!j.at(key).is_string()) return field_error(where + "." + key, "want a rate such as \"100GB/s\"");
-  auto r = topology::parse_rate(j.at(key).get<std::string>());
+  auto r = parse_rate(j.at(key).get<std::string>());
   if (!r.is_ok()) return field_error(where + "." + key, r.status().message());
   out = *r;
   return Status::ok();

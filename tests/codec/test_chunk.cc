@@ -11,6 +11,7 @@
 #include "deltacast/common/thread_pool.h"
 #include "deltacast/synth/gen.h"
 #include "test_util.h"
+#include "training_step.h"
 
 using namespace deltacast;
 
@@ -345,24 +346,6 @@ TEST_CASE("chunk planning cuts on element boundaries and covers the image", "[co
 
 namespace {
 
-// Two consecutive steps of a small generated model at lr 1e-6: sparse changes, mostly one ulp,
-// spread over many exponents, as in training.
-struct TrainingStep {
-  ModelLayout layout;
-  Bytes base, next;
-  TrainingStep() {
-    layout = synth::build_layout(synth::ModelShape{64, 2, 256, 128, true});
-    std::vector<Bytes> images(2, Bytes(layout.image_size));
-    std::vector<MutableByteSpan> spans(images.begin(), images.end());
-    InlineExecutor ex;
-    synth::TrainOptions t;
-    t.lr = 1e-6;
-    synth::generate_series(layout, t, spans, ex);
-    base = std::move(images[0]);
-    next = std::move(images[1]);
-  }
-};
-
 Bytes encode_as(const std::vector<Segment>& segs, const Bytes& base, const Bytes& next, ChunkKind kind) {
   ChunkEncodeOptions opt = kOptions;
   opt.delta_kinds = {kind};
@@ -374,7 +357,7 @@ Bytes encode_as(const std::vector<Segment>& segs, const Bytes& base, const Bytes
 }  // namespace
 
 TEST_CASE("v2 codes a training step in fewer bytes than v1, bit-exactly", "[codec][chunk][v2]") {
-  TrainingStep s;
+  test::TrainingStep s;
   const auto segs = segments_for_range(s.layout.tensors, 0, s.layout.image_size);
   check_delta(segs, s.base, s.next);
   const Bytes v1 = encode_as(segs, s.base, s.next, ChunkKind::kDeltaV1);
@@ -389,7 +372,7 @@ TEST_CASE("v2 codes a training step in fewer bytes than v1, bit-exactly", "[code
 }
 
 TEST_CASE("corrupt v2 payloads are refused or left to the content hash, never crash", "[codec][chunk][v2]") {
-  TrainingStep s;
+  test::TrainingStep s;
   const auto segs = segments_for_range(s.layout.tensors, 0, s.layout.image_size);
   const Bytes good = encode_as(segs, s.base, s.next, ChunkKind::kDeltaV2);
   Bytes out(s.next.size());

@@ -31,6 +31,7 @@ import fcntl
 import hashlib
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -1430,6 +1431,12 @@ def main(argv):
     if not os.access(DC, os.X_OK):
         print("not an executable: " + DC, file=sys.stderr)
         return 2
+    # Cases open hundreds of sockets: a soft limit of 1024 open files would make connects fail
+    # quietly inside zmq's I/O thread (it retries), not with an error here.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
     PORT_BASE = claim_port_block()
     if PORT_BASE is None:
         return 1
@@ -1448,10 +1455,12 @@ def main(argv):
         sys.path.insert(0, TMP)
         import deltacast_pb2
         pb = deltacast_pb2
-        ctx = zmq.Context()
         for name in names:
             index = [n for n, _ in CASES].index(name)
             t = Case(name, index)
+            # A context (and I/O thread) per case: what one case's hundreds of sockets leave to
+            # the context to finish cannot hold up the next case's connections.
+            ctx = zmq.Context()
             t0 = time.time()
             signal.alarm(CASE_TIMEOUT_S)
             try:
@@ -1474,6 +1483,7 @@ def main(argv):
                 passed += 1
                 print("PASS %s (%.1f s)" % (name, took))
             if t.problems or os.environ.get("HOSTILE_VERBOSE"):  # the processes' last words
+                print("  --- this script: %d open files" % len(os.listdir("/proc/self/fd")))
                 for p in t.procs:
                     tail = p.log().splitlines()[-int(os.environ.get("HOSTILE_VERBOSE") or 8):]
                     print("  --- %s (%s)" % (p.name, "running" if p.alive() else "exit %s" % p.p.poll()))
@@ -1483,6 +1493,8 @@ def main(argv):
                 print("  " + n)
             sys.stdout.flush()
             t.cleanup()
+            ctx.destroy(linger=0)
+            ctx = None
     finally:
         signal.alarm(0)
         kill_all()

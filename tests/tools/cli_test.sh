@@ -121,6 +121,19 @@ fails "a trust key that is neither hex nor a key file" "neither a 64-hex-digit p
 fails "a CURVE key file given as a signing key" "not a signing key file" \
   "$dc" publish --listen tcp://127.0.0.1:7199 --sign-key "$tmp/node.key" "$tmp/s/step-000000.safetensors"
 
+# publish --codec auto: per version, v2 where the WAN is the bottleneck, v1 where the workers' CPU is.
+fails "an unknown codec" "--codec" "$dc" publish --listen "tcp://127.0.0.1:*" --codec v3 "$tmp/s/step-000000.safetensors"
+fails "a WAN rate that is not one" "--wan-rate" \
+  "$dc" publish --listen "tcp://127.0.0.1:*" --codec auto --wan-rate fast "$tmp/s/step-000000.safetensors"
+check "publish --codec auto over a slow WAN" "$dc" publish --listen "tcp://127.0.0.1:*" --linger-ms 0 --chunk-size 64KiB \
+  --codec auto --wan-rate 1Mbit --worker-cores 1000 "$tmp/s"/step-00000[012].safetensors
+cp "$tmp/out" "$tmp/auto-slow.out"
+check "a slow WAN gets v2" grep -q "^version 2: codec v2; v1: WAN .*; v2: WAN" "$tmp/auto-slow.out"
+check "publish --codec auto to few cores" "$dc" publish --listen "tcp://127.0.0.1:*" --linger-ms 0 --chunk-size 64KiB \
+  --codec auto --wan-rate 1Tbit --worker-cores 1 "$tmp/s"/step-00000[012].safetensors
+cp "$tmp/out" "$tmp/auto-cpu.out"
+check "few cores get v1" grep -q "^version 3: codec v1; .*v2 not tried" "$tmp/auto-cpu.out"
+
 # Signed files: decode --trust-key takes only a file its key signed, whole.
 check "encode --sign-key" "$dc" encode -q --chunk-size 64KiB --sign-key "$tmp/sign.key" \
   "$tmp/s/step-000000.safetensors" "$tmp/s/step-000001.safetensors" -o "$tmp/signed.dcd"

@@ -9,7 +9,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "deltacast/topology/fleet.h"
+#include "deltacast/common/units.h"
 #include "shaper.h"
 
 namespace {
@@ -25,7 +25,7 @@ int main(int argc, char** argv) {
   app.add_option("--rate", rate, "Rate limit per connection and direction, e.g. 200Mbit, 1Gbit, 25MB")->capture_default_str();
   app.add_option("--map", maps, "LISTEN=TARGET, both host:port (port 0 to listen on any free one)")->required();
   CLI11_PARSE(app, argc, argv);
-  auto bytes_per_s = deltacast::topology::parse_rate(rate);
+  auto bytes_per_s = deltacast::parse_rate(rate);
   if (!bytes_per_s.is_ok()) {
     std::fprintf(stderr, "shaper: --rate: %s\n", bytes_per_s.status().message().c_str());
     return 2;

@@ -77,16 +77,6 @@ void check_tree(const FleetSpec& spec, const Plan& plan) {
 
 }  // namespace
 
-TEST_CASE("rates parse in bits or bytes per second", "[topology]") {
-  CHECK(*parse_rate("10Gbit") == Approx(1.25e9));
-  CHECK(*parse_rate("25 Gbit/s") == Approx(3.125e9));
-  CHECK(*parse_rate("200Mbit") == Approx(25e6));
-  CHECK(*parse_rate("1.5GB/s") == Approx(1.5e9));
-  CHECK_FALSE(parse_rate("fast").is_ok());
-  CHECK_FALSE(parse_rate("10 parsecs").is_ok());
-  CHECK_FALSE(parse_rate("0Gbit").is_ok());
-}
-
 TEST_CASE("bad fleet descriptions are refused with the field named", "[topology]") {
   const std::string ok_regions = R"({"name": "a", "workers": 4, "relays": 1}, {"name": "b", "workers": 4})";
   const std::string ok_wan = R"({"between": ["a", "b"], "latency_ms": 30, "bandwidth": "10Gbit"})";

@@ -13,6 +13,7 @@ namespace {
 Status check_options(const PublisherOptions& o) {
   const runtime::NodeConfig& n = o.node;
   if (o.anchor_every < 1 || o.anchor_every > 1000000) return Status::invalid_argument("anchor_every must be 1 to 1000000");
+  DC_RETURN_IF_ERROR(o.delivery.check());
   if (n.shard_count > 0) {
     if (n.shard_index >= n.shard_count) return Status::invalid_argument("a trainer shard's index must be below the shard count");
     if (n.parents.empty()) return Status::invalid_argument("a trainer shard sends its slices to the origin: give it the origin as parent");
@@ -76,8 +77,12 @@ Result<std::uint64_t> Publisher::publish(Checkpoint next) {
     // The first checkpoint, or the model changed shape: a new chain starts with an anchor.
     anchor_wanted_ = false;
     st = publish_encoded(encode_version(next.layout, version, 0, {}, next.image, options_.encode, pool_, &encoders_));
+    if (st.is_ok()) last_codec_.reset();
   } else {
-    st = publish_encoded(encode_version(next.layout, version, version - 1, prev_->image, next.image, options_.encode, pool_, &encoders_));
+    CodecDecision codec;
+    st = publish_encoded(encode_delta(options_.codec, options_.delivery, next.layout, version, version - 1, prev_->image, next.image,
+                                      options_.encode, pool_, &encoders_, &codec));
+    if (st.is_ok()) last_codec_ = codec;
   }
   if (!st.is_ok()) return st;
   version_ = version;

@@ -1,9 +1,10 @@
 // Byte sizes as people write them: "64MB", "10GB", "4MiB", "1048576" (decimal K, M, G, T;
-// binary KiB, MiB, GiB), and back.
+// binary KiB, MiB, GiB), and back; rates as "10Gbit" or "1.2GB/s".
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "deltacast/common/status.h"
 
@@ -13,5 +14,8 @@ namespace deltacast {
 Result<std::uint64_t> parse_bytes(const std::string& text);
 // "1.50 GB", "512 B" (decimal units).
 std::string format_bytes(double bytes);
+// "10Gbit", "25 Gbit/s", "200Mbit", "1.5GB/s", "800MB/s" (decimal units) -> bytes per second;
+// refuses unknown units and rates that are not positive and finite.
+Result<double> parse_rate(std::string_view text);
 
 }  // namespace deltacast

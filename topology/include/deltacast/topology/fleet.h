@@ -54,9 +54,6 @@ struct FleetSpec {
   std::uint64_t worker_count() const;
 };
 
-// "10Gbit", "25 Gbit/s", "200Mbit", "1.5GB/s", "800MB/s" (decimal units) -> bytes per second.
-Result<double> parse_rate(std::string_view text);
-
 // Parses and checks a fleet description: known fields only, positive capacities, an origin
 // region that exists, WAN links between known regions, every region reachable from the origin's.
 Result<FleetSpec> parse_fleet_spec(std::string_view json_text);

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "deltacast/codec/codec_choice.h"
 #include "deltacast/common/thread_pool.h"
 #include "deltacast/transport/host.h"
 
@@ -39,8 +40,12 @@ struct PublisherOptions {
   runtime::NodeConfig node;
   HostConfig host;
   std::uint64_t anchor_every = 25;  // 1 to 10^6
-  VersionEncodeOptions encode;      // chunk size, codec; digests are added when node.sign_key is set
+  VersionEncodeOptions encode;      // chunk size, anchor codec; digests are added when node.sign_key is set
   std::size_t threads = 0;          // encoder threads; 0: one per core
+  // The deltas' codec (it sets encode.chunk.delta_kinds): v1, v2 where smaller, or per version
+  // whichever `delivery` says workers hold sooner (deltacast/codec/codec_choice.h).
+  DeltaCodec codec = DeltaCodec::kV1;
+  DeliveryModel delivery;
 };
 
 // How far a version has got: workers of this run that hold it (or newer), and its publish to
@@ -78,6 +83,9 @@ class Publisher {
   bool interrupted() const { return interrupted_; }
 
   std::uint64_t version() const { return version_; }  // the newest published, 0 before any
+  // The codec the newest version went out in as a delta, and what each candidate would cost
+  // (codec_choice.h); empty when it went out as an anchor.
+  const std::optional<CodecDecision>& last_codec() const { return last_codec_; }
   // The newest version the node holds: at an origin merging shards, the newest merged.
   std::uint64_t newest_version();
   RunId run();
@@ -96,6 +104,7 @@ class Publisher {
   ChunkEncoderPool encoders_;  // one per pool thread, kept between versions
   std::optional<Checkpoint> prev_;
   std::uint64_t version_ = 0;
+  std::optional<CodecDecision> last_codec_;
   std::atomic<bool> anchor_wanted_{false};
   std::atomic<bool> interrupted_{false};
 };

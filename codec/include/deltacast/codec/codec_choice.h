@@ -1,0 +1,63 @@
+// Which delta codec a version goes out in: v1 always, v2 where it is smaller, or per version
+// the one a worker holds sooner, under a model of what delivering a version costs.
+//
+// v2 sends about 30% fewer bytes than v1 and costs a worker several times the CPU to apply
+// (docs/BENCHMARKS.md, "Codec v2 at the worker"). Chunks are forwarded cut-through and applied
+// as they arrive, so the transfer over the slowest WAN link a version crosses and a worker's
+// apply overlap: the slower of the two sets when a worker holds the version. Where the WAN is
+// the bottleneck v2 gets a version there sooner; where the workers' CPU is, v1 does.
+#pragma once
+
+#include <algorithm>
+#include <string_view>
+
+#include "deltacast/codec/version.h"
+
+namespace deltacast {
+
+enum class DeltaCodec {
+  kV1,    // v1 for every delta chunk
+  kV2,    // v1 and v2 tried on every delta chunk, the smaller kept
+  kAuto,  // per version, kV1 or kV2, whichever DeliveryModel says a worker holds sooner
+};
+
+Result<DeltaCodec> parse_delta_codec(std::string_view name);  // "v1", "v2", "auto"
+std::string_view to_string(DeltaCodec codec);
+
+// What delivering a version costs. The per-core rates are a worker's sparse apply in place, as
+// `deltacast bench-worker` measures it (docs/BENCHMARKS.md): bytes of each kind of chunk
+// payload applied per core-second; anchors are decoded whole, in image bytes per core-second.
+struct DeliveryModel {
+  double wan_bytes_per_s = 1.25e9;  // the slowest WAN link a version crosses (10 Gbit/s)
+  double worker_cores = 16;         // cores a worker applies versions on
+  double v1_payload_bytes_per_core_s = 60e6;
+  double v2_payload_bytes_per_core_s = 12e6;
+  double anchor_image_bytes_per_core_s = 0.9e9;
+  Status check() const;  // every field positive and finite
+};
+
+struct DeliveryCost {
+  double wan_s = 0;     // the version's bytes over the WAN link
+  double worker_s = 0;  // a worker's CPU seconds over its cores
+  double bound_s() const { return std::max(wan_s, worker_s); }
+};
+
+// The cost of delivering `version` (its manifest's chunk kinds and payload sizes).
+Result<DeliveryCost> delivery_cost(const EncodedVersion& version, const DeliveryModel& model);
+
+// What encode_delta chose, and what each candidate would cost (v2 zero when it was not tried).
+struct CodecDecision {
+  DeltaCodec chosen = DeltaCodec::kV1;
+  bool v2_tried = false;
+  DeliveryCost v1, v2;
+};
+
+// Encodes a delta from `base` to `next` as encode_version does, its delta chunks in `codec`
+// (options.chunk.delta_kinds is set from it). kAuto encodes v1 first; only when the WAN is that
+// encoding's bottleneck (v2 sends fewer bytes and costs more CPU, so nothing else can gain) does
+// it encode v2 as well, and keeps the one with the smaller bound (v1 on a tie).
+Result<EncodedVersion> encode_delta(DeltaCodec codec, const DeliveryModel& model, const ModelLayout& layout, std::uint64_t version,
+                                    std::uint64_t base_version, ByteSpan base, ByteSpan next, VersionEncodeOptions options,
+                                    Executor& executor, ChunkEncoderPool* encoders = nullptr, CodecDecision* decision = nullptr);
+
+}  // namespace deltacast

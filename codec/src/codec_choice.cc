@@ -1,0 +1,94 @@
+#include "deltacast/codec/codec_choice.h"
+
+#include <cmath>
+#include <optional>
+#include <string>
+
+namespace deltacast {
+
+Result<DeltaCodec> parse_delta_codec(std::string_view name) {
+  if (name == "v1") return DeltaCodec::kV1;
+  if (name == "v2") return DeltaCodec::kV2;
+  if (name == "auto") return DeltaCodec::kAuto;
+  return Status::invalid_argument("unknown delta codec '" + std::string(name) + "' (v1, v2 or auto)");
+}
+
+std::string_view to_string(DeltaCodec codec) {
+  switch (codec) {
+    case DeltaCodec::kV1: return "v1";
+    case DeltaCodec::kV2: return "v2";
+    case DeltaCodec::kAuto: return "auto";
+  }
+  return "?";
+}
+
+Status DeliveryModel::check() const {
+  const std::pair<const char*, double> fields[] = {
+      {"WAN rate", wan_bytes_per_s},
+      {"worker cores", worker_cores},
+      {"v1 apply rate", v1_payload_bytes_per_core_s},
+      {"v2 apply rate", v2_payload_bytes_per_core_s},
+      {"anchor decode rate", anchor_image_bytes_per_core_s},
+  };
+  for (const auto& [name, v] : fields)
+    if (!(v > 0) || !std::isfinite(v)) return Status::invalid_argument(std::string("delivery model: ") + name + " must be positive");
+  return Status::ok();
+}
+
+Result<DeliveryCost> delivery_cost(const EncodedVersion& version, const DeliveryModel& model) {
+  DC_RETURN_IF_ERROR(model.check());
+  const Manifest& m = version.manifest;
+  if (version.payloads.size() != m.chunks.size()) return Status::invalid_argument("payload count does not match the manifest");
+  double bytes = 0, core_s = 0;
+  for (std::size_t i = 0; i < m.chunks.size(); ++i) {
+    const double payload = static_cast<double>(version.payloads[i].size());
+    DC_ASSIGN_OR_RETURN(ChunkKind kind, chunk_kind(version.payloads[i]));
+    bytes += payload;
+    switch (kind) {
+      case ChunkKind::kDeltaV1: core_s += payload / model.v1_payload_bytes_per_core_s; break;
+      case ChunkKind::kDeltaV2: core_s += payload / model.v2_payload_bytes_per_core_s; break;
+      case ChunkKind::kAnchorV1:
+      case ChunkKind::kAnchorV2: core_s += static_cast<double>(m.chunks[i].length) / model.anchor_image_bytes_per_core_s; break;
+    }
+  }
+  return DeliveryCost{bytes / model.wan_bytes_per_s, core_s / model.worker_cores};
+}
+
+Result<EncodedVersion> encode_delta(DeltaCodec codec, const DeliveryModel& model, const ModelLayout& layout, std::uint64_t version,
+                                    std::uint64_t base_version, ByteSpan base, ByteSpan next, VersionEncodeOptions options,
+                                    Executor& executor, ChunkEncoderPool* encoders, CodecDecision* decision) {
+  if (base.empty()) return Status::invalid_argument("encode_delta needs a base image");
+  auto encode = [&](DeltaCodec c) {
+    options.chunk.delta_kinds = {ChunkKind::kDeltaV1};
+    if (c == DeltaCodec::kV2) options.chunk.delta_kinds.push_back(ChunkKind::kDeltaV2);
+    return encode_version(layout, version, base_version, base, next, options, executor, encoders);
+  };
+  CodecDecision d;
+  if (codec != DeltaCodec::kAuto) {
+    auto ev = encode(codec);
+    if (ev.is_ok() && decision) {
+      d.chosen = codec;
+      d.v2_tried = codec == DeltaCodec::kV2;
+      DC_ASSIGN_OR_RETURN(DeliveryCost cost, delivery_cost(*ev, model));
+      (d.v2_tried ? d.v2 : d.v1) = cost;
+      *decision = d;
+    }
+    return ev;
+  }
+  DC_ASSIGN_OR_RETURN(EncodedVersion v1, encode(DeltaCodec::kV1));
+  DC_ASSIGN_OR_RETURN(d.v1, delivery_cost(v1, model));
+  std::optional<EncodedVersion> chosen;
+  if (d.v1.wan_s > d.v1.worker_s) {
+    d.v2_tried = true;
+    DC_ASSIGN_OR_RETURN(EncodedVersion v2, encode(DeltaCodec::kV2));
+    DC_ASSIGN_OR_RETURN(d.v2, delivery_cost(v2, model));
+    if (d.v2.bound_s() < d.v1.bound_s()) {
+      d.chosen = DeltaCodec::kV2;
+      chosen = std::move(v2);
+    }
+  }
+  if (decision) *decision = d;
+  return chosen ? std::move(*chosen) : std::move(v1);
+}
+
+}  // namespace deltacast

@@ -11,6 +11,10 @@ namespace {
 constexpr std::uint32_t kLenShift = 16;  // a code: reversed code | length << 16; a table entry: symbol << 5 | length << 16
 constexpr std::uint32_t kKraftOne = 1u << kCodeBitsMax;  // sum of 2^(kCodeBitsMax - length)
 constexpr std::uint32_t kTableMask = kKraftOne - 1;
+// A DecodeTables::two entry: the values' symbol bits (14..5) of the first code's value in bits
+// 14..5 and of the second's in bits 30..21, both codes' length in bits 3..0 (at most 12), and
+// bit 31 set when there are two.
+constexpr std::uint32_t kTwoValues = 0x7fe07fe0u, kTwoLength = 0xf;
 
 inline std::uint64_t load_u64(const std::uint8_t* p) {
   std::uint64_t v;
@@ -101,7 +105,7 @@ inline std::uint64_t pack_low4(std::uint64_t x) {
   return (y | y >> 20) & 0xffffff;
 }
 // The reverse: 24 bits of four packed low fields to the bits they set in four 16-bit lanes.
-inline std::uint64_t unpack_low4(std::uint64_t x) {
+constexpr std::uint64_t unpack_low4(std::uint64_t x) {
   const std::uint64_t y = (x | x << 20) & 0x00000fff00000fffull;
   const std::uint64_t f = (y | y << 10) & 0x003f003f003f003full;
   return (f & 0x0020002000200020ull) << 10 | (f & 0x001f001f001f001full);
@@ -310,7 +314,15 @@ Result<Section> parse(ByteReader& r, std::uint64_t n) {
 
 namespace {
 
-constexpr int kRoundsPerMerge = 64;      // at most 2 KiB of values per stream between merges
+// Two low fields (12 bits) to the bits they set in two 16-bit values: 16 KiB, beside the 16 KiB
+// `two` table in L1.
+struct SpreadTable {
+  std::uint32_t v[1u << 12];
+  constexpr SpreadTable() : v() {
+    for (std::uint32_t f = 0; f < (1u << 12); ++f) v[f] = static_cast<std::uint32_t>(unpack_low4(f));
+  }
+};
+alignas(64) constexpr SpreadTable kSpread;
 
 // Adds the low fields of values [i0, i1) of a section of n values to `values`, in place.
 void merge_low(std::uint16_t* values, const std::uint8_t* low, std::size_t n, std::size_t i0, std::size_t i1) {
@@ -335,9 +347,9 @@ void merge_low(std::uint16_t* values, const std::uint8_t* low, std::size_t n, st
 }
 
 
-// The values of a section that has two or more symbols, into `out`: its symbols two per
-// lookup while every stream has room, then one at a time, and the low fields added every few
-// rounds, while the values are still in L1.
+// The values of a section that has two or more symbols, into `out`: two symbols per lookup,
+// written whole with their low fields, while every stream has room; then one symbol at a time,
+// and the low fields of those added at the end.
 Status decode_values(const Section& s, const std::uint8_t* low, std::uint16_t* out, const DecodeTables& t) {
   const std::uint8_t* block = s.streams[0].data();  // the streams lie back to back
   std::array<std::size_t, kStreams> start{};
@@ -357,43 +369,42 @@ Status decode_values(const Section& s, const std::uint8_t* low, std::uint16_t* o
   }
   if (s.n >= kTwoSymbolValuesMin) {
     // Each round takes four lookups of up to 12 bits (48 of the 56 a refill leaves) and writes
-    // up to 8 values, the last lookup's 4-byte store reaching one value further.
+    // up to 8 values whole: each lookup's pair of symbols with the low fields of those two
+    // values, one 4-byte store (the second value a stray when the lookup held one code, written
+    // over by the next). Every value is written once: no pass reads them back.
     BitReader r0 = r[0], r1 = r[1], r2 = r[2], r3 = r[3];  // locals, to live in registers
     std::uint16_t *o0 = o[0], *o1 = o[1], *o2 = o[2], *o3 = o[3];
-    const std::uint64_t* const two = t.two.data();
-    auto round = [two](BitReader& b, std::uint16_t*& p) __attribute__((always_inline)) {
+    const std::uint32_t* const two = t.two.data();
+    // The low fields of value i start at bit 6i: one 8-byte load at a round's start holds those
+    // of the (at most 8) values it writes, and stays inside the fields while 16 values of the
+    // stream remain.
+    const std::uintptr_t out_addr = reinterpret_cast<std::uintptr_t>(out);
+    auto round = [two, low, out_addr](BitReader& b, std::uint16_t*& p) __attribute__((always_inline)) {
       b.refill_fast();
+      const std::uint64_t bit = (reinterpret_cast<std::uintptr_t>(p) - out_addr) * 3;  // 6i, i = p - out
+      std::uint64_t x = load_u64(low + (bit >> 3)) >> (bit & 7);
       for (int k = 0; k < 4; ++k) {
-        const std::uint64_t e = two[b.buf & kTableMask];
-        const std::uint32_t pair = static_cast<std::uint32_t>(e);
+        const std::uint32_t e = two[b.buf & kTableMask];
+        const std::uint32_t pair = (e & kTwoValues) | kSpread.v[x & 0xfff];
         std::memcpy(p, &pair, 4);
-        p += e >> 40;
-        const unsigned len = (e >> 32) & 0xff;
+        const unsigned count = 1 + (e >> 31);
+        p += count;
+        x >>= 6 * count;
+        const unsigned len = e & kTwoLength;
         b.buf >>= len;
         b.bits -= len;
       }
     };
-    for (;;) {
-      int rounds = 0;
-      for (; rounds < kRoundsPerMerge && end[0] - o0 >= 9 && end[1] - o1 >= 9 && end[2] - o2 >= 9 && end[3] - o3 >= 9 && r0.pos + 8 <= size &&
-             r1.pos + 8 <= size && r2.pos + 8 <= size && r3.pos + 8 <= size;
-           ++rounds) {
-        round(r0, o0);
-        round(r1, o1);
-        round(r2, o2);
-        round(r3, o3);
-      }
-      // The complete values so far (a stray second value past o_q is not one).
-      const std::array<std::uint16_t*, kStreams> done{o0, o1, o2, o3};
-      for (int q = 0; q < kStreams; ++q) {
-        const std::size_t to = static_cast<std::size_t>(done[q] - out);
-        merge_low(out, low, s.n, merged[q], to);
-        merged[q] = to;
-      }
-      if (rounds < kRoundsPerMerge) break;
+    for (; end[0] - o0 >= 16 && end[1] - o1 >= 16 && end[2] - o2 >= 16 && end[3] - o3 >= 16 && r0.pos + 8 <= size && r1.pos + 8 <= size &&
+           r2.pos + 8 <= size && r3.pos + 8 <= size;) {
+      round(r0, o0);
+      round(r1, o1);
+      round(r2, o2);
+      round(r3, o3);
     }
     r = {r0, r1, r2, r3};
     o = {o0, o1, o2, o3};
+    for (int q = 0; q < kStreams; ++q) merged[q] = static_cast<std::size_t>(o[q] - out);
   }
   for (int q = 0; q < kStreams; ++q) {
     BitReader& b = r[q];
@@ -444,8 +455,7 @@ Status decode(const Section& s, ByteSpan low, std::uint16_t* out, DecodeTables& 
       const std::uint32_t e1 = t.one[w], l1 = e1 >> kLenShift;
       const std::uint32_t e2 = t.one[w >> l1], l2 = e2 >> kLenShift;
       const bool both = l1 + l2 <= kCodeBitsMax;
-      t.two[w] = (e1 & 0xffff) | (both ? std::uint64_t{e2 & 0xffff} << 16 : 0) | std::uint64_t{both ? l1 + l2 : l1} << 32 |
-                 std::uint64_t{both ? 2u : 1u} << 40;
+      t.two[w] = (e1 & 0xffff) | (both ? (e2 & 0xffff) << 16 | (l1 + l2) | 1u << 31 : l1);
     }
   }
   return decode_values(s, low.data(), out, t);

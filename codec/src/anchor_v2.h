@@ -50,10 +50,10 @@ Result<Section> parse(ByteReader& r, std::uint64_t n);
 // fit in 12 bits together (building that table costs about as much as decoding this many).
 inline constexpr std::uint64_t kTwoSymbolValuesMin = 1u << 14;
 
-// The decoder's tables (48 KiB), rebuilt for every section.
+// The decoder's tables (32 KiB), rebuilt for every section.
 struct DecodeTables {
   std::array<std::uint32_t, 1u << kCodeBitsMax> one;  // first code in a 12-bit window
-  std::array<std::uint64_t, 1u << kCodeBitsMax> two;  // up to two codes in a 12-bit window
+  std::array<std::uint32_t, 1u << kCodeBitsMax> two;  // up to two codes in a 12-bit window (16 KiB: L1 keeps it)
 };
 
 // Decodes the n values of `s` into `out`, given its low fields (the decoded `low` stream),

@@ -161,8 +161,8 @@ Status apply_chunk_sparse(const Manifest& manifest, std::size_t index, ByteSpan 
 
 namespace {
 
-// What both decode_version forms share: the checks before anything is written, then every
-// chunk through `write(i, decoder)` on the executor, then the version checksum.
+// What both decode_version forms share: the checks (for a delta, all payloads before anything
+// is written), every chunk through `write(i, decoder)` on the executor, then the version checksum.
 template <typename Write>
 Status decode_chunks(const Manifest& manifest, std::span<const ByteSpan> payloads, ByteSpan base, bool in_place, Executor& executor,
                      const ProgressFn& progress, ChunkDecoderPool* decoders, Write&& write) {
@@ -171,22 +171,29 @@ Status decode_chunks(const Manifest& manifest, std::span<const ByteSpan> payload
   if (delta && base.size() != manifest.image_size)
     return Status::mismatch("base image is " + std::to_string(base.size()) + " bytes, the delta expects " +
                             std::to_string(manifest.image_size));
-  // Pass 1 checks every payload (and, in place, every base range) before pass 2 writes
-  // anything, so a corrupt delta leaves the output exactly as it was, and a mismatched one
-  // leaves the live base as it was. Into separate memory, pass 2 checks each chunk's base range
-  // as it decodes it: one read of the base instead of two.
-  DC_RETURN_IF_ERROR(run_chunks(executor, manifest.chunks.size(), [&](std::size_t i) -> Status {
-    const ChunkEntry& c = manifest.chunks[i];
-    Status st = verify_payload(manifest, i, payloads[i]);
-    if (st.is_ok() && in_place && chunk_hash(manifest.hash_scheme, base.subspan(c.offset, c.length)) != c.base_hash)
-      st = base_mismatch(manifest.base_version);
-    return st.is_ok() ? st : st.with_context(chunk_label(i));
-  }));
+  // For a delta, pass 1 checks every payload (and, in place, every base range) before pass 2
+  // writes anything, so a corrupt delta leaves the output exactly as it was, and a mismatched
+  // one leaves the live base as it was; into separate memory, pass 2 checks each chunk's base
+  // range as it decodes it (one read of the base instead of two). An anchor's output is always
+  // new memory, and its payloads are most of its size: each is checked just before its chunk
+  // decodes, while it is still in cache, instead of all of them first.
+  const bool payloads_first = delta;
+  if (payloads_first) {
+    DC_RETURN_IF_ERROR(run_chunks(executor, manifest.chunks.size(), [&](std::size_t i) -> Status {
+      const ChunkEntry& c = manifest.chunks[i];
+      Status st = verify_payload(manifest, i, payloads[i]);
+      if (st.is_ok() && in_place && chunk_hash(manifest.hash_scheme, base.subspan(c.offset, c.length)) != c.base_hash)
+        st = base_mismatch(manifest.base_version);
+      return st.is_ok() ? st : st.with_context(chunk_label(i));
+    }));
+  }
   std::atomic<std::uint64_t> done{0};
   std::optional<ChunkDecoderPool> own_decoders;
   if (!decoders) decoders = &own_decoders.emplace();
   DC_RETURN_IF_ERROR(run_chunks(executor, manifest.chunks.size(), [&](std::size_t i) -> Status {
     const ChunkEntry& c = manifest.chunks[i];
+    if (!payloads_first)
+      if (Status st = verify_payload(manifest, i, payloads[i]); !st.is_ok()) return st.with_context(chunk_label(i));
     const auto decoder = decoders->acquire();
     if (Status st = write(i, *decoder); !st.is_ok()) return st.with_context(chunk_label(i));
     const std::uint64_t d = done.fetch_add(c.length) + c.length;

@@ -1,5 +1,6 @@
-// Corrupt input: flip every byte of a small delta in turn and truncate it at every length.
-// Each case must give an error, and leave both the output and the live base untouched.
+// Corrupt input: flip every byte of a small delta (and anchor) in turn and truncate it at every
+// length. Each case must give an error, and leave the live base untouched; a delta's output is
+// untouched too (an anchor's may be written up to the corrupt chunk: version.h).
 #include <catch2/catch.hpp>
 
 #include "deltacast/codec/version.h"
@@ -58,7 +59,7 @@ TEST_CASE("every single-byte corruption and every truncation is rejected, nothin
         Status st = decode_file(bad, d.base, out);
         INFO("anchor " << anchor << ", byte " << i << " ^ " << int(mask) << ": " << st.to_string());
         REQUIRE_FALSE(st.is_ok());
-        REQUIRE(out == sentinel);
+        if (!anchor) REQUIRE(out == sentinel);
         ++cases;
         // In place: the live version is the target and must survive.
         if (!anchor) {
@@ -73,7 +74,7 @@ TEST_CASE("every single-byte corruption and every truncation is rejected, nothin
       Status st = decode_file(ByteSpan(d.file.data(), len), d.base, out);
       INFO("truncated to " << len);
       REQUIRE_FALSE(st.is_ok());
-      REQUIRE(out == sentinel);
+      if (!anchor) REQUIRE(out == sentinel);
     }
     CHECK(d.base == base_copy);
     CHECK(cases == 2 * d.file.size());

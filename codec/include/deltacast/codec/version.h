@@ -77,11 +77,13 @@ Status apply_chunk_sparse(const Manifest& manifest, std::size_t index, ByteSpan 
 
 // Decodes every chunk into `out` (image_size bytes) in parallel, then checks the version
 // checksum. `base` is the whole base image for deltas (may be `out` itself for in-place apply).
-// Every payload hash is checked before anything is written, so corrupt or truncated input
-// leaves `out` untouched. Base hashes are checked before anything is written in place (the live
-// base stays as it was), and chunk by chunk into separate memory: a mismatched base may leave
-// `out` partly written, never `base`. Returns the first failure by chunk order. `decoders`: where
-// the executor's tasks lease decoders (null: a pool for this call alone).
+// A delta's payload hashes are all checked before anything is written, so corrupt or truncated
+// input leaves `out` untouched. Base hashes are checked before anything is written in place
+// (the live base stays as it was), and chunk by chunk into separate memory: a mismatched base
+// may leave `out` partly written, never `base`. An anchor's payloads are checked chunk by chunk
+// as they decode (each read once, from cache): a corrupt anchor may leave `out` partly written.
+// Returns the first failure by chunk order. `decoders`: where the executor's tasks lease
+// decoders (null: a pool for this call alone).
 Status decode_version(const Manifest& manifest, std::span<const ByteSpan> payloads, ByteSpan base, MutableByteSpan out,
                       Executor& executor, const ProgressFn& progress = {}, ChunkDecoderPool* decoders = nullptr);
 
@@ -91,8 +93,9 @@ using ChunkSink = std::function<Status(std::uint64_t offset, ByteSpan bytes)>;
 
 // decode_version into a sink instead of an image in memory (a file written with pwrite, whose
 // pages then need not be faulted in and zeroed first): each chunk is decoded into a buffer of
-// its own and handed over. The same checks before anything is handed over; a failure of the
-// sink is returned. Never in place.
+// its own and handed over. The same checks, so an anchor's chunks before a corrupt one may have
+// been handed over (a file is committed only on success). A failure of the sink is returned.
+// Never in place.
 Status decode_version_to(const Manifest& manifest, std::span<const ByteSpan> payloads, ByteSpan base, const ChunkSink& sink,
                          Executor& executor, const ProgressFn& progress = {}, ChunkDecoderPool* decoders = nullptr);
 

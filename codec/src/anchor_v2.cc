@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 namespace deltacast::anchorv2 {
@@ -395,12 +396,23 @@ Status decode_values(const Section& s, const std::uint8_t* low, std::uint16_t* o
         b.bits -= len;
       }
     };
-    for (; end[0] - o0 >= 16 && end[1] - o1 >= 16 && end[2] - o2 >= 16 && end[3] - o3 >= 16 && r0.pos + 8 <= size && r1.pos + 8 <= size &&
-           r2.pos + 8 <= size && r3.pos + 8 <= size;) {
-      round(r0, o0);
-      round(r1, o1);
-      round(r2, o2);
-      round(r3, o3);
+    // A round writes at most 8 values and reads at most 7 new bytes of its bitstream (a refill
+    // moves pos by at most 7): so many rounds as every stream has room for run unchecked.
+    for (;;) {
+      std::ptrdiff_t rounds = std::numeric_limits<std::ptrdiff_t>::max();
+      const std::array<std::ptrdiff_t, kStreams> room = {end[0] - o0, end[1] - o1, end[2] - o2, end[3] - o3};
+      const std::array<std::size_t, kStreams> pos = {r0.pos, r1.pos, r2.pos, r3.pos};
+      for (int q = 0; q < kStreams; ++q) {
+        rounds = std::min(rounds, (room[q] - 16) / 8);
+        rounds = std::min(rounds, pos[q] + 8 <= size ? static_cast<std::ptrdiff_t>((size - 8 - pos[q]) / 7) : -1);
+      }
+      if (rounds <= 0) break;
+      for (; rounds > 0; --rounds) {
+        round(r0, o0);
+        round(r1, o1);
+        round(r2, o2);
+        round(r3, o3);
+      }
     }
     r = {r0, r1, r2, r3};
     o = {o0, o1, o2, o3};

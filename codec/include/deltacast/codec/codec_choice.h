@@ -30,9 +30,9 @@ std::string_view to_string(DeltaCodec codec);
 struct DeliveryModel {
   double wan_bytes_per_s = 1.25e9;  // the slowest WAN link a version crosses (10 Gbit/s)
   double worker_cores = 16;         // cores a worker applies versions on
-  double v1_payload_bytes_per_core_s = 60e6;
-  double v2_payload_bytes_per_core_s = 12e6;
-  double anchor_image_bytes_per_core_s = 0.9e9;
+  double v1_payload_bytes_per_core_s = 75e6;
+  double v2_payload_bytes_per_core_s = 14.5e6;
+  double anchor_image_bytes_per_core_s = 2e9;
   Status check() const;  // every field positive and finite
 };
 

@@ -14,6 +14,7 @@
 #include "deltacast/common/stats.h"
 #include "deltacast/common/thread_pool.h"
 #include "deltacast/common/units.h"
+#include "deltacast/runtime/node_types.h"
 #include "progress.h"
 #include "svg.h"
 
@@ -54,6 +55,11 @@ struct DensityResult {
   double changed_fraction = 0;
   std::uint64_t changes_per_version = 0;
   std::vector<double> today_ms, dense_ms, dense_in_place_ms, sparse_ms, double_buffered_ms;
+  // Double-buffered as the worker applies a delta: a chunk whose payload is more than
+  // NodeConfig::catch_up_dense_payload_per_mille of its range decoded whole from the live image,
+  // the others caught up and applied sparsely; and how many chunks went whole.
+  std::vector<double> worker_double_ms;
+  std::uint64_t whole_chunks = 0, chunks = 0;
   // The same deltas with codec v2 tried on every chunk (publish --v2: the smaller of v1 and v2
   // per chunk): payload bytes summed over the deltas, and the sparse apply in place.
   std::uint64_t v1_bytes = 0, v2_bytes = 0;
@@ -83,7 +89,8 @@ class WorkerBench {
       p.series = {{"before state hashes: whole image, xxh3", {}},
                   {"dense: whole image, state hashes", {}},
                   {"sparse in place", {}},
-                  {"sparse double-buffered (catch-up + delta)", {}}};
+                  {"sparse double-buffered (catch-up + delta)", {}},
+                  {"double-buffered as the worker applies it", {}}};
       for (const auto& r : results_) {
         char label[64];
         std::snprintf(label, sizeof label, "%.1f%% changed", 100 * r.changed_fraction);
@@ -92,6 +99,7 @@ class WorkerBench {
         p.series[1].values.push_back(median(r.dense_ms));
         p.series[2].values.push_back(median(r.sparse_ms));
         p.series[3].values.push_back(r.double_buffered_ms.empty() ? 0 : median(r.double_buffered_ms));
+        p.series[4].values.push_back(r.worker_double_ms.empty() ? 0 : median(r.worker_double_ms));
       }
       const std::string svg = render_bar_panels("deltacast bench-worker: " + description_, panels);
       DC_RETURN_IF_ERROR(write_file_atomic(o_.svg_path, std::string_view(svg)));
@@ -185,6 +193,27 @@ class WorkerBench {
         });
         DC_RETURN_IF_ERROR(check(work, "sparse double-buffered"));
         r.double_buffered_ms.insert(r.double_buffered_ms.end(), ms.begin(), ms.end());
+        const std::uint64_t per_mille = runtime::NodeConfig{}.catch_up_dense_payload_per_mille;
+        auto whole = [&](const ChunkEntry& c) { return per_mille && c.payload_bytes * 1000 > c.length * per_mille; };
+        std::vector<std::uint32_t> changed;
+        ms = cpu_runs(o_.runs, [&] { cold(s.images[p - 1], work); }, [&] {
+          const auto decoder = decoders_.acquire();
+          for (std::size_t i = 0; i < m.chunks.size() && st.is_ok(); ++i) {
+            const ChunkEntry& c = m.chunks[i];
+            const MutableByteSpan range = MutableByteSpan(work).subspan(c.offset, c.length);
+            if (whole(c)) {
+              st = decode_chunk_verified(m, i, payloads[i], base.subspan(c.offset, c.length), range, *decoder, &changed);
+              if (st.is_ok()) patches[i] = patch_of(segments_for_range(m.tensors, c.offset, c.length), changed, range);
+              continue;
+            }
+            st = decoder->apply_patch(prev_patches[i], range, pm.chunks[i].base_hash, pm.chunks[i].content_hash);
+            if (st.is_ok()) st = apply_chunk_sparse(m, i, payloads[i], range, c.base_hash, *decoder, nullptr, &patches[i]);
+          }
+        });
+        DC_RETURN_IF_ERROR(check(work, "double-buffered as the worker applies it"));
+        r.worker_double_ms.insert(r.worker_double_ms.end(), ms.begin(), ms.end());
+        for (const ChunkEntry& c : m.chunks) r.whole_chunks += whole(c);
+        r.chunks += m.chunks.size();
       } else {
         // The first delta: its patches, for the next one's catch-up (untimed).
         cold(base, work);
@@ -228,15 +257,21 @@ class WorkerBench {
     std::printf("worker CPU per version: %s; %zu runs per delta, one core, chunk %s; medians in ms\n\n", description_.c_str(), o_.runs,
                 o_.chunk_size.c_str());
     std::printf("| lr | changed | changes/version | before: dense, xxh3 | dense | dense in place | sparse in place | sparse double-buffered | "
-                "before / in place | before / double-buffered |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+                "double-buffered (worker) | before / in place | before / double-buffered (worker) |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (const auto& r : results_) {
       const double today = median(r.today_ms), sparse = median(r.sparse_ms);
       const double twice = r.double_buffered_ms.empty() ? 0 : median(r.double_buffered_ms);
-      std::printf("| %g | %.2f%% | %" PRIu64 " | %.1f | %.1f | %.1f | %.1f | %.1f | **%.1fx** | **%.1fx** |\n", r.lr, 100 * r.changed_fraction,
-                  r.changes_per_version, today, median(r.dense_ms), median(r.dense_in_place_ms), sparse, twice, today / sparse,
-                  twice > 0 ? today / twice : 0.0);
+      const double worker = r.worker_double_ms.empty() ? 0 : median(r.worker_double_ms);
+      std::printf("| %g | %.2f%% | %" PRIu64 " | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | **%.1fx** | **%.1fx** |\n", r.lr,
+                  100 * r.changed_fraction, r.changes_per_version, today, median(r.dense_ms), median(r.dense_in_place_ms), sparse, twice,
+                  worker, today / sparse, worker > 0 ? today / worker : 0.0);
     }
+    std::printf("\ndouble-buffered (worker): a chunk whose payload is more than %u/1000 of its range decoded whole from the live image "
+                "(NodeConfig::catch_up_dense_payload_per_mille), the others caught up and applied sparsely:",
+                runtime::NodeConfig{}.catch_up_dense_payload_per_mille);
+    for (const auto& r : results_) std::printf(" %.2f%% changed: %" PRIu64 " of %" PRIu64 " chunks whole;", 100 * r.changed_fraction, r.whole_chunks, r.chunks);
+    std::printf("\n");
     std::printf("\ncodec v2 at the worker (publish --v2: v1 or v2 per chunk, the smaller): payload per version, and sparse in place\n\n");
     std::printf("| changed | v1 payload | v2 payload | v2 / v1 bytes | v1 sparse in place | v2 sparse in place | v2 / v1 CPU |\n");
     std::printf("|---|---|---|---|---|---|---|\n");

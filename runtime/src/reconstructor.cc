@@ -66,18 +66,24 @@ class Reconstructor::DecodeTask final : public Task {
     record_patch_ = a.record_patch;
     catch_up_ = a.catch_up;
     if (catch_up_) already_caught_up_ = a.caught_up[index];
+    whole_ = r.decodes_whole(a, index);
   }
   void work() override {
     if (!staging_) return;
     const ChunkEntry& e = manifest_->chunks[index_];
     const auto decoder = decoders_->acquire();
     const MutableByteSpan out = MutableByteSpan(staging_->image).subspan(e.offset, e.length);
-    std::vector<std::uint32_t>* changed = record_changes_ || (record_patch_ && !sparse_) ? &changed_ : nullptr;
+    const bool dense = !sparse_ || whole_;
+    std::vector<std::uint32_t>* changed = record_changes_ || (record_patch_ && dense) ? &changed_ : nullptr;
     ChunkPatch* patch = record_patch_ ? &patch_ : nullptr;
-    if (!sparse_) {
+    if (dense) {
+      // From the base (for a dense chunk of a double-buffered worker: the live image, whose
+      // range the decode checks against the delta's base hash) into the staging image.
       ByteSpan b = base_ ? ByteSpan(base_->image).subspan(e.offset, e.length) : ByteSpan();
       status_ = decode_chunk_verified(*manifest_, index_, *payload_, b, out, *decoder, changed);
       if (status_.is_ok() && patch) *patch = patch_of(segments_for_range(manifest_->tensors, e.offset, e.length), changed_, out);
+      // A live range that is not the base the delta names: memory that changed under it.
+      live_damaged_ = whole_ && status_.code() == StatusCode::kMismatch;
       return;
     }
     // The range holds the base's state: the staging image's own (in place), or the base's once
@@ -105,7 +111,8 @@ class Reconstructor::DecodeTask final : public Task {
     status_ = apply_chunk_sparse(*manifest_, index_, *payload_, out, held, *decoder, changed, patch);
   }
   void done() override {
-    if (*alive_) owner_->on_decoded(generation_, index_, {status_, std::move(changed_), std::move(patch_), caught_up_, copied_, live_damaged_});
+    if (*alive_)
+      owner_->on_decoded(generation_, index_, {status_, std::move(changed_), std::move(patch_), caught_up_, copied_, live_damaged_, whole_});
   }
 
  private:
@@ -122,7 +129,7 @@ class Reconstructor::DecodeTask final : public Task {
   bool sparse_ = false;
   bool record_patch_ = false;
   std::shared_ptr<const ModelVersion> catch_up_;
-  bool already_caught_up_ = false, caught_up_ = false, copied_ = false, live_damaged_ = false;
+  bool already_caught_up_ = false, caught_up_ = false, copied_ = false, live_damaged_ = false, whole_ = false;
   std::vector<std::uint32_t> changed_;
   ChunkPatch patch_;
   Status status_;
@@ -280,7 +287,7 @@ void Reconstructor::on_decoded(std::uint64_t generation, std::uint32_t i, Decode
   if (status.is_ok()) {
     if (as.record_changes) as.changed[i] = std::move(result.changed);
     if (as.record_patch) as.patches[i] = std::move(result.patch);
-    (as.sparse ? ctx_.stats.chunks_applied_sparse : ctx_.stats.chunks_applied_dense)++;
+    (as.sparse && !result.dense ? ctx_.stats.chunks_applied_sparse : ctx_.stats.chunks_applied_dense)++;
     as.state[i] = Assembly::ChunkState::kDone;
     as.done++;
   } else {
@@ -315,9 +322,16 @@ void Reconstructor::on_decoded(std::uint64_t generation, std::uint32_t i, Decode
 // again (docs/BENCHMARKS.md, "Worker CPU per version").
 TaskCost Reconstructor::cost_of(const Assembly& a, std::uint32_t i) const {
   const ChunkEntry& c = a.manifest->chunks[i];
-  if (!a.sparse) return TaskCost{.image_bytes = c.length};
+  if (!a.sparse || decodes_whole(a, i)) return TaskCost{.image_bytes = c.length};
   const bool catches_up = !a.in_place && (a.catch_up || ctx_.config.virtual_payloads);
   return TaskCost{.image_bytes = c.length, .sparse_payload_bytes = std::max<std::uint64_t>(1, catches_up ? c.payload_bytes * 3 / 2 : c.payload_bytes)};
+}
+
+bool Reconstructor::decodes_whole(const Assembly& a, std::uint32_t i) const {
+  const std::uint64_t per_mille = ctx_.config.catch_up_dense_payload_per_mille;
+  const ChunkEntry& c = a.manifest->chunks[i];
+  const bool double_buffered = a.sparse && !a.in_place && (a.catch_up || ctx_.config.virtual_payloads);
+  return double_buffered && per_mille && a.base && c.payload_bytes * 1000 > c.length * per_mille;
 }
 
 void Reconstructor::pump() {

@@ -79,11 +79,15 @@ class Reconstructor {
     bool caught_up = false;              // the chunk caught up to the base first
     bool copied = false;                 // ... by copying the base's range, not by its patch
     bool live_damaged = false;           // ... which did not match its state: the live image is damaged
+    bool dense = false;                  // decoded whole from the base (double-buffered, a dense chunk)
   };
   void on_decoded(std::uint64_t generation, std::uint32_t index, Decoded&& result);
   std::vector<std::shared_ptr<const ChangeSet>> history_after(Assembly& a) const;
   void finish();
   TaskCost cost_of(const Assembly& a, std::uint32_t index) const;
+  // Whether chunk `index` of a sparse, double-buffered assembly is decoded whole from the live
+  // image instead (NodeConfig::catch_up_dense_payload_per_mille).
+  bool decodes_whole(const Assembly& a, std::uint32_t index) const;
   void expose(std::shared_ptr<const ModelVersion> version);
 
   NodeContext& ctx_;

@@ -510,6 +510,7 @@ TEST_CASE("double-buffered, the spare image catches up by the live version's pat
   FakeNet net;
   Series s(7);
   Rebuild w(net);
+  w.config.catch_up_dense_payload_per_mille = 0;  // every chunk sparse, however dense
   const std::size_t chunks = s.delta(2).payloads.size();
   w.arrive(s.anchor(1));
   w.arrive(s.delta(2));  // the second image is new: decoded whole
@@ -560,6 +561,43 @@ TEST_CASE("double-buffered, the spare image catches up by the live version's pat
   w.arrive(s.anchor(7));
   REQUIRE(w.r.current());
   CHECK(w.r.current()->image == s.images[6]);
+}
+
+TEST_CASE("double-buffered, a dense chunk is decoded whole from the live image instead of caught up and applied sparsely",
+          "[runtime][components][sparse]") {
+  FakeNet net;
+  Series s(5);
+  Rebuild w(net);
+  w.config.catch_up_dense_payload_per_mille = 1;  // every chunk of these deltas is dense
+  const std::size_t chunks = s.delta(2).payloads.size();
+  w.arrive(s.anchor(1));
+  w.arrive(s.delta(2));
+  w.arrive(s.delta(3));  // the spare holds version 1; each chunk is decoded from version 2 instead
+  REQUIRE(w.r.current());
+  REQUIRE(w.r.current()->version == 3);
+  CHECK(w.r.current()->image == s.images[2]);
+  CHECK(w.ctx.stats.chunks_caught_up == 0);
+  CHECK(w.ctx.stats.chunks_applied_sparse == 0);
+  CHECK(w.ctx.stats.chunks_applied_dense == 3 * chunks);
+  CHECK(w.ctx.stats.images_allocated == 2);
+  // The patches it recorded let the next spare catch up when the chunks count as sparse again.
+  w.config.catch_up_dense_payload_per_mille = 0;
+  w.arrive(s.delta(4));
+  REQUIRE(w.r.current());
+  CHECK(w.r.current()->image == s.images[3]);
+  CHECK(w.ctx.stats.chunks_caught_up == chunks);
+  CHECK(w.ctx.stats.chunks_applied_sparse == chunks);
+  // A live image that changed under the worker: its range is not the delta's base, so the live
+  // image is dropped, and only an anchor helps.
+  w.config.catch_up_dense_payload_per_mille = 1;
+  auto* four = const_cast<ModelVersion*>(w.r.current().get());
+  four->image[four->image.size() / 2] ^= 0x40;
+  w.arrive(s.delta(5));
+  CHECK(w.r.current() == nullptr);
+  CHECK(w.r.need_anchor());
+  w.arrive(s.anchor(5));
+  REQUIRE(w.r.current());
+  CHECK(w.r.current()->image == s.images[4]);
 }
 
 TEST_CASE("the reconstructor keeps where each delta changed the image, as far back as configured", "[runtime][components]") {

@@ -40,6 +40,11 @@ struct NodeConfig {
   // (Scrubber), finding memory that changed outside of a delta; 0: never. The default scrubs a
   // 2 TB image in about 2.3 hours for about 3% of a core (docs/BENCHMARKS.md).
   std::uint64_t scrub_bytes_per_s = 256ull << 20;
+  // Workers, double-buffered: a delta chunk whose payload is more than this many thousandths of
+  // its range is decoded whole from the live image into the spare one, instead of the spare
+  // catching up and applying it sparsely (two sparse passes cost more than one dense pass above
+  // about 1.1% of payload: docs/BENCHMARKS.md). 0: always sparse.
+  std::uint32_t catch_up_dense_payload_per_mille = 12;
   // Workers: keep where each version's delta changed the image, for this many versions back
   // (ModelVersion::changes), so that a consumer holding an older version can copy just what
   // changed (0: keep none). Costs 4 bytes per changed value per version kept.

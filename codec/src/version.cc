@@ -161,11 +161,12 @@ Status apply_chunk_sparse(const Manifest& manifest, std::size_t index, ByteSpan 
 
 namespace {
 
-// What both decode_version forms share: the checks (for a delta, all payloads before anything
-// is written), every chunk through `write(i, decoder)` on the executor, then the version checksum.
+// What both decode_version forms share: the checks (with `payloads_first`, all payloads before
+// anything is written), every chunk through `write(i, decoder)` on the executor, then the
+// version checksum.
 template <typename Write>
-Status decode_chunks(const Manifest& manifest, std::span<const ByteSpan> payloads, ByteSpan base, bool in_place, Executor& executor,
-                     const ProgressFn& progress, ChunkDecoderPool* decoders, Write&& write) {
+Status decode_chunks(const Manifest& manifest, std::span<const ByteSpan> payloads, ByteSpan base, bool in_place, bool payloads_first,
+                     Executor& executor, const ProgressFn& progress, ChunkDecoderPool* decoders, Write&& write) {
   if (payloads.size() != manifest.chunks.size()) return Status::invalid_argument("payload count does not match the manifest");
   const bool delta = manifest.kind == VersionKind::kDelta;
   if (delta && base.size() != manifest.image_size)
@@ -175,9 +176,8 @@ Status decode_chunks(const Manifest& manifest, std::span<const ByteSpan> payload
   // writes anything, so a corrupt delta leaves the output exactly as it was, and a mismatched
   // one leaves the live base as it was; into separate memory, pass 2 checks each chunk's base
   // range as it decodes it (one read of the base instead of two). An anchor's output is always
-  // new memory, and its payloads are most of its size: each is checked just before its chunk
-  // decodes, while it is still in cache, instead of all of them first.
-  const bool payloads_first = delta;
+  // new memory (`payloads_first` otherwise), and its payloads are most of its size: each is
+  // checked just before its chunk decodes, while it is still in cache, instead of all first.
   if (payloads_first) {
     DC_RETURN_IF_ERROR(run_chunks(executor, manifest.chunks.size(), [&](std::size_t i) -> Status {
       const ChunkEntry& c = manifest.chunks[i];
@@ -213,7 +213,10 @@ Status decode_version(const Manifest& manifest, std::span<const ByteSpan> payloa
   if (out.size() != manifest.image_size) return Status::invalid_argument("output image has the wrong size");
   const bool delta = manifest.kind == VersionKind::kDelta;
   const bool in_place = delta && base.data() == out.data();
-  return decode_chunks(manifest, payloads, base, in_place, executor, progress, decoders, [&](std::size_t i, ChunkDecoder& decoder) {
+  // An anchor decoded over memory the caller also passed as a base is kept whole until every
+  // payload checked, as a delta in place is.
+  const bool payloads_first = delta || (!base.empty() && base.data() == out.data());
+  return decode_chunks(manifest, payloads, base, in_place, payloads_first, executor, progress, decoders, [&](std::size_t i, ChunkDecoder& decoder) {
     const ChunkEntry& c = manifest.chunks[i];
     return apply_chunk(manifest, i, payloads[i], delta ? base.subspan(c.offset, c.length) : ByteSpan(), out.subspan(c.offset, c.length),
                        in_place, decoder);
@@ -225,7 +228,7 @@ Status decode_version_to(const Manifest& manifest, std::span<const ByteSpan> pay
   const bool delta = manifest.kind == VersionKind::kDelta;
   // A buffer per task in flight, reused: at most one per executor thread, each a chunk long.
   ObjectPool<Bytes> buffers;
-  return decode_chunks(manifest, payloads, base, false, executor, progress, decoders, [&](std::size_t i, ChunkDecoder& decoder) {
+  return decode_chunks(manifest, payloads, base, false, delta, executor, progress, decoders, [&](std::size_t i, ChunkDecoder& decoder) {
     const ChunkEntry& c = manifest.chunks[i];
     const auto buf = buffers.acquire();
     if (buf->size() < c.length) buf->resize(c.length);

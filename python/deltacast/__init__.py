@@ -353,6 +353,7 @@ class Worker:
         return self._native.listening()
 
     def close(self) -> None:
+        """Stops the worker; with a ``state_dir``, the version it holds is saved first if it was not."""
         self._closing.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()

@@ -165,7 +165,9 @@ void Worker::close() {
   const std::shared_ptr<transport::Worker> w = std::move(w_);  // waits in other threads keep their own reference
   if (!w) return;
   py::gil_scoped_release release;
-  (void)w->stop();
+  // With a state_dir, the version held is on disk when close() returns: a version that became
+  // ready just before close() may not have reached the saver's thread yet.
+  (void)w->stop(/*save_current=*/true);
 }
 
 std::string Worker::listening() const { return live()->host().bound_endpoint(); }

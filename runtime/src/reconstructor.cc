@@ -54,7 +54,7 @@ struct Reconstructor::Assembly {
 class Reconstructor::DecodeTask final : public Task {
  public:
   DecodeTask(Reconstructor& r, const Assembly& a, const SharedBytes& payload, std::uint32_t index)
-      : owner_(&r), alive_(r.alive_), generation_(a.generation), index_(index) {
+      : owner_(&r), alive_(r.alive_), generation_(a.generation), index_(index), whole_(r.decodes_whole(a, index)) {
     if (r.ctx_.config.virtual_payloads) return;  // the time it takes is all there is to it
     decoders_ = r.decoders_;
     payload_ = payload;
@@ -66,7 +66,6 @@ class Reconstructor::DecodeTask final : public Task {
     record_patch_ = a.record_patch;
     catch_up_ = a.catch_up;
     if (catch_up_) already_caught_up_ = a.caught_up[index];
-    whole_ = r.decodes_whole(a, index);
   }
   void work() override {
     if (!staging_) return;
@@ -82,8 +81,10 @@ class Reconstructor::DecodeTask final : public Task {
       ByteSpan b = base_ ? ByteSpan(base_->image).subspan(e.offset, e.length) : ByteSpan();
       status_ = decode_chunk_verified(*manifest_, index_, *payload_, b, out, *decoder, changed);
       if (status_.is_ok() && patch) *patch = patch_of(segments_for_range(manifest_->tensors, e.offset, e.length), changed_, out);
-      // A live range that is not the base the delta names: memory that changed under it.
-      live_damaged_ = whole_ && status_.code() == StatusCode::kMismatch;
+      // A live range that no longer holds the state the live version verified with: memory
+      // that changed under it (a delta made against another base is only abandoned).
+      live_damaged_ = whole_ && catch_up_ && status_.code() == StatusCode::kMismatch &&
+                      state_hash(ByteSpan(catch_up_->image).subspan(e.offset, e.length)) != catch_up_->chunk_states[index_].state;
       return;
     }
     // The range holds the base's state: the staging image's own (in place), or the base's once

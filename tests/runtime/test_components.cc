@@ -587,8 +587,8 @@ TEST_CASE("double-buffered, a dense chunk is decoded whole from the live image i
   CHECK(w.r.current()->image == s.images[3]);
   CHECK(w.ctx.stats.chunks_caught_up == chunks);
   CHECK(w.ctx.stats.chunks_applied_sparse == chunks);
-  // A live image that changed under the worker: its range is not the delta's base, so the live
-  // image is dropped, and only an anchor helps.
+  // A live image that changed under the worker: its range is not the delta's base, and not the
+  // state it verified with, so the live image is dropped, and only an anchor helps.
   w.config.catch_up_dense_payload_per_mille = 1;
   auto* four = const_cast<ModelVersion*>(w.r.current().get());
   four->image[four->image.size() / 2] ^= 0x40;
@@ -598,6 +598,21 @@ TEST_CASE("double-buffered, a dense chunk is decoded whole from the live image i
   w.arrive(s.anchor(5));
   REQUIRE(w.r.current());
   CHECK(w.r.current()->image == s.images[4]);
+  // A delta made against another base (another series, the same version numbers): refused, and
+  // the intact live image kept.
+  Rebuild w2(net);
+  w2.config.catch_up_dense_payload_per_mille = 1;
+  const Series other(4, 2);
+  w2.arrive(s.anchor(1));
+  w2.arrive(s.delta(2));
+  w2.arrive(s.delta(3));
+  REQUIRE(w2.r.current());
+  REQUIRE(w2.r.current()->version == 3);
+  w2.arrive(other.delta(4));
+  REQUIRE(w2.r.current());
+  CHECK(w2.r.current()->version == 3);
+  CHECK(w2.r.current()->image == s.images[2]);
+  CHECK(w2.r.need_anchor());
 }
 
 TEST_CASE("the reconstructor keeps where each delta changed the image, as far back as configured", "[runtime][components]") {

@@ -34,6 +34,9 @@ Result<std::unique_ptr<Publisher>> Publisher::start(PublisherOptions o) {
   o.node.reconstruct = false;
   // Digests on the encoder pool, as each chunk is made: the loop only signs.
   if (o.node.sign_key) o.encode.payload_digest = runtime::payload_digest;
+  // Codec v2 asks for the smallest deltas; its anchors try both encodings too (v1 wins on
+  // highly repetitive data such as constant tensors).
+  if (o.codec == DeltaCodec::kV2) o.encode.chunk.anchor_kinds = ChunkEncodeOptions::smallest().anchor_kinds;
   std::unique_ptr<Publisher> p(new Publisher(std::move(o)));
   p->host_ = std::make_unique<NodeHost>(p->options_.node, p->options_.host);
   DC_RETURN_IF_ERROR(p->host_->start_thread());

@@ -81,7 +81,8 @@ Status apply_chunk_sparse(const Manifest& manifest, std::size_t index, ByteSpan 
 // input leaves `out` untouched. Base hashes are checked before anything is written in place
 // (the live base stays as it was), and chunk by chunk into separate memory: a mismatched base
 // may leave `out` partly written, never `base`. An anchor's payloads are checked chunk by chunk
-// as they decode (each read once, from cache): a corrupt anchor may leave `out` partly written.
+// as they decode (each read once, from cache): a corrupt anchor may leave `out` partly written
+// (unless `base` is `out`: then all are checked first, as for a delta in place).
 // Returns the first failure by chunk order. `decoders`: where the executor's tasks lease
 // decoders (null: a pool for this call alone).
 Status decode_version(const Manifest& manifest, std::span<const ByteSpan> payloads, ByteSpan base, MutableByteSpan out,

@@ -251,25 +251,34 @@ TEST_CASE("prepare creates a missing directory and refuses one it cannot use", "
   CHECK(ro.message() == "cannot write in " + read_only.dir.string() + ": Read-only file system");
 }
 
-TEST_CASE("a saver keeps the newest version it could not save and saves it once there is room", "[transport][store][disk]") {
+TEST_CASE("a saver that could not save tries again with the current version once there is room", "[transport][store][disk]") {
   TempDir dir;
   TmpfsMount disk(dir.path / "disk", "size=1m");
   VersionStore store(disk.dir.string(), "w", 2);
   VersionSaver saver(store, std::chrono::milliseconds(0));
+  std::vector<std::shared_ptr<const ModelVersion>> versions;
+  for (std::uint64_t v = 1; v <= 3; ++v) versions.push_back(std::make_shared<ModelVersion>(version(v, 1u << 20)));  // 2 MiB each
   for (std::uint64_t v = 1; v <= 2; ++v) {
-    saver.offer(std::make_shared<ModelVersion>(version(v, 1u << 20)));  // 2 MiB each
+    saver.offer(versions[v - 1]);
     REQUIRE(saver.unsaved());
-    CHECK(saver.unsaved()->version == v);
+    CHECK(*saver.unsaved() == v);
     CHECK(saver.last_error().find("No space left") != std::string::npos);
   }
-  saver.retry_if_due();
+  // It holds none of them: an in-place worker could go on applying.
+  CHECK(versions[0].use_count() == 1);
+  CHECK(versions[1].use_count() == 1);
+  saver.retry_if_due(versions[1]);
   CHECK(saver.unsaved());
   CHECK(names_in(disk.dir).empty());
 
   disk.resize("size=8m");
-  saver.retry_if_due();
+  saver.retry_if_due(nullptr);  // no current version (an in-place worker mid-update): nothing to save
+  CHECK(saver.unsaved());
+  saver.retry_if_due(versions[0]);  // older than the one that failed: not saved
+  CHECK(saver.unsaved());
+  CHECK(names_in(disk.dir).empty());
+  saver.retry_if_due(versions[2]);  // the worker moved on meanwhile: the newest is saved
   CHECK_FALSE(saver.unsaved());
   CHECK(saver.last_error().empty());
-  // The newest version offered, not the first that failed.
-  CHECK(names_in(disk.dir) == std::vector<std::string>{"w-v2.json", "w-v2.safetensors"});
+  CHECK(names_in(disk.dir) == std::vector<std::string>{"w-v3.json", "w-v3.safetensors"});
 }

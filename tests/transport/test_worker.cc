@@ -3,7 +3,9 @@
 // bad options with the option named.
 #include <catch2/catch.hpp>
 
+#include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "deltacast/transport/worker.h"
 #include "test_util.h"
@@ -77,6 +79,42 @@ TEST_CASE("a worker saves what it verified and resumes from it after a restart",
   CHECK((*again)->resumed()->version == 2);
   REQUIRE((*again)->current());
   CHECK((*again)->current()->image == v2);
+}
+
+TEST_CASE("an in-place worker that saves its versions goes on applying new ones", "[transport][worker]") {
+  // The saver holds no version between saves: an in-place worker applies nothing while anyone
+  // holds its image.
+  auto layout = test::make_layout({{DType::kBF16, 50000}});
+  std::vector<Bytes> images{test::random_bytes(layout.image_size, 5)};
+  for (int v = 2; v <= 4; ++v) {
+    images.push_back(images.back());
+    for (std::size_t i = static_cast<std::size_t>(v); i < images.back().size(); i += 89) images.back()[i] ^= 4;
+  }
+  InlineExecutor ex;
+  VersionEncodeOptions opt;
+  opt.chunk_bytes = 16 << 10;
+  Origin origin(Origin::config());
+  auto publish = [&](std::uint64_t v) {
+    auto ev = v == 1 ? encode_version(layout, 1, 0, {}, images[0], opt, ex) : encode_version(layout, v, v - 1, images[v - 2], images[v - 1], opt, ex);
+    REQUIRE(ev.is_ok());
+    REQUIRE(origin.host.call([&] { return origin.host.node().publish(*ev); }).is_ok());
+  };
+  publish(1);
+  TempDir dir;
+  auto o = options(origin.host.bound_endpoint(), dir.path.string());
+  o.node.in_place = true;
+  auto w = transport::Worker::start(std::move(o));
+  REQUIRE(w.is_ok());
+  for (std::uint64_t v = 1; v <= 4; ++v) {
+    if (v > 1) publish(v);
+    REQUIRE((*w)->wait_for_version(v, 20000));
+    CHECK((*w)->current()->image == images[v - 1]);
+    // Saved before the next version is sent: it is the version the worker holds that is written.
+    const auto saved = dir.path / ("w-v" + std::to_string(v) + ".json");
+    for (int i = 0; i < 2000 && !std::filesystem::exists(saved); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    CHECK(std::filesystem::exists(saved));
+  }
+  REQUIRE((*w)->stop().is_ok());
 }
 
 TEST_CASE("a worker's bad options are refused with the option named", "[transport][worker]") {

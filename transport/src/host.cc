@@ -290,28 +290,31 @@ std::shared_ptr<const ModelVersion> NodeHost::current() const {
 }
 
 std::shared_ptr<const ModelVersion> NodeHost::wait_for_version(std::uint64_t min_version, std::uint64_t timeout_ms) {
+  return wait_until_current([&](const ModelVersion& v) { return v.version >= min_version; }, timeout_ms);
+}
+
+// Holds no version while it waits (only the one it returns): an in-place worker applies
+// nothing while anyone holds its image.
+std::shared_ptr<const ModelVersion> NodeHost::wait_until_current(const std::function<bool(const ModelVersion&)>& wanted,
+                                                                  std::uint64_t timeout_ms) {
   std::unique_lock lock(impl_->ready_mu);
   std::shared_ptr<const ModelVersion> v;
   impl_->ready_cv.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] {
     Node* n = impl_->live_node.load();
-    v = n ? n->current() : nullptr;
-    return v && v->version >= min_version;
+    auto c = n ? n->current() : nullptr;
+    if (c && wanted(*c)) v = std::move(c);
+    return v != nullptr;
   });
-  return v && v->version >= min_version ? v : nullptr;
+  return v;
 }
 
 std::shared_ptr<const ModelVersion> NodeHost::wait_for_newer(const std::shared_ptr<const ModelVersion>& after, std::uint64_t timeout_ms) {
-  auto newer = [&](const std::shared_ptr<const ModelVersion>& v) {
-    return v && (!after || v->run > after->run || (v->run == after->run && v->version > after->version));
-  };
-  std::unique_lock lock(impl_->ready_mu);
-  std::shared_ptr<const ModelVersion> v;
-  impl_->ready_cv.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] {
-    Node* n = impl_->live_node.load();
-    v = n ? n->current() : nullptr;
-    return newer(v);
-  });
-  return newer(v) ? v : nullptr;
+  return wait_for_newer(after ? std::optional<VersionTag>(VersionTag{after->run, after->version}) : std::nullopt, timeout_ms);
+}
+
+std::shared_ptr<const ModelVersion> NodeHost::wait_for_newer(const std::optional<VersionTag>& after, std::uint64_t timeout_ms) {
+  return wait_until_current(
+      [&](const ModelVersion& v) { return !after || v.run > after->run || (v.run == after->run && v.version > after->version); }, timeout_ms);
 }
 
 RunId NodeHost::current_run() const {

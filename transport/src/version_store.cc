@@ -229,8 +229,7 @@ std::shared_ptr<const ModelVersion> VersionStore::resume(NodeHost& host) const {
 }
 
 void VersionSaver::offer(std::shared_ptr<const ModelVersion> v) {
-  unsaved_ = std::move(v);
-  try_save();
+  if (v) try_save(*v);
 }
 
 void VersionSaver::on_run(const RunId& run) {
@@ -243,14 +242,16 @@ void VersionSaver::on_run(const RunId& run) {
   run_ = run;
 }
 
-void VersionSaver::retry_if_due() {
-  if (unsaved_ && std::chrono::steady_clock::now() >= retry_at_) try_save();
+void VersionSaver::retry_if_due(const std::shared_ptr<const ModelVersion>& current) {
+  if (!unsaved_ || !current || std::chrono::steady_clock::now() < retry_at_) return;
+  if (current->run < unsaved_run_ || (current->run == unsaved_run_ && current->version < *unsaved_)) return;
+  try_save(*current);
 }
 
-void VersionSaver::try_save() {
-  const Status st = store_.save(*unsaved_);
+void VersionSaver::try_save(const ModelVersion& v) {
+  const Status st = store_.save(v);
   if (st.is_ok()) {
-    if (!last_error_.empty()) spdlog::info("saving works again: version {} saved", unsaved_->version);
+    if (!last_error_.empty()) spdlog::info("saving works again: version {} saved", v.version);
     last_error_.clear();
     unsaved_.reset();
     return;
@@ -259,11 +260,13 @@ void VersionSaver::try_save() {
   // failure again every few seconds only at debug level, not to flood the log.
   const std::string why = st.to_string();
   if (why != last_error_)
-    spdlog::error("cannot save version {}: {}; serving it from memory, trying again in {} ms or at the next version", unsaved_->version, why,
+    spdlog::error("cannot save version {}: {}; serving it from memory, trying again in {} ms or at the next version", v.version, why,
                   retry_.count());
   else
-    spdlog::debug("still cannot save version {}: {}", unsaved_->version, why);
+    spdlog::debug("still cannot save version {}: {}", v.version, why);
   last_error_ = why;
+  unsaved_ = v.version;
+  unsaved_run_ = v.run;
   retry_at_ = std::chrono::steady_clock::now() + retry_;
 }
 

@@ -30,23 +30,26 @@ Result<std::unique_ptr<Worker>> Worker::start(WorkerOptions o) {
 }
 
 // Saves each new version as it becomes current; a slow disk skips versions rather than hold
-// images. A failed save is retried by the VersionSaver; the worker keeps serving.
+// images. A failed save is retried by the VersionSaver; the worker keeps serving. Between saves
+// it holds no version, only the last one's run and number: an in-place worker applies the next
+// version only once nobody holds its image.
 void Worker::save_loop() {
   VersionSaver saver(*store_);
-  std::shared_ptr<const runtime::ModelVersion> seen = resumed_;
+  std::optional<NodeHost::VersionTag> seen;
+  if (resumed_) seen = NodeHost::VersionTag{resumed_->run, resumed_->version};
   while (!stopping_) {
     auto v = host_->wait_for_newer(seen, 100);
     saver.on_run(host_->current_run());
     if (!v) {
-      saver.retry_if_due();
+      saver.retry_if_due(host_->current());
       continue;
     }
-    seen = v;
+    seen = NodeHost::VersionTag{v->run, v->version};
     saver.offer(std::move(v));
   }
   if (save_current_) {
     auto v = host_->current();
-    if (v && v != seen) {
+    if (v && (!seen || v->run != seen->run || v->version != seen->version)) {
       saver.on_run(host_->current_run());
       saver.offer(std::move(v));
     }
@@ -62,7 +65,7 @@ Status Worker::stop(bool save_current) {
   stopping_ = true;
   if (saver_.joinable()) saver_.join();
   host_->stop();
-  if (unsaved_) return Status::io_error("version " + std::to_string(unsaved_->version) + " is ready but not saved: " + save_error_);
+  if (unsaved_) return Status::io_error("version " + std::to_string(*unsaved_) + " is ready but not saved: " + save_error_);
   return Status::ok();
 }
 

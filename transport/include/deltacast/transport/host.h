@@ -17,6 +17,7 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -132,6 +133,14 @@ class NodeHost {
   // version of a newer run; any version when `after` is null) or timeout_ms passes.
   std::shared_ptr<const runtime::ModelVersion> wait_for_newer(const std::shared_ptr<const runtime::ModelVersion>& after,
                                                                std::uint64_t timeout_ms);
+  // The same after a version known by its run and number only (any version when empty): for a
+  // caller that must not hold the version between calls, as an in-place worker applies nothing
+  // while anyone holds its image.
+  struct VersionTag {
+    RunId run;
+    std::uint64_t version = 0;
+  };
+  std::shared_ptr<const runtime::ModelVersion> wait_for_newer(const std::optional<VersionTag>& after, std::uint64_t timeout_ms);
   // The run the node holds or awaits versions of (empty before it knows one), from any thread.
   RunId current_run() const;
   // The endpoint actually bound (resolves "tcp://127.0.0.1:*").
@@ -147,6 +156,9 @@ class NodeHost {
   struct Impl;
 
  private:
+  // Blocks until the current version is `wanted` or timeout_ms passes; returns it or null.
+  std::shared_ptr<const runtime::ModelVersion> wait_until_current(const std::function<bool(const runtime::ModelVersion&)>& wanted,
+                                                                  std::uint64_t timeout_ms);
   std::unique_ptr<Impl> impl_;
   std::thread thread_;
 };

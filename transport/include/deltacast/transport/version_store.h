@@ -64,29 +64,32 @@ class VersionStore {
 };
 
 // Saves the newest version it is given, and keeps at it when the disk refuses (full, failing):
-// the failure is logged, the version kept in memory (the worker goes on serving it), and it is
-// tried again every `retry` or replaced by a newer version as soon as one is offered. Logs once
-// when saving works again. Used from one thread.
+// the failure is logged and tried again every `retry`, or as soon as a newer version is offered.
+// It holds no version between attempts (an in-place worker applies nothing while anyone holds
+// its image): a retry saves the version current then, which is the one that failed or newer.
+// Logs once when saving works again. Used from one thread.
 class VersionSaver {
  public:
   static constexpr std::chrono::milliseconds save_retry_ms{5000};
   explicit VersionSaver(const VersionStore& store, std::chrono::milliseconds retry = save_retry_ms) : store_(store), retry_(retry) {}
   // Saves `v` now, in place of any older version not saved yet.
   void offer(std::shared_ptr<const runtime::ModelVersion> v);
-  // Tries the version not saved yet again once `retry` has passed since the last failure.
-  void retry_if_due();
+  // Once `retry` has passed since the last failure, saves `current` (the worker's current
+  // version, null while it has none to show) if it is the version not saved yet or newer.
+  void retry_if_due(const std::shared_ptr<const runtime::ModelVersion>& current);
   // The worker holds (or awaits) versions of `run` now: saved versions of other runs go.
   void on_run(const RunId& run);
-  // The version that is ready but not on disk (null when there is none), and why.
-  const std::shared_ptr<const runtime::ModelVersion>& unsaved() const { return unsaved_; }
+  // The number of the version that is ready but not on disk (none when every one is), and why.
+  const std::optional<std::uint64_t>& unsaved() const { return unsaved_; }
   const std::string& last_error() const { return last_error_; }
 
  private:
-  void try_save();
+  void try_save(const runtime::ModelVersion& v);
 
   const VersionStore& store_;
   std::chrono::milliseconds retry_;
-  std::shared_ptr<const runtime::ModelVersion> unsaved_;
+  std::optional<std::uint64_t> unsaved_;
+  RunId unsaved_run_;
   std::string last_error_;  // empty while saves work
   std::chrono::steady_clock::time_point retry_at_;
   std::optional<RunId> run_;

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -69,7 +70,7 @@ class Worker {
   std::atomic<bool> save_current_{false};
   bool stopped_ = false;
   // Written by the saver thread, read after it has been joined.
-  std::shared_ptr<const runtime::ModelVersion> unsaved_;
+  std::optional<std::uint64_t> unsaved_;  // the version ready but not saved
   std::string save_error_;
 };
 

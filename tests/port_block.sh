@@ -9,7 +9,7 @@
 # something else is passed over. The empty lock files stay: removing one that another process
 # holds would let a third claim the same block.
 claim_port_block() {
-  local ephemeral_low n i p busy
+  local ephemeral_low n i busy
   ephemeral_low=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
   if [ "$ephemeral_low" -lt 30000 ]; then
     echo "the kernel's ephemeral ports start at $ephemeral_low, among the tests' (10000-29999)" >&2

@@ -14,7 +14,7 @@
 
 #include "commands.h"
 #include "deltacast/common/thread_pool.h"
-#include "deltacast/io/safetensors.h"
+#include "deltacast/io/mapped_file.h"
 #include "deltacast/runtime/trust.h"
 #include "deltacast/transport/host.h"
 #include "deltacast/transport/publisher.h"
@@ -54,11 +54,6 @@ void print_delivery(std::uint64_t version, const transport::Delivery& d, std::si
   std::fflush(stdout);
 }
 
-transport::Checkpoint checkpoint_of(SafetensorsFile file) {
-  auto owner = std::make_shared<const SafetensorsFile>(std::move(file));
-  return {owner->layout(), owner->image(), owner};
-}
-
 // The publisher's options from the flags and the config file: an origin, or trainer shard I/N.
 Result<transport::PublisherOptions> publisher_options(PublishOptions& o) {
   const bool shard_mode = !o.shard.empty();
@@ -87,11 +82,7 @@ Result<transport::PublisherOptions> publisher_options(PublishOptions& o) {
   po.host = cfg.host;
   po.anchor_every = o.anchor_every;
   po.encode.chunk_bytes = chunk;
-  DC_ASSIGN_OR_RETURN(po.codec, parse_delta_codec(o.v2 ? "v2" : o.codec));
-  auto wan = parse_rate(o.wan_rate);
-  if (!wan.is_ok()) return Status::invalid_argument("--wan-rate: " + wan.status().message());
-  po.delivery.wan_bytes_per_s = *wan;
-  po.delivery.worker_cores = o.worker_cores;
+  DC_RETURN_IF_ERROR(transport::set_delta_codec(po, o.v2 ? "v2" : o.codec, o.wan_rate, o.worker_cores, "--codec", "--wan-rate"));
   po.threads = o.threads;
   return po;
 }
@@ -151,10 +142,10 @@ int publish_checkpoints(transport::Publisher& pub, const PublishOptions& o) {
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
       continue;
     }
-    auto next = SafetensorsFile::open(*path);
+    auto next = transport::open_checkpoint(*path);
     if (!next.is_ok()) return fail(next.status().to_string());
     const auto t0 = std::chrono::steady_clock::now();
-    auto version = pub.publish(checkpoint_of(std::move(next).value()));
+    auto version = pub.publish(std::move(next).value());
     if (!version.is_ok()) return fail(*path + ": " + version.status().to_string());
     const double encode_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     spdlog::info("published version {} from {} (encoded in {:.0f} ms)", *version, *path, encode_ms);

@@ -1,4 +1,3 @@
-#include "deltacast/common/units.h"
 #include "deltacast/runtime/trust.h"
 #include "native.h"
 
@@ -26,13 +25,8 @@ transport::PublisherOptions publisher_options(const PublisherArgs& a) {
   if (!a.allow_keys.empty() && !a.keys) throw Error("allow_keys needs keys: the publisher's own CURVE key pair");
   o.anchor_every = a.anchor_every;
   o.encode.chunk_bytes = a.chunk_bytes;
-  auto codec = parse_delta_codec(a.codec);
-  if (!codec.is_ok()) throw Error("codec: " + codec.status().message());
-  o.codec = *codec;
-  auto wan = parse_rate(a.wan_rate);
-  if (!wan.is_ok()) throw Error("wan_rate: " + wan.status().message());
-  o.delivery.wan_bytes_per_s = *wan;
-  o.delivery.worker_cores = a.worker_cores;
+  if (Status st = transport::set_delta_codec(o, a.codec, a.wan_rate, a.worker_cores, "codec", "wan_rate"); !st.is_ok())
+    throw Error(st.message());
   o.threads = a.threads;
   return o;
 }

@@ -42,6 +42,9 @@ struct Reconstructor::Assembly {
   // chunks that did (a chunk fetched again after a failed apply does not catch up twice).
   std::shared_ptr<const ModelVersion> catch_up;
   std::vector<std::uint8_t> caught_up;
+  // Sparse into a spare image that catches up first (virtual images: where real ones would);
+  // its dense chunks decode whole from the live image (decodes_whole).
+  bool catches_up = false;
   // Double-buffered: keep each chunk's patch for the next version's catch-up.
   bool record_patch = false;
   std::vector<ChunkPatch> patches;
@@ -256,6 +259,7 @@ void Reconstructor::start(const CachedVersion& v) {
       a->caught_up.assign(v.manifest->chunks.size(), 0);
     }
   }
+  a->catches_up = a->sparse && !a->in_place && (a->catch_up || config.virtual_payloads);
   a->record_patch = !a->in_place && !v.key.anchor && !config.virtual_payloads && v.manifest->hash_scheme == ChunkHashScheme::kState;
   if (a->record_patch) a->patches.resize(v.manifest->chunks.size());
   live.reset();
@@ -324,15 +328,13 @@ void Reconstructor::on_decoded(std::uint64_t generation, std::uint32_t i, Decode
 TaskCost Reconstructor::cost_of(const Assembly& a, std::uint32_t i) const {
   const ChunkEntry& c = a.manifest->chunks[i];
   if (!a.sparse || decodes_whole(a, i)) return TaskCost{.image_bytes = c.length};
-  const bool catches_up = !a.in_place && (a.catch_up || ctx_.config.virtual_payloads);
-  return TaskCost{.image_bytes = c.length, .sparse_payload_bytes = std::max<std::uint64_t>(1, catches_up ? c.payload_bytes * 3 / 2 : c.payload_bytes)};
+  return TaskCost{.image_bytes = c.length, .sparse_payload_bytes = std::max<std::uint64_t>(1, a.catches_up ? c.payload_bytes * 3 / 2 : c.payload_bytes)};
 }
 
 bool Reconstructor::decodes_whole(const Assembly& a, std::uint32_t i) const {
   const std::uint64_t per_mille = ctx_.config.catch_up_dense_payload_per_mille;
   const ChunkEntry& c = a.manifest->chunks[i];
-  const bool double_buffered = a.sparse && !a.in_place && (a.catch_up || ctx_.config.virtual_payloads);
-  return double_buffered && per_mille && a.base && c.payload_bytes * 1000 > c.length * per_mille;
+  return a.catches_up && per_mille && a.base && c.payload_bytes * 1000 > c.length * per_mille;
 }
 
 void Reconstructor::pump() {

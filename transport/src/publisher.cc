@@ -4,6 +4,8 @@
 #include <chrono>
 #include <thread>
 
+#include "deltacast/common/units.h"
+#include "deltacast/io/safetensors.h"
 #include "deltacast/runtime/trust.h"
 
 namespace deltacast::transport {
@@ -27,6 +29,24 @@ Status check_options(const PublisherOptions& o) {
 }  // namespace
 
 Publisher::Publisher(PublisherOptions options) : options_(std::move(options)), pool_(options_.threads) {}
+
+Result<Checkpoint> open_checkpoint(const std::string& path) {
+  DC_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::open(path));
+  auto owner = std::make_shared<const SafetensorsFile>(std::move(file));
+  return Checkpoint{owner->layout(), owner->image(), owner};
+}
+
+Status set_delta_codec(PublisherOptions& o, std::string_view codec, std::string_view wan_rate, double worker_cores,
+                       std::string_view codec_name, std::string_view wan_rate_name) {
+  auto c = parse_delta_codec(codec);
+  if (!c.is_ok()) return Status::invalid_argument(std::string(codec_name) + ": " + c.status().message());
+  auto wan = parse_rate(wan_rate);
+  if (!wan.is_ok()) return Status::invalid_argument(std::string(wan_rate_name) + ": " + wan.status().message());
+  o.codec = *c;
+  o.delivery.wan_bytes_per_s = *wan;
+  o.delivery.worker_cores = worker_cores;
+  return Status::ok();
+}
 
 Result<std::unique_ptr<Publisher>> Publisher::start(PublisherOptions o) {
   DC_RETURN_IF_ERROR(check_options(o));

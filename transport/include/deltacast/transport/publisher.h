@@ -33,6 +33,9 @@ struct Checkpoint {
   std::shared_ptr<const void> owner;
 };
 
+// A safetensors checkpoint file as a Checkpoint: mapped, not copied.
+Result<Checkpoint> open_checkpoint(const std::string& path);
+
 struct PublisherOptions {
   // An origin: host.bind_endpoint set, no parents; expect_shards > 0 to merge what trainer
   // shards send instead of publishing itself. A trainer shard: shard_index and shard_count
@@ -47,6 +50,12 @@ struct PublisherOptions {
   DeltaCodec codec = DeltaCodec::kV1;
   DeliveryModel delivery;
 };
+
+// Sets o.codec and o.delivery from a front end's text forms: `codec` "v1", "v2" or "auto", the
+// WAN rate as parse_rate reads it ("10Gbit", "1.2GB/s"), and the cores a worker applies on. An
+// error starts with the name the front end gives the option (`codec_name`, `wan_rate_name`).
+Status set_delta_codec(PublisherOptions& o, std::string_view codec, std::string_view wan_rate, double worker_cores,
+                       std::string_view codec_name, std::string_view wan_rate_name);
 
 // How far a version has got: workers of this run that hold it (or newer), and its publish to
 // ready times among those that reported this very version.

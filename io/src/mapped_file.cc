@@ -5,8 +5,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <utility>
 
 namespace deltacast {
@@ -54,12 +57,22 @@ class TempFile {
     if (fd_ >= 0) ::close(fd_);
     if (created_ && !renamed_) ::unlink(tmp_path_.c_str());
   }
-  Status open() {
+  // With `direct`, O_DIRECT where the filesystem takes it; direct() says if it did.
+  Status open(bool direct = false) {
+    if (direct) {
+      fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0644);
+      if (fd_ >= 0) {
+        created_ = direct_ = true;
+        return Status::ok();
+      }
+      if (errno != EINVAL) return errno_status("cannot create", tmp_path_);
+    }
     fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd_ < 0) return errno_status("cannot create", tmp_path_);
     created_ = true;
     return Status::ok();
   }
+  bool direct() const { return direct_; }
   int fd() const { return fd_; }
   const std::string& tmp_path() const { return tmp_path_; }
   // The data reaches the disk before the name does, so a crash never leaves `path` partial.
@@ -77,8 +90,59 @@ class TempFile {
  private:
   std::string path_, tmp_path_;
   int fd_ = -1;
-  bool created_ = false, renamed_ = false;
+  bool created_ = false, renamed_ = false, direct_ = false;
 };
+
+// O_DIRECT wants the memory, the file offset and the length aligned to the device's logical
+// block: 4096 covers every common one.
+constexpr std::size_t kDirectAlign = 4096;
+constexpr std::size_t kDirectBufferBytes = 4u << 20;
+
+// `parts` back to back into a file opened with O_DIRECT, through an aligned buffer: the last
+// block padded with zeros, then the file cut to `size`. A device that wants other alignments
+// (EINVAL) or a short write turns O_DIRECT off, and the rest goes through the cache.
+Status write_direct(int fd, std::span<const ByteSpan> parts, std::uint64_t size, const std::string& path) {
+  bool direct = true;
+  auto write_block = [&](ByteSpan data, std::uint64_t offset) -> Status {
+    if (direct) {
+      const ssize_t n = ::pwrite(fd, data.data(), data.size(), static_cast<off_t>(offset));
+      if (n == static_cast<ssize_t>(data.size())) return Status::ok();
+      if (n < 0 && errno != EINVAL && errno != EINTR) return errno_status("cannot write", path);
+      direct = false;
+      const int flags = ::fcntl(fd, F_GETFL);
+      if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_DIRECT) != 0) return errno_status("cannot turn O_DIRECT off for", path);
+      if (n > 0) {
+        data = data.subspan(static_cast<std::size_t>(n));
+        offset += static_cast<std::uint64_t>(n);
+      }
+    }
+    return write_all(fd, data, offset, path);
+  };
+  const std::unique_ptr<std::uint8_t, decltype(&std::free)> buffer(
+      static_cast<std::uint8_t*>(std::aligned_alloc(kDirectAlign, kDirectBufferBytes)), &std::free);
+  if (!buffer) return Status::resource_exhausted("no memory for the write buffer of " + path);
+  std::size_t filled = 0;
+  std::uint64_t offset = 0;
+  for (ByteSpan p : parts) {
+    while (!p.empty()) {
+      const std::size_t n = std::min(p.size(), kDirectBufferBytes - filled);
+      std::memcpy(buffer.get() + filled, p.data(), n);
+      filled += n;
+      p = p.subspan(n);
+      if (filled < kDirectBufferBytes) continue;
+      DC_RETURN_IF_ERROR(write_block(ByteSpan(buffer.get(), filled), offset));
+      offset += filled;
+      filled = 0;
+    }
+  }
+  if (filled > 0) {
+    const std::size_t padded = (filled + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+    std::memset(buffer.get() + filled, 0, padded - filled);
+    DC_RETURN_IF_ERROR(write_block(ByteSpan(buffer.get(), padded), offset));
+  }
+  if (::ftruncate(fd, static_cast<off_t>(size)) != 0) return errno_status("cannot set the size of", path);
+  return Status::ok();
+}
 }  // namespace
 
 Result<MappedFile> MappedFile::open(const std::string& path) {
@@ -206,11 +270,16 @@ Status write_file_atomic(const std::string& path, ByteSpan data) {
   return write_parts_atomic(path, parts);
 }
 
-Status write_parts_atomic(const std::string& path, std::span<const ByteSpan> parts) {
+Status write_parts_atomic(const std::string& path, std::span<const ByteSpan> parts, bool uncached) {
   TempFile f(path);
-  DC_RETURN_IF_ERROR(f.open());
+  DC_RETURN_IF_ERROR(f.open(uncached));
   std::uint64_t size = 0;
   for (ByteSpan p : parts) size += p.size();
+  if (f.direct()) {
+    DC_RETURN_IF_ERROR(reserve(f.fd(), (size + kDirectAlign - 1) / kDirectAlign * kDirectAlign, f.tmp_path()));
+    DC_RETURN_IF_ERROR(write_direct(f.fd(), parts, size, f.tmp_path()));
+    return f.commit();
+  }
   DC_RETURN_IF_ERROR(reserve(f.fd(), size, f.tmp_path()));
   std::uint64_t offset = 0;
   for (ByteSpan p : parts) {

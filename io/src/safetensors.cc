@@ -328,13 +328,13 @@ Result<SafetensorsWriter> SafetensorsWriter::create(const std::string& path, con
   return w;
 }
 
-Status write_safetensors(const std::string& path, const ModelLayout& layout, ByteSpan image) {
+Status write_safetensors(const std::string& path, const ModelLayout& layout, ByteSpan image, bool uncached) {
   if (image.size() != layout.image_size) return Status::invalid_argument("image size does not match the layout");
   // The image is already in memory: written with checked writes rather than through a mapping,
   // whose pages would fault (SIGBUS) if the disk filled up under them.
   const Bytes header = safetensors_header(layout);
   const ByteSpan parts[] = {header, image};
-  return write_parts_atomic(path, parts);
+  return write_parts_atomic(path, parts, uncached);
 }
 
 }  // namespace deltacast

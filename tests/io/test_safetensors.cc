@@ -127,6 +127,33 @@ TEST_CASE("output files written with pwrite hold what was written, within their 
   std::filesystem::remove(path);
 }
 
+TEST_CASE("files written past the page cache hold exactly their parts", "[io][mapped_file]") {
+  // O_DIRECT through a 4 MiB buffer: parts that straddle the buffer, a last block padded and cut
+  // back. (Where the filesystem refuses O_DIRECT, the same file is written through the cache.)
+  const std::string path = temp_path("uncached.bin");
+  std::filesystem::remove(path);
+  const Bytes a = test::random_bytes(13, 1), b = test::random_bytes((9u << 20) + 5, 2), c = test::random_bytes(3, 3);
+  const ByteSpan parts[] = {a, b, c, ByteSpan()};
+  REQUIRE(write_parts_atomic(path, parts, /*uncached=*/true).is_ok());
+  auto got = read_file(path);
+  REQUIRE(got.is_ok());
+  Bytes expect = a;
+  expect.insert(expect.end(), b.begin(), b.end());
+  expect.insert(expect.end(), c.begin(), c.end());
+  CHECK(got->size() == expect.size());
+  CHECK(*got == expect);
+  // A whole number of blocks, and an empty file.
+  const Bytes blocks = test::random_bytes(8192, 4);
+  const ByteSpan one[] = {blocks};
+  REQUIRE(write_parts_atomic(path, one, true).is_ok());
+  CHECK(*read_file(path) == blocks);
+  REQUIRE(write_parts_atomic(path, std::span<const ByteSpan>(), true).is_ok());
+  CHECK(std::filesystem::file_size(path) == 0);
+  for (const auto& e : std::filesystem::directory_iterator(std::filesystem::path(path).parent_path()))
+    CHECK(e.path().filename().string().find("uncached.bin.tmp") == std::string::npos);
+  std::filesystem::remove(path);
+}
+
 TEST_CASE("the safetensors header of 50000 tiny tensors is written and read back exactly", "[io][safetensors]") {
   const ModelLayout layout = test::many_tiny_tensors(50000, /*holes=*/false);
   const Bytes header = safetensors_header(layout);

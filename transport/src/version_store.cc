@@ -166,7 +166,11 @@ Status VersionStore::save(const ModelVersion& version) const {
   if (ec) return Status::io_error("cannot create " + dir_ + ": " + ec.message());
   const std::string path = path_of(version.version);
   // On failure write_safetensors has removed its temporary file and left `path` as it was.
-  DC_RETURN_IF_ERROR(write_safetensors(path, ModelLayout{version.tensors, version.metadata, version.image.size()}, version.image));
+  // Past the page cache: a saved version is read again only after a restart, and filling the
+  // cache with it costs a worker several times the CPU of the write itself
+  // (docs/BENCHMARKS.md, "End to end").
+  DC_RETURN_IF_ERROR(write_safetensors(path, ModelLayout{version.tensors, version.metadata, version.image.size()}, version.image,
+                                       /*uncached=*/true));
   nlohmann::json j = {{"version", version.version}, {"checksum", hex64(version.checksum)}, {"image_xxh3", hex64(hash64(version.image))}};
   if (!version.run.empty()) j["run"] = {{"started_us", version.run.started_us}, {"nonce", hex64(version.run.nonce)}};
   const std::string text = j.dump(2) + "\n";

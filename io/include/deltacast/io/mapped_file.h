@@ -65,7 +65,10 @@ class OutputFile {
 // reserved first (posix_fallocate), then fsync and rename. Any failure (ENOSPC, EDQUOT, EIO, a
 // short write) is an IOError naming the file and the reason, and removes the temporary file, so
 // `path` is either its old self or complete.
-Status write_parts_atomic(const std::string& path, std::span<const ByteSpan> parts);
+// With `uncached`, the data bypasses the page cache (O_DIRECT, through an aligned 4 MiB
+// buffer), for large files that are written now and read much later, if ever: a worker's saved
+// versions. Where the filesystem does not take O_DIRECT (tmpfs), it is written as without.
+Status write_parts_atomic(const std::string& path, std::span<const ByteSpan> parts, bool uncached = false);
 
 // Reads or writes a whole small file (written as write_parts_atomic does).
 Result<Bytes> read_file(const std::string& path);

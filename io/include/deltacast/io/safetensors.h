@@ -55,6 +55,7 @@ class SafetensorsWriter {
 
 // Writes a whole file from an image in memory, as write_parts_atomic does: on any failure
 // (a full disk included) an IOError, and nothing new at `path` and no temporary file left.
-Status write_safetensors(const std::string& path, const ModelLayout& layout, ByteSpan image);
+// `uncached`: past the page cache (write_parts_atomic).
+Status write_safetensors(const std::string& path, const ModelLayout& layout, ByteSpan image, bool uncached = false);
 
 }  // namespace deltacast

@@ -1,5 +1,6 @@
 // deltacast bench: sizes and single-core throughputs of deltacast (codec v2, and v1 alone) against
 // the baselines and the conditioned entropy, all measured on the same data in the same run.
+#include <spdlog/spdlog.h>
 #include <zstd.h>
 
 #include <algorithm>
@@ -7,7 +8,9 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <optional>
+#include <thread>
 
 #include "commands.h"
 #include "deltacast/common/units.h"
@@ -16,7 +19,10 @@
 #include "deltacast/codec/version.h"
 #include "deltacast/common/stats.h"
 #include "deltacast/common/thread_pool.h"
+#include "deltacast/io/mapped_file.h"
 #include "deltacast/io/safetensors.h"
+#include "deltacast/transport/publisher.h"
+#include "deltacast/transport/worker.h"
 #include "bench_series.h"
 #include "file_codec.h"
 #include "progress.h"
@@ -365,10 +371,99 @@ class Bench {
   std::vector<double> mt_enc_[2], mt_dec_[2];
 };
 
+// The file I/O a decode from files cannot avoid, through the page cache: the base file mapped
+// and each of its pages read, and as many bytes as the image written to a new file with
+// pwrite, then fsync'd, as OutputFile's kWrites access does. No decoding.
+Status io_alone(const std::string& base_path, std::uint64_t image, const std::string& out_path) {
+  DC_ASSIGN_OR_RETURN(MappedFile base, MappedFile::open(base_path));
+  std::uint64_t sum = 0;
+  for (std::size_t i = 0; i < base.bytes().size(); i += 4096) sum += base.bytes()[i];
+  DC_ASSIGN_OR_RETURN(OutputFile out, OutputFile::create(out_path, image, OutputFile::Access::kWrites));
+  Bytes block(4u << 20, static_cast<std::uint8_t>(sum));
+  for (std::uint64_t at = 0; at < image; at += block.size())
+    DC_RETURN_IF_ERROR(out.write_at(at, ByteSpan(block).first(std::min<std::uint64_t>(block.size(), image - at))));
+  return out.commit();
+}
+
+// The file I/O a worker that saves its versions cannot avoid: `runs` images written whole from
+// memory to new files, as VersionStore::save writes them (past the page cache, fsync, rename),
+// each run removing the file written two runs before (the worker keeps 2). CPU seconds per run.
+Result<std::vector<double>> save_io_alone(std::size_t runs, ByteSpan image, const std::string& dir) {
+  std::vector<double> secs;
+  auto path = [&](std::size_t r) { return dir + "/save-io-" + std::to_string(r); };
+  for (std::size_t r = 0; r < runs; ++r) {
+    const double t0 = process_cpu_s();
+    const ByteSpan parts[] = {image};
+    DC_RETURN_IF_ERROR(write_parts_atomic(path(r), parts, /*uncached=*/true));
+    if (r >= 2) std::filesystem::remove(path(r - 2));
+    secs.push_back(process_cpu_s() - t0);
+  }
+  for (std::size_t r = 0; r < runs; ++r) std::filesystem::remove(path(r));
+  return secs;
+}
+
+// What a version costs from a trainer's file to a worker's: the series published from its
+// files by a Publisher and received by a Worker that saves each version to an --out-dir, in
+// this process over loopback TCP, as `deltacast publish` and `deltacast worker --out-dir` run
+// them (encoding on one thread). Each timed version runs from opening its checkpoint until the
+// worker's file of it is saved; the whole process's CPU time, every thread. Per run a new
+// publisher and worker: the anchor and the first delta untimed (a double-buffered worker's spare
+// image copies the whole image for it), every later delta timed. Each saved file is compared
+// with its checkpoint.
+Result<std::vector<double>> publish_to_worker_runs(const BenchOptions& o, const Series& s, std::uint64_t chunk_bytes,
+                                                   const std::vector<std::string>& files, const std::string& dir, bool in_place) {
+  // Their warnings (unsigned versions, no trust key) are the same every run: not shown.
+  const spdlog::level::level_enum level = spdlog::get_level();
+  spdlog::set_level(spdlog::level::err);
+  struct Restore {
+    spdlog::level::level_enum level;
+    ~Restore() { spdlog::set_level(level); }
+  } restore{level};
+  std::vector<double> secs;
+  for (std::size_t r = 0; r < o.runs; ++r) {
+    transport::PublisherOptions po;
+    po.node.node_id = "origin";
+    po.host.bind_endpoint = "tcp://127.0.0.1:*";
+    po.encode.chunk_bytes = chunk_bytes;
+    po.threads = 1;
+    DC_ASSIGN_OR_RETURN(auto pub, transport::Publisher::start(po));
+    transport::WorkerOptions wo;
+    wo.node.node_id = "worker";
+    wo.node.parents = {pub->host().bound_endpoint()};
+    wo.node.in_place = in_place;
+    wo.out_dir = dir + "/worker";
+    wo.resume = false;
+    DC_ASSIGN_OR_RETURN(auto worker, transport::Worker::start(std::move(wo)));
+    const transport::VersionStore store(dir + "/worker", "worker");
+    for (std::size_t p = 0; p < files.size(); ++p) {
+      const double t0 = process_cpu_s();
+      DC_ASSIGN_OR_RETURN(transport::Checkpoint next, transport::open_checkpoint(files[p]));
+      DC_ASSIGN_OR_RETURN(const std::uint64_t version, pub->publish(std::move(next)));
+      // Saved: its JSON record, written last (version_store.h).
+      const std::string record = std::filesystem::path(store.path_of(version)).replace_extension(".json").string();
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+      while (!std::filesystem::exists(record)) {
+        if (std::chrono::steady_clock::now() > deadline) return Status::io_error("the worker did not save version " + std::to_string(version) + " within 120 s");
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      if (p >= 2) secs.push_back(process_cpu_s() - t0);
+      DC_ASSIGN_OR_RETURN(SafetensorsFile saved, SafetensorsFile::open(store.path_of(version)));
+      if (saved.image().size() != s.images[p].size() || std::memcmp(saved.image().data(), s.images[p].data(), s.images[p].size()) != 0)
+        return Status::corruption("the worker's file of version " + std::to_string(version) + " is not bit-exact");
+    }
+    DC_RETURN_IF_ERROR(worker->stop());
+    pub->stop();
+    std::filesystem::remove_all(dir + "/worker");
+  }
+  return secs;
+}
+
 // Files in, files out: encode_file and decode_file on one core, as `deltacast encode -j 1` and
 // `deltacast decode -j 1` run them, against encode_version and decode_version in memory on the
-// same pairs in the same run (the output a buffer written before). Both timed by the process's
-// CPU time, user and system, as /usr/bin/time counts it.
+// same pairs in the same run (the output a buffer written before), and against the file I/O
+// alone (io_alone). Each file run writes a file that does not exist yet, as decoding version
+// after version does: the previous run's output is removed first, untimed. All timed by the
+// process's CPU time, user and system, as /usr/bin/time counts it.
 Status run_end_to_end(const BenchOptions& o, const Series& s, std::uint64_t chunk_bytes) {
   DC_ASSIGN_OR_RETURN(ScratchDir dir, ScratchDir::create("deltacast-bench"));
   DC_ASSIGN_OR_RETURN(std::vector<std::string> files, series_files(s, dir.path()));
@@ -380,9 +475,11 @@ Status run_end_to_end(const BenchOptions& o, const Series& s, std::uint64_t chun
   VersionEncodeOptions opt;  // as deltacast encode without options
   opt.chunk_bytes = chunk_bytes;
   Bytes out(image);
-  std::vector<double> mem_enc, mem_dec, file_enc, file_dec;  // CPU seconds per run and pair
+  std::vector<double> mem_enc, mem_dec, file_enc, file_dec, io;  // CPU seconds per run and pair
+  std::string written;  // the file a timed run writes
   auto cpu_runs = [&](std::vector<double>& into, auto&& fn) -> Status {
     for (std::size_t r = 0; r < o.runs; ++r) {
+      if (!written.empty()) std::filesystem::remove(written);
       const double t0 = process_cpu_s();
       DC_RETURN_IF_ERROR(fn());
       into.push_back(process_cpu_s() - t0);
@@ -406,16 +503,28 @@ Status run_end_to_end(const BenchOptions& o, const Series& s, std::uint64_t chun
     enc.out_path = dir.path() + "/delta.dcd";
     enc.options = opt;
     enc.base_version = p;
+    written = enc.out_path;
     DC_RETURN_IF_ERROR(cpu_runs(file_enc, [&] { return encode_file(enc, one_core).status(); }));
     FileDecodeRequest dec;
     dec.base_path = files[p];
     dec.in_path = enc.out_path;
-    dec.out_path = dir.path() + "/out.safetensors";
+    dec.out_path = written = dir.path() + "/out.safetensors";
     DC_RETURN_IF_ERROR(cpu_runs(file_dec, [&] { return decode_file(dec, one_core).status(); }));
+    const std::string io_path = written = dir.path() + "/io-alone";
+    DC_RETURN_IF_ERROR(cpu_runs(io, [&] { return io_alone(files[p], image, io_path); }));
+    written.clear();
+    std::filesystem::remove(io_path);
     DC_ASSIGN_OR_RETURN(SafetensorsFile written, SafetensorsFile::open(dec.out_path));
     if (written.image().size() != image || std::memcmp(written.image().data(), next.data(), image) != 0)
       return Status::corruption("the decoded file is not bit-exact");
     bar.update(p + 1);
+  }
+  // Publish and worker --out-dir: the later deltas of the series (see publish_to_worker_runs).
+  std::vector<double> double_buffered, in_place, save_io;
+  if (pairs >= 2) {
+    DC_ASSIGN_OR_RETURN(save_io, save_io_alone(o.runs, s.images.back(), dir.path()));
+    DC_ASSIGN_OR_RETURN(double_buffered, publish_to_worker_runs(o, s, chunk_bytes, files, dir.path(), false));
+    DC_ASSIGN_OR_RETURN(in_place, publish_to_worker_runs(o, s, chunk_bytes, files, dir.path(), true));
   }
   bar.finish();
   auto gbps = [&](const std::vector<double>& secs) { return static_cast<double>(image) / median(secs) / 1e9; };
@@ -429,6 +538,25 @@ Status run_end_to_end(const BenchOptions& o, const Series& s, std::uint64_t chun
     std::printf("| %s | %.1f ms (%.2f GB/s) | %.1f ms (%.2f GB/s) | **%.2fx** |\n", name, 1e3 * median(*mem), gbps(*mem), 1e3 * median(*file),
                 gbps(*file), ratio);
   }
+  const double both = median(mem_enc) + median(mem_dec);
+  for (const auto& [name, secs] : {std::pair{"publish -> worker --out-dir", &double_buffered}, std::pair{"publish -> worker --out-dir --in-place", &in_place}}) {
+    if (secs->empty()) continue;
+    const double ratio = median(*secs) / both;
+    met = met && ratio <= 1.5;
+    std::printf("| %s | %.1f ms (encode + decode) | %.1f ms | **%.2fx** |\n", name, 1e3 * both, 1e3 * median(*secs), ratio);
+  }
+  if (pairs < 2) std::printf("(publish -> worker --out-dir needs 2 steps or more: the first delta after the anchor is not timed)\n");
+  if (!save_io.empty()) {
+    const double saved = both + median(save_io);
+    std::printf("\na worker's save alone (the image written from memory to a new file past the page cache, fsync'd, the one from "
+                "two versions before removed): %.1f ms; encode + decode in memory plus that: %.1f ms; publish -> worker --out-dir / that: **%.2fx**, "
+                "--in-place: **%.2fx**\n",
+                1e3 * median(save_io), 1e3 * saved, median(double_buffered) / saved, median(in_place) / saved);
+  }
+  const double floor = median(mem_dec) + median(io);
+  std::printf("\ndecode's file I/O alone (the base mapped and read, the image written to a new file with pwrite and fsync'd): %.1f ms; "
+              "in memory plus that: %.1f ms, %.2fx in memory; decode from files / (in memory + I/O alone): **%.2fx**\n",
+              1e3 * median(io), 1e3 * floor, floor / median(mem_dec), median(file_dec) / floor);
   std::printf("\ntarget: files within 1.5x of in memory, CPU per version: %s\n", met ? "met" : "MISSED");
   return Status::ok();
 }

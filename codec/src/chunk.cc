@@ -485,6 +485,8 @@ Status check_shape(const ParsedChunk& pc, std::span<const Segment> expected_segm
   return Status::ok();
 }
 
+// Changes ahead of the one being written whose cache line is fetched meanwhile.
+constexpr std::size_t kPrefetchChanges = 64;
 
 // Writes the changes of a sparse apply into a range as they come, ascending, and logs each word
 // they touch once, as it was and as it became: the range's state hash moves by the difference of
@@ -538,6 +540,45 @@ class SparseWriter {
       patch_values_[count_] = value;
     }
     ++count_;
+  }
+  // The changes of a v1 BF16 section from `at`, which is even, so no value straddles two words:
+  // value k at position pos[k] becomes the base plus unzigzag8(val[k]), or the next exception
+  // when val[k] is 0. One tight loop over the section, its state in locals (put() for the
+  // general case).
+  [[gnu::always_inline]] void put_v1_bf16(std::uint32_t at, const std::uint32_t* pos, std::size_t count, const std::uint8_t* val,
+                                          const std::uint8_t* exc) {
+    std::uint8_t* const p = p_;
+    std::uint64_t j = j_, was = was_, now = now_;
+    for (std::size_t k = 0; k < count; ++k) {
+      if (k + kPrefetchChanges < count) __builtin_prefetch(p + at + 2 * std::size_t{pos[k + kPrefetchChanges]}, 1);
+      const std::uint32_t off = at + 2 * pos[k];
+      if (const std::uint64_t wj = off >> 3; wj != j) {
+        if (j != kNone) {
+          log_[logged_++] = {j, was, now};
+          if (logged_ - mixed_ == kMixBatch) mix(kMixBatch);
+        }
+        j = wj;
+        was = now = state_word(p, n_, wj);
+      }
+      const unsigned shift = 8 * (off & 7);
+      std::uint16_t v;
+      if (const std::uint8_t z = val[k]) {
+        v = static_cast<std::uint16_t>(static_cast<std::uint16_t>(now >> shift) + unzigzag8(z));
+      } else {
+        v = load_u16(exc);
+        exc += 2;
+      }
+      now = (now & ~(std::uint64_t{0xffff} << shift)) | (std::uint64_t{v} << shift);
+      store_u16(p + off, v);
+      if (patch_) {
+        patch_at_[count_ + k] = off;
+        patch_values_[count_ + k] = v;
+      }
+    }
+    count_ += count;
+    j_ = j;
+    was_ = was;
+    now_ = now;
   }
   // The range's state hash, which was `held`, with every change written.
   [[gnu::always_inline]] std::uint64_t finish(std::uint64_t held) {
@@ -601,9 +642,6 @@ std::size_t sparse_change_count(const ParsedChunk& pc, std::span<const DecodedSt
   return n;
 }
 
-// Changes ahead of the one being written whose cache line is fetched meanwhile.
-constexpr std::size_t kPrefetchChanges = 64;
-
 // Writes every change of a decoded delta into `range`, ascending: v1 BF16 changes from their
 // positions (each reads its one base value), v2 changes as decoded, generic bytes where the
 // xor is not zero.
@@ -620,6 +658,8 @@ constexpr std::size_t kPrefetchChanges = 64;
       for (std::uint64_t j = 0; j < keyed.size(); ++j) keyed[j] = std::uint64_t{at + 2 * c.positions[j]} << 16 | c.values[j];
       std::sort(keyed.begin(), keyed.end());
       for (const std::uint64_t key : keyed) w.put(static_cast<std::uint32_t>(key >> 16), 2, static_cast<std::uint16_t>(key));
+    } else if (sec.seg.cls == SegmentClass::kBF16 && at % 2 == 0) {
+      w.put_v1_bf16(at, d.positions.data(), d.positions.size(), d.s[1].data(), d.s[2].data());
     } else if (sec.seg.cls == SegmentClass::kBF16) {
       // Each base value's line is fetched kPrefetchChanges changes ahead of its use.
       const std::uint32_t* const pos = d.positions.data();

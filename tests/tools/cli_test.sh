@@ -76,6 +76,14 @@ grep -q "deltacast v1" "$tmp/out" || { failed=$((failed + 1)); echo "FAILED: ben
 check "bench end to end" env TMPDIR="$tmp" "$dc" bench -q --end-to-end --runs 1 "$tmp/s/step-000000.safetensors" "$tmp/s/step-000001.safetensors"
 grep -q "^| decode | .* | \*\*[0-9.]*x\*\* |$" "$tmp/out" || { failed=$((failed + 1)); echo "FAILED: bench --end-to-end printed no decode row"; }
 ls -d "$tmp"/deltacast-bench-* >/dev/null 2>&1 && { failed=$((failed + 1)); echo "FAILED: bench --end-to-end left its directory"; }
+# Three checkpoints: also publish -> worker --out-dir, both worker modes (each saved file is
+# compared with its checkpoint by the bench itself).
+check "bench end to end, publish to a worker" env TMPDIR="$tmp" "$dc" bench -q --end-to-end --runs 1 "$tmp/s"/step-00000[012].safetensors
+for mode in "" " --in-place"; do
+  grep -q "^| publish -> worker --out-dir$mode | .* | \*\*[0-9.]*x\*\* |$" "$tmp/out" ||
+    { failed=$((failed + 1)); echo "FAILED: bench --end-to-end printed no publish -> worker --out-dir$mode row"; }
+done
+ls -d "$tmp"/deltacast-bench-* >/dev/null 2>&1 && { failed=$((failed + 1)); echo "FAILED: bench --end-to-end left its directory"; }
 
 # The validation's decode-rate probe (tests/tools/decode_rate_main.cc): a rate, a barrier, a
 # clear refusal of checkpoints that do not belong together.

@@ -514,8 +514,8 @@ Status run_end_to_end(const BenchOptions& o, const Series& s, std::uint64_t chun
     DC_RETURN_IF_ERROR(cpu_runs(io, [&] { return io_alone(files[p], image, io_path); }));
     written.clear();
     std::filesystem::remove(io_path);
-    DC_ASSIGN_OR_RETURN(SafetensorsFile written, SafetensorsFile::open(dec.out_path));
-    if (written.image().size() != image || std::memcmp(written.image().data(), next.data(), image) != 0)
+    DC_ASSIGN_OR_RETURN(SafetensorsFile decoded_file, SafetensorsFile::open(dec.out_path));
+    if (decoded_file.image().size() != image || std::memcmp(decoded_file.image().data(), next.data(), image) != 0)
       return Status::corruption("the decoded file is not bit-exact");
     bar.update(p + 1);
   }

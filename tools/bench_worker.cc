@@ -245,12 +245,12 @@ class WorkerBench {
   // update needs. No payload is decoded and nothing is checked: what is left is the memory
   // traffic of touching the changed lines. CPU ms per run.
   std::vector<double> floor_of(ByteSpan base, ByteSpan next, const std::function<void()>& cold, MutableByteSpan work) {
-    std::vector<std::uint32_t> at;  // 2-byte value index
+    std::vector<std::uint64_t> at;  // 2-byte value index
     std::vector<std::uint16_t> to;
     const std::size_t image = base.size();
     for (std::size_t i = 0; i + 2 <= image; i += 2)
       if (load_u16(base.data() + i) != load_u16(next.data() + i)) {
-        at.push_back(static_cast<std::uint32_t>(i / 2));
+        at.push_back(i / 2);
         to.push_back(load_u16(next.data() + i));
       }
     return cpu_runs(o_.runs, cold, [&] {
@@ -258,10 +258,10 @@ class WorkerBench {
       const std::size_t n = at.size();
       std::uint64_t mixed = 0;
       for (std::size_t k = 0; k < n; ++k) {
-        if (k + 64 < n) __builtin_prefetch(w + 2 * std::size_t{at[k + 64]}, 1);
-        const std::size_t off = 2 * std::size_t{at[k]};
-        std::uint64_t word;
-        std::memcpy(&word, w + std::min(off & ~std::size_t{7}, image - 8), 8);
+        if (k + 64 < n) __builtin_prefetch(w + 2 * at[k + 64], 1);
+        const std::size_t off = 2 * at[k];
+        std::uint64_t word = 0;
+        std::memcpy(&word, w + (image >= 8 ? std::min(off & ~std::size_t{7}, image - 8) : 0), std::min<std::size_t>(8, image));
         mixed += word * 0x9e3779b97f4a7c15u;
         store_u16(w + off, to[k]);
       }

@@ -194,6 +194,7 @@ int run_publish(PublishOptions& o) {
     std::printf("trainer shard %u of %u, sending to %s\n", options.node.shard_index, options.node.shard_count, options.node.parents.front().c_str());
   else
     std::printf("origin listening on %s, run %s\n", pub.host().bound_endpoint().c_str(), to_string(pub.run()).c_str());
+  std::fflush(stdout);  // a script reads the endpoint while this runs
   int rc;
   if (o.expect_shards) {
     rc = report_merged_versions(pub, o);

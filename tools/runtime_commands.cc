@@ -101,11 +101,14 @@ int run_worker(const NodeOptions& o) {
     std::printf("%s: resumed version %" PRIu64 ", checksum %016" PRIx64 "\n", cfg->node.node_id.c_str(), saved->version, saved->checksum);
     std::fflush(stdout);
   }
-  std::shared_ptr<const ModelVersion> seen = (*worker)->current();
+  // The newest version seen, by run and number only: holding the version itself would keep an
+  // in-place worker from applying the next one.
+  std::optional<transport::NodeHost::VersionTag> seen;
+  if (auto v = (*worker)->current()) seen = transport::NodeHost::VersionTag::of(*v);
   bool reached = o.exit_after_version && seen && seen->version >= o.exit_after_version;
   while (!g_stop && !reached) {
     // Newer: a higher number, or any version of a new run (whose numbers start again at 1).
-    if (auto v = (*worker)->wait_for_newer(seen, 200)) seen = v;
+    if (auto v = (*worker)->wait_for_newer(seen, 200)) seen = transport::NodeHost::VersionTag::of(*v);
     reached = o.exit_after_version && seen && seen->version >= o.exit_after_version;
   }
   // Exiting at --exit-after-version with that version not on disk is a failure to report; on

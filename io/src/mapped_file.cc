@@ -46,6 +46,12 @@ Status write_all(int fd, ByteSpan data, std::uint64_t offset, const std::string&
   return Status::ok();
 }
 
+// Turns O_DIRECT on or off for an open file; false when the file's filesystem refuses it.
+bool set_direct(int fd, bool on) {
+  const int flags = ::fcntl(fd, F_GETFL);
+  return flags >= 0 && ::fcntl(fd, F_SETFL, on ? flags | O_DIRECT : flags & ~O_DIRECT) == 0;
+}
+
 // A temporary file beside its destination, removed unless renamed onto it: every failure path
 // of write_parts_atomic leaves the directory as it found it.
 class TempFile {
@@ -57,22 +63,16 @@ class TempFile {
     if (fd_ >= 0) ::close(fd_);
     if (created_ && !renamed_) ::unlink(tmp_path_.c_str());
   }
-  // With `direct`, O_DIRECT where the filesystem takes it; direct() says if it did.
-  Status open(bool direct = false) {
-    if (direct) {
-      fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0644);
-      if (fd_ >= 0) {
-        created_ = direct_ = true;
-        return Status::ok();
-      }
-      if (errno != EINVAL) return errno_status("cannot create", tmp_path_);
-    }
+  Status open() {
     fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd_ < 0) return errno_status("cannot create", tmp_path_);
     created_ = true;
     return Status::ok();
   }
-  bool direct() const { return direct_; }
+  // Turns O_DIRECT on where the filesystem takes it (not tmpfs); says if it did. After the
+  // space is reserved: posix_fallocate's fallback for filesystems without fallocate writes a
+  // byte per block, which O_DIRECT refuses.
+  bool go_direct() { return set_direct(fd_, true); }
   int fd() const { return fd_; }
   const std::string& tmp_path() const { return tmp_path_; }
   // The data reaches the disk before the name does, so a crash never leaves `path` partial.
@@ -90,7 +90,7 @@ class TempFile {
  private:
   std::string path_, tmp_path_;
   int fd_ = -1;
-  bool created_ = false, renamed_ = false, direct_ = false;
+  bool created_ = false, renamed_ = false;
 };
 
 // O_DIRECT wants the memory, the file offset and the length aligned to the device's logical
@@ -106,11 +106,11 @@ Status write_direct(int fd, std::span<const ByteSpan> parts, std::uint64_t size,
   auto write_block = [&](ByteSpan data, std::uint64_t offset) -> Status {
     if (direct) {
       const ssize_t n = ::pwrite(fd, data.data(), data.size(), static_cast<off_t>(offset));
+      const int err = errno;  // before building a message can change it
       if (n == static_cast<ssize_t>(data.size())) return Status::ok();
-      if (n < 0 && errno != EINVAL && errno != EINTR) return errno_status("cannot write", path);
+      if (n < 0 && err != EINVAL && err != EINTR) return errno_status("cannot write", path, err);
       direct = false;
-      const int flags = ::fcntl(fd, F_GETFL);
-      if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_DIRECT) != 0) return errno_status("cannot turn O_DIRECT off for", path);
+      if (!set_direct(fd, false)) return errno_status("cannot turn O_DIRECT off for", path);
       if (n > 0) {
         data = data.subspan(static_cast<std::size_t>(n));
         offset += static_cast<std::uint64_t>(n);
@@ -272,15 +272,14 @@ Status write_file_atomic(const std::string& path, ByteSpan data) {
 
 Status write_parts_atomic(const std::string& path, std::span<const ByteSpan> parts, bool uncached) {
   TempFile f(path);
-  DC_RETURN_IF_ERROR(f.open(uncached));
+  DC_RETURN_IF_ERROR(f.open());
   std::uint64_t size = 0;
   for (ByteSpan p : parts) size += p.size();
-  if (f.direct()) {
-    DC_RETURN_IF_ERROR(reserve(f.fd(), (size + kDirectAlign - 1) / kDirectAlign * kDirectAlign, f.tmp_path()));
+  DC_RETURN_IF_ERROR(reserve(f.fd(), size, f.tmp_path()));
+  if (uncached && f.go_direct()) {
     DC_RETURN_IF_ERROR(write_direct(f.fd(), parts, size, f.tmp_path()));
     return f.commit();
   }
-  DC_RETURN_IF_ERROR(reserve(f.fd(), size, f.tmp_path()));
   std::uint64_t offset = 0;
   for (ByteSpan p : parts) {
     DC_RETURN_IF_ERROR(write_all(f.fd(), p, offset, f.tmp_path()));

@@ -129,6 +129,22 @@ fails "a trust key that is neither hex nor a key file" "neither a 64-hex-digit p
 fails "a CURVE key file given as a signing key" "not a signing key file" \
   "$dc" publish --listen tcp://127.0.0.1:7199 --sign-key "$tmp/node.key" "$tmp/s/step-000000.safetensors"
 
+# An in-place worker takes version after version, saving each: neither its saver nor the
+# command's own wait holds a version between versions (an in-place update waits for readers).
+"$dc" publish --listen "tcp://127.0.0.1:*" --wait-workers 1 --wait-timeout-ms 60000 --linger-ms 0 \
+  "$tmp/s"/step-00000[012].safetensors >"$tmp/pub.out" 2>"$tmp/pub.err" &
+pub=$!
+endpoint=""
+for _ in $(seq 200); do
+  endpoint=$(grep -o "tcp://127.0.0.1:[0-9]*" "$tmp/pub.out" | head -1)
+  [ -n "$endpoint" ] && break
+  sleep 0.1
+done
+check "an in-place worker saving to --out-dir takes three versions" \
+  timeout 90 "$dc" worker --id ip --parent "$endpoint" --in-place --out-dir "$tmp/in-place" --exit-after-version 3
+check "the publisher saw each version delivered" wait "$pub"
+check "the third version saved" test -f "$tmp/in-place/ip-v3.safetensors"
+
 # publish --codec auto: per version, v2 where the WAN is the bottleneck, v1 where the workers' CPU is.
 fails "an unknown codec" "--codec" "$dc" publish --listen "tcp://127.0.0.1:*" --codec v3 "$tmp/s/step-000000.safetensors"
 fails "a WAN rate that is not one" "--wan-rate" \

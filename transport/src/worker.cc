@@ -31,31 +31,49 @@ Result<std::unique_ptr<Worker>> Worker::start(WorkerOptions o) {
 
 // Saves each new version as it becomes current; a slow disk skips versions rather than hold
 // images. A failed save is retried by the VersionSaver; the worker keeps serving. Between saves
-// it holds no version, only the last one's run and number: an in-place worker applies the next
-// version only once nobody holds its image.
+// it holds no version, only run and number: an in-place worker applies the next version only
+// once nobody holds its image.
 void Worker::save_loop() {
+  using Tag = NodeHost::VersionTag;
   VersionSaver saver(*store_);
-  std::optional<NodeHost::VersionTag> seen;
-  if (resumed_) seen = NodeHost::VersionTag{resumed_->run, resumed_->version};
+  std::optional<Tag> seen, saved;  // the newest version seen; the newest on disk
+  if (resumed_) seen = saved = Tag::of(*resumed_);
+  auto offer = [&](std::shared_ptr<const runtime::ModelVersion> v) {
+    const Tag tag = Tag::of(*v);
+    seen = tag;
+    saver.offer(std::move(v));
+    if (!saver.unsaved()) saved = tag;
+  };
   while (!stopping_) {
-    auto v = host_->wait_for_newer(seen, 100);
-    saver.on_run(host_->current_run());
-    if (!v) {
-      saver.retry_if_due(host_->current());
+    if (auto v = host_->wait_for_newer(seen, 100)) {
+      saver.on_run(host_->current_run());
+      offer(std::move(v));
       continue;
     }
-    seen = NodeHost::VersionTag{v->run, v->version};
-    saver.offer(std::move(v));
+    saver.on_run(host_->current_run());
+    if (!saver.unsaved()) continue;
+    // A failed save is tried again with the version current now (none while an in-place update
+    // runs), which may be newer than the one seen: it is not written twice.
+    if (auto current = host_->current()) {
+      const Tag tag = Tag::of(*current);
+      saver.retry_if_due(current);
+      if (!saver.unsaved()) seen = saved = tag;
+    }
   }
   if (save_current_) {
     auto v = host_->current();
-    if (v && (!seen || v->run != seen->run || v->version != seen->version)) {
+    if (v && Tag::of(*v) != saved) {
       saver.on_run(host_->current_run());
-      saver.offer(std::move(v));
+      offer(std::move(v));
     }
   }
   unsaved_ = saver.unsaved();
   save_error_ = saver.last_error();
+  // Asked to save, but an in-place update was overwriting the version that was ready.
+  if (save_current_ && !unsaved_ && seen && seen != saved && !host_->current()) {
+    unsaved_ = seen->version;
+    save_error_ = "the next version was being applied in place over it";
+  }
 }
 
 Status Worker::stop(bool save_current) {

@@ -139,6 +139,8 @@ class NodeHost {
   struct VersionTag {
     RunId run;
     std::uint64_t version = 0;
+    static VersionTag of(const runtime::ModelVersion& v) { return {v.run, v.version}; }
+    bool operator==(const VersionTag&) const = default;
   };
   std::shared_ptr<const runtime::ModelVersion> wait_for_newer(const std::optional<VersionTag>& after, std::uint64_t timeout_ms);
   // The run the node holds or awaits versions of (empty before it knows one), from any thread.

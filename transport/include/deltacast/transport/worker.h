@@ -40,7 +40,8 @@ class Worker {
 
   // Stops the host and the saver. With save_current the saver first saves the current version
   // if it is not on disk yet. Returns IOError naming the version when one that was ready is
-  // not on disk (a full disk, say); the worker is stopped either way. Idempotent.
+  // not on disk (a full disk, say, or an in-place update under way over it); the worker is
+  // stopped either way. Idempotent.
   Status stop(bool save_current = false);
 
   // The newest verified version (null before the first), from any thread.
@@ -52,6 +53,11 @@ class Worker {
   // Blocks until a version newer than `after` (or of a newer run) is current, or timeout_ms.
   std::shared_ptr<const runtime::ModelVersion> wait_for_newer(const std::shared_ptr<const runtime::ModelVersion>& after,
                                                                std::uint64_t timeout_ms) {
+    return host_->wait_for_newer(after, timeout_ms);
+  }
+  // The same after a version known by its run and number only: a caller that holds no version
+  // between calls lets an in-place worker apply the next one.
+  std::shared_ptr<const runtime::ModelVersion> wait_for_newer(const std::optional<NodeHost::VersionTag>& after, std::uint64_t timeout_ms) {
     return host_->wait_for_newer(after, timeout_ms);
   }
   // The version resumed from out_dir at start, or null.

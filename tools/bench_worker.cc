@@ -56,8 +56,9 @@ struct DensityResult {
   double changed_fraction = 0;
   std::uint64_t changes_per_version = 0;
   std::vector<double> today_ms, dense_ms, dense_in_place_ms, sparse_ms, double_buffered_ms;
-  // The floor under any sparse apply on this machine: the changes alone (see floor_of).
-  std::vector<double> floor_ms;
+  // The floor under any sparse apply on this machine: the changes alone (see floor_of), and
+  // the changes with the state hash kept current, which a checked apply cannot do without.
+  std::vector<double> floor_ms, hashed_floor_ms;
   // Double-buffered as the worker applies a delta: a chunk whose payload is more than
   // NodeConfig::catch_up_dense_payload_per_mille of its range decoded whole from the live image,
   // the others caught up and applied sparsely; and how many chunks went whole.
@@ -94,7 +95,8 @@ class WorkerBench {
                   {"sparse in place", {}},
                   {"sparse double-buffered (catch-up + delta)", {}},
                   {"double-buffered as the worker applies it", {}},
-                  {"floor: the changes alone, no decode, no checks", {}}};
+                  {"floor: the changes alone, no decode, no checks", {}},
+                  {"floor with the state hash kept current", {}}};
       for (const auto& r : results_) {
         char label[64];
         std::snprintf(label, sizeof label, "%.1f%% changed", 100 * r.changed_fraction);
@@ -105,6 +107,7 @@ class WorkerBench {
         p.series[3].values.push_back(r.double_buffered_ms.empty() ? 0 : median(r.double_buffered_ms));
         p.series[4].values.push_back(r.worker_double_ms.empty() ? 0 : median(r.worker_double_ms));
         p.series[5].values.push_back(median(r.floor_ms));
+        p.series[6].values.push_back(median(r.hashed_floor_ms));
       }
       const std::string svg = render_bar_panels("deltacast bench-worker: " + description_, panels);
       DC_RETURN_IF_ERROR(write_file_atomic(o_.svg_path, std::string_view(svg)));
@@ -173,9 +176,12 @@ class WorkerBench {
       ms = cpu_runs(o_.runs, [&] { cold(base, work); }, [&] { sparse(work, nullptr); });
       DC_RETURN_IF_ERROR(check(work, "sparse in place"));
       r.sparse_ms.insert(r.sparse_ms.end(), ms.begin(), ms.end());
-      ms = floor_of(base, next, [&] { cold(base, work); }, work);
+      ms = floor_of(base, next, [&] { cold(base, work); }, work, false);
       DC_RETURN_IF_ERROR(check(work, "the changes alone"));
       r.floor_ms.insert(r.floor_ms.end(), ms.begin(), ms.end());
+      ms = floor_of(base, next, [&] { cold(base, work); }, work, true);
+      DC_RETURN_IF_ERROR(check(work, "the changes alone, hashed"));
+      r.hashed_floor_ms.insert(r.hashed_floor_ms.end(), ms.begin(), ms.end());
       // Codec v2 where it is smaller: fewer bytes, but its decoder reads every base value.
       VersionEncodeOptions v2 = vopt_;
       v2.chunk = ChunkEncodeOptions::smallest();
@@ -243,8 +249,10 @@ class WorkerBench {
   // cold()): each changed 2-byte value written at its place, from arrays of places and values
   // made beforehand, untimed, with the 8-byte word it lies in read and mixed, as a state hash
   // update needs. No payload is decoded and nothing is checked: what is left is the memory
-  // traffic of touching the changed lines. CPU ms per run.
-  std::vector<double> floor_of(ByteSpan base, ByteSpan next, const std::function<void()>& cold, MutableByteSpan work) {
+  // traffic of touching the changed lines. With `hashed`, each touched word's state_mix before
+  // and after its changes also moves a sum, as a sparse apply must to check its result (words
+  // counted from the image's start rather than each chunk's: the same work). CPU ms per run.
+  std::vector<double> floor_of(ByteSpan base, ByteSpan next, const std::function<void()>& cold, MutableByteSpan work, bool hashed) {
     std::vector<std::uint64_t> at;  // 2-byte value index
     std::vector<std::uint16_t> to;
     const std::size_t image = base.size();
@@ -253,6 +261,11 @@ class WorkerBench {
         at.push_back(i / 2);
         to.push_back(load_u16(next.data() + i));
       }
+    if (hashed)
+      return cpu_runs(o_.runs, cold, [&] {
+        floor_sink_ += hashed_floor(at, to, work);
+        if (image % 2) work[image - 1] = next[image - 1];
+      });
     return cpu_runs(o_.runs, cold, [&] {
       std::uint8_t* const w = work.data();
       const std::size_t n = at.size();
@@ -268,6 +281,34 @@ class WorkerBench {
       floor_sink_ += mixed;
       if (image % 2) work[image - 1] = next[image - 1];
     });
+  }
+
+  // floor_of's changes written into `work` with each touched word's mix moved in a sum, which
+  // it returns. An odd image's last byte is the caller's.
+  static std::uint64_t hashed_floor(std::span<const std::uint64_t> at, std::span<const std::uint16_t> to, MutableByteSpan work) {
+    constexpr std::uint64_t kNone = ~std::uint64_t{0};
+    std::uint8_t* const w = work.data();
+    const std::size_t n = at.size(), image = work.size();
+    std::uint64_t sum = 0, j = kNone, was = 0, now = 0;
+    auto read_word = [&](std::uint64_t wj) {
+      std::uint64_t word = 0;
+      std::memcpy(&word, w + 8 * wj, std::min<std::size_t>(8, image - 8 * wj));
+      return word;
+    };
+    for (std::size_t k = 0; k < n; ++k) {
+      if (k + 64 < n) __builtin_prefetch(w + 2 * at[k + 64], 1);
+      const std::size_t off = 2 * at[k];
+      if (const std::uint64_t wj = off / 8; wj != j) {
+        if (j != kNone) sum += state_mix(j, now) - state_mix(j, was);
+        j = wj;
+        was = now = read_word(wj);
+      }
+      const unsigned shift = 8 * (off % 8);
+      now = (now & ~(std::uint64_t{0xffff} << shift)) | (std::uint64_t{to[k]} << shift);
+      store_u16(w + off, to[k]);
+    }
+    if (j != kNone) sum += state_mix(j, now) - state_mix(j, was);
+    return sum;
   }
 
   // A scrub's cost: the state hash over the whole image, cold, against xxh3 over the same bytes.
@@ -296,19 +337,22 @@ class WorkerBench {
     std::printf("worker CPU per version: %s; %zu runs per delta, one core, chunk %s; medians in ms\n\n", description_.c_str(), o_.runs,
                 o_.chunk_size.c_str());
     std::printf("| lr | changed | changes/version | before: dense, xxh3 | dense | dense in place | sparse in place | sparse double-buffered | "
-                "double-buffered (worker) | floor: changes alone | before / in place | before / double-buffered (worker) | before / floor |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+                "double-buffered (worker) | floor: changes alone | floor + state hash | before / in place | before / double-buffered (worker) | "
+                "before / floor | before / (floor + state hash) |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (const auto& r : results_) {
       const double today = median(r.today_ms), sparse = median(r.sparse_ms);
       const double twice = r.double_buffered_ms.empty() ? 0 : median(r.double_buffered_ms);
       const double worker = r.worker_double_ms.empty() ? 0 : median(r.worker_double_ms);
-      const double floor = median(r.floor_ms);
-      std::printf("| %g | %.2f%% | %" PRIu64 " | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | **%.1fx** | **%.1fx** | %.1fx |\n", r.lr,
-                  100 * r.changed_fraction, r.changes_per_version, today, median(r.dense_ms), median(r.dense_in_place_ms), sparse, twice,
-                  worker, floor, today / sparse, worker > 0 ? today / worker : 0.0, today / floor);
+      const double floor = median(r.floor_ms), hashed = median(r.hashed_floor_ms);
+      std::printf("| %g | %.2f%% | %" PRIu64 " | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | **%.1fx** | **%.1fx** | %.1fx | %.1fx |\n",
+                  r.lr, 100 * r.changed_fraction, r.changes_per_version, today, median(r.dense_ms), median(r.dense_in_place_ms), sparse, twice,
+                  worker, floor, hashed, today / sparse, worker > 0 ? today / worker : 0.0, today / floor, today / hashed);
     }
     std::printf("\nfloor: each changed value stored at its place from arrays made beforehand, the word it lies in read and mixed; no "
                 "payload decoded, nothing checked. before / floor is the most any sparse apply could save on this machine.\n");
+    std::printf("floor + state hash: the same, with each touched word's state_mix before and after moving a sum, as a checked sparse apply "
+                "must; still nothing decoded. before / (floor + state hash) is the most a checked sparse apply could save.\n");
     std::printf("\ndouble-buffered (worker): a chunk whose payload is more than %u/1000 of its range decoded whole from the live image "
                 "(NodeConfig::catch_up_dense_payload_per_mille), the others caught up and applied sparsely:",
                 runtime::NodeConfig{}.catch_up_dense_payload_per_mille);

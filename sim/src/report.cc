@@ -10,9 +10,9 @@ namespace deltacast::sim {
 
 std::string render_table(const std::vector<Report>& reports) {
   std::string out;
-  char line[512];
-  std::snprintf(line, sizeof line, "%-46s %9s %9s %9s %9s %9s %7s %9s %8s %9s %10s %7s\n", "strategy", "p50 s", "p99 s", "max s", "bound s", "max/bound",
-                "missed", "WAN GB", "behind", "lag steps", "events", "wall s");
+  char line[640];
+  std::snprintf(line, sizeof line, "%-46s %9s %9s %9s %9s %9s %9s %8s %8s %8s %7s %9s %8s %9s %10s %7s\n", "strategy", "p50 s", "p99 s", "max s",
+                "bound s", "max/bound", "own p50 s", "p50/own", "p99/own", "max/own", "missed", "WAN GB", "behind", "lag steps", "events", "wall s");
   out += line;
   for (const auto& r : reports) {
     // Averaged over the run: versions behind the newest, and policy lag (time since the held
@@ -20,8 +20,9 @@ std::string render_table(const std::vector<Report>& reports) {
     double behind = 0, lag = 0;
     for (const auto& s : r.staleness) behind += s.mean_behind, lag += s.mean_lag_steps;
     if (!r.staleness.empty()) behind /= static_cast<double>(r.staleness.size()), lag /= static_cast<double>(r.staleness.size());
-    std::snprintf(line, sizeof line, "%-46s %9.2f %9.2f %9.2f %9.2f %9.3f %7llu %9.1f %8.3f %9.3f %10llu %7.1f\n", r.name.c_str(), r.p50_s, r.p99_s, r.max_s,
-                  r.lower_bound_s, r.lower_bound_s > 0 ? r.max_s / r.lower_bound_s : 0, static_cast<unsigned long long>(r.missed),
+    std::snprintf(line, sizeof line, "%-46s %9.2f %9.2f %9.2f %9.2f %9.3f %9.2f %8.3f %8.3f %8.3f %7llu %9.1f %8.3f %9.3f %10llu %7.1f\n", r.name.c_str(),
+                  r.p50_s, r.p99_s, r.max_s, r.lower_bound_s, r.lower_bound_s > 0 ? r.max_s / r.lower_bound_s : 0, r.own_bound_p50_s, r.own_p50,
+                  r.own_p99, r.own_max, static_cast<unsigned long long>(r.missed),
                   static_cast<double>(r.wan_bytes) / 1e9, behind, lag, static_cast<unsigned long long>(r.events), r.wall_s);
     out += line;
   }
@@ -97,21 +98,27 @@ void chart(SvgDocument& svg, double x0, double y0, double w, double h, const std
   }
 }
 
+// The fraction of (version, worker) pairs at or below each value; pairs never ready count in the
+// total but never arrive.
+Series cdf_of(const std::string& label, std::vector<double> values, std::uint64_t missed) {
+  Series c{label, {}};
+  std::sort(values.begin(), values.end());
+  const double total = static_cast<double>(values.size() + missed);
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (i + 1 < values.size() && values.size() > 400 && i % (values.size() / 400) != 0) continue;  // thin large runs
+    c.points.emplace_back(values[i], static_cast<double>(i + 1) / total);
+  }
+  return c;
+}
+
 }  // namespace
 
 std::string render_svg(const std::string& title, const std::vector<Report>& reports) {
   const double width = 1100, chart_w = 760, chart_h = 260, left = 80;
-  std::vector<Series> cdf, stale;
+  std::vector<Series> cdf, stale, own;
   for (const auto& r : reports) {
-    Series c{r.name, {}};
-    std::vector<double> t = r.ready_s;
-    std::sort(t.begin(), t.end());
-    const double total = static_cast<double>(t.size() + r.missed);
-    for (std::size_t i = 0; i < t.size(); ++i) {
-      if (i + 1 < t.size() && t.size() > 400 && i % (t.size() / 400) != 0) continue;  // thin large runs
-      c.points.emplace_back(t[i], static_cast<double>(i + 1) / total);
-    }
-    cdf.push_back(std::move(c));
+    cdf.push_back(cdf_of(r.name, r.ready_s, r.missed));
+    own.push_back(cdf_of(r.name, r.over_own_bound, r.missed));
     Series s{r.name, {}};
     for (const auto& p : r.staleness) s.points.emplace_back(p.t_s, p.mean_behind);
     stale.push_back(std::move(s));
@@ -120,19 +127,25 @@ std::string render_svg(const std::string& title, const std::vector<Report>& repo
   for (const auto& r : reports)
     for (double t : r.ready_s) lo = std::min(lo, t), hi = std::max(hi, t);
   const bool log_x = hi > 0 && lo > 0 && hi / lo > 20;
-  const double height = 60 + 2 * (chart_h + 80) + 20 * static_cast<double>(reports.size()) + 20;
+  double own_hi = 0;
+  for (const auto& r : reports)
+    for (double x : r.over_own_bound) own_hi = std::max(own_hi, x);
+  const double height = 60 + 3 * (chart_h + 80) + 20 * static_cast<double>(reports.size()) + 20;
   SvgDocument svg(11);
   svg.text(left, 24, title, "font-size=\"15\"");
   chart(svg, left, 60, chart_w, chart_h, "Publish to ready: fraction of (version, worker) pairs ready within t", "seconds after publish", "fraction", cdf, log_x);
   chart(svg, left, 60 + chart_h + 80, chart_w, chart_h, "Fleet staleness: mean versions behind the newest published", "simulated time, s", "versions behind",
         stale, false);
-  double ly = 60 + 2 * (chart_h + 80);
+  chart(svg, left, 60 + 2 * (chart_h + 80), chart_w, chart_h,
+        "Each worker against its own bound: fraction of (version, worker) pairs within x times it", "publish to ready / the worker's own bound",
+        "fraction", own, own_hi > 20);
+  double ly = 60 + 3 * (chart_h + 80);
   for (std::size_t k = 0; k < reports.size(); ++k) {
     const Report& r = reports[k];
-    char what[160];
+    char what[224];
     if (r.ready_s.empty()) std::snprintf(what, sizeof what, "no version ready within the run");
-    else std::snprintf(what, sizeof what, "slowest %.2f s, %.2fx the lower bound%s", r.max_s, r.lower_bound_s > 0 ? r.max_s / r.lower_bound_s : 0,
-                       r.missed ? ", some versions never ready" : "");
+    else std::snprintf(what, sizeof what, "slowest %.2f s, %.2fx the lower bound; a worker at most %.2fx its own%s", r.max_s,
+                       r.lower_bound_s > 0 ? r.max_s / r.lower_bound_s : 0, r.own_max, r.missed ? "; some versions never ready" : "");
     svg.rect(left, ly - 4, 14, 4, std::string("fill=\"") + svg_color(k) + "\"");
     svg.text(left + 20, ly, r.name + " (" + what + ")");
     ly += 20;

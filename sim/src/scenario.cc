@@ -16,6 +16,7 @@
 #include "deltacast/codec/version.h"
 #include "deltacast/common/executor.h"
 #include "deltacast/sim/network.h"
+#include "deltacast/topology/flow.h"
 #include "deltacast/topology/plan.h"
 
 namespace deltacast::sim {
@@ -472,6 +473,7 @@ class ScenarioRun {
         wc.reconstruct = true;
         workers_.push_back(net.add(wc, r.name, r.worker_nic,
                                    {.restored = initial_, .ingress_delay_ms = sc_.object_store.poll_ms / 2, .host = host_of(true, r.name)}));
+        worker_region_[workers_.back()] = r.name;
       }
     }
     return Status::ok();
@@ -493,7 +495,10 @@ class ScenarioRun {
       const std::uint32_t stripes = n.kind == topology::NodeKind::kRelay ? sc_.run.stripes.relay : sc_.run.stripes.worker;
       const int i = net_->add(c, n.region, n.nic, {.restored = c.reconstruct ? initial_ : nullptr, .host = host_of(c.reconstruct, n.region), .stripes = stripes});
       if (n.kind == topology::NodeKind::kOrigin) origin_ = i;
-      if (c.reconstruct) workers_.push_back(i);
+      if (c.reconstruct) {
+        workers_.push_back(i);
+        worker_region_[i] = n.region;
+      }
     }
     return Status::ok();
   }
@@ -637,7 +642,21 @@ class ScenarioRun {
       rep_.bytes_by_link.emplace_back(pair.first + " -> " + pair.second, bytes);
     }
     rep_.lower_bound_s = lower_bound_s();
+    own_bounds();
     rep_.events = net.events().executed();
+  }
+
+  // Every worker's own bound, and each ready pair's time over its worker's.
+  void own_bounds() {
+    std::map<std::string, double> by_region;
+    for (const auto& b : topology::receive_bounds(sc_.fleet)) by_region[b.region] = b.seconds(delta_bytes_);
+    std::vector<double> each;
+    for (int w : workers_) each.push_back(by_region.at(worker_region_.at(w)));
+    rep_.own_bound_p50_s = quantile(each, 0.5);
+    for (const auto& [key, s] : ready_) rep_.over_own_bound.push_back(s / by_region.at(worker_region_.at(key.first)));
+    rep_.own_p50 = quantile(rep_.over_own_bound, 0.5);
+    rep_.own_p99 = quantile(rep_.over_own_bound, 0.99);
+    rep_.own_max = rep_.over_own_bound.empty() ? 0 : *std::max_element(rep_.over_own_bound.begin(), rep_.over_own_bound.end());
   }
 
   // The payload through the narrowest way into any region with workers, plus the longest
@@ -667,6 +686,7 @@ class ScenarioRun {
   std::map<std::pair<std::string, std::uint32_t>, int> worker_hosts_;
   int origin_ = -1;
   std::vector<int> workers_;
+  std::map<int, std::string> worker_region_;
   std::map<std::uint64_t, std::uint64_t> publish_us_;  // by version
   std::uint64_t newest_ = 1;
   double period_us_ = 0, sample_us_ = 0;

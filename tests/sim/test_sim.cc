@@ -2,6 +2,7 @@
 // strategies, and fault scenarios over many seeds with the invariants checked.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <map>
 
 #include "deltacast/sim/network.h"
@@ -60,6 +61,15 @@ TEST_CASE("a simulated fleet receives every version, about as fast as its bottle
   CHECK(r->lower_bound_s == Approx(1e9 * 0.01109 / 1.25e8 + 0.0205).epsilon(0.01));
   CHECK(r->max_s >= r->lower_bound_s);
   CHECK(r->max_s <= 1.5 * r->lower_bound_s);
+  // Each worker against its own bound: region a's workers behind their own 10 Gbit/s cards,
+  // region b's behind the WAN. No pair beats its bound.
+  REQUIRE(r->over_own_bound.size() == r->ready_s.size());
+  CHECK(*std::min_element(r->over_own_bound.begin(), r->over_own_bound.end()) >= 0.999);
+  CHECK(r->own_max == Approx(*std::max_element(r->over_own_bound.begin(), r->over_own_bound.end())));
+  CHECK(r->own_p50 <= r->own_p99);
+  CHECK(r->own_p99 <= r->own_max);
+  // Six of the ten workers are in b: the median worker's bound is b's, the fleet's bound.
+  CHECK(r->own_bound_p50_s == Approx(r->lower_bound_s).epsilon(0.01));
 }
 
 TEST_CASE("a simulated run replays exactly from its seed", "[sim]") {

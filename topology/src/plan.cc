@@ -1,6 +1,7 @@
 #include "deltacast/topology/plan.h"
 
 #include "deltacast/common/svg.h"
+#include "deltacast/topology/flow.h"
 
 #include <algorithm>
 #include <cmath>
@@ -409,6 +410,10 @@ std::string plan_summary(const FleetSpec& spec, const Plan& plan) {
                   fanout, depth, no_fallback);
     out += line;
   }
+  // What the links allow each worker, whatever the plan.
+  out += "a worker can receive at most (maximum flow from the origin, docs/TOPOLOGY.md):";
+  for (const ReceiveBound& b : receive_bounds(spec)) out += " " + b.region + " " + gbit(b.bytes_per_s) + ";";
+  out += "\n";
   for (const auto& w : plan.warnings) out += "warning: " + w + "\n";
   return out;
 }

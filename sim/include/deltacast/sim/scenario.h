@@ -132,6 +132,11 @@ struct Report {
   std::uint64_t missed = 0;       // (version, worker) pairs never ready (skipped or still behind)
   double lower_bound_s = 0;       // version bytes / bottleneck rate + longest one-way latency
   double p50_s = 0, p99_s = 0, max_s = 0;
+  // Each worker against its own bound (topology::receive_bounds): version bytes over the
+  // maximum flow from the origin to it, plus its shortest path's latency.
+  std::vector<double> over_own_bound;  // every ready (version, worker) pair: its time over its worker's bound
+  double own_bound_p50_s = 0;          // the median worker's bound
+  double own_p50 = 0, own_p99 = 0, own_max = 0;  // of over_own_bound
   struct VersionTimes {
     std::uint64_t version = 0;
     std::uint64_t ready = 0;  // workers that got it

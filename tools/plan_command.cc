@@ -1,5 +1,6 @@
 // deltacast plan: the broadcast tree a fleet description gives, as text, DOT and SVG.
 #include <cstdio>
+#include <string>
 
 #include "commands.h"
 #include "deltacast/io/mapped_file.h"
@@ -12,6 +13,7 @@ struct PlanOptions {
   std::string config;
   std::string shape = "tree";
   std::string out = "plan";
+  std::string stripes = "1";
   bool list = false;
 };
 
@@ -33,9 +35,40 @@ void print_tree(const topology::Plan& plan, int node, int indent) {
   for (int c : n.children) print_tree(plan, c, indent + 1);
 }
 
+Status write_drawings(const topology::Plan& plan, const std::string& out) {
+  const std::string dot = topology::plan_to_dot(plan), svg = topology::plan_to_svg(plan);
+  for (const auto& [path, text] : {std::pair{out + ".dot", dot}, std::pair{out + ".svg", svg}}) DC_RETURN_IF_ERROR(write_file_atomic(path, std::string_view(text)));
+  std::printf("wrote %s.dot (Graphviz: dot -Tsvg %s.dot) and %s.svg\n", out.c_str(), out.c_str(), out.c_str());
+  return Status::ok();
+}
+
+// A striped plan: the summary, each tree listed (small fleets) and drawn to OUT-tN.dot/svg.
+int run_striped(const topology::FleetSpec& spec, const PlanOptions& o) {
+  // Checked by the option: auto or 1 to kStripesMax.
+  const std::uint32_t stripes = o.stripes == "auto" ? 0 : static_cast<std::uint32_t>(std::stoul(o.stripes));
+  auto plan = topology::plan_striped(spec, stripes);
+  if (!plan.is_ok()) return fail(plan.status().to_string());
+  std::printf("%s", topology::striped_summary(spec, *plan).c_str());
+  for (std::size_t t = 0; t < plan->trees.size(); ++t) {
+    const topology::Plan& tree = plan->trees[t];
+    if (o.list || tree.nodes.size() <= 64) {
+      std::printf("\ntree %zu:\n", t);
+      print_tree(tree, 0, 0);
+    }
+  }
+  std::printf("\n");
+  for (std::size_t t = 0; t < plan->trees.size(); ++t)
+    if (Status st = write_drawings(plan->trees[t], o.out + "-t" + std::to_string(t)); !st.is_ok()) return fail(st.to_string());
+  return 0;
+}
+
 int run_plan(const PlanOptions& o) {
   auto spec = load_fleet(o.config);
   if (!spec.is_ok()) return fail(spec.status().message());
+  if (o.stripes != "1") {
+    if (o.shape != "tree") return fail("--stripes: striped plans are relay trees (--shape tree)");
+    return run_striped(*spec, o);
+  }
   const topology::Shape shape = o.shape == "star" ? topology::Shape::kStar
                                 : o.shape == "worker-relays" ? topology::Shape::kWorkerRelayTree
                                                              : topology::Shape::kTree;
@@ -46,12 +79,8 @@ int run_plan(const PlanOptions& o) {
     std::printf("\n");
     print_tree(*plan, 0, 0);
   }
-  const std::string dot = topology::plan_to_dot(*plan), svg = topology::plan_to_svg(*plan);
-  for (const auto& [path, text] : {std::pair{o.out + ".dot", dot}, std::pair{o.out + ".svg", svg}}) {
-    if (Status st = write_file_atomic(path, std::string_view(text)); !st.is_ok())
-      return fail(st.to_string());
-  }
-  std::printf("\nwrote %s.dot (Graphviz: dot -Tsvg %s.dot) and %s.svg\n", o.out.c_str(), o.out.c_str(), o.out.c_str());
+  std::printf("\n");
+  if (Status st = write_drawings(*plan, o.out); !st.is_ok()) return fail(st.to_string());
   return 0;
 }
 
@@ -64,7 +93,12 @@ Command add_plan_command(CLI::App& app) {
   sub->add_option("--shape", o->shape, "tree, worker-relays (no dedicated relays) or star")
       ->capture_default_str()
       ->check(CLI::IsMember({"tree", "worker-relays", "star"}));
-  sub->add_option("-o,--out", o->out, "Write OUT.dot and OUT.svg")->capture_default_str();
+  sub->add_option("-o,--out", o->out, "Write OUT.dot and OUT.svg (striped: OUT-t0.dot, OUT-t0.svg, ... per tree)")->capture_default_str();
+  sub->add_option("--stripes", o->stripes,
+                  "Trees to stripe chunks over (chunk i down tree i mod N), 1 to " + std::to_string(topology::kStripesMax) +
+                      ", or auto: the fewest that bring every worker nearest its own bound")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto"}) | CLI::Range(1u, topology::kStripesMax));
   sub->add_flag("--list", o->list, "Print every node with its parent and fallback, however many");
   return {sub, [o] { return run_plan(*o); }};
 }

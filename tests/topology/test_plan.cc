@@ -8,6 +8,7 @@
 #include <set>
 #include <sstream>
 
+#include "deltacast/topology/flow.h"
 #include "deltacast/topology/plan.h"
 
 using namespace deltacast;
@@ -66,12 +67,12 @@ void check_tree(const FleetSpec& spec, const Plan& plan) {
       }
     }
   }
-  // Each non-origin region is entered over the WAN exactly once.
+  // Each non-origin region with nodes is entered over the WAN exactly once.
   for (const auto& r : spec.regions) {
     int entries = 0;
     for (std::size_t i = 1; i < plan.nodes.size(); ++i)
       if (plan.nodes[i].region == r.name && plan.nodes[plan.nodes[i].parent].region != r.name) entries++;
-    CHECK(entries == (r.name == spec.origin_region ? 0 : 1));
+    CHECK(entries == (r.name == spec.origin_region || r.relays + r.workers == 0 ? 0 : 1));
   }
 }
 
@@ -202,4 +203,99 @@ TEST_CASE("plans draw as DOT and SVG", "[topology]") {
   for (std::size_t p = svg.find("<circle"); p != std::string::npos; p = svg.find("<circle", p + 1)) circles++;
   CHECK(circles == 13);
   CHECK(plan_summary(spec, *plan).find("region b") != std::string::npos);
+}
+
+namespace {
+
+FleetSpec four_regions() {
+  std::ifstream f(std::string(DELTACAST_SCENARIO_DIR) + "/four-regions.json");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  auto parsed = parse_fleet_or_scenario(ss.str());
+  REQUIRE(parsed.is_ok());
+  return *parsed;
+}
+
+// Every tree a plan of the same nodes; each rollout host forwards in one tree at most.
+void check_striped(const FleetSpec& spec, const StripedPlan& plan) {
+  REQUIRE(!plan.trees.empty());
+  const Plan& first = plan.trees.front();
+  std::vector<int> forwarding_trees(first.nodes.size(), 0);
+  for (const Plan& tree : plan.trees) {
+    check_tree(spec, tree);
+    REQUIRE(tree.nodes.size() == first.nodes.size());
+    for (std::size_t i = 0; i < tree.nodes.size(); ++i) {
+      CHECK(tree.nodes[i].id == first.nodes[i].id);
+      if (!tree.nodes[i].children.empty()) forwarding_trees[i]++;
+    }
+  }
+  for (std::size_t i = 1; i < first.nodes.size(); ++i)
+    if (first.nodes[i].kind == NodeKind::kWorker && first.nodes[i].parent != 0 && spec.region(first.nodes[i].region)->relays > 0) {
+      INFO(first.nodes[i].id);
+      CHECK(forwarding_trees[i] <= 1);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("striped plans use every way into a region and every host's uplink for one stripe", "[topology][stripes]") {
+  const FleetSpec spec = four_regions();
+  auto plan = plan_striped(spec);
+  REQUIRE(plan.is_ok());
+  // Two trees: us-west and ap-northeast each get one stripe straight from us-east and the other
+  // through each other; eu-west has one link.
+  REQUIRE(plan->trees.size() == 2);
+  check_striped(spec, *plan);
+  std::set<std::string> into_west, into_ap;
+  for (const auto& parents : plan->region_parent) {
+    into_west.insert(parents.at("us-west"));
+    into_ap.insert(parents.at("ap-northeast"));
+    CHECK(parents.at("eu-west") == "us-east");
+  }
+  CHECK(into_west == std::set<std::string>{"us-east", "ap-northeast"});
+  CHECK(into_ap == std::set<std::string>{"us-east", "us-west"});
+  // The estimate brings every worker to its own bound, where one tree halves most of them.
+  const auto bounds = receive_bounds(spec);
+  auto shortfall = [&](const StripedPlan& p) {
+    const ReceiveEstimate e = estimate_receive(spec, p);
+    double worst = 0;
+    for (std::size_t i = 1; i < p.trees[0].nodes.size(); ++i) {
+      const PlannedNode& n = p.trees[0].nodes[i];
+      if (n.kind != NodeKind::kWorker) continue;
+      for (const auto& b : bounds)
+        if (b.region == n.region) worst = std::max(worst, b.bytes_per_s / e.bytes_per_s[i]);
+    }
+    return worst;
+  };
+  CHECK(shortfall(*plan) == Approx(1.0).epsilon(0.01));
+  auto one = plan_striped(spec, 1);
+  REQUIRE(one.is_ok());
+  CHECK(shortfall(*one) == Approx(2.0).epsilon(0.01));
+  // One stripe is the single tree.
+  auto single = plan_fleet(spec);
+  REQUIRE(single.is_ok());
+  REQUIRE(one->trees.size() == 1);
+  for (std::size_t i = 0; i < single->nodes.size(); ++i) CHECK(one->trees[0].nodes[i].parent == single->nodes[i].parent);
+  CHECK(striped_summary(spec, *plan).find("region us-west        slowest worker 20 Gbit/s") != std::string::npos);
+  CHECK_FALSE(plan_striped(spec, kStripesMax + 1).is_ok());
+}
+
+TEST_CASE("striped plans of small and odd fleets stay valid", "[topology][stripes]") {
+  const std::string wan = R"({"between": ["a", "b"], "latency_ms": 30, "bandwidth": "10Gbit"}, {"between": ["b", "c"], "latency_ms": 20, "bandwidth": "10Gbit"})";
+  for (const std::string& regions : {
+           std::string(R"({"name": "a", "workers": 1}, {"name": "b", "workers": 2}, {"name": "c", "workers": 1})"),
+           std::string(R"({"name": "a", "workers": 5, "relays": 2}, {"name": "b", "workers": 9, "worker_relays": false, "relays": 1}, {"name": "c", "workers": 3})"),
+           std::string(R"({"name": "a", "workers": 0, "relays": 1}, {"name": "b", "workers": 0}, {"name": "c", "workers": 7})"),
+       }) {
+    const FleetSpec spec = parse(fleet_json(regions, wan));
+    for (std::uint32_t k = 1; k <= kStripesMax; ++k) {
+      INFO(regions << " in " << k << " stripes");
+      auto plan = plan_striped(spec, k);
+      REQUIRE(plan.is_ok());
+      REQUIRE(plan->trees.size() == k);
+      check_striped(spec, *plan);
+      const ReceiveEstimate e = estimate_receive(spec, *plan);
+      for (std::size_t i = 1; i < e.bytes_per_s.size(); ++i) CHECK(e.bytes_per_s[i] > 0);
+    }
+  }
 }

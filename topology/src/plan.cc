@@ -143,6 +143,8 @@ struct Intervals {
   bool descends(int a, int ancestor) const { return in[ancestor] < in[a] && in[a] <= out[ancestor]; }
 };
 
+constexpr double kInfinity = std::numeric_limits<double>::infinity();
+
 std::string gbit(double bytes_per_s) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%g Gbit/s", bytes_per_s * 8 / 1e9);
@@ -183,11 +185,30 @@ Link link_between_regions(const FleetSpec& spec, const std::string& ra, const st
 
 namespace {
 
+// One tree of a striped plan: its stripe, of how many, each region's parent region in it and
+// the rate each region receives a whole version at. The default is the single tree.
+struct TreeSpec {
+  std::uint32_t stripe = 0, stripes = 1;
+  std::map<std::string, std::string> region_parent;  // every region but the origin's
+  std::map<std::string, double> region_rate;         // bytes/s
+};
+
+// Regions in an order where each comes after its parent region.
+std::vector<std::string> parents_first(const FleetSpec& spec, const std::map<std::string, std::string>& parent) {
+  std::vector<std::string> order = {spec.origin_region};
+  for (std::size_t i = 0; i < order.size(); ++i)
+    for (const auto& r : spec.regions)
+      if (auto it = parent.find(r.name); it != parent.end() && it->second == order[i]) order.push_back(r.name);
+  return order;
+}
+
 // Builds a plan: the regions in path order, each a tree below its head, then every node's
-// fallback.
+// fallback. In a striped plan's tree (TreeSpec), a region's rollout hosts take turns: those of
+// the tree's group (the j-th host is in group j mod stripes) forward in it, the others are its
+// leaves, so each forwards one stripe with all of its uplink. Relays forward in every tree.
 class Planner {
  public:
-  Planner(const FleetSpec& spec, Shape shape) : spec_(spec), shape_(shape) {
+  Planner(const FleetSpec& spec, Shape shape, TreeSpec tree = {}) : spec_(spec), shape_(shape), tree_(std::move(tree)) {
     plan_.shape = shape;
     PlannedNode origin;
     origin.id = "origin";
@@ -196,10 +217,20 @@ class Planner {
     origin.forwards = true;
     origin.nic = spec.origin_nic;
     plan_.nodes.push_back(origin);
-    prev_ = region_paths(spec, order_);
+    if (tree_.stripes <= 1) {
+      prev_ = region_paths(spec, order_);
+    } else {
+      prev_ = tree_.region_parent;
+      order_ = parents_first(spec, prev_);
+    }
   }
 
   Plan run() {
+    // Nodes in the lowest-latency order of regions whatever the tree, so that every tree of a
+    // striped plan numbers them alike; then each region planned after the one feeding it.
+    std::vector<std::string> by_latency;
+    region_paths(spec_, by_latency);
+    for (const std::string& name : by_latency) add_region(*spec_.region(name));
     for (const std::string& name : order_) plan_region(*spec_.region(name));
     assign_fallbacks();
     return std::move(plan_);
@@ -233,16 +264,29 @@ class Planner {
     return 0;
   }
 
+  // A region's relays (relay shape only) and workers, in that order.
+  void add_region(const RegionSpec& r) {
+    std::vector<int>& nodes = region_nodes_[r.name];
+    if (shape_ == Shape::kTree)
+      for (std::uint32_t i = 0; i < r.relays; ++i) nodes.push_back(add(r.name + ".relay-" + std::to_string(i), NodeKind::kRelay, r));
+    for (std::uint32_t i = 0; i < r.workers; ++i) nodes.push_back(add(r.name + ".w" + std::to_string(i), NodeKind::kWorker, r));
+  }
+
   void plan_region(const RegionSpec& r) {
     const std::string& name = r.name;
+    const std::vector<int>& nodes = region_nodes_[name];
     if (shape_ == Shape::kStar) {
-      for (std::uint32_t i = 0; i < r.workers; ++i) attach(add(name + ".w" + std::to_string(i), NodeKind::kWorker, r), 0);
+      for (int n : nodes) attach(n, 0);
       return;
     }
-    std::vector<int> members;
-    if (shape_ == Shape::kTree)
-      for (std::uint32_t i = 0; i < r.relays; ++i) members.push_back(add(name + ".relay-" + std::to_string(i), NodeKind::kRelay, r));
-    for (std::uint32_t i = 0; i < r.workers; ++i) members.push_back(add(name + ".w" + std::to_string(i), NodeKind::kWorker, r));
+    std::vector<int> members, others;  // others: rollout hosts outside this tree's group, its leaves
+    std::uint32_t worker = 0;
+    for (int n : nodes) {
+      if (plan_.nodes[n].kind == NodeKind::kRelay) members.push_back(n);
+      else (worker++ % tree_.stripes == tree_.stripe ? members : others).push_back(n);
+    }
+    const std::size_t group_end = members.size();
+    members.insert(members.end(), others.begin(), others.end());
     if (members.empty()) return;
     const bool workers_forward = r.worker_relays || shape_ == Shape::kWorkerRelayTree;
     const int feeder = feeder_of(name);
@@ -252,19 +296,34 @@ class Planner {
     head_of_[name] = head;
     if (plan_.nodes[head].kind == NodeKind::kWorker && !workers_forward && members.size() > 1)
       plan_.warnings.push_back("region " + name + " has no relay and its workers do not relay: its first worker forwards to the others");
-    fill_region(name, members, feeder, workers_forward);
+    fill_region(name, members, group_end, feeder, workers_forward);
   }
 
   // Breadth first below the head: relays first, then workers, each forwarder taking as many
-  // children as its uplink serves at the rate the region receives at.
-  void fill_region(const std::string& name, const std::vector<int>& members, int feeder, bool workers_forward) {
+  // children as its uplink serves at the rate the region receives at. Members from
+  // `group_end` on only receive in this tree.
+  void fill_region(const std::string& name, const std::vector<int>& members, std::size_t group_end, int feeder, bool workers_forward) {
     const int head = members.front();
-    const Link in = link_between(spec_, plan_, feeder, head);
-    const double rate_in = std::min({in.bytes_per_s, plan_.nodes[head].nic.downlink_bytes_per_s, plan_.nodes[feeder].nic.uplink_bytes_per_s});
+    // The rate of this tree's stripe; a node that forwards in every tree (a relay) serves the
+    // sum of the stripes.
+    double rate = 0, rate_all = 0;
+    if (tree_.stripes <= 1) {
+      const Link in = link_between(spec_, plan_, feeder, head);
+      rate = rate_all = std::min({in.bytes_per_s, plan_.nodes[head].nic.downlink_bytes_per_s, plan_.nodes[feeder].nic.uplink_bytes_per_s});
+    } else {
+      rate_all = tree_.region_rate.at(name);
+      rate = rate_all / tree_.stripes;
+    }
+    // In a striped tree the head also feeds the regions whose parent region this one is, one
+    // stripe each, from the same uplink.
+    double feeds = 0;
+    if (tree_.stripes > 1)
+      for (const auto& [region, parent] : tree_.region_parent) feeds += parent == name ? 1 : 0;
     // At least 2 even when that halves a child's rate: a chain of single children would make
     // the depth, and so the latency and what one failure cuts off, grow with the region.
     auto slots = [&](int n) {
-      const double k = std::floor(plan_.nodes[n].nic.uplink_bytes_per_s / rate_in);
+      const PlannedNode& node = plan_.nodes[n];
+      const double k = std::floor(node.nic.uplink_bytes_per_s / (node.kind == NodeKind::kRelay ? rate_all : rate)) - (n == head ? feeds : 0);
       return static_cast<std::size_t>(std::clamp<double>(k, std::min<double>(kFanoutMin, spec_.fanout_max), spec_.fanout_max));
     };
     std::deque<int> open = {head};
@@ -284,7 +343,7 @@ class Planner {
         overflow_warned_ = true;
       }
       attach(m, parent);
-      if (plan_.nodes[m].kind == NodeKind::kRelay || workers_forward) {
+      if (plan_.nodes[m].kind == NodeKind::kRelay || (workers_forward && i < group_end)) {
         plan_.nodes[m].forwards = true;
         open.push_back(m);
         fwd.push_back(m);
@@ -363,10 +422,12 @@ class Planner {
 
   const FleetSpec& spec_;
   const Shape shape_;
+  const TreeSpec tree_;
   Plan plan_;
   std::vector<std::string> order_;
   std::map<std::string, std::string> prev_;
   std::map<std::string, int> head_of_;
+  std::map<std::string, std::vector<int>> region_nodes_;
   std::map<std::string, std::vector<int>> forwarders_of_;  // per region, in BFS order
   std::vector<std::size_t> fallback_load_;
   bool overflow_warned_ = false;
@@ -375,6 +436,197 @@ class Planner {
 }  // namespace
 
 Result<Plan> plan_fleet(const FleetSpec& spec, Shape shape) { return Planner(spec, shape).run(); }
+
+namespace {
+
+using RegionPair = std::pair<std::string, std::string>;
+
+// The WAN links (directed region pairs) a message between two regions crosses, looked up once.
+class Routes {
+ public:
+  explicit Routes(const FleetSpec& spec) : spec_(spec) {}
+  const std::vector<RegionPair>& between(const std::string& a, const std::string& b) {
+    auto [it, added] = routes_.try_emplace({a, b});
+    if (added && a != b) link_between_regions(spec_, a, b, &it->second);
+    return it->second;
+  }
+
+ private:
+  const FleetSpec& spec_;
+  std::map<RegionPair, std::vector<RegionPair>> routes_;
+};
+
+// Which region feeds which in each stripe. Every stripe starts from the lowest-latency paths;
+// then one region's parent in one stripe moves at a time while that lowers the WAN's load
+// potential, the sum over directed WAN links of load^2 / capacity, where a link's load is how
+// many (stripe, region) feeds cross it. Spreading the stripes over every way into a region
+// lowers it; piling them onto one link raises it. Only regions with hosts (and the origin's)
+// feed others.
+std::vector<std::map<std::string, std::string>> stripe_routes(const FleetSpec& spec, std::uint32_t stripes) {
+  std::vector<std::string> order;
+  const std::map<std::string, std::string> shortest = region_paths(spec, order);
+  auto has_hosts = [&](const std::string& name) {
+    const RegionSpec* r = spec.region(name);
+    return r->relays + r->workers > 0;
+  };
+  std::map<std::string, std::string> initial;
+  std::vector<std::string> fed, feeders = {spec.origin_region};
+  for (const std::string& name : order) {
+    if (name == spec.origin_region || !has_hosts(name)) continue;
+    std::string p = shortest.at(name);
+    while (p != spec.origin_region && !has_hosts(p)) p = shortest.at(p);
+    initial[name] = p;
+    fed.push_back(name);
+    feeders.push_back(name);
+  }
+  std::vector<std::map<std::string, std::string>> parent(stripes, initial);
+  Routes routes(spec);
+  std::map<RegionPair, double> capacity;
+  for (const auto& w : spec.wan) capacity[{w.a, w.b}] = capacity[{w.b, w.a}] = w.link.bytes_per_s;
+  std::map<RegionPair, double> load;
+  for (const auto& tree : parent)
+    for (const auto& [r, p] : tree)
+      for (const auto& l : routes.between(p, r)) load[l] += 1;
+  // How the potential moves if one feed leaves route `from` for route `to`.
+  auto change = [&](const std::vector<RegionPair>& from, const std::vector<RegionPair>& to) {
+    std::map<RegionPair, double> step;
+    for (const auto& l : from) step[l] -= 1;
+    for (const auto& l : to) step[l] += 1;
+    double delta = 0;
+    for (const auto& [l, d] : step) delta += ((load[l] + d) * (load[l] + d) - load[l] * load[l]) / capacity.at(l);
+    return delta;
+  };
+  auto below = [&](const std::map<std::string, std::string>& tree, std::string x, const std::string& r) {
+    for (std::size_t hops = 0; x != spec.origin_region && hops <= tree.size(); ++hops) {
+      if (x == r) return true;
+      x = tree.at(x);
+    }
+    return x == r;
+  };
+  // Each accepted move lowers the potential by a bounded-below amount; the rounds are bounded
+  // anyway.
+  for (int round = 0; round < 64; ++round) {
+    bool moved = false;
+    for (auto& tree : parent)
+      for (const std::string& r : fed)
+        for (const std::string& p : feeders) {
+          const std::string& now = tree.at(r);
+          if (p == r || p == now || below(tree, p, r)) continue;
+          const std::vector<RegionPair>& from = routes.between(now, r);
+          const std::vector<RegionPair>& to = routes.between(p, r);
+          if (change(from, to) >= -1e-9 / spec.origin_nic.uplink_bytes_per_s) continue;
+          for (const auto& l : from) load[l] -= 1;
+          for (const auto& l : to) load[l] += 1;
+          tree[r] = p;
+          moved = true;
+        }
+    if (!moved) break;
+  }
+  return parent;
+}
+
+StripedPlan plan_with(const FleetSpec& spec, std::uint32_t stripes) {
+  StripedPlan out;
+  if (stripes == 1) {
+    out.trees.push_back(Planner(spec, Shape::kTree).run());
+    out.region_parent.push_back({});
+    std::vector<std::string> order;
+    for (const auto& [r, p] : region_paths(spec, order)) out.region_parent.back()[r] = p;
+  } else {
+    TreeSpec base;
+    base.stripes = stripes;
+    for (const auto& r : spec.regions) base.region_rate[r.name] = r.relay_nic.downlink_bytes_per_s;
+    for (const ReceiveBound& b : receive_bounds(spec)) base.region_rate[b.region] = b.bytes_per_s;
+    out.region_parent = stripe_routes(spec, stripes);
+    for (std::uint32_t t = 0; t < stripes; ++t) {
+      TreeSpec tree = base;
+      tree.stripe = t;
+      tree.region_parent = out.region_parent[t];
+      out.trees.push_back(Planner(spec, Shape::kTree, std::move(tree)).run());
+    }
+  }
+  for (const Plan& t : out.trees)
+    for (const std::string& w : t.warnings)
+      if (std::find(out.warnings.begin(), out.warnings.end(), w) == out.warnings.end()) out.warnings.push_back(w);
+  return out;
+}
+
+// The most any worker's estimated rate falls short of its own bound (1: none does).
+double worst_shortfall(const FleetSpec& spec, const StripedPlan& plan) {
+  std::map<std::string, double> bound;
+  for (const ReceiveBound& b : receive_bounds(spec)) bound[b.region] = b.bytes_per_s;
+  const ReceiveEstimate e = estimate_receive(spec, plan);
+  double worst = 1;
+  const Plan& p = plan.trees.front();
+  for (std::size_t i = 0; i < p.nodes.size(); ++i)
+    if (p.nodes[i].kind == NodeKind::kWorker) worst = std::max(worst, e.bytes_per_s[i] > 0 ? bound.at(p.nodes[i].region) / e.bytes_per_s[i] : kInfinity);
+  return worst;
+}
+
+}  // namespace
+
+Result<StripedPlan> plan_striped(const FleetSpec& spec, std::uint32_t stripes) {
+  if (stripes > kStripesMax) return Status::invalid_argument("at most " + std::to_string(kStripesMax) + " stripes, not " + std::to_string(stripes));
+  if (stripes > 0) return plan_with(spec, stripes);
+  std::vector<std::pair<double, StripedPlan>> tried;
+  double best = kInfinity;
+  for (std::uint32_t k = 1; k <= kStripesMax; ++k) {
+    StripedPlan p = plan_with(spec, k);
+    const double shortfall = worst_shortfall(spec, p);
+    best = std::min(best, shortfall);
+    tried.emplace_back(shortfall, std::move(p));
+  }
+  for (auto& [shortfall, p] : tried)
+    if (shortfall <= best * 1.01) return std::move(p);
+  return std::move(tried.front().second);
+}
+
+ReceiveEstimate estimate_receive(const FleetSpec& spec, const StripedPlan& plan) {
+  const std::size_t n = plan.trees.front().nodes.size();
+  const double k = static_cast<double>(plan.trees.size());
+  const std::vector<PlannedNode>& nodes = plan.trees.front().nodes;
+  Routes routes(spec);
+  // How many tree edges share each node's uplink, each WAN link and each LAN pair.
+  std::vector<double> sending(n, 0);
+  std::map<RegionPair, double> wan_edges;
+  std::map<std::pair<int, int>, double> pair_edges;
+  for (const Plan& t : plan.trees)
+    for (std::size_t c = 1; c < n; ++c) {
+      const int p = t.nodes[c].parent;
+      if (p < 0) continue;
+      sending[p] += 1;
+      if (nodes[p].region == nodes[c].region) pair_edges[{p, static_cast<int>(c)}] += 1;
+      for (const auto& l : routes.between(nodes[p].region, nodes[c].region)) wan_edges[l] += 1;
+    }
+  std::map<RegionPair, double> capacity;
+  for (const auto& w : spec.wan) capacity[{w.a, w.b}] = capacity[{w.b, w.a}] = w.link.bytes_per_s;
+  ReceiveEstimate e;
+  e.bytes_per_s.assign(n, kInfinity);
+  e.latency_ms.assign(n, 0);
+  for (const Plan& t : plan.trees) {
+    std::vector<double> rate(n, 0), ms(n, 0);
+    rate[0] = kInfinity;
+    std::deque<int> open = {0};
+    while (!open.empty()) {
+      const int p = open.front();
+      open.pop_front();
+      for (const int c : t.nodes[p].children) {
+        double edge = std::min(nodes[p].nic.uplink_bytes_per_s / sending[p], nodes[c].nic.downlink_bytes_per_s / k);
+        if (nodes[p].region == nodes[c].region) edge = std::min(edge, spec.region(nodes[c].region)->lan.bytes_per_s / pair_edges.at({p, c}));
+        for (const auto& l : routes.between(nodes[p].region, nodes[c].region)) edge = std::min(edge, capacity.at(l) / wan_edges.at(l));
+        rate[c] = std::min(rate[p], edge);
+        ms[c] = ms[p] + link_between(spec, t, p, c).latency_ms;
+        open.push_back(c);
+      }
+    }
+    for (std::size_t i = 1; i < n; ++i) {
+      e.bytes_per_s[i] = std::min(e.bytes_per_s[i], k * rate[i]);
+      e.latency_ms[i] = std::max(e.latency_ms[i], ms[i]);
+    }
+  }
+  e.bytes_per_s[0] = 0;
+  return e;
+}
 
 std::string plan_summary(const FleetSpec& spec, const Plan& plan) {
   std::string out;
@@ -504,6 +756,37 @@ std::string plan_to_svg(const Plan& plan) {
     ly += 20;
   }
   return svg.finish(width, height);
+}
+
+}  // namespace deltacast::topology
+
+namespace deltacast::topology {
+
+std::string striped_summary(const FleetSpec& spec, const StripedPlan& plan) {
+  const std::size_t k = plan.trees.size();
+  std::string out = "striped plan: " + std::to_string(k) + (k == 1 ? " tree" : " trees, chunk i down tree i mod " + std::to_string(k)) + "\n";
+  for (std::size_t t = 0; t < k; ++t) {
+    const Plan& tree = plan.trees[t];
+    std::size_t forwarders = 0;
+    for (const auto& n : tree.nodes) forwarders += n.children.empty() ? 0 : 1;
+    out += "tree " + std::to_string(t) + ": depth " + std::to_string(tree.max_depth()) + ", " + std::to_string(forwarders) + " feed others;";
+    for (const auto& r : spec.regions)
+      if (auto it = plan.region_parent[t].find(r.name); it != plan.region_parent[t].end()) out += " " + r.name + " <- " + it->second + ";";
+    out += "\n";
+  }
+  const ReceiveEstimate e = estimate_receive(spec, plan);
+  for (const ReceiveBound& b : receive_bounds(spec)) {
+    double slowest = kInfinity, ms = 0;
+    const Plan& tree = plan.trees.front();
+    for (std::size_t i = 1; i < tree.nodes.size(); ++i)
+      if (tree.nodes[i].kind == NodeKind::kWorker && tree.nodes[i].region == b.region) slowest = std::min(slowest, e.bytes_per_s[i]), ms = std::max(ms, e.latency_ms[i]);
+    char line[256];
+    std::snprintf(line, sizeof line, "region %-14s slowest worker %s (estimate), %.1f ms; its bound %s (%.0f%%)\n", b.region.c_str(), gbit(slowest).c_str(), ms,
+                  gbit(b.bytes_per_s).c_str(), 100 * slowest / b.bytes_per_s);
+    out += line;
+  }
+  for (const auto& w : plan.warnings) out += "warning: " + w + "\n";
+  return out;
 }
 
 }  // namespace deltacast::topology

@@ -13,7 +13,7 @@ struct PlanOptions {
   std::string config;
   std::string shape = "tree";
   std::string out = "plan";
-  std::string stripes = "1";
+  std::string trees = "1";
   bool list = false;
 };
 
@@ -42,13 +42,13 @@ Status write_drawings(const topology::Plan& plan, const std::string& out) {
   return Status::ok();
 }
 
-// A striped plan: the summary, each tree listed (small fleets) and drawn to OUT-tN.dot/svg.
-int run_striped(const topology::FleetSpec& spec, const PlanOptions& o) {
-  // Checked by the option: auto or 1 to kStripesMax.
-  const std::uint32_t stripes = o.stripes == "auto" ? 0 : static_cast<std::uint32_t>(std::stoul(o.stripes));
-  auto plan = topology::plan_striped(spec, stripes);
+// A multi-tree plan: the summary, each tree listed (small fleets) and drawn to OUT-tN.dot/svg.
+int run_trees(const topology::FleetSpec& spec, const PlanOptions& o) {
+  // Checked by the option: auto or 1 to kTreesMax.
+  const std::uint32_t trees = o.trees == "auto" ? 0 : static_cast<std::uint32_t>(std::stoul(o.trees));
+  auto plan = topology::plan_trees(spec, trees);
   if (!plan.is_ok()) return fail(plan.status().to_string());
-  std::printf("%s", topology::striped_summary(spec, *plan).c_str());
+  std::printf("%s", topology::trees_summary(spec, *plan).c_str());
   for (std::size_t t = 0; t < plan->trees.size(); ++t) {
     const topology::Plan& tree = plan->trees[t];
     if (o.list || tree.nodes.size() <= 64) {
@@ -65,9 +65,9 @@ int run_striped(const topology::FleetSpec& spec, const PlanOptions& o) {
 int run_plan(const PlanOptions& o) {
   auto spec = load_fleet(o.config);
   if (!spec.is_ok()) return fail(spec.status().message());
-  if (o.stripes != "1") {
-    if (o.shape != "tree") return fail("--stripes: striped plans are relay trees (--shape tree)");
-    return run_striped(*spec, o);
+  if (o.trees != "1") {
+    if (o.shape != "tree") return fail("--trees: multi-tree plans are relay trees (--shape tree)");
+    return run_trees(*spec, o);
   }
   const topology::Shape shape = o.shape == "star" ? topology::Shape::kStar
                                 : o.shape == "worker-relays" ? topology::Shape::kWorkerRelayTree
@@ -93,12 +93,12 @@ Command add_plan_command(CLI::App& app) {
   sub->add_option("--shape", o->shape, "tree, worker-relays (no dedicated relays) or star")
       ->capture_default_str()
       ->check(CLI::IsMember({"tree", "worker-relays", "star"}));
-  sub->add_option("-o,--out", o->out, "Write OUT.dot and OUT.svg (striped: OUT-t0.dot, OUT-t0.svg, ... per tree)")->capture_default_str();
-  sub->add_option("--stripes", o->stripes,
-                  "Trees to stripe chunks over (chunk i down tree i mod N), 1 to " + std::to_string(topology::kStripesMax) +
+  sub->add_option("-o,--out", o->out, "Write OUT.dot and OUT.svg (several trees: OUT-t0.dot, OUT-t0.svg, ... per tree)")->capture_default_str();
+  sub->add_option("--trees", o->trees,
+                  "Trees to send chunks down (chunk i down tree i mod N), 1 to " + std::to_string(topology::kTreesMax) +
                       ", or auto: the fewest that bring every worker nearest its own bound")
       ->capture_default_str()
-      ->check(CLI::IsMember({"auto"}) | CLI::Range(1u, topology::kStripesMax));
+      ->check(CLI::IsMember({"auto"}) | CLI::Range(1u, topology::kTreesMax));
   sub->add_flag("--list", o->list, "Print every node with its parent and fallback, however many");
   return {sub, [o] { return run_plan(*o); }};
 }

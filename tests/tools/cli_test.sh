@@ -178,16 +178,16 @@ fails "a signed file with a changed payload" "does not match the digest" \
   "$dc" decode -q --trust-key "$tmp/sign.key" "$tmp/s/step-000000.safetensors" "$tmp/forged.dcd" -o "$tmp/y.safetensors"
 test -e "$tmp/y.safetensors" && { failed=$((failed + 1)); echo "FAILED: a refused signed file left an output file"; }
 
-# Striped plans: the fewest trees that bring every worker to its own bound, drawn per tree.
+# Multi-tree plans: the fewest trees that bring every worker to its own bound, drawn per tree.
 fleet="$(dirname "$0")/../../sim/scenarios/four-regions.json"
-check "plan --stripes auto" "$dc" plan "$fleet" --stripes auto -o "$tmp/striped"
-grep -q "striped plan: 2 trees" "$tmp/out" && grep -q "region us-west .*slowest worker 20 Gbit/s" "$tmp/out" ||
-  { failed=$((failed + 1)); echo "FAILED: plan --stripes auto did not stripe the four-region fleet over 2 trees at its bounds"; cat "$tmp/out"; }
-for t in 0 1; do check "tree $t drawn" test -s "$tmp/striped-t$t.svg"; done
-check "plan --stripes 3" "$dc" plan "$fleet" --stripes 3 -o "$tmp/three"
+check "plan --trees auto" "$dc" plan "$fleet" --trees auto -o "$tmp/trees"
+grep -q "multi-tree plan: 2 trees" "$tmp/out" && grep -q "region us-west .*slowest worker 20 Gbit/s" "$tmp/out" ||
+  { failed=$((failed + 1)); echo "FAILED: plan --trees auto did not split the four-region fleet over 2 trees at its bounds"; cat "$tmp/out"; }
+for t in 0 1; do check "tree $t drawn" test -s "$tmp/trees-t$t.svg"; done
+check "plan --trees 3" "$dc" plan "$fleet" --trees 3 -o "$tmp/three"
 check "three trees drawn" test -s "$tmp/three-t2.dot"
-fails "too many stripes" "not in range 1 to 8" "$dc" plan "$fleet" --stripes 9 -o "$tmp/nine"
-fails "stripes of a star" "striped plans are relay trees" "$dc" plan "$fleet" --stripes 2 --shape star -o "$tmp/star"
+fails "too many trees" "not in range 1 to 8" "$dc" plan "$fleet" --trees 9 -o "$tmp/nine"
+fails "trees of a star" "multi-tree plans are relay trees" "$dc" plan "$fleet" --trees 2 --shape star -o "$tmp/star"
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -217,7 +217,7 @@ FleetSpec four_regions() {
 }
 
 // Every tree a plan of the same nodes; each rollout host forwards in one tree at most.
-void check_striped(const FleetSpec& spec, const StripedPlan& plan) {
+void check_trees(const FleetSpec& spec, const MultiTreePlan& plan) {
   REQUIRE(!plan.trees.empty());
   const Plan& first = plan.trees.front();
   std::vector<int> forwarding_trees(first.nodes.size(), 0);
@@ -238,14 +238,14 @@ void check_striped(const FleetSpec& spec, const StripedPlan& plan) {
 
 }  // namespace
 
-TEST_CASE("striped plans use every way into a region and every host's uplink for one stripe", "[topology][stripes]") {
+TEST_CASE("multi-tree plans use every way into a region and every host's uplink for one stripe", "[topology][trees]") {
   const FleetSpec spec = four_regions();
-  auto plan = plan_striped(spec);
+  auto plan = plan_trees(spec);
   REQUIRE(plan.is_ok());
   // Two trees: us-west and ap-northeast each get one stripe straight from us-east and the other
   // through each other; eu-west has one link.
   REQUIRE(plan->trees.size() == 2);
-  check_striped(spec, *plan);
+  check_trees(spec, *plan);
   std::set<std::string> into_west, into_ap;
   for (const auto& parents : plan->region_parent) {
     into_west.insert(parents.at("us-west"));
@@ -256,7 +256,7 @@ TEST_CASE("striped plans use every way into a region and every host's uplink for
   CHECK(into_ap == std::set<std::string>{"us-east", "us-west"});
   // The estimate brings every worker to its own bound, where one tree halves most of them.
   const auto bounds = receive_bounds(spec);
-  auto shortfall = [&](const StripedPlan& p) {
+  auto shortfall = [&](const MultiTreePlan& p) {
     const ReceiveEstimate e = estimate_receive(spec, p);
     double worst = 0;
     for (std::size_t i = 1; i < p.trees[0].nodes.size(); ++i) {
@@ -268,7 +268,7 @@ TEST_CASE("striped plans use every way into a region and every host's uplink for
     return worst;
   };
   CHECK(shortfall(*plan) == Approx(1.0).epsilon(0.01));
-  auto one = plan_striped(spec, 1);
+  auto one = plan_trees(spec, 1);
   REQUIRE(one.is_ok());
   CHECK(shortfall(*one) == Approx(2.0).epsilon(0.01));
   // One stripe is the single tree.
@@ -276,11 +276,11 @@ TEST_CASE("striped plans use every way into a region and every host's uplink for
   REQUIRE(single.is_ok());
   REQUIRE(one->trees.size() == 1);
   for (std::size_t i = 0; i < single->nodes.size(); ++i) CHECK(one->trees[0].nodes[i].parent == single->nodes[i].parent);
-  CHECK(striped_summary(spec, *plan).find("region us-west        slowest worker 20 Gbit/s") != std::string::npos);
-  CHECK_FALSE(plan_striped(spec, kStripesMax + 1).is_ok());
+  CHECK(trees_summary(spec, *plan).find("region us-west        slowest worker 20 Gbit/s") != std::string::npos);
+  CHECK_FALSE(plan_trees(spec, kTreesMax + 1).is_ok());
 }
 
-TEST_CASE("striped plans of small and odd fleets stay valid", "[topology][stripes]") {
+TEST_CASE("multi-tree plans of small and odd fleets stay valid", "[topology][trees]") {
   const std::string wan = R"({"between": ["a", "b"], "latency_ms": 30, "bandwidth": "10Gbit"}, {"between": ["b", "c"], "latency_ms": 20, "bandwidth": "10Gbit"})";
   for (const std::string& regions : {
            std::string(R"({"name": "a", "workers": 1}, {"name": "b", "workers": 2}, {"name": "c", "workers": 1})"),
@@ -288,12 +288,12 @@ TEST_CASE("striped plans of small and odd fleets stay valid", "[topology][stripe
            std::string(R"({"name": "a", "workers": 0, "relays": 1}, {"name": "b", "workers": 0}, {"name": "c", "workers": 7})"),
        }) {
     const FleetSpec spec = parse(fleet_json(regions, wan));
-    for (std::uint32_t k = 1; k <= kStripesMax; ++k) {
+    for (std::uint32_t k = 1; k <= kTreesMax; ++k) {
       INFO(regions << " in " << k << " stripes");
-      auto plan = plan_striped(spec, k);
+      auto plan = plan_trees(spec, k);
       REQUIRE(plan.is_ok());
       REQUIRE(plan->trees.size() == k);
-      check_striped(spec, *plan);
+      check_trees(spec, *plan);
       const ReceiveEstimate e = estimate_receive(spec, *plan);
       for (std::size_t i = 1; i < e.bytes_per_s.size(); ++i) CHECK(e.bytes_per_s[i] > 0);
     }

@@ -185,10 +185,10 @@ Link link_between_regions(const FleetSpec& spec, const std::string& ra, const st
 
 namespace {
 
-// One tree of a striped plan: its stripe, of how many, each region's parent region in it and
+// One tree of a multi-tree plan: its stripe, of how many, each region's parent region in it and
 // the rate each region receives a whole version at. The default is the single tree.
 struct TreeSpec {
-  std::uint32_t stripe = 0, stripes = 1;
+  std::uint32_t index = 0, trees = 1;
   std::map<std::string, std::string> region_parent;  // every region but the origin's
   std::map<std::string, double> region_rate;         // bytes/s
 };
@@ -203,8 +203,8 @@ std::vector<std::string> parents_first(const FleetSpec& spec, const std::map<std
 }
 
 // Builds a plan: the regions in path order, each a tree below its head, then every node's
-// fallback. In a striped plan's tree (TreeSpec), a region's rollout hosts take turns: those of
-// the tree's group (the j-th host is in group j mod stripes) forward in it, the others are its
+// fallback. In a multi-tree plan's tree (TreeSpec), a region's rollout hosts take turns: those of
+// the tree's group (the j-th host is in group j mod the number of trees) forward in it, the others are its
 // leaves, so each forwards one stripe with all of its uplink. Relays forward in every tree.
 class Planner {
  public:
@@ -217,7 +217,7 @@ class Planner {
     origin.forwards = true;
     origin.nic = spec.origin_nic;
     plan_.nodes.push_back(origin);
-    if (tree_.stripes <= 1) {
+    if (tree_.trees <= 1) {
       prev_ = region_paths(spec, order_);
     } else {
       prev_ = tree_.region_parent;
@@ -227,7 +227,7 @@ class Planner {
 
   Plan run() {
     // Nodes in the lowest-latency order of regions whatever the tree, so that every tree of a
-    // striped plan numbers them alike; then each region planned after the one feeding it.
+    // multi-tree plan numbers them alike; then each region planned after the one feeding it.
     std::vector<std::string> by_latency;
     region_paths(spec_, by_latency);
     for (const std::string& name : by_latency) add_region(*spec_.region(name));
@@ -283,7 +283,7 @@ class Planner {
     std::uint32_t worker = 0;
     for (int n : nodes) {
       if (plan_.nodes[n].kind == NodeKind::kRelay) members.push_back(n);
-      else (worker++ % tree_.stripes == tree_.stripe ? members : others).push_back(n);
+      else (worker++ % tree_.trees == tree_.index ? members : others).push_back(n);
     }
     const std::size_t group_end = members.size();
     members.insert(members.end(), others.begin(), others.end());
@@ -307,17 +307,17 @@ class Planner {
     // The rate of this tree's stripe; a node that forwards in every tree (a relay) serves the
     // sum of the stripes.
     double rate = 0, rate_all = 0;
-    if (tree_.stripes <= 1) {
+    if (tree_.trees <= 1) {
       const Link in = link_between(spec_, plan_, feeder, head);
       rate = rate_all = std::min({in.bytes_per_s, plan_.nodes[head].nic.downlink_bytes_per_s, plan_.nodes[feeder].nic.uplink_bytes_per_s});
     } else {
       rate_all = tree_.region_rate.at(name);
-      rate = rate_all / tree_.stripes;
+      rate = rate_all / tree_.trees;
     }
-    // In a striped tree the head also feeds the regions whose parent region this one is, one
+    // In a tree of a multi-tree plan the head also feeds the regions whose parent region this one is, one
     // stripe each, from the same uplink.
     double feeds = 0;
-    if (tree_.stripes > 1)
+    if (tree_.trees > 1)
       for (const auto& [region, parent] : tree_.region_parent) feeds += parent == name ? 1 : 0;
     // At least 2 even when that halves a child's rate: a chain of single children would make
     // the depth, and so the latency and what one failure cuts off, grow with the region.
@@ -462,7 +462,7 @@ class Routes {
 // many (stripe, region) feeds cross it. Spreading the stripes over every way into a region
 // lowers it; piling them onto one link raises it. Only regions with hosts (and the origin's)
 // feed others.
-std::vector<std::map<std::string, std::string>> stripe_routes(const FleetSpec& spec, std::uint32_t stripes) {
+std::vector<std::map<std::string, std::string>> tree_routes(const FleetSpec& spec, std::uint32_t trees) {
   std::vector<std::string> order;
   const std::map<std::string, std::string> shortest = region_paths(spec, order);
   auto has_hosts = [&](const std::string& name) {
@@ -479,7 +479,7 @@ std::vector<std::map<std::string, std::string>> stripe_routes(const FleetSpec& s
     fed.push_back(name);
     feeders.push_back(name);
   }
-  std::vector<std::map<std::string, std::string>> parent(stripes, initial);
+  std::vector<std::map<std::string, std::string>> parent(trees, initial);
   Routes routes(spec);
   std::map<RegionPair, double> capacity;
   for (const auto& w : spec.wan) capacity[{w.a, w.b}] = capacity[{w.b, w.a}] = w.link.bytes_per_s;
@@ -525,22 +525,22 @@ std::vector<std::map<std::string, std::string>> stripe_routes(const FleetSpec& s
   return parent;
 }
 
-StripedPlan plan_with(const FleetSpec& spec, std::uint32_t stripes) {
-  StripedPlan out;
-  if (stripes == 1) {
+MultiTreePlan plan_with(const FleetSpec& spec, std::uint32_t trees) {
+  MultiTreePlan out;
+  if (trees == 1) {
     out.trees.push_back(Planner(spec, Shape::kTree).run());
     out.region_parent.push_back({});
     std::vector<std::string> order;
     for (const auto& [r, p] : region_paths(spec, order)) out.region_parent.back()[r] = p;
   } else {
     TreeSpec base;
-    base.stripes = stripes;
+    base.trees = trees;
     for (const auto& r : spec.regions) base.region_rate[r.name] = r.relay_nic.downlink_bytes_per_s;
     for (const ReceiveBound& b : receive_bounds(spec)) base.region_rate[b.region] = b.bytes_per_s;
-    out.region_parent = stripe_routes(spec, stripes);
-    for (std::uint32_t t = 0; t < stripes; ++t) {
+    out.region_parent = tree_routes(spec, trees);
+    for (std::uint32_t t = 0; t < trees; ++t) {
       TreeSpec tree = base;
-      tree.stripe = t;
+      tree.index = t;
       tree.region_parent = out.region_parent[t];
       out.trees.push_back(Planner(spec, Shape::kTree, std::move(tree)).run());
     }
@@ -552,7 +552,7 @@ StripedPlan plan_with(const FleetSpec& spec, std::uint32_t stripes) {
 }
 
 // The most any worker's estimated rate falls short of its own bound (1: none does).
-double worst_shortfall(const FleetSpec& spec, const StripedPlan& plan) {
+double worst_shortfall(const FleetSpec& spec, const MultiTreePlan& plan) {
   std::map<std::string, double> bound;
   for (const ReceiveBound& b : receive_bounds(spec)) bound[b.region] = b.bytes_per_s;
   const ReceiveEstimate e = estimate_receive(spec, plan);
@@ -565,13 +565,13 @@ double worst_shortfall(const FleetSpec& spec, const StripedPlan& plan) {
 
 }  // namespace
 
-Result<StripedPlan> plan_striped(const FleetSpec& spec, std::uint32_t stripes) {
-  if (stripes > kStripesMax) return Status::invalid_argument("at most " + std::to_string(kStripesMax) + " stripes, not " + std::to_string(stripes));
-  if (stripes > 0) return plan_with(spec, stripes);
-  std::vector<std::pair<double, StripedPlan>> tried;
+Result<MultiTreePlan> plan_trees(const FleetSpec& spec, std::uint32_t trees) {
+  if (trees > kTreesMax) return Status::invalid_argument("at most " + std::to_string(kTreesMax) + " trees, not " + std::to_string(trees));
+  if (trees > 0) return plan_with(spec, trees);
+  std::vector<std::pair<double, MultiTreePlan>> tried;
   double best = kInfinity;
-  for (std::uint32_t k = 1; k <= kStripesMax; ++k) {
-    StripedPlan p = plan_with(spec, k);
+  for (std::uint32_t k = 1; k <= kTreesMax; ++k) {
+    MultiTreePlan p = plan_with(spec, k);
     const double shortfall = worst_shortfall(spec, p);
     best = std::min(best, shortfall);
     tried.emplace_back(shortfall, std::move(p));
@@ -581,7 +581,7 @@ Result<StripedPlan> plan_striped(const FleetSpec& spec, std::uint32_t stripes) {
   return std::move(tried.front().second);
 }
 
-ReceiveEstimate estimate_receive(const FleetSpec& spec, const StripedPlan& plan) {
+ReceiveEstimate estimate_receive(const FleetSpec& spec, const MultiTreePlan& plan) {
   const std::size_t n = plan.trees.front().nodes.size();
   const double k = static_cast<double>(plan.trees.size());
   const std::vector<PlannedNode>& nodes = plan.trees.front().nodes;
@@ -762,9 +762,9 @@ std::string plan_to_svg(const Plan& plan) {
 
 namespace deltacast::topology {
 
-std::string striped_summary(const FleetSpec& spec, const StripedPlan& plan) {
+std::string trees_summary(const FleetSpec& spec, const MultiTreePlan& plan) {
   const std::size_t k = plan.trees.size();
-  std::string out = "striped plan: " + std::to_string(k) + (k == 1 ? " tree" : " trees, chunk i down tree i mod " + std::to_string(k)) + "\n";
+  std::string out = "multi-tree plan: " + std::to_string(k) + (k == 1 ? " tree" : " trees, chunk i down tree i mod " + std::to_string(k)) + "\n";
   for (std::size_t t = 0; t < k; ++t) {
     const Plan& tree = plan.trees[t];
     std::size_t forwarders = 0;

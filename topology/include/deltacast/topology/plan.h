@@ -66,24 +66,24 @@ struct Plan {
 
 Result<Plan> plan_fleet(const FleetSpec& spec, Shape shape = Shape::kTree);
 
-// A striped plan: chunk i of a version travels down trees[i mod trees.size()], each tree
-// carrying one stripe. Every tree holds the same nodes in the same order (ids, kinds, regions,
+// A multi-tree plan: chunk i of a version travels down trees[i mod trees.size()], each tree
+// carrying one stripe of it (the chunks i with i mod N = its index). Every tree holds the same nodes in the same order (ids, kinds, regions,
 // cards); parents, fallbacks, children, depth and `forwards` are each tree's own, so a dead
 // parent in one tree costs only that stripe. Per stripe, each region has a parent region
 // (`region_parent`): the WAN routes are chosen so that a region with several ways in uses them
 // all. Inside a region the rollout hosts take turns: each forwards in one tree only, with all of
 // its uplink, and is a leaf of the others; relays forward in every tree.
-struct StripedPlan {
+struct MultiTreePlan {
   std::vector<Plan> trees;
   std::vector<std::map<std::string, std::string>> region_parent;  // per tree
   std::vector<std::string> warnings;
 };
-inline constexpr std::uint32_t kStripesMax = 8;
-// `stripes` trees (1 to kStripesMax), or with 0 the fewest whose estimate (estimate_receive)
-// comes within 1% of the best any count up to kStripesMax gives.
-Result<StripedPlan> plan_striped(const FleetSpec& spec, std::uint32_t stripes = 0);
+inline constexpr std::uint32_t kTreesMax = 8;
+// `trees` trees (1 to kTreesMax), or with 0 the fewest whose estimate (estimate_receive)
+// comes within 1% of the best any count up to kTreesMax gives.
+Result<MultiTreePlan> plan_trees(const FleetSpec& spec, std::uint32_t trees = 0);
 
-// What a striped plan lets each node receive, in a fluid estimate: every node's uplink, every
+// What a multi-tree plan lets each node receive, in a fluid estimate: every node's uplink, every
 // WAN link and every LAN pair shared equally by the tree edges that cross it, each node's
 // downlink by its stripes; a stripe reaches a node at the smallest share on its way down its
 // tree. Per node (index of the trees' nodes): the rate a whole version arrives at (bytes/s;
@@ -93,10 +93,10 @@ struct ReceiveEstimate {
   std::vector<double> bytes_per_s, latency_ms;
   double seconds(int node, double bytes) const { return bytes / bytes_per_s[node] + latency_ms[node] / 1e3; }
 };
-ReceiveEstimate estimate_receive(const FleetSpec& spec, const StripedPlan& plan);
+ReceiveEstimate estimate_receive(const FleetSpec& spec, const MultiTreePlan& plan);
 // A human summary: per tree the parent region of each region and the depth; per region the
 // slowest worker's estimated rate next to its bound (flow.h).
-std::string striped_summary(const FleetSpec& spec, const StripedPlan& plan);
+std::string trees_summary(const FleetSpec& spec, const MultiTreePlan& plan);
 
 // The link a message from node a to node b crosses: the region's LAN, or the WAN link between
 // their regions (for regions without a direct link: latencies added, the narrowest capacity).

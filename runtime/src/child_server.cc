@@ -119,7 +119,7 @@ void ChildServer::on_writable(PeerId peer) {
 void ChildServer::send_version(PeerId peer, Child& c, const CachedVersion& v) {
   offer_manifest(peer, c, v);
   for (std::uint32_t i = 0; i < v.chunks.size(); ++i)
-    if (v.chunks[i] && !c.was_sent(v.key, i)) offer_chunk(peer, c, v, i);
+    if (v.chunks[i] && c.carries(i) && !c.was_sent(v.key, i)) offer_chunk(peer, c, v, i);
 }
 
 void ChildServer::broadcast(const Message& m) {
@@ -146,6 +146,12 @@ void ChildServer::on_hello(PeerId from, const Hello& hello) {
     ctx_.transport.disconnect(from);
     return;
   }
+  if (hello.trees > kTreesMax || hello.tree >= std::max<std::uint32_t>(1, hello.trees)) {
+    ctx_.send(from, Refuse{"tree " + std::to_string(hello.tree) + " of " + std::to_string(hello.trees) + ": at most " + std::to_string(kTreesMax) +
+                           " trees, numbered from 0"});
+    ctx_.transport.disconnect(from);
+    return;
+  }
   // One Hello per link: a link is one connection, and a new connection is a new link.
   if (children_.count(from)) {
     drop(from, "said Hello twice on one link");
@@ -155,6 +161,8 @@ void ChildServer::on_hello(PeerId from, const Hello& hello) {
   c.node_id = hello.node_id;
   c.role = hello.role;
   c.serves_children = hello.serves_children;
+  c.tree = hello.tree;
+  c.trees = std::max<std::uint32_t>(1, hello.trees);
   c.last_heard_ms = ctx_.now_ms();
   c.need_tokens = config.needs_per_s_max;
   c.need_tokens_ms = c.last_heard_ms;
@@ -226,7 +234,7 @@ void ChildServer::forward_manifest(const CachedVersion& v, bool chain_start) {
 
 void ChildServer::forward_chunk(const CachedVersion& v, std::uint32_t index) {
   for (auto& [peer, c] : children_) {
-    if (!c.receives() || !c.subscribed(v.key)) continue;
+    if (!c.receives() || !c.subscribed(v.key) || !c.carries(index)) continue;
     offer_chunk(peer, c, v, index);
     ctx_.stats.chunks_forwarded++;
   }
@@ -301,9 +309,13 @@ void ChildServer::on_need(PeerId from, Child& child, const Need& need) {
   // the number of children while a version is still arriving. Chunks already on the link to
   // the child are not sent twice (a slow link would otherwise carry each one twice, exactly
   // when bandwidth is short), unless the child got them damaged.
-  std::vector<std::uint32_t> wanted = need.chunks;
-  if (wanted.empty())
-    for (std::uint32_t i = 0; i < v->chunks.size(); ++i) wanted.push_back(i);
+  // Only chunks of the link's tree: another tree's parent serves the rest.
+  std::vector<std::uint32_t> wanted;
+  for (const std::uint32_t i : need.chunks)
+    if (child.carries(i)) wanted.push_back(i);
+  if (need.chunks.empty())
+    for (std::uint32_t i = 0; i < v->chunks.size(); ++i)
+      if (child.carries(i)) wanted.push_back(i);
   if (need.again && !count_resends(from, child, *v, wanted.size())) return;
   // A child that names chunks has the manifest (for a 2 TB model it is tens of MB); one that
   // asks for a whole version may not.

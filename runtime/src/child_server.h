@@ -42,6 +42,8 @@ class ChildServer {
     std::string node_id;
     Role role = Role::kWorker;
     bool serves_children = false;  // may pass up Ready messages of nodes below it
+    // The tree of a multi-tree fleet this link belongs to, of how many (Hello::tree).
+    std::uint32_t tree = 0, trees = 1;
     std::uint64_t last_heard_ms = 0;
     // Need messages it may still send now: refilled at needs_per_s_max a second, up to that many.
     double need_tokens = 0;
@@ -68,6 +70,8 @@ class ChildServer {
     void mark_sent(const VersionKey& key, std::uint32_t index, std::size_t chunks);
     // A trainer shard sends slices up; it is sent no versions.
     bool receives() const { return role != Role::kPublisher; }
+    // Chunk `index` of a version goes down this link: it is in the link's tree.
+    bool carries(std::uint32_t index) const { return index % trees == tree; }
   };
 
   ChildServer(NodeContext& ctx, VersionCache& cache, Owner& owner) : ctx_(ctx), cache_(cache), owner_(owner) {}

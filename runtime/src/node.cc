@@ -24,9 +24,9 @@ class Node::Hooks final : public ChildServer::Owner, public Reconstructor::Owner
     return it == node_.published_us_.end() ? 0 : it->second;
   }
   void request_anchor(std::uint64_t newer_than) override { node_.request_anchor(newer_than); }
-  void fetch(const Need& need) override { node_.send_to_parent(need); }
+  void fetch(const Need& need) override { node_.send_need(need); }
   void request_anchor() override { node_.request_anchor(node_.anchor_floor()); }
-  void refetch(const Need& need) override { node_.send_to_parent(need); }
+  void refetch(const Need& need) override { node_.send_need(need); }
   void on_version_ready(const std::shared_ptr<const ModelVersion>& version) override { node_.on_version_ready(version); }
   bool parent_in_newer_run() const override { return node_.parent_run_ > node_.run_; }
   void on_scrub_mismatch(const std::shared_ptr<const ModelVersion>& version, std::size_t chunk) override {
@@ -44,15 +44,20 @@ Node::Node(NodeConfig config, Transport& transport, Clock& clock, TaskRunner* ta
       tasks_(tasks),
       cache_(config_.cache_bytes_max, /*verify_payloads=*/!config_.virtual_payloads, config_.manifest_limits),
       hooks_(std::make_unique<Hooks>(*this)),
-      upstream_(std::make_unique<UpstreamLink>(*ctx_, [this] { return make_hello(); })),
       children_(std::make_unique<ChildServer>(*ctx_, cache_, *hooks_)),
       ledger_(config_.ledger_workers_max),
-      run_(config_.parents.empty() ? config_.run : RunId{}) {
+      run_(config_.has_parents() ? RunId{} : config_.run) {
+  // One link upstream per tree; the origin's one link has no parents.
+  std::vector<std::vector<std::string>> trees = config_.upstream_trees();
+  if (trees.empty()) trees.emplace_back();
+  const auto count = static_cast<std::uint32_t>(trees.size());
+  for (std::uint32_t t = 0; t < count; ++t)
+    upstreams_.push_back(std::make_unique<UpstreamLink>(*ctx_, std::move(trees[t]), [this, t, count] { return make_hello(t, count); }));
   if (config_.reconstruct) {
     rebuild_ = std::make_unique<Reconstructor>(*ctx_, cache_, tasks_, *hooks_);
     scrubber_ = std::make_unique<Scrubber>(*ctx_, tasks_, *hooks_);
   }
-  if (config_.shard_count > 0) shard_out_ = std::make_unique<ShardPublisher>(*ctx_, *upstream_);
+  if (config_.shard_count > 0) shard_out_ = std::make_unique<ShardPublisher>(*ctx_, *upstreams_.front());
   if (config_.expect_shards > 0) shard_in_ = std::make_unique<ShardMerger>(*ctx_);
 }
 
@@ -60,7 +65,8 @@ Node::~Node() { *alive_ = false; }
 
 Status Node::restore(std::shared_ptr<ModelVersion> version) {
   if (!rebuild_) return Status::invalid_argument("only a worker holds a version to restore");
-  if (upstream_->parent() != 0) return Status::invalid_argument("restore() comes before start()");
+  for (const auto& link : upstreams_)
+    if (link->parent() != 0) return Status::invalid_argument("restore() comes before start()");
   const RunId run = version ? version->run : RunId{};
   DC_RETURN_IF_ERROR(rebuild_->restore(std::move(version)));
   std::lock_guard lock(run_mu_);
@@ -69,7 +75,8 @@ Status Node::restore(std::shared_ptr<ModelVersion> version) {
 }
 
 void Node::start() {
-  if (upstream_->configured()) upstream_->connect();
+  for (const auto& link : upstreams_)
+    if (link->configured()) link->connect();
 }
 
 std::shared_ptr<const ModelVersion> Node::current() const { return rebuild_ ? rebuild_->current() : nullptr; }
@@ -78,7 +85,15 @@ bool Node::outbox_empty() const { return !shard_out_ || shard_out_->outbox_empty
 std::size_t Node::slices_retained() const { return shard_out_ ? shard_out_->retained() : 0; }
 void Node::set_on_log(std::function<void(LogLevel, const std::string&)> callback) { ctx_->on_log = std::move(callback); }
 const NodeStats& Node::stats() const { return ctx_->stats; }
-bool Node::connected() const { return upstream_->welcomed(); }
+bool Node::connected() const { return has_parents() && every_parent_welcomed(); }
+
+bool Node::any_parent_welcomed() const {
+  return std::any_of(upstreams_.begin(), upstreams_.end(), [](const auto& link) { return link->welcomed(); });
+}
+
+bool Node::every_parent_welcomed() const {
+  return std::all_of(upstreams_.begin(), upstreams_.end(), [](const auto& link) { return link->welcomed(); });
+}
 const std::string& Node::last_error() const { return ctx_->last_error(); }
 std::size_t Node::child_count() const { return children_->count(); }
 std::size_t Node::child_records() const { return children_->records(); }
@@ -89,33 +104,62 @@ RunId Node::run_from_any_thread() const {
 }
 
 void Node::drop_peer(PeerId peer, const std::string& why) {
-  if (peer == upstream_->parent() && peer != 0) {
+  for (const auto& link : upstreams_) {
+    if (peer != link->parent() || peer == 0) continue;
     ctx_->stats.peers_dropped++;
-    ctx_->set_error("parent " + upstream_->endpoint() + " dropped: " + why);
-    upstream_->give_up();
+    ctx_->set_error("parent " + link->endpoint() + " dropped: " + why);
+    link->give_up();
     return;
   }
   children_->drop(peer, why);
 }
 
-void Node::send_to_parent(const Message& m) { upstream_->send(m); }
+void Node::send_to_parent(const Message& m) {
+  for (const auto& link : upstreams_)
+    if (link->welcomed()) {
+      link->send(m);
+      return;
+    }
+  upstreams_.front()->send(m);
+}
 
-void Node::on_writable(PeerId peer) {
-  if (peer == upstream_->parent() && peer != 0) {
-    if (shard_out_) shard_out_->flush();
+void Node::send_to_parents(const Message& m) {
+  for (const auto& link : upstreams_) link->send(m);
+}
+
+void Node::send_need(const Need& need) {
+  const std::size_t trees = upstreams_.size();
+  if (trees == 1 || need.chunks.empty()) {
+    send_to_parents(need);
     return;
   }
+  std::vector<std::vector<std::uint32_t>> by_tree(trees);
+  for (const std::uint32_t i : need.chunks) by_tree[i % trees].push_back(i);
+  for (std::size_t t = 0; t < trees; ++t)
+    if (!by_tree[t].empty()) upstreams_[t]->send(Need{need.key, std::move(by_tree[t]), need.want_anchor, need.again});
+}
+
+void Node::on_writable(PeerId peer) {
+  for (const auto& link : upstreams_)
+    if (peer == link->parent() && peer != 0) {
+      if (shard_out_) shard_out_->flush();
+      return;
+    }
   children_->on_writable(peer);
 }
 
 void Node::on_peer_down(PeerId peer) {
-  if (!upstream_->on_peer_down(peer)) children_->on_peer_down(peer);
+  for (const auto& link : upstreams_)
+    if (link->on_peer_down(peer)) return;
+  children_->on_peer_down(peer);
 }
 
 // ---- upstream -------------------------------------------------------------------------------
 
-Hello Node::make_hello() const {
+Hello Node::make_hello(std::uint32_t tree, std::uint32_t trees) const {
   Hello hello;
+  hello.tree = tree;
+  hello.trees = trees;
   hello.node_id = config_.node_id;
   hello.role = config_.shard_count > 0 ? Role::kPublisher : config_.reconstruct ? Role::kWorker : Role::kRelay;
   hello.serves_children = config_.serve_children;
@@ -144,10 +188,10 @@ Heartbeat Node::heartbeat() const {
   return {newest_known_version(), run_};
 }
 
-bool Node::on_parent_newest(std::uint64_t newest, const RunId& run) {
+bool Node::on_parent_newest(UpstreamLink& link, std::uint64_t newest, const RunId& run) {
   const std::uint64_t known = run == run_ ? std::max(newest_known_version(), current_version()) : 0;
   if (newest > known && newest - known > config_.version_jump_max) {
-    drop_peer(upstream_->parent(), "it claims version " + std::to_string(newest) + ", more than " +
+    drop_peer(link.parent(), "it claims version " + std::to_string(newest) + ", more than " +
                                        std::to_string(config_.version_jump_max) + " (version_jump_max) past v" + std::to_string(known));
     return false;
   }
@@ -168,23 +212,26 @@ bool Node::on_parent_newest(std::uint64_t newest, const RunId& run) {
 }
 
 void Node::on_traffic(PeerId from) {
-  if (upstream_->classify(from) == UpstreamLink::From::kParent) upstream_->heard();
+  for (const auto& link : upstreams_)
+    if (link->classify(from) == UpstreamLink::From::kParent) link->heard();
 }
 
 void Node::on_message(PeerId from, const Message& m) {
   ctx_->stats.bytes_in += message_bytes(m);
-  switch (upstream_->classify(from)) {
-    case UpstreamLink::From::kProbe:
-      if (upstream_->on_probe_message(m)) handle_parent(m);
-      return;
-    case UpstreamLink::From::kOldParent:
-      return;
-    case UpstreamLink::From::kParent:
-      upstream_->heard();
-      handle_parent(m);
-      return;
-    case UpstreamLink::From::kOther:
-      break;
+  for (const auto& link : upstreams_) {
+    switch (link->classify(from)) {
+      case UpstreamLink::From::kProbe:
+        if (link->on_probe_message(m)) handle_parent(*link, m);
+        return;
+      case UpstreamLink::From::kOldParent:
+        return;
+      case UpstreamLink::From::kParent:
+        link->heard();
+        handle_parent(*link, m);
+        return;
+      case UpstreamLink::From::kOther:
+        break;
+    }
   }
   if (const auto* hello = std::get_if<Hello>(&m)) {
     children_->on_hello(from, *hello);
@@ -193,41 +240,41 @@ void Node::on_message(PeerId from, const Message& m) {
   handle_child(from, m);
 }
 
-void Node::on_welcome(const Welcome& w) {
-  upstream_->welcome();
+void Node::on_welcome(UpstreamLink& link, const Welcome& w) {
+  link.welcome();
   anchor_requested_ = false;
-  if (!on_parent_newest(w.newest_version, w.run)) return;
+  if (!on_parent_newest(link, w.newest_version, w.run)) return;
   if (shard_out_) shard_out_->on_welcome(parent_newest_);
   request_missing(/*force=*/true);
   advance();
 }
 
-void Node::handle_parent(const Message& m) {
+void Node::handle_parent(UpstreamLink& link, const Message& m) {
   if (const auto* w = std::get_if<Welcome>(&m)) {
-    on_welcome(*w);
+    on_welcome(link, *w);
   } else if (const auto* refuse = std::get_if<Refuse>(&m)) {
-    ctx_->set_error("parent " + upstream_->endpoint() + " refused us: " + refuse->reason);
-    upstream_->give_up();
+    ctx_->set_error("parent " + link.endpoint() + " refused us: " + refuse->reason);
+    link.give_up();
   } else if (const auto* manifest = std::get_if<ManifestMsg>(&m)) {
-    on_manifest(*manifest);
+    on_manifest(link.parent(), *manifest);
   } else if (const auto* chunk = std::get_if<ChunkMsg>(&m)) {
     on_chunk(*chunk);
   } else if (const auto* hb = std::get_if<Heartbeat>(&m)) {
-    if (on_parent_newest(hb->newest_version, hb->run) && shard_out_) shard_out_->release(parent_newest_);
+    if (on_parent_newest(link, hb->newest_version, hb->run) && shard_out_) shard_out_->release(parent_newest_);
   } else if (const auto* need = std::get_if<Need>(&m)) {
     // The origin asks a trainer shard for an anchor, or for (part of) a slice again.
     if (shard_out_ && shard_out_->on_need(*need) && on_anchor_wanted_) on_anchor_wanted_();
   } else if (const auto* leave = std::get_if<Leave>(&m)) {
     // The parent is going away: move to the next one now, keeping what is here.
     ctx_->set_error("parent " + leave->node_id + " left: " + leave->reason);
-    upstream_->next();
+    link.next();
   }
 }
 
 void Node::request_anchor(std::uint64_t newer_than) {
   const std::uint64_t now = ctx_->now_ms();
   if (anchor_requested_ && now - anchor_requested_ms_ < config_.need_after_ms * 4) return;
-  if (!upstream_->configured()) {
+  if (!has_parents()) {
     // Nothing newer than what the asker holds can be made, and anchors made on request are
     // bounded in time (tick() asks again for children still waiting).
     if (!shard_in_ && newer_than > 0 && newer_than >= cache_.newest_version()) return;
@@ -239,8 +286,8 @@ void Node::request_anchor(std::uint64_t newer_than) {
     if (on_anchor_wanted_) on_anchor_wanted_();
     // Versions made of trainer shards' slices: each shard sends an anchor of its slice.
     if (shard_in_) children_->to_publishers(Need{{newer_than, true}, {}, true});
-  } else if (upstream_->welcomed()) {
-    send_to_parent(Need{{newer_than, true}, {}, true});
+  } else if (any_parent_welcomed()) {
+    send_need(Need{{newer_than, true}, {}, true});
   } else {
     return;  // asked again once a parent welcomes us
   }
@@ -249,7 +296,7 @@ void Node::request_anchor(std::uint64_t newer_than) {
 }
 
 void Node::request_missing(bool force) {
-  if (!upstream_->welcomed()) return;
+  if (!any_parent_welcomed()) return;
   const std::uint64_t now = ctx_->now_ms();
   if (!force && now - last_need_ms_ < config_.need_after_ms) return;
   last_need_ms_ = now;
@@ -260,7 +307,7 @@ void Node::request_missing(bool force) {
     if (config_.reconstruct && !config_.serve_children && key.version <= current_version()) continue;
     auto missing = v.missing();
     ctx_->stats.retransmit_requests += missing.size();
-    send_to_parent(Need{key, std::move(missing), false});
+    send_need(Need{key, std::move(missing), false});
   }
   // Versions the parent has and we have not even seen the manifest of: a worker needs every
   // delta after its current version, a relay the ones after the newest it caches.
@@ -273,7 +320,7 @@ void Node::request_missing(bool force) {
   if (from > 0 && parent_newest > from) {
     const std::uint64_t to = from + std::min<std::uint64_t>(parent_newest - from, config_.versions_requested_max);
     for (std::uint64_t v = from + 1; v <= to; ++v)
-      if (!cache_.find({v, false})) send_to_parent(Need{{v, false}, {}, false});
+      if (!cache_.find({v, false})) send_need(Need{{v, false}, {}, false});
   }
   const bool parent_in_newer_run = parent_run_ > run_;
   if (need_anchor || (rebuild_ && !rebuild_->busy() && (parent_in_newer_run || (current_version() == 0 && parent_newest > 0))))
@@ -282,7 +329,7 @@ void Node::request_missing(bool force) {
 
 // ---- versions from upstream -----------------------------------------------------------------
 
-bool Node::admit_manifest(const ManifestMsg& m, std::shared_ptr<const Manifest>& parsed) {
+bool Node::admit_manifest(PeerId from, const ManifestMsg& m, std::shared_ptr<const Manifest>& parsed) {
   if (!m.manifest) return false;
   parsed = m.parsed;
   if (!parsed) {
@@ -291,7 +338,7 @@ bool Node::admit_manifest(const ManifestMsg& m, std::shared_ptr<const Manifest>&
       const std::string why = "manifest of " + to_string(m.key) + ": " + p.status().to_string();
       // Beyond this node's configured limits: refused here, the parent may still be honest.
       if (p.status().code() == StatusCode::kResourceExhausted) ctx_->set_error(why);
-      else drop_peer(upstream_->parent(), why);
+      else drop_peer(from, why);
       return false;
     }
     parsed = std::make_shared<const Manifest>(std::move(p).value());
@@ -302,7 +349,7 @@ bool Node::admit_manifest(const ManifestMsg& m, std::shared_ptr<const Manifest>&
   if (!config_.trust_keys.empty() && !config_.virtual_payloads) {
     if (Status st = verify_manifest(m.manifest->span(), *parsed, config_.trust_keys); !st.is_ok()) {
       ctx_->stats.untrusted_manifests++;
-      drop_peer(upstream_->parent(), st.to_string());
+      drop_peer(from, st.to_string());
       return false;
     }
   }
@@ -312,7 +359,7 @@ bool Node::admit_manifest(const ManifestMsg& m, std::shared_ptr<const Manifest>&
   }
   if (const std::uint64_t now_us = ctx_->clock.unix_us();
       parsed->run > run_ && now_us != 0 && parsed->run.started_us > now_us + config_.run_clock_skew_ms_max * 1000) {
-    drop_peer(upstream_->parent(), "manifest of " + to_string(m.key) + " names run " + to_string(parsed->run) + ", which starts " +
+    drop_peer(from, "manifest of " + to_string(m.key) + " names run " + to_string(parsed->run) + ", which starts " +
                                        std::to_string((parsed->run.started_us - now_us) / 1000000) + " s in the future (run_clock_skew_ms_max)");
     return false;
   }
@@ -342,11 +389,13 @@ void Node::drop_cache() {
   anchor_requested_ = false;
 }
 
-void Node::on_manifest(const ManifestMsg& m) {
+void Node::on_manifest(PeerId from, const ManifestMsg& m) {
   const std::uint64_t now = ctx_->now_ms();
   std::shared_ptr<const Manifest> parsed;
-  // A manifest already cached was checked when it came; a copy (sent again) is not parsed again.
-  if (!cache_.find(m.key) && !admit_manifest(m, parsed)) return;
+  // A manifest already cached was checked when it came, and went to the children then; a copy
+  // (sent again, or by another tree's parent) is neither parsed nor forwarded again.
+  const bool known = cache_.find(m.key) != nullptr;
+  if (!known && !admit_manifest(from, m, parsed)) return;
   // A worker that does not relay has no use for versions it has moved past.
   if (config_.reconstruct && !config_.serve_children && m.key.version <= current_version()) return;
   auto r = cache_.add_manifest(m.key, m.manifest, now, std::move(parsed));
@@ -364,7 +413,7 @@ void Node::on_manifest(const ManifestMsg& m) {
   if (parent_run_ == run_) parent_newest_ = std::max(parent_newest_, m.key.version);
   const bool requested = m.key.anchor && anchor_requested_;
   if (m.key.anchor) anchor_requested_ = false;
-  if (config_.serve_children) children_->forward_manifest(*v, m.key.anchor && !requested);
+  if (config_.serve_children && !known) children_->forward_manifest(*v, m.key.anchor && !requested);
   advance();
 }
 
@@ -424,7 +473,7 @@ void Node::accept_chunk(const ChunkMsg& m, bool hashes_checked) {
       ctx_->stats.corrupt_chunks++;
       ctx_->stats.retransmit_requests++;
       ctx_->set_error(r.status().to_string());
-      send_to_parent(Need{m.key, {m.index}, false, /*again=*/true});
+      send_need(Need{m.key, {m.index}, false, /*again=*/true});
     }
     return;
   }
@@ -508,7 +557,7 @@ void Node::on_ready_message(PeerId from, const Ready& r) {
     drop_peer(from, "sent a Ready for node '" + r.node_id.substr(0, kNodeIdBytesMax) + "', not its own id " + child.node_id);
     return;
   }
-  if (upstream_->configured()) send_to_parent(r);
+  if (has_parents()) send_to_parent(r);
   else record_ready(r);
 }
 
@@ -539,13 +588,14 @@ void Node::record_ready(const Ready& r) {
 void Node::on_leave_message(PeerId from, const Leave& l) {
   children_->on_leave(from, l.node_id);
   if (l.moved) return;  // still in the fleet, under another parent
-  if (upstream_->configured()) send_to_parent(l);
+  if (has_parents()) send_to_parent(l);
   else ledger_.mark_left(l.node_id, ctx_->now_ms());
 }
 
 void Node::leave(const std::string& reason) {
   const Leave l{config_.node_id, reason};
-  if (upstream_->welcomed()) send_to_parent(l);
+  for (const auto& link : upstreams_)
+    if (link->welcomed()) link->send(l);
   children_->broadcast(l);
 }
 
@@ -554,11 +604,11 @@ void Node::leave(const std::string& reason) {
 void Node::tick() {
   const std::uint64_t now = ctx_->now_ms();
   if (shard_out_) shard_out_->flush();
-  upstream_->tick(now);
+  for (const auto& link : upstreams_) link->tick(now);
   if (now - last_heartbeat_ms_ >= config_.heartbeat_ms) {
     last_heartbeat_ms_ = now;
     const Heartbeat hb = heartbeat();
-    send_to_parent(hb);
+    send_to_parents(hb);
     children_->broadcast(hb);
   }
   children_->tick(now);
@@ -582,20 +632,24 @@ void Node::trim_history() {
 }
 
 bool Node::quiet() const {
-  if (!outbox_empty() || upstream_->probing() || (shard_in_ && !shard_in_->idle())) return false;
+  if (!outbox_empty() || (shard_in_ && !shard_in_->idle())) return false;
+  for (const auto& link : upstreams_)
+    if (link->probing()) return false;
   if (rebuild_ && (rebuild_->busy() || rebuild_->need_anchor())) return false;
-  if (upstream_->configured() && !upstream_->welcomed()) return false;
+  if (has_parents() && !every_parent_welcomed()) return false;
   if (cache_.bytes() > cache_.bytes_max()) return false;
   for (const auto& [key, v] : cache_.entries())
     if (!v.complete()) return false;
   // Versions the parent has that request_missing() would ask for.
   const std::uint64_t have = config_.reconstruct ? current_version() : cache_.newest_version();
-  if (upstream_->configured() && usable_parent_newest() > have && (have > 0 || config_.reconstruct)) return false;
+  if (has_parents() && usable_parent_newest() > have && (have > 0 || config_.reconstruct)) return false;
   return children_->idle();
 }
 
 std::uint64_t Node::next_duty_ms() const {
-  return children_->next_duty_ms(upstream_->next_duty_ms(last_heartbeat_ms_ + config_.heartbeat_ms));
+  std::uint64_t due = last_heartbeat_ms_ + config_.heartbeat_ms;
+  for (const auto& link : upstreams_) due = link->next_duty_ms(due);
+  return children_->next_duty_ms(due);
 }
 
 // ---- publishing -----------------------------------------------------------------------------

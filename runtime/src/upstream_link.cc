@@ -11,8 +11,7 @@ UpstreamLink::From UpstreamLink::classify(PeerId peer) const {
 }
 
 const std::string& UpstreamLink::endpoint() const {
-  const auto& parents = ctx_.config.parents;
-  return parents[index_ % parents.size()];
+  return parents_[index_ % parents_.size()];
 }
 
 void UpstreamLink::connect() {
@@ -53,7 +52,7 @@ bool UpstreamLink::on_probe_message(const Message& m) {
   }
   if (parent_ != 0) {
     // Closed once the Leave had time to go out (closing at once could drop it).
-    ctx_.send(parent_, Leave{ctx_.config.node_id, "moving back to " + ctx_.config.parents[0], /*moved=*/true});
+    ctx_.send(parent_, Leave{ctx_.config.node_id, "moving back to " + parents_[0], /*moved=*/true});
     if (left_parent_ != 0) ctx_.transport.disconnect(left_parent_);
     left_parent_ = parent_;
     left_parent_ms_ = ctx_.now_ms();
@@ -99,7 +98,7 @@ void UpstreamLink::tick(std::uint64_t now) {
 // On a fallback parent: a link to the preferred parent, opened every parent_return_ms.
 void UpstreamLink::probe_preferred(std::uint64_t now) {
   const NodeConfig& config = ctx_.config;
-  const std::size_t n = config.parents.size();
+  const std::size_t n = parents_.size();
   if (n < 2 || config.parent_return_ms == 0 || index_ % n == 0 || !welcomed()) return;
   if (probe_ != 0) {
     if (now - probe_ms_ <= config.parent_timeout_ms) return;
@@ -108,7 +107,7 @@ void UpstreamLink::probe_preferred(std::uint64_t now) {
   }
   if (now - probe_ms_ < config.parent_return_ms) return;
   probe_ms_ = now;
-  probe_ = ctx_.transport.connect(config.parents[0]);
+  probe_ = ctx_.transport.connect(parents_[0]);
   ctx_.send(probe_, hello_());
 }
 
@@ -116,7 +115,7 @@ std::uint64_t UpstreamLink::next_duty_ms(std::uint64_t due) const {
   if (!configured()) return due;
   const NodeConfig& config = ctx_.config;
   due = std::min(due, heard_ms_ + config.parent_timeout_ms + 1);
-  const std::size_t n = config.parents.size();
+  const std::size_t n = parents_.size();
   if (n > 1 && config.parent_return_ms > 0 && index_ % n != 0) due = std::min(due, probe_ms_ + config.parent_return_ms);
   if (left_parent_ != 0) due = std::min(due, left_parent_ms_ + kLeaveLingerMs);
   return due;

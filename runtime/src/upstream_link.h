@@ -1,6 +1,7 @@
 // A node's link to its parent: which of its configured parents (most preferred first), failover
 // to the next one, the return to the preferred one, and the pace of reconnects. It knows nothing
-// of versions: the node says what a Hello carries and handles what the parent sends.
+// of versions: the node says what a Hello carries and handles what the parent sends. A node of a
+// multi-tree fleet has one per tree, each with that tree's parents.
 #pragma once
 
 #include <functional>
@@ -11,8 +12,10 @@ namespace deltacast::runtime {
 
 class UpstreamLink {
  public:
-  // `hello`: what to say on every link opened (asked each time, so it says what is here now).
-  UpstreamLink(NodeContext& ctx, std::function<Hello()> hello) : ctx_(ctx), hello_(std::move(hello)) {}
+  // `parents`: most preferred first (none: the origin). `hello`: what to say on every link
+  // opened (asked each time, so it says what is here now).
+  UpstreamLink(NodeContext& ctx, std::vector<std::string> parents, std::function<Hello()> hello)
+      : ctx_(ctx), parents_(std::move(parents)), hello_(std::move(hello)) {}
 
   // Where a message comes from, as far as the upstream is concerned.
   enum class From : std::uint8_t {
@@ -44,7 +47,7 @@ class UpstreamLink {
   std::uint64_t next_duty_ms(std::uint64_t due) const;
   bool send(const Message& m) { return parent_ != 0 && ctx_.send(parent_, m); }
 
-  bool configured() const { return !ctx_.config.parents.empty(); }
+  bool configured() const { return !parents_.empty(); }
   PeerId parent() const { return parent_; }
   bool welcomed() const { return parent_ != 0 && welcomed_; }
   bool probing() const { return probe_ != 0; }
@@ -58,9 +61,10 @@ class UpstreamLink {
   void probe_preferred(std::uint64_t now_ms);
 
   NodeContext& ctx_;
+  const std::vector<std::string> parents_;
   std::function<Hello()> hello_;
   PeerId parent_ = 0;
-  std::size_t index_ = 0;  // into config.parents, modulo its size
+  std::size_t index_ = 0;  // into parents_, modulo its size
   bool welcomed_ = false;
   std::uint64_t heard_ms_ = 0;
   std::uint64_t connected_ms_ = 0;  // when the last parent link was opened

@@ -40,7 +40,7 @@ struct Upstream {
       : config(std::move(c)),
         transport(net.attach(config.node_id, [this](PeerId from, const Message& m) { receive(from, m); })),
         ctx(config, transport, net.clock),
-        link(ctx, [this] {
+        link(ctx, config.parents, [this] {
           Hello h;
           h.node_id = config.node_id;
           return h;

@@ -20,6 +20,27 @@ void watch(Node& worker, const Series& s, std::vector<std::uint64_t>& seen, int&
   });
 }
 
+// An origin that published anchor 1 of `s`, and relay-a and relay-b under it.
+Node& origin_and_two_relays(FakeNet& net, const Series& s) {
+  Node& origin = net.add(origin_config());
+  REQUIRE(origin.publish(s.anchor(1)).is_ok());
+  net.add(relay_config("relay-a", {"origin"}));
+  net.add(relay_config("relay-b", {"origin"}));
+  return origin;
+}
+
+// `relay` forwards `chunks` chunks, then dies as it sends the next.
+void kill_after_chunks(FakeNet& net, const std::string& relay, int chunks) {
+  auto forwarded = std::make_shared<int>(0);
+  net.filter = [&net, relay, chunks, forwarded](const std::string& from, const std::string&, Message& m) {
+    if (from == relay && std::holds_alternative<ChunkMsg>(m) && ++*forwarded > chunks) {
+      net.kill(relay);
+      return false;
+    }
+    return true;
+  };
+}
+
 // True when every named node exposes version v.
 bool all_at(FakeNet& net, const std::vector<std::string>& nodes, std::uint64_t v) {
   for (const auto& n : nodes)
@@ -32,10 +53,7 @@ bool all_at(FakeNet& net, const std::vector<std::string>& nodes, std::uint64_t v
 TEST_CASE("versions stream down origin -> relays -> workers, bit-exact", "[runtime][node]") {
   Series s(6);
   FakeNet net;
-  Node& origin = net.add(origin_config());
-  REQUIRE(origin.publish(s.anchor(1)).is_ok());
-  net.add(relay_config("relay-a", {"origin"}));
-  net.add(relay_config("relay-b", {"origin"}));
+  Node& origin = origin_and_two_relays(net, s);
   std::vector<std::string> workers = {"w1", "w2", "w3", "w4"};
   std::map<std::string, std::vector<std::uint64_t>> seen;
   int bad = 0;
@@ -64,10 +82,7 @@ TEST_CASE("versions stream down origin -> relays -> workers, bit-exact", "[runti
 TEST_CASE("a relay killed mid-version: children fail over and finish from what they have", "[runtime][node]") {
   Series s(4);
   FakeNet net;
-  Node& origin = net.add(origin_config());
-  REQUIRE(origin.publish(s.anchor(1)).is_ok());
-  net.add(relay_config("relay-a", {"origin"}));
-  net.add(relay_config("relay-b", {"origin"}));
+  Node& origin = origin_and_two_relays(net, s);
   std::vector<std::string> workers = {"w1", "w2", "w3"};
   std::map<std::string, std::vector<std::uint64_t>> seen;
   int bad = 0;
@@ -77,14 +92,7 @@ TEST_CASE("a relay killed mid-version: children fail over and finish from what t
   REQUIRE(net.run_until([&] { return net.node("w1").current_version() == 2 && net.node("w3").current_version() == 2; }));
 
   // Version 3: relay-a dies after forwarding a few of its chunks.
-  int forwarded = 0;
-  net.filter = [&](const std::string& from, const std::string&, Message& m) {
-    if (from == "relay-a" && std::holds_alternative<ChunkMsg>(m) && ++forwarded > 4) {
-      net.kill("relay-a");
-      return false;
-    }
-    return true;
-  };
+  kill_after_chunks(net, "relay-a", 4);
   const auto v3 = s.delta(3);
   REQUIRE(v3.manifest.chunks.size() > 4);
   REQUIRE(origin.publish(v3).is_ok());
@@ -727,4 +735,73 @@ TEST_CASE("an origin merging shards gets an anchor on demand from every shard", 
   REQUIRE(net.run_until([&] { return sh.tb->publish(sh.slice_b(4)).is_ok(); }));
   REQUIRE(net.run_until([&] { return w.current_version() == 4; }));
   CHECK(w.current()->image == sh.whole(4));
+}
+
+TEST_CASE("a multi-tree fleet: each tree carries its chunks, and a relay killed mid-version costs only its tree", "[runtime][node][trees]") {
+  Series s(4);
+  FakeNet net;
+  Node& origin = origin_and_two_relays(net, s);
+  // Tree 0 through relay-a, tree 1 through relay-b; each falls back to the other.
+  std::vector<std::string> workers = {"w1", "w2", "w3"};
+  std::map<std::string, std::vector<std::uint64_t>> seen;
+  int bad = 0;
+  for (auto& id : workers) {
+    NodeConfig c = worker_config(id, {});
+    c.tree_parents = {{"relay-a", "relay-b"}, {"relay-b", "relay-a"}};
+    watch(net.add(c), s, seen[id], bad);
+  }
+  // Which relay sent each chunk to a worker, by its index's tree.
+  std::map<std::string, std::set<std::uint32_t>> trees_from;
+  net.filter = [&](const std::string& from, const std::string& to, Message& m) {
+    if (const auto* c = std::get_if<ChunkMsg>(&m); c && to.rfind("w", 0) == 0) trees_from[from].insert(c->index % 2);
+    return true;
+  };
+  REQUIRE(net.run_until([&] { return all_at(net, workers, 1); }));
+  const std::uint64_t before = net.bytes_sent_to("w1");
+  const auto v2 = s.delta(2);
+  REQUIRE(origin.publish(v2).is_ok());
+  REQUIRE(net.run_until([&] { return all_at(net, workers, 2); }));
+  CHECK(trees_from["relay-a"] == std::set<std::uint32_t>{0});
+  CHECK(trees_from["relay-b"] == std::set<std::uint32_t>{1});
+  // Each chunk came once: the version's payload, its manifest from both trees and little else.
+  const std::uint64_t received = net.bytes_sent_to("w1") - before;
+  CHECK(received >= v2.manifest.payload_bytes_total());
+  CHECK(received < v2.manifest.payload_bytes_total() + 2 * serialize_manifest(v2.manifest).size() + 4096);
+
+  // Version 3: relay-a dies after forwarding a few of its chunks; tree 0 fails over to relay-b.
+  kill_after_chunks(net, "relay-a", 2);
+  const auto v3 = s.delta(3);
+  REQUIRE(v3.manifest.chunks.size() > 4);
+  REQUIRE(origin.publish(v3).is_ok());
+  REQUIRE(net.run_until([&] { return all_at(net, workers, 3); }));
+  CHECK_FALSE(net.alive("relay-a"));
+  net.filter = nullptr;
+  // Only tree 0's link moved.
+  for (auto& w : workers) CHECK(net.node(w).stats().parent_failovers == 1);
+  REQUIRE(origin.publish(s.delta(4)).is_ok());
+  REQUIRE(net.run_until([&] { return all_at(net, workers, 4); }));
+  CHECK(bad == 0);
+  for (auto& w : workers) CHECK(seen[w] == std::vector<std::uint64_t>{1, 2, 3, 4});
+  REQUIRE(origin.ledger().size() == workers.size());
+  for (auto& [id, e] : origin.ledger()) CHECK(e.version == 4);
+}
+
+TEST_CASE("a Hello with a tree out of range is refused", "[runtime][node][trees]") {
+  FakeNet net;
+  Node& origin = net.add(origin_config());
+  FakeTransport rogue(net, "rogue");
+  auto hello = [](std::uint32_t tree, std::uint32_t trees) {
+    Hello h;
+    h.node_id = "rogue";
+    h.tree = tree;
+    h.trees = trees;
+    return h;
+  };
+  REQUIRE(rogue.send(rogue.connect("origin"), hello(kTreesMax, kTreesMax + 1)));
+  REQUIRE(rogue.send(rogue.connect("origin"), hello(2, 2)));
+  net.run();
+  CHECK(origin.child_count() == 0);
+  REQUIRE(rogue.send(rogue.connect("origin"), hello(1, 2)));
+  net.run();
+  CHECK(origin.child_count() == 1);
 }

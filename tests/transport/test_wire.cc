@@ -120,6 +120,8 @@ std::vector<GoldenFrame> golden_messages() {
       // A chunk whose 13 payload bytes travel in parts: the first 5 with the message, then a Part.
       {"chunk-first-part", ChunkMsg{{42, false}, 7, bytes("chunk"), 3}, {0, 0, 0x5eed5eed5eed5eedull, 1234568, 13}},
       {"part", std::nullopt, {0, 0, 0x5eed5eed5eed5eedull, 1234569}, 0, bytes(" payload")},
+      // A child's link in tree 1 of 3 of a multi-tree fleet.
+      {"hello-tree", Hello{kProtocolVersion, "eu-west.w17", Role::kWorker, 41, run, false, false, 1, 3}, {0xfeedfacecafebeefull, 1, 0, 0}},
   };
 }
 
@@ -209,4 +211,23 @@ TEST_CASE("the transport's link fields are bounded and a stripe announcement is 
   CHECK_FALSE(stripe(0, 1).is_ok());
   transport::Frames fr = transport::encode_stripe(9, 3);
   CHECK_FALSE(transport::decode_message(fr.header.data(), fr.header.size(), nullptr).is_ok());
+}
+
+TEST_CASE("a Hello's tree of a multi-tree fleet is bounded", "[transport][wire]") {
+  auto decoded = [](std::uint32_t tree, std::uint32_t trees) {
+    const Hello hello{kProtocolVersion, "w1", Role::kWorker, 0, {}, false, false, tree, trees};
+    transport::Frames fr = transport::encode_message(Message{hello}, {});
+    return transport::decode_message(fr.header.data(), fr.header.size(), nullptr);
+  };
+  auto ok = decoded(2, 3);
+  REQUIRE(ok.is_ok());
+  const auto* h = std::get_if<Hello>(&*ok);
+  REQUIRE(h);
+  CHECK(h->tree == 2);
+  CHECK(h->trees == 3);
+  auto single = decoded(0, 1);
+  REQUIRE(single.is_ok());
+  CHECK(std::get<Hello>(*single).trees == 1);
+  CHECK(decoded(3, 3).status().message().find("tree 3 of 3") != std::string::npos);
+  CHECK_FALSE(decoded(0, runtime::kTreesMax + 1).is_ok());
 }

@@ -88,6 +88,10 @@ Frames encode_message(const Message& message, const LinkFields& fields) {
           h->set_serves_children(m.serves_children);
           h->set_link(fields.link);
           h->set_stripes(fields.stripes);
+          if (m.trees > 1) {
+            h->set_tree(m.tree);
+            h->set_trees(m.trees);
+          }
         } else if constexpr (std::is_same_v<T, Welcome>) {
           env.mutable_welcome()->set_newest_version(m.newest_version);
           set_run(env.mutable_welcome()->mutable_run(), m.run);
@@ -217,6 +221,10 @@ Result<Message> decode_body(wire::Envelope& env, SharedBytes payload) {
     h.resume = env.hello().resume();
     h.run = get_run(env.hello().run());
     h.serves_children = env.hello().serves_children();
+    h.trees = std::max<std::uint32_t>(1, env.hello().trees());
+    h.tree = env.hello().tree();
+    if (h.trees > kTreesMax || h.tree >= h.trees)
+      return Status::corruption("tree " + std::to_string(h.tree) + " of " + std::to_string(h.trees) + " (at most " + std::to_string(kTreesMax) + " trees)");
     DC_RETURN_IF_ERROR(check_node_id(h.node_id));
     return Message{h};
   }

@@ -21,6 +21,8 @@ inline constexpr std::uint32_t kProtocolVersion = 4;
 // Bounds on what a peer may send (docs/RELIABILITY.md): strings longer than these are refused.
 inline constexpr std::size_t kNodeIdBytesMax = 128;
 inline constexpr std::size_t kReasonBytesMax = 1024;
+// Trees of a multi-tree fleet (Hello::trees, NodeConfig::tree_parents), at most.
+inline constexpr std::uint32_t kTreesMax = 8;
 // Node names: letters, digits, '.', '_' and '-', at most kNodeIdBytesMax, not "." or "..",
 // so a name is safe as a file name and in logs and metrics.
 bool valid_node_id(const std::string& id);
@@ -77,6 +79,10 @@ struct Hello {
   // The child already holds part of what it needs (it is re-attaching after a failover or a
   // restart): the parent sends nothing unasked and the child pulls exactly what it misses.
   bool resume = false;
+  // A multi-tree fleet (NodeConfig::tree_parents): this link is the child's in tree `tree` of
+  // `trees`, and carries only the chunks i with i mod trees == tree (manifests all). 1 tree:
+  // every chunk.
+  std::uint32_t tree = 0, trees = 1;
 };
 // parent -> child: accepted.
 struct Welcome {

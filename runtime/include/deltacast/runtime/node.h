@@ -131,13 +131,17 @@ class Node {
   class CheckTask;
 
   // ---- upstream ----
-  Hello make_hello() const;
-  void handle_parent(const Message& m);
-  void on_welcome(const Welcome& w);
-  // The parent's newest version and run (Welcome, Heartbeat): bounded, and a newer run drops what
+  // What the link of tree `tree` of `trees` says first.
+  Hello make_hello(std::uint32_t tree, std::uint32_t trees) const;
+  void handle_parent(UpstreamLink& link, const Message& m);
+  void on_welcome(UpstreamLink& link, const Welcome& w);
+  // A parent's newest version and run (Welcome, Heartbeat): bounded, and a newer run drops what
   // this node holds of the old one from its cache.
   // Returns false if the parent was dropped for it.
-  bool on_parent_newest(std::uint64_t newest, const RunId& run);
+  bool on_parent_newest(UpstreamLink& link, std::uint64_t newest, const RunId& run);
+  bool has_parents() const { return config_.has_parents(); }
+  bool any_parent_welcomed() const;
+  bool every_parent_welcomed() const;
   // What Welcome and Heartbeat say: the newest version and its run. A node whose parent serves a
   // newer run passes that on, so its children ask for the new run's anchor at once.
   Heartbeat heartbeat() const;
@@ -145,18 +149,24 @@ class Node {
   std::uint64_t anchor_floor() const;
   // The newest version the parent has that this node can use (0 when the parent is in another run).
   std::uint64_t usable_parent_newest() const;
+  // To one parent: reports (Ready, a Leave passed up) go up one tree.
   void send_to_parent(const Message& m);
+  // To every tree's parent: heartbeats, this node's own Leave.
+  void send_to_parents(const Message& m);
+  // A Need to the parents that serve it: the chunks it names each to its tree's parent, a whole
+  // version or an anchor to every tree's (each sends its tree's chunks).
+  void send_need(const Need& need);
   void request_missing(bool force);
   // Asks for an anchor newer than `newer_than` (what the asker holds; it cannot use older ones).
   void request_anchor(std::uint64_t newer_than);
 
   // ---- versions from upstream ----
   // A manifest from upstream: bounds, signature, run. False if it is not to be used.
-  bool admit_manifest(const ManifestMsg& m, std::shared_ptr<const Manifest>& parsed);
+  bool admit_manifest(PeerId from, const ManifestMsg& m, std::shared_ptr<const Manifest>& parsed);
   // A verified manifest of a newer run: everything of the old run goes.
   void switch_run(const RunId& run);
   void drop_cache();
-  void on_manifest(const ManifestMsg& m);
+  void on_manifest(PeerId from, const ManifestMsg& m);
   void on_chunk(const ChunkMsg& m);
   // A chunk of a signed version goes to the TaskRunner for its hashes; false if it is checked
   // here instead (no runner, nothing to check, or check_bytes_in_flight_max reached).
@@ -188,7 +198,7 @@ class Node {
   TaskRunner* tasks_;
   VersionCache cache_;
   std::unique_ptr<Hooks> hooks_;
-  std::unique_ptr<UpstreamLink> upstream_;
+  std::vector<std::unique_ptr<UpstreamLink>> upstreams_;  // one per tree (NodeConfig::tree_parents)
   std::unique_ptr<ChildServer> children_;
   std::unique_ptr<Reconstructor> rebuild_;     // workers
   std::unique_ptr<Scrubber> scrubber_;         // workers

@@ -22,6 +22,17 @@ inline constexpr std::uint64_t kScrubBytesPerSMax = 1'000'000'000'000;
 struct NodeConfig {
   std::string node_id;
   std::vector<std::string> parents;  // endpoints, most preferred first; empty for the origin
+  // A multi-tree fleet (docs/TOPOLOGY.md, "Multi-tree plans"): each tree's parents, most
+  // preferred first, 2 to kTreesMax trees; chunk i of a version comes down tree i mod their
+  // count, each tree's parent failing over on its own. Empty: one tree, `parents` (empty then).
+  std::vector<std::vector<std::string>> tree_parents;
+  // The parents of each tree: tree_parents, or `parents` as the only one (none for the origin).
+  std::vector<std::vector<std::string>> upstream_trees() const {
+    if (!tree_parents.empty()) return tree_parents;
+    if (parents.empty()) return {};
+    return {parents};
+  }
+  bool has_parents() const { return !parents.empty() || !tree_parents.empty(); }
   bool serve_children = false;
   bool reconstruct = false;
   std::uint64_t cache_bytes_max = 4ull << 30;

@@ -5,6 +5,7 @@
 #include "commands.h"
 #include "deltacast/io/mapped_file.h"
 #include "deltacast/sim/scenario.h"
+#include "deltacast/topology/plan.h"
 
 namespace deltacast::tools {
 namespace {
@@ -20,11 +21,12 @@ struct SimOptions {
   bool dense_apply = false;   // the scenario's run.sparse_apply ignored
   bool by_version = false;
   double window_bytes = 0;  // > 0: over the scenario's run.tcp.window_bytes
+  std::string trees;        // non-empty: over the scenario's run.trees
   std::string congestion_control;  // non-empty: over the scenario's run.tcp.congestion_control
 };
 
 const std::pair<const char*, sim::Strategy> kStrategies[] = {
-    {"cut-through", sim::Strategy::kCutThrough},          {"worker-relays", sim::Strategy::kCutThroughWorkerRelays},
+    {"multi-tree", sim::Strategy::kMultiTree},            {"cut-through", sim::Strategy::kCutThrough},          {"worker-relays", sim::Strategy::kCutThroughWorkerRelays},
     {"store-and-forward", sim::Strategy::kStoreAndForward}, {"star", sim::Strategy::kStar},
     {"object-store", sim::Strategy::kObjectStore},
 };
@@ -35,6 +37,7 @@ int run_sim(const SimOptions& o) {
   auto sc = sim::parse_scenario(std::string_view(reinterpret_cast<const char*>(text->data()), text->size()));
   if (!sc.is_ok()) return fail(o.scenario + ": " + sc.status().message());
   if (o.stripes > 0) sc->run.stripes.relay = o.stripes;
+  if (!o.trees.empty()) sc->run.trees = o.trees == "auto" ? 0 : static_cast<std::uint32_t>(std::stoul(o.trees));  // checked by the option
   if (o.window_bytes > 0) sc->run.tcp.window_bytes = o.window_bytes;
   if (auto cc = sim::cc_from_name(o.congestion_control)) sc->run.tcp.congestion_control = *cc;
   if (o.ideal_links) sc->run.tcp.modelled = false;
@@ -117,9 +120,11 @@ Command add_sim_command(CLI::App& app) {
   CLI::App* sub = app.add_subcommand("sim", "Simulate a fleet receiving versions: delivery times, staleness, strategies compared (docs/SIM.md)");
   sub->add_option("scenario", o->scenario, "Scenario file (JSON), e.g. sim/scenarios/four-regions.json")->required()->check(CLI::ExistingFile);
   sub->add_option("--seed", o->seed, "Random seed: the same seed replays the same run")->capture_default_str();
-  sub->add_option("--strategy", o->strategies, "cut-through, worker-relays, store-and-forward, star, object-store, or all")
+  sub->add_option("--strategy", o->strategies, "multi-tree, cut-through (one tree), worker-relays, store-and-forward, star, object-store, or all")
       ->capture_default_str()
-      ->check(CLI::IsMember({"cut-through", "worker-relays", "store-and-forward", "star", "object-store", "all"}));
+      ->check(CLI::IsMember({"multi-tree", "cut-through", "worker-relays", "store-and-forward", "star", "object-store", "all"}));
+  sub->add_option("--trees", o->trees, "Trees of the multi-tree strategy, 1 to 8 or auto, over the scenario's run.trees")
+      ->check(CLI::IsMember({"auto"}) | CLI::Range(1u, topology::kTreesMax));
   sub->add_flag("--uncompressed-too", o->raw_too, "Also run each strategy with raw BF16 versions (no compression)");
   sub->add_option("--svg", o->svg, "Write the plot here")->capture_default_str();
   sub->add_option("--stripes", o->stripes, "TCP connections per relay's parent link (the relays' --stripes), over the scenario's run.stripes.relay")

@@ -230,6 +230,8 @@ struct Network::Impl {
     std::uint64_t next_tick_us = 0;
     int cpu = -1;                    // its host's cores (none without a CPU model)
     std::uint32_t stripes = 1;       // TCP connections to each parent
+    bool waiting = false;            // added with Placement::start_later, not started yet
+    std::shared_ptr<runtime::ModelVersion> restore_at_start;  // for a waiting node
   };
   // One TCP connection's sending side (TcpOptions).
   struct Tcp {
@@ -298,6 +300,12 @@ struct Network::Impl {
   }
 
   void start(int i, std::shared_ptr<runtime::ModelVersion> restored) {
+    create(i, std::move(restored));
+    begin(i);
+  }
+
+  // A node that is up but has not connected yet: what reaches it from now on is its.
+  void create(int i, std::shared_ptr<runtime::ModelVersion> restored) {
     NodeState& h = nodes[i];
     h.generation++;
     h.alive = true;
@@ -308,7 +316,11 @@ struct Network::Impl {
       if (net.on_ready) net.on_ready(i, v);
     });
     if (restored) (void)h.node->restore(std::move(restored));
-    h.node->start();
+  }
+
+  // It connects to its parents and starts ticking.
+  void begin(int i) {
+    nodes[i].node->start();
     // Ticks at a random phase, so that nodes do not act in lockstep.
     const std::uint64_t period = opt.tick_ms * 1000;
     schedule_tick(i, net.events_.now_us() + std::uniform_int_distribution<std::uint64_t>(1, period)(rng));
@@ -679,9 +691,25 @@ int Network::add(runtime::NodeConfig config, const std::string& region, topology
   h.nic = nic;
   h.ingress_delay_ms = placement.ingress_delay_ms;
   h.stripes = std::max<std::uint32_t>(1, placement.stripes);
+  h.waiting = placement.start_later;
+  if (h.waiting) h.restore_at_start = std::move(placement.restored);
   impl_->nodes.push_back(std::move(h));
-  impl_->start(i, std::move(placement.restored));
+  if (!placement.start_later) impl_->start(i, std::move(placement.restored));
   return i;
+}
+
+void Network::start_added() {
+  // All up before any connects: a Hello sent to a node that starts later would be lost with
+  // the links of its earlier life.
+  std::vector<int> waiting;
+  for (std::size_t i = 0; i < impl_->nodes.size(); ++i) {
+    Impl::NodeState& h = impl_->nodes[i];
+    if (!h.waiting) continue;
+    h.waiting = false;
+    impl_->create(static_cast<int>(i), std::move(h.restore_at_start));
+    waiting.push_back(static_cast<int>(i));
+  }
+  for (int i : waiting) impl_->begin(i);
 }
 
 runtime::Node& Network::node(int i) { return *impl_->nodes.at(i).node; }

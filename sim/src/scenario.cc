@@ -28,6 +28,7 @@ using runtime::SharedBytes;
 
 const char* strategy_name(Strategy s) {
   switch (s) {
+    case Strategy::kMultiTree: return "cut-through multi-tree";
     case Strategy::kCutThrough: return "cut-through relay tree";
     case Strategy::kCutThroughWorkerRelays: return "cut-through, worker-relays only";
     case Strategy::kStoreAndForward: return "store-and-forward relay tree";
@@ -38,7 +39,7 @@ const char* strategy_name(Strategy s) {
 }
 
 std::vector<Strategy> all_strategies() {
-  return {Strategy::kCutThrough, Strategy::kCutThroughWorkerRelays, Strategy::kStoreAndForward, Strategy::kStar, Strategy::kObjectStore};
+  return {Strategy::kMultiTree, Strategy::kCutThrough, Strategy::kCutThroughWorkerRelays, Strategy::kStoreAndForward, Strategy::kStar, Strategy::kObjectStore};
 }
 
 // ---- parsing ----------------------------------------------------------------------------------
@@ -140,7 +141,9 @@ Status parse_stripes(const json& s, StripesSpec& stripes) {
 Status parse_run(const json& r, RunSpec& run) {
   DC_RETURN_IF_ERROR(check_fields(r, "scenario.run",
                                   {"versions", "step_period_s", "anchor_every", "decode", "tick_ms", "settle_s", "relay_cache_versions", "parent_timeout_ms",
-                                   "heartbeat_ms", "cpu", "tcp", "stripes", "sparse_apply", "scrub", "scrub_hash"}));
+                                   "heartbeat_ms", "cpu", "tcp", "stripes", "sparse_apply", "scrub", "scrub_hash", "trees"}));
+  if (r.contains("trees") && !(r["trees"].is_string() && r["trees"].get<std::string>() == "auto"))
+    DC_RETURN_IF_ERROR(number(r, "scenario.run", "trees", run.trees, 1, topology::kTreesMax));
   DC_RETURN_IF_ERROR(number(r, "scenario.run", "heartbeat_ms", run.heartbeat_ms, 10, 1e6));
   DC_RETURN_IF_ERROR(number(r, "scenario.run", "parent_timeout_ms", run.parent_timeout_ms, 100, 1e7));
   DC_RETURN_IF_ERROR(number(r, "scenario.run", "versions", run.versions, 1, 100000));
@@ -479,8 +482,44 @@ class ScenarioRun {
     return Status::ok();
   }
 
+  // The planner's trees (run.trees of them, or its choice): each node's parents per tree.
+  Status add_multi_tree_fleet() {
+    DC_ASSIGN_OR_RETURN(topology::MultiTreePlan plan, topology::plan_trees(sc_.fleet, sc_.run.trees));
+    rep_.name = std::string(strategy_name(o_.strategy)) + " (" + std::to_string(plan.trees.size()) + (plan.trees.size() == 1 ? " tree" : " trees") +
+                (o_.compressed ? "), compressed" : "), raw BF16");
+    const std::vector<topology::PlannedNode>& nodes = plan.trees.front().nodes;
+    for (std::size_t k = 0; k < nodes.size(); ++k) {
+      const topology::PlannedNode& n = nodes[k];
+      NodeConfig c = base_config(n.id);
+      for (const topology::Plan& tree : plan.trees) {
+        std::vector<std::string> parents;
+        for (int p : tree.upstream(static_cast<int>(k))) parents.push_back(tree.nodes[p].id);
+        if (!parents.empty()) c.tree_parents.push_back(std::move(parents));
+        c.serve_children = c.serve_children || tree.nodes[k].forwards;
+      }
+      if (c.tree_parents.size() == 1) c.parents = std::move(c.tree_parents.front()), c.tree_parents.clear();
+      add_planned_node(std::move(c), n, /*start_later=*/true);
+    }
+    net_->start_added();
+    return Status::ok();
+  }
+
+  void add_planned_node(NodeConfig c, const topology::PlannedNode& n, bool start_later = false) {
+    c.reconstruct = n.kind == topology::NodeKind::kWorker;
+    c.store_and_forward = o_.strategy == Strategy::kStoreAndForward && n.kind != topology::NodeKind::kOrigin;
+    const std::uint32_t stripes = n.kind == topology::NodeKind::kRelay ? sc_.run.stripes.relay : sc_.run.stripes.worker;
+    const int i = net_->add(c, n.region, n.nic,
+                            {.restored = c.reconstruct ? initial_ : nullptr, .host = host_of(c.reconstruct, n.region), .stripes = stripes, .start_later = start_later});
+    if (n.kind == topology::NodeKind::kOrigin) origin_ = i;
+    if (c.reconstruct) {
+      workers_.push_back(i);
+      worker_region_[i] = n.region;
+    }
+  }
+
   // The planner's tree for the strategy's shape; nodes in plan order, parents before children.
   Status add_planned_fleet() {
+    if (o_.strategy == Strategy::kMultiTree) return add_multi_tree_fleet();
     const topology::Shape shape = o_.strategy == Strategy::kStar                     ? topology::Shape::kStar
                                   : o_.strategy == Strategy::kCutThroughWorkerRelays ? topology::Shape::kWorkerRelayTree
                                                                                      : topology::Shape::kTree;
@@ -490,15 +529,7 @@ class ScenarioRun {
       NodeConfig c = base_config(n.id);
       for (int p : plan.upstream(static_cast<int>(k))) c.parents.push_back(plan.nodes[p].id);
       c.serve_children = n.forwards;
-      c.reconstruct = n.kind == topology::NodeKind::kWorker;
-      c.store_and_forward = o_.strategy == Strategy::kStoreAndForward && n.kind != topology::NodeKind::kOrigin;
-      const std::uint32_t stripes = n.kind == topology::NodeKind::kRelay ? sc_.run.stripes.relay : sc_.run.stripes.worker;
-      const int i = net_->add(c, n.region, n.nic, {.restored = c.reconstruct ? initial_ : nullptr, .host = host_of(c.reconstruct, n.region), .stripes = stripes});
-      if (n.kind == topology::NodeKind::kOrigin) origin_ = i;
-      if (c.reconstruct) {
-        workers_.push_back(i);
-        worker_region_[i] = n.region;
-      }
+      add_planned_node(std::move(c), n);
     }
     return Status::ok();
   }

@@ -805,3 +805,28 @@ TEST_CASE("a Hello with a tree out of range is refused", "[runtime][node][trees]
   net.run();
   CHECK(origin.child_count() == 1);
 }
+
+TEST_CASE("two rollout hosts can feed each other, each in its own tree", "[runtime][node][trees]") {
+  Series s(3);
+  FakeNet net;
+  Node& origin = net.add(origin_config());
+  REQUIRE(origin.publish(s.anchor(1)).is_ok());
+  net.add(relay_config("relay", {"origin"}));
+  // w0 forwards tree 1 to w1, w1 forwards tree 0 to w0.
+  NodeConfig a = worker_config("w0", {}, /*relays=*/true), b = worker_config("w1", {}, /*relays=*/true);
+  a.tree_parents = {{"relay"}, {"w1"}};
+  b.tree_parents = {{"w0"}, {"relay"}};
+  Node& w0 = net.add(a);
+  Node& w1 = net.add(b);
+  REQUIRE(net.run_until([&] { return w0.current_version() == 1 && w1.current_version() == 1; }));
+  for (std::uint64_t v = 2; v <= 3; ++v) {
+    REQUIRE(origin.publish(s.delta(v)).is_ok());
+    REQUIRE(net.run_until([&] { return w0.current_version() == v && w1.current_version() == v; }));
+  }
+  CHECK(w0.current()->image == s.images[2]);
+  CHECK(w1.current()->image == s.images[2]);
+  CHECK(w0.stats().parent_failovers == 0);
+  CHECK(w1.stats().parent_failovers == 0);
+  CHECK(w0.child_count() == 1);
+  CHECK(w1.child_count() == 1);
+}

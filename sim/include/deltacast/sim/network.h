@@ -150,6 +150,10 @@ struct Placement {
   double ingress_delay_ms = 0;
   int host = -1;                // nodes given the same host (>= 0) share its cores; -1: its own
   std::uint32_t stripes = 1;    // TCP connections to each parent (transport::HostConfig::stripes)
+  // Added but not started until start_added(): for fleets where a node's parent in one tree is
+  // its child in another, so no order of adding has every parent there before its children
+  // connect (a connection to a node not yet added goes nowhere).
+  bool start_later = false;
 };
 
 class Network {
@@ -162,6 +166,8 @@ class Network {
   // Adds a node in `region` and starts it (it connects to its first parent). Its endpoint, for
   // other nodes' NodeConfig::parents, is its node_id.
   int add(runtime::NodeConfig config, const std::string& region, topology::Nic nic, Placement placement = {});
+  // Starts every node added with Placement::start_later, in the order they were added.
+  void start_added();
   runtime::Node& node(int i);
   const runtime::NodeConfig& config(int i) const;
   const std::string& region(int i) const;

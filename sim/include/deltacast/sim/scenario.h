@@ -59,6 +59,9 @@ struct RunSpec {
   std::uint64_t heartbeat_ms = 250;  // NodeConfig::heartbeat_ms
   TcpOptions tcp;                    // modelled if the scenario has a "tcp" section
   StripesSpec stripes;
+  // Trees of the multi-tree strategy (topology::plan_trees): 1 to 8, or 0 for the planner's
+  // choice ("auto").
+  std::uint32_t trees = 0;
 };
 
 struct ObjectStoreSpec {
@@ -89,7 +92,8 @@ struct Scenario {
 Result<Scenario> parse_scenario(std::string_view json_text);
 
 enum class Strategy : std::uint8_t {
-  kCutThrough,              // relay tree, each chunk forwarded as it arrives (deltacast)
+  kMultiTree,               // several relay trees, chunk i down tree i mod their count, cut-through (deltacast)
+  kCutThrough,              // one relay tree, each chunk forwarded as it arrives
   kCutThroughWorkerRelays,  // the same with rollout hosts as the only relays
   kStoreAndForward,         // relay tree, each relay waits for the whole version
   kStar,                    // the origin sends to every worker

@@ -38,7 +38,18 @@ struct FleetInitOptions {
   std::vector<std::string> relays;   // shorthand: NAME=ENDPOINT, a region each
   std::uint32_t workers_per_relay = 2;
   std::string worker_cache_size;
+  std::string trees = "1";           // trees to plan (topology::plan_trees), or auto
 };
+
+// Whether node i serves others in any tree, and how many links it serves in all.
+bool forwards_any(const topology::MultiTreePlan& plan, std::size_t i) {
+  return std::any_of(plan.trees.begin(), plan.trees.end(), [i](const topology::Plan& t) { return t.nodes[i].forwards; });
+}
+std::size_t children_all(const topology::MultiTreePlan& plan, std::size_t i) {
+  std::size_t n = 0;
+  for (const auto& t : plan.trees) n += t.nodes[i].children.size();
+  return n;
+}
 
 // The shorthand's fleet: a region per relay, the origin in the first; the description goes
 // through the same parser as a file, so region names are checked the same way.
@@ -84,21 +95,22 @@ Result<Endpoints> read_endpoints(const std::string& path) {
 
 // The endpoint each node listens on ("" for nodes that serve nobody): from the endpoints file,
 // or consecutive loopback ports.
-Result<std::vector<std::string>> assign_endpoints(const topology::Plan& plan, const Endpoints& given, std::uint32_t local_ports) {
+Result<std::vector<std::string>> assign_endpoints(const topology::MultiTreePlan& trees, const Endpoints& given, std::uint32_t local_ports) {
+  const topology::Plan& plan = trees.trees.front();
   for (const auto& [id, ep] : given)
     if (plan.find(id) < 0) return Status::invalid_argument("endpoint for \"" + id + "\", a node the plan does not have");
   std::vector<std::string> listen(plan.nodes.size());
   std::uint32_t port = local_ports;
   for (std::size_t i = 0; i < plan.nodes.size(); ++i) {
     const auto& n = plan.nodes[i];
-    if (!n.forwards) continue;
+    if (!forwards_any(trees, i)) continue;
     if (local_ports > 0) {
       if (port > 65535) return Status::invalid_argument("--local-ports: the fleet needs ports beyond 65535");
       listen[i] = "tcp://127.0.0.1:" + std::to_string(port++);
     } else if (auto it = given.find(n.id); it != given.end()) {
       listen[i] = it->second;
     } else {
-      return Status::invalid_argument("no endpoint for " + n.id + ", which serves " + std::to_string(n.children.size()) +
+      return Status::invalid_argument("no endpoint for " + n.id + ", which serves " + std::to_string(children_all(trees, i)) +
                                       " nodes in the plan (give it in --endpoints, or use --local-ports)");
     }
   }
@@ -116,7 +128,7 @@ Status write_text(const std::filesystem::path& path, const std::string& text, mo
 
 struct FleetFiles {
   std::filesystem::path dir;
-  const topology::Plan* plan;
+  const topology::MultiTreePlan* plan;
   std::vector<std::string> listen;
   std::vector<transport::CurveKeys> keys;
   std::vector<std::vector<int>> clients;  // per node: the nodes whose parents name it
@@ -125,20 +137,31 @@ struct FleetFiles {
 };
 
 nlohmann::json node_config(const FleetFiles& f, int i) {
-  const auto& n = f.plan->nodes[i];
+  const auto& n = f.plan->trees.front().nodes[i];
   nlohmann::json cfg = {{"id", n.id}, {"keys", (f.dir / (n.id + ".key")).string()}};
   if (n.kind == NodeKind::kOrigin) cfg["sign_key"] = f.sign_key_path;
   else cfg["trust_keys"] = {f.sign_public};
   if (!f.listen[i].empty()) cfg["listen"] = f.listen[i];
-  if (n.kind == NodeKind::kWorker && n.forwards) cfg["relay"] = true;
-  std::vector<std::string> eps, pubs, allowed;
-  for (int p : f.plan->upstream(i)) {
-    eps.push_back(f.listen[p]);
-    pubs.push_back(f.keys[p].public_key);
+  if (n.kind == NodeKind::kWorker && forwards_any(*f.plan, static_cast<std::size_t>(i))) cfg["relay"] = true;
+  // Per tree its [parent, fallback, last resort] and their keys; one tree as "parents".
+  std::vector<std::vector<std::string>> eps, pubs;
+  std::vector<std::string> allowed;
+  for (const auto& tree : f.plan->trees) {
+    eps.emplace_back();
+    pubs.emplace_back();
+    for (int p : tree.upstream(i)) {
+      eps.back().push_back(f.listen[p]);
+      pubs.back().push_back(f.keys[p].public_key);
+    }
   }
-  if (!eps.empty()) {
-    cfg["parents"] = eps;
-    cfg["parent_keys"] = pubs;
+  if (!eps.front().empty()) {
+    if (eps.size() == 1) {
+      cfg["parents"] = eps.front();
+      cfg["parent_keys"] = pubs.front();
+    } else {
+      cfg["trees"] = eps;
+      cfg["tree_parent_keys"] = pubs;
+    }
   }
   for (int c : f.clients[i]) allowed.push_back(f.keys[c].public_key);
   if (!allowed.empty()) cfg["allow_keys"] = allowed;
@@ -147,10 +170,12 @@ nlohmann::json node_config(const FleetFiles& f, int i) {
 }
 
 Status write_fleet(FleetFiles& f) {
-  const auto& nodes = f.plan->nodes;
+  const auto& nodes = f.plan->trees.front().nodes;
   f.clients.assign(nodes.size(), {});
   for (std::size_t i = 0; i < nodes.size(); ++i) {
-    for (int p : f.plan->upstream(static_cast<int>(i))) f.clients[p].push_back(static_cast<int>(i));
+    for (const auto& tree : f.plan->trees)
+      for (int p : tree.upstream(static_cast<int>(i)))
+        if (std::find(f.clients[p].begin(), f.clients[p].end(), static_cast<int>(i)) == f.clients[p].end()) f.clients[p].push_back(static_cast<int>(i));
     DC_ASSIGN_OR_RETURN(auto keys, transport::make_curve_keys());
     f.keys.push_back(std::move(keys));
   }
@@ -199,7 +224,9 @@ Status run(const FleetInitOptions& o) {
   }
   auto spec = topology::parse_fleet_or_scenario(fleet_text);
   if (!spec.is_ok()) return Status::invalid_argument((o.fleet.empty() ? "the fleet" : o.fleet) + ": " + spec.status().message());
-  DC_ASSIGN_OR_RETURN(topology::Plan plan, topology::plan_fleet(*spec, topology::Shape::kTree));
+  // Checked by the option: auto or 1 to kTreesMax.
+  const std::uint32_t tree_count = o.trees == "auto" ? 0 : static_cast<std::uint32_t>(std::stoul(o.trees));
+  DC_ASSIGN_OR_RETURN(topology::MultiTreePlan plan, topology::plan_trees(*spec, tree_count));
   for (const auto& w : plan.warnings) std::printf("plan: %s\n", w.c_str());
   FleetFiles files{.plan = &plan, .worker_cache_size = o.worker_cache_size};
   DC_ASSIGN_OR_RETURN(files.listen, assign_endpoints(plan, endpoints, o.local_ports));
@@ -210,9 +237,10 @@ Status run(const FleetInitOptions& o) {
   if (ec) return Status::io_error("cannot resolve " + o.out_dir + ": " + ec.message());
   DC_RETURN_IF_ERROR(write_fleet(files));
   DC_RETURN_IF_ERROR(write_text(files.dir / "fleet.json", fleet_text, 0644));
-  std::printf("wrote keys and configs for %zu nodes to %s: the tree `deltacast plan` draws, CURVE on every link, versions signed by %s\n\n",
-              plan.nodes.size(), o.out_dir.c_str(), files.sign_public.c_str());
-  print_commands(plan, o.out_dir);
+  std::printf("wrote keys and configs for %zu nodes to %s: the %s `deltacast plan%s` draws, CURVE on every link, versions signed by %s\n\n",
+              plan.trees.front().nodes.size(), o.out_dir.c_str(), plan.trees.size() == 1 ? "tree" : (std::to_string(plan.trees.size()) + " trees").c_str(),
+              plan.trees.size() == 1 ? "" : (" --trees " + std::to_string(plan.trees.size())).c_str(), files.sign_public.c_str());
+  print_commands(plan.trees.front(), o.out_dir);
   return Status::ok();
 }
 
@@ -230,6 +258,9 @@ Command add_fleet_init_command(CLI::App& app) {
   sub->add_option("--relay", o->relays, "Shorthand: a relay as NAME=ENDPOINT, a region of its own; repeat per region");
   sub->add_option("--workers-per-relay", o->workers_per_relay, "Shorthand: workers in each relay's region")->capture_default_str();
   sub->add_option("--worker-cache-size", o->worker_cache_size, "Cache bound for the workers, e.g. 1GB");
+  sub->add_option("--trees", o->trees, "Trees to plan (docs/TOPOLOGY.md, \"Multi-tree plans\"): 1 to " + std::to_string(topology::kTreesMax) + ", or auto")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto"}) | CLI::Range(1u, topology::kTreesMax));
   return {sub, [o] {
             const Status st = run(*o);
             return st.is_ok() ? 0 : fail(st.to_string());

@@ -194,20 +194,21 @@ Result<LoadedNode> load_node_options(const NodeOptions& flags, bool worker) {
     static const std::set<std::string> known = {"id",        "listen",   "parents",  "cache_size", "queue_size", "keys",
                                                 "parent_keys", "allow_keys", "log_level", "relay",  "metrics",    "in_place",
                                                 "sign_key",  "trust_keys", "shard_keys", "limits", "stripes", "congestion_control",
-                                                "scrub_rate"};
+                                                "scrub_rate", "trees", "tree_parent_keys"};
     for (auto it = j.begin(); it != j.end(); ++it)
       if (!known.count(it.key())) return Status::invalid_argument(flags.config_path + ": unknown field \"" + it.key() + "\"");
     for (Status st : {get(j, "id", o.node_id), get(j, "listen", o.listen), get(j, "parents", o.parents), get(j, "cache_size", o.cache_size),
                       get(j, "queue_size", o.queue_size), get(j, "keys", o.keys_path), get(j, "parent_keys", o.parent_keys),
                       get(j, "allow_keys", o.allow_keys), get(j, "log_level", o.log_level), get(j, "relay", o.relay), get(j, "metrics", o.metrics), get(j, "in_place", o.in_place),
                       get(j, "sign_key", o.sign_key_path), get(j, "trust_keys", o.trust_keys), get(j, "shard_keys", o.shard_keys),
-                      get(j, "stripes", o.stripes), get(j, "congestion_control", o.congestion_control), get(j, "scrub_rate", o.scrub_rate)})
+                      get(j, "stripes", o.stripes), get(j, "congestion_control", o.congestion_control), get(j, "scrub_rate", o.scrub_rate),
+                      get(j, "trees", o.trees), get(j, "tree_parent_keys", o.tree_parent_keys)})
       if (!st.is_ok()) return st.with_context(flags.config_path);
     if (j.contains("limits")) o.limits_json = j["limits"].dump();
   }
   if (!flags.node_id.empty()) o.node_id = flags.node_id;
   if (!flags.listen.empty()) o.listen = flags.listen;
-  if (!flags.parents.empty()) o.parents = flags.parents;
+  if (!flags.parents.empty()) o.parents = flags.parents, o.trees.clear(), o.tree_parent_keys.clear();
   if (!flags.cache_size.empty()) o.cache_size = flags.cache_size;
   if (!flags.queue_size.empty()) o.queue_size = flags.queue_size;
   if (!flags.keys_path.empty()) o.keys_path = flags.keys_path;
@@ -242,6 +243,16 @@ Result<LoadedNode> load_node_options(const NodeOptions& flags, bool worker) {
   }
   out.node.node_id = o.node_id;
   out.node.parents = o.parents;
+  if (!o.trees.empty()) {
+    if (!o.parents.empty()) return Status::invalid_argument("give \"parents\" or \"trees\", not both");
+    if (o.trees.size() < 2 || o.trees.size() > runtime::kTreesMax)
+      return Status::invalid_argument("trees: 2 to " + std::to_string(runtime::kTreesMax) + " lists of parents, not " + std::to_string(o.trees.size()));
+    for (const auto& tree : o.trees) {
+      if (tree.empty()) return Status::invalid_argument("trees: every tree needs at least one parent");
+      for (const auto& p : tree) DC_RETURN_IF_ERROR(check_endpoint(p, "trees", false));
+    }
+    out.node.tree_parents = o.trees;
+  }
   out.node.reconstruct = worker;
   out.node.in_place = worker && o.in_place;
   if (!o.scrub_rate.empty()) {
@@ -274,6 +285,12 @@ Result<LoadedNode> load_node_options(const NodeOptions& flags, bool worker) {
     if (!o.parents.empty() && o.parent_keys.size() != o.parents.size())
       return Status::invalid_argument("with CURVE on, give one --parent-key per --parent (" + std::to_string(o.parents.size()) + " parents, " +
                                       std::to_string(o.parent_keys.size()) + " keys)");
+    if (!o.trees.empty()) {
+      bool same_shape = o.tree_parent_keys.size() == o.trees.size();
+      for (std::size_t t = 0; same_shape && t < o.trees.size(); ++t) same_shape = o.tree_parent_keys[t].size() == o.trees[t].size();
+      if (!same_shape) return Status::invalid_argument("with CURVE on, \"tree_parent_keys\" needs one key per parent of \"trees\", in the same shape");
+      for (const auto& keys : o.tree_parent_keys) o.parent_keys.insert(o.parent_keys.end(), keys.begin(), keys.end());
+    }
     for (const auto& k : o.parent_keys) DC_RETURN_IF_ERROR(check_key(k, "parent key"));
     for (const auto& k : o.allow_keys) DC_RETURN_IF_ERROR(check_key(k, "allowed key"));
     out.host.parent_server_keys = o.parent_keys;

@@ -19,6 +19,9 @@ struct NodeOptions {
   std::string queue_size;
   std::string keys_path;                  // this node's CURVE key file (from deltacast keygen)
   std::vector<std::string> parent_keys;   // parents' public keys, in --parent order
+  // Config files only: a multi-tree fleet's parents per tree (docs/RUNTIME.md, "Multi-tree
+  // fleets"), instead of parents, and their keys in the same shape.
+  std::vector<std::vector<std::string>> trees, tree_parent_keys;
   std::vector<std::string> allow_keys;    // children's public keys allowed to connect
   std::string metrics;                    // host:port for GET /metrics
   std::string limits_json;                // config file only: the "limits" object, as JSON text

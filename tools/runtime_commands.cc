@@ -50,10 +50,12 @@ int run_relay(const NodeOptions& o) {
   auto cfg = load_node_options(o, /*worker=*/false);
   if (!cfg.is_ok()) return fail(cfg.status().to_string());
   if (cfg->host.bind_endpoint.empty()) return fail("a relay needs --listen (or \"listen\" in its config)");
-  if (cfg->node.parents.empty()) return fail("a relay needs at least one --parent");
+  if (!cfg->node.has_parents()) return fail("a relay needs at least one --parent");
   NodeHost host(cfg->node, cfg->host);
   stop_on_signals(&host);
-  spdlog::info("relay {} listening on {}, parents {}", cfg->node.node_id, cfg->host.bind_endpoint, fmt::join(cfg->node.parents, ", "));
+  std::vector<std::string> trees;
+  for (const auto& tree : cfg->node.upstream_trees()) trees.push_back(fmt::format("{}", fmt::join(tree, ", ")));
+  spdlog::info("relay {} listening on {}, parents {}", cfg->node.node_id, cfg->host.bind_endpoint, fmt::join(trees, "; in the next tree "));
   Status st = host.run();
   if (!st.is_ok()) return fail(st.to_string());
   return 0;
@@ -86,7 +88,7 @@ int run_worker(const NodeOptions& o) {
   set_log_level(o.log_level);
   auto cfg = load_node_options(o, /*worker=*/true);
   if (!cfg.is_ok()) return fail(cfg.status().to_string());
-  if (cfg->node.parents.empty()) return fail("a worker needs at least one --parent");
+  if (!cfg->node.has_parents()) return fail("a worker needs at least one --parent");
   transport::WorkerOptions wo;
   wo.node = cfg->node;
   wo.host = cfg->host;

@@ -15,6 +15,7 @@
 #   shards      2 trainer shards publish their slices; the origin merges them
 #   fleet-init  a planned fleet (relay-less region, relaying rollout hosts) run from the configs
 #               deltacast fleet-init writes (CURVE on, versions signed)
+#   trees       the same with 2 and then 3 trees (fleet-init --trees), a relay killed mid-stream
 # Every worker's every exposed version is checked against the publisher's checksum.
 # Usage: fleet_test.sh path/to/deltacast path/to/corrupting_relay path/to/c_worker_test [test...]
 set -uo pipefail
@@ -24,7 +25,7 @@ crelay=${2:?$usage}
 cworker=${3:?$usage}
 shift 3
 tests=("$@")
-[ ${#tests[@]} -gt 0 ] || tests=(steady relay-kill late-join restart full-disk corrupt slow auth c-abi watch shards fleet-init)
+[ ${#tests[@]} -gt 0 ] || tests=(steady relay-kill late-join restart full-disk corrupt slow auth c-abi watch shards fleet-init trees)
 tmp=$(mktemp -d)
 pids=()
 mounts=()  # tmpfs mounted by tests, under $tmp
@@ -335,17 +336,23 @@ test_shards() {
   result shards $ok
 }
 
+# A fleet description: region a with the origin, RELAYS relays and 3 rollout hosts; region b
+# with 2 rollout hosts and no relay.
+two_region_fleet() {
+  cat <<EOF
+{"origin": {"region": "a", "uplink": "100Gbit"}, "fanout_max": 2,
+ "defaults": {"lan": {"latency_ms": 0.1, "bandwidth": "25Gbit"}, "worker_nic": {"uplink": "25Gbit", "downlink": "25Gbit"},
+              "relay_nic": {"uplink": "100Gbit", "downlink": "100Gbit"}},
+ "regions": [{"name": "a", "workers": 3, "relays": $1}, {"name": "b", "workers": 2, "relays": 0}],
+ "wan": [{"between": ["a", "b"], "latency_ms": 30, "bandwidth": "10Gbit"}]}
+EOF
+}
+
 test_fleet_init() {
   local ok=0
   # Region a: a relay feeding two hosts, one of which relays to the third; region b: no relay,
   # its first host relays. Written with a relative path: the configs must work from anywhere.
-  cat >"$tmp/fleet.json" <<EOF
-{"origin": {"region": "a", "uplink": "100Gbit"}, "fanout_max": 2,
- "defaults": {"lan": {"latency_ms": 0.1, "bandwidth": "25Gbit"}, "worker_nic": {"uplink": "25Gbit", "downlink": "25Gbit"},
-              "relay_nic": {"uplink": "100Gbit", "downlink": "100Gbit"}},
- "regions": [{"name": "a", "workers": 3, "relays": 1}, {"name": "b", "workers": 2, "relays": 0}],
- "wan": [{"between": ["a", "b"], "latency_ms": 30, "bandwidth": "10Gbit"}]}
-EOF
+  two_region_fleet 1 >"$tmp/fleet.json"
   (cd "$tmp" && "$dc" fleet-init -o fleet --fleet fleet.json --local-ports "$port_base" >/dev/null) || ok=1
   grep -q '"keys"' "$tmp/fleet/a.w0.json" && grep -q '"allow_keys"' "$tmp/fleet/a.relay-0.json" || { echo "  configs without CURVE"; ok=1; }
   grep -q '"trust_keys"' "$tmp/fleet/a.w0.json" && grep -q '"trust_keys"' "$tmp/fleet/a.relay-0.json" &&
@@ -370,6 +377,34 @@ EOF
   done
   rm -rf "$tmp/fleet" "$tmp/fleet.json"
   result fleet-init $ok
+}
+
+# A multi-tree fleet from fleet-init --trees N: every chunk comes down its tree, and a relay
+# SIGKILLed while versions stream costs its trees' links a failover, nothing else.
+test_trees() {
+  local n ok w log
+  for n in 2 3; do
+    ok=0
+    two_region_fleet 2 >"$tmp/fleet.json"
+    "$dc" fleet-init -o "$tmp/fleet" --fleet "$tmp/fleet.json" --trees $n --local-ports "$port_base" >"$tmp/init.out" || ok=1
+    grep -q "the $n trees" "$tmp/init.out" || { echo "  fleet-init did not plan $n trees"; ok=1; }
+    [ "$(python3 -c "import json; print(len(json.load(open('$tmp/fleet/b.w1.json'))['trees']))")" = $n ] ||
+      { echo "  b.w1's config has no $n trees"; ok=1; }
+    start a-relay-0 "$dc" relay --config "$tmp/fleet/a.relay-0.json"
+    start a-relay-1 "$dc" relay --config "$tmp/fleet/a.relay-1.json"
+    local workers=(a.w0 a.w1 a.w2 b.w0 b.w1)
+    for w in "${workers[@]}"; do start "${w//./-}" "$dc" worker --config "$tmp/fleet/$w.json"; done
+    start origin "$dc" publish --config "$tmp/fleet/origin.json" --interval-ms 400 --linger-ms 20000 "${ckpts[@]}"
+    wait_for "$tmp/a-w0.log" "version 3 ready" 30 || { echo "  no version 3"; ok=1; }
+    kill -9 "$pid_a_relay_1"
+    for w in "${workers[@]}"; do
+      log="$tmp/${w//./-}.log"
+      wait_for "$log" "version $versions ready" 40 || { echo "  $w did not reach version $versions ($n trees)"; ok=1; }
+      check_worker "$log" || ok=1
+    done
+    rm -rf "$tmp/fleet" "$tmp/fleet.json" "$tmp/init.out"
+    result "trees-$n" $ok
+  done
 }
 
 for t in "${tests[@]}"; do

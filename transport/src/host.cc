@@ -134,7 +134,7 @@ struct NodeHost::Impl final : Clock, TaskRunner {
     struct sigaction old {};
     if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) std::signal(SIGPIPE, SIG_IGN);
     const std::string& id = node_config.node_id;
-    if (node_config.parents.empty() && node_config.shard_count == 0 && node_config.run.empty()) node_config.run = make_run_id();
+    if (!node_config.has_parents() && node_config.shard_count == 0 && node_config.run.empty()) node_config.run = make_run_id();
     if (node_config.reconstruct) {
       // An image larger than this host's memory cannot be held: refused before allocating.
       const long pages = sysconf(_SC_PHYS_PAGES), page_bytes = sysconf(_SC_PAGESIZE);
@@ -142,11 +142,11 @@ struct NodeHost::Impl final : Clock, TaskRunner {
         node_config.manifest_limits.image_bytes_max =
             std::min<std::uint64_t>(node_config.manifest_limits.image_bytes_max, static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page_bytes));
     }
-    if (!node_config.parents.empty() && node_config.shard_count == 0 && node_config.trust_keys.empty())
+    if (node_config.has_parents() && node_config.shard_count == 0 && node_config.trust_keys.empty())
       spdlog::warn("{}: unauthenticated: no trust key, so any parent can hand this node versions the trainer never published (--trust-key)", id);
     if (node_config.expect_shards > 0 && node_config.shard_keys.empty())
       spdlog::warn("{}: unauthenticated: no shard keys, so any client that says it is a trainer shard can add to versions (--shard-key)", id);
-    if ((node_config.parents.empty() || node_config.shard_count > 0) && !node_config.sign_key)
+    if ((!node_config.has_parents() || node_config.shard_count > 0) && !node_config.sign_key)
       spdlog::warn("{}: versions are not signed (--sign-key), so relays and workers cannot check that they come from this publisher", id);
   }
 

@@ -19,11 +19,12 @@ Status check_options(const PublisherOptions& o) {
   if (n.shard_count > 0) {
     if (n.shard_index >= n.shard_count) return Status::invalid_argument("a trainer shard's index must be below the shard count");
     if (n.parents.empty()) return Status::invalid_argument("a trainer shard sends its slices to the origin: give it the origin as parent");
+    if (!n.tree_parents.empty()) return Status::invalid_argument("a trainer shard sends to the origin over one link, not trees");
     if (n.expect_shards) return Status::invalid_argument("a trainer shard does not merge shards (expect_shards is the origin's)");
     return Status::ok();
   }
   if (o.host.bind_endpoint.empty()) return Status::invalid_argument("an origin needs an endpoint to listen on, for relays and workers");
-  if (!n.parents.empty()) return Status::invalid_argument("the origin has no parent (trainer shards do: shard_index, shard_count)");
+  if (n.has_parents()) return Status::invalid_argument("the origin has no parent (trainer shards do: shard_index, shard_count)");
   return Status::ok();
 }
 }  // namespace

@@ -146,9 +146,14 @@ void ZmqLinks::open_parent_socket(const std::string& endpoint, Socket& s) {
   int one = 1;
   zmq_setsockopt(s.zsock, ZMQ_IMMEDIATE, &one, sizeof one);  // queue nothing for a dead parent
   if (config.curve) {
+    // One key per parent, in the order of NodeConfig::upstream_trees(), tree by tree.
     std::string server_key;
-    for (std::size_t i = 0; i < node_config.parents.size() && i < config.parent_server_keys.size(); ++i)
-      if (node_config.parents[i] == endpoint) server_key = config.parent_server_keys[i];
+    std::size_t k = 0;
+    for (const auto& tree : node_config.upstream_trees())
+      for (const auto& parent : tree) {
+        if (parent == endpoint && k < config.parent_server_keys.size()) server_key = config.parent_server_keys[k];
+        ++k;
+      }
     zmq_setsockopt(s.zsock, ZMQ_CURVE_SERVERKEY, server_key.c_str(), server_key.size());
     zmq_setsockopt(s.zsock, ZMQ_CURVE_PUBLICKEY, config.curve->public_key.c_str(), 40);
     zmq_setsockopt(s.zsock, ZMQ_CURVE_SECRETKEY, config.curve->secret_key.c_str(), 40);

@@ -82,7 +82,8 @@ struct HostConfig {
   // whose public key is in allowed_client_keys (empty: any client that knows the server key).
   std::optional<CurveKeys> curve;
   std::vector<std::string> allowed_client_keys;
-  std::vector<std::string> parent_server_keys;       // one per NodeConfig::parents entry
+  // One per parent: NodeConfig::parents, or each tree's of NodeConfig::tree_parents in turn.
+  std::vector<std::string> parent_server_keys;
   // Serve GET /metrics (Prometheus text) on this "host:port"; empty: no metrics server.
   std::string metrics_listen;
   std::size_t metrics_clients_max = 16;                   // metrics connections open at once

@@ -230,6 +230,8 @@ struct Network::Impl {
     std::uint64_t next_tick_us = 0;
     int cpu = -1;                    // its host's cores (none without a CPU model)
     std::uint32_t stripes = 1;       // TCP connections to each parent
+    double wan_bytes_per_s = 0;      // Placement::wan_bytes_per_s
+    double wan_out_free_us = 0, wan_in_free_us = 0;
     bool waiting = false;            // added with Placement::start_later, not started yet
     std::shared_ptr<runtime::ModelVersion> restore_at_start;  // for a waiting node
   };
@@ -515,6 +517,11 @@ struct Network::Impl {
     const bool small = size <= opt.small_message_bytes;
     double bottleneck = std::min({src.nic.uplink_bytes_per_s, l.spec.bytes_per_s, dst.nic.downlink_bytes_per_s});
     for (int p : l.pipes) bottleneck = std::min(bottleneck, pipes[p].bytes_per_s);
+    // A host's allowance across regions (a per-instance WAN cap) is one more resource on the way.
+    const bool across = src.region != dst.region;
+    const double src_wan = across ? src.wan_bytes_per_s : 0, dst_wan = across ? dst.wan_bytes_per_s : 0;
+    if (src_wan > 0) bottleneck = std::min(bottleneck, src_wan);
+    if (dst_wan > 0) bottleneck = std::min(bottleneck, dst_wan);
     PathTiming t;
     double through = now;
     if (small) {
@@ -522,6 +529,8 @@ struct Network::Impl {
       for (int p : l.pipes) t.cut |= pipes[p].cut;
     } else {
       through = serve(src.uplink_free_us, src.nic.uplink_bytes_per_s);
+      if (src_wan > 0) through = std::max(through, serve(src.wan_out_free_us, src_wan));
+      if (dst_wan > 0) through = std::max(through, serve(dst.wan_in_free_us, dst_wan));
       through = std::max(through, serve(l.link_free_us, l.spec.bytes_per_s));
       for (int p : l.pipes) {
         through = std::max(through, serve(pipes[p].free_us, pipes[p].bytes_per_s));
@@ -691,6 +700,7 @@ int Network::add(runtime::NodeConfig config, const std::string& region, topology
   h.nic = nic;
   h.ingress_delay_ms = placement.ingress_delay_ms;
   h.stripes = std::max<std::uint32_t>(1, placement.stripes);
+  h.wan_bytes_per_s = placement.wan_bytes_per_s;
   h.waiting = placement.start_later;
   if (h.waiting) h.restore_at_start = std::move(placement.restored);
   impl_->nodes.push_back(std::move(h));

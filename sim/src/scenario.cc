@@ -508,8 +508,14 @@ class ScenarioRun {
     c.reconstruct = n.kind == topology::NodeKind::kWorker;
     c.store_and_forward = o_.strategy == Strategy::kStoreAndForward && n.kind != topology::NodeKind::kOrigin;
     const std::uint32_t stripes = n.kind == topology::NodeKind::kRelay ? sc_.run.stripes.relay : sc_.run.stripes.worker;
+    // The origin is not one of its region's hosts for the WAN caps.
+    const double wan = n.kind == topology::NodeKind::kOrigin ? 0 : sc_.fleet.region(n.region)->wan_host_bytes_per_s;
     const int i = net_->add(c, n.region, n.nic,
-                            {.restored = c.reconstruct ? initial_ : nullptr, .host = host_of(c.reconstruct, n.region), .stripes = stripes, .start_later = start_later});
+                            {.restored = c.reconstruct ? initial_ : nullptr,
+                             .host = host_of(c.reconstruct, n.region),
+                             .stripes = stripes,
+                             .start_later = start_later,
+                             .wan_bytes_per_s = wan});
     if (n.kind == topology::NodeKind::kOrigin) origin_ = i;
     if (c.reconstruct) {
       workers_.push_back(i);
@@ -690,14 +696,16 @@ class ScenarioRun {
     rep_.own_max = rep_.over_own_bound.empty() ? 0 : *std::max_element(rep_.over_own_bound.begin(), rep_.over_own_bound.end());
   }
 
-  // The payload through the narrowest way into any region with workers, plus the longest
-  // one-way latency from the origin to a worker.
+  // The payload through the narrowest way into any region with workers (its WAN path, its
+  // WAN-capable hosts, its LAN, a worker's card), plus the longest one-way latency from the
+  // origin to a worker.
   double lower_bound_s() const {
     double bottleneck = sc_.fleet.origin_nic.uplink_bytes_per_s, longest_ms = 0;
     for (const auto& r : sc_.fleet.regions) {
       if (r.workers == 0) continue;
       const topology::Link in = topology::link_between_regions(sc_.fleet, sc_.fleet.origin_region, r.name);
-      const double rate = std::min({in.bytes_per_s, r.lan.bytes_per_s, r.worker_nic.downlink_bytes_per_s});
+      double rate = std::min({in.bytes_per_s, r.lan.bytes_per_s, r.worker_nic.downlink_bytes_per_s});
+      if (r.name != sc_.fleet.origin_region) rate = std::min(rate, topology::wan_gateway_bytes_per_s(r, /*up=*/false));
       bottleneck = std::min(bottleneck, rate);
       longest_ms = std::max(longest_ms, in.latency_ms + (r.name == sc_.fleet.origin_region ? 0 : r.lan.latency_ms));
     }

@@ -363,29 +363,36 @@ std::string triangle_json(const std::string& model, const std::string& run, cons
     "model": )" + model + R"(, "run": )" + run + R"(, "faults": )" + faults + "}";
 }
 
+// The scenario run with the planner's trees and with one tree; both keep every invariant and
+// miss nothing.
+std::pair<Report, Report> multi_and_single(const Scenario& sc) {
+  std::pair<Report, Report> out;
+  for (auto [strategy, report] : {std::pair{Strategy::kMultiTree, &out.first}, std::pair{Strategy::kCutThrough, &out.second}}) {
+    RunOptions o;
+    o.strategy = strategy;
+    auto r = run_scenario(sc, o);
+    REQUIRE(r.is_ok());
+    INFO(r->name);
+    CHECK(r->violations.empty());
+    CHECK(r->missed == 0);
+    *report = std::move(r).value();
+  }
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("multi-tree runs bring every worker near its own bound where one tree halves it", "[sim][trees]") {
   const Scenario sc = parse(triangle_json(R"({"parameters": 1e10, "chunks": 64})", R"({"versions": 3, "step_period_s": 30})"));
-  RunOptions multi, single;
-  multi.strategy = Strategy::kMultiTree;
-  single.strategy = Strategy::kCutThrough;
-  auto m = run_scenario(sc, multi), s = run_scenario(sc, single);
-  REQUIRE(m.is_ok());
-  REQUIRE(s.is_ok());
-  for (const Report* r : {&*m, &*s}) {
-    INFO(r->name);
-    CHECK(r->violations.empty());
-    CHECK(r->missed == 0);
-    CHECK(*std::min_element(r->over_own_bound.begin(), r->over_own_bound.end()) >= 0.999);
-  }
-  CHECK(m->name.find("2 trees") != std::string::npos);
+  const auto [m, s] = multi_and_single(sc);
+  for (const Report* r : {&m, &s}) CHECK(*std::min_element(r->over_own_bound.begin(), r->over_own_bound.end()) >= 0.999);
+  CHECK(m.name.find("2 trees") != std::string::npos);
   // Most workers are in b and c, at 2 Gbit/s with two trees and 1 Gbit/s with one. Region a's
   // own bound is a fifth of theirs, so a few chunks' pipelining shows more there.
-  CHECK(m->own_p50 < 1.1);
-  CHECK(m->own_max < 1.25);
-  CHECK(s->own_p50 > 1.8);
-  CHECK(m->max_s < 0.6 * s->max_s);
+  CHECK(m.own_p50 < 1.1);
+  CHECK(m.own_max < 1.25);
+  CHECK(s.own_p50 > 1.8);
+  CHECK(m.max_s < 0.6 * s.max_s);
 }
 
 TEST_CASE("multi-tree fault scenarios keep the invariants across seeds", "[sim][trees][faults]") {
@@ -417,4 +424,24 @@ TEST_CASE("multi-tree fault scenarios keep the invariants across seeds", "[sim][
     }
   }
   CHECK(runs == 240);
+}
+
+TEST_CASE("a per-host WAN cap holds in the simulator, and trees spread a region's ingress over its WAN-capable hosts", "[sim][trees]") {
+  // b may take the WAN in on 2 hosts at 1 Gbit/s each, though the link carries 10 Gbit/s.
+  const Scenario sc = parse(R"({"name": "caps",
+    "fleet": {"origin": {"region": "a", "uplink": "100Gbit"},
+              "defaults": {"lan": {"latency_ms": 0.5, "bandwidth": "10Gbit"},
+                           "worker_nic": {"uplink": "10Gbit", "downlink": "10Gbit"},
+                           "relay_nic": {"uplink": "40Gbit", "downlink": "40Gbit"}},
+              "regions": [{"name": "a", "workers": 2}, {"name": "b", "workers": 6, "relays": 2, "wan_hosts": 2, "wan_host_bandwidth": "1Gbit"}],
+              "wan": [{"between": ["a", "b"], "latency_ms": 20, "bandwidth": "10Gbit"}]},
+    "model": {"parameters": 1e10, "chunks": 64}, "run": {"versions": 2, "step_period_s": 30}})");
+  const auto [m, s] = multi_and_single(sc);
+  const double bytes = s.version_bytes;
+  // One tree enters b through one host: 1 Gbit/s. Two trees through both: 2 Gbit/s, the bound.
+  CHECK(s.max_s >= bytes / 1.25e8);
+  CHECK(s.max_s < 1.15 * bytes / 1.25e8);
+  CHECK(m.name.find("2 trees") != std::string::npos);
+  CHECK(m.max_s < 1.1 * (bytes / 2.5e8 + 0.02));
+  CHECK(m.lower_bound_s == Approx(bytes / 2.5e8 + 0.0205).epsilon(0.01));
 }

@@ -130,3 +130,24 @@ TEST_CASE("receive bounds follow who may forward and how regions are routed", "[
     for (const auto& b : receive_bounds(spec)) CHECK(b.bytes_per_s == Approx(5 * kGbit));
   }
 }
+
+TEST_CASE("per-host WAN caps bound what a region takes in over the WAN", "[topology][flow]") {
+  // A 100 Gbit/s WAN link, but only 2 hosts of b may cross it, at 10 Gbit/s each.
+  const std::string regions = R"({"name": "a", "workers": 2}, {"name": "b", "workers": 8, "relays": 2, "wan_hosts": 2, "wan_host_bandwidth": "10Gbit"})";
+  const std::string wan = R"({"between": ["a", "b"], "latency_ms": 20, "bandwidth": "100Gbit"})";
+  const auto bounds = receive_bounds(parse(regions, wan));
+  CHECK(bound_of(bounds, "b").bytes_per_s == Approx(20 * kGbit));
+  // The origin is not one of a's hosts: a's caps do not bind it.
+  const auto capped_origin_region = receive_bounds(parse(
+      R"({"name": "a", "workers": 2, "wan_hosts": 1, "wan_host_bandwidth": "1Gbit"}, {"name": "b", "workers": 8, "relays": 2})", wan));
+  CHECK(bound_of(capped_origin_region, "b").bytes_per_s == Approx(25 * kGbit));
+  // Without a per-host rate, the WAN-capable hosts' cards bound it: 1 relay of 5 Gbit/s.
+  const auto one_host = receive_bounds(parse(R"({"name": "a", "workers": 2}, {"name": "b", "workers": 8, "relays": 2, "wan_hosts": 1,
+                                                 "relay_nic": {"uplink": "5Gbit", "downlink": "5Gbit"}})",
+                                             wan));
+  CHECK(bound_of(one_host, "b").bytes_per_s == Approx(5 * kGbit));
+  auto bad = parse_fleet_spec(R"({"origin": {"region": "a", "uplink": "1Gbit"}, "defaults": {"lan": {"bandwidth": "1Gbit"},
+      "worker_nic": {"uplink": "1Gbit"}, "relay_nic": {"uplink": "1Gbit"}}, "regions": [{"name": "a", "workers": 1, "wan_hosts": 1.5}]})");
+  REQUIRE_FALSE(bad.is_ok());
+  CHECK(bad.status().message().find("wan_hosts") != std::string::npos);
+}

@@ -299,3 +299,31 @@ TEST_CASE("multi-tree plans of small and odd fleets stay valid", "[topology][tre
     }
   }
 }
+
+TEST_CASE("trees take turns at a region's WAN-capable hosts", "[topology][trees]") {
+  std::ifstream f(std::string(DELTACAST_SCENARIO_DIR) + "/four-regions-wan-heads.json");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  auto spec = parse_fleet_or_scenario(ss.str());
+  REQUIRE(spec.is_ok());
+  auto plan = plan_trees(*spec);
+  REQUIRE(plan.is_ok());
+  REQUIRE(plan->trees.size() == 2);
+  check_trees(*spec, *plan);
+  // Every edge across regions lands on a relay, one per tree in each region; nothing detours
+  // through another region when the WAN links have room (only the hosts are capped).
+  for (std::size_t t = 0; t < 2; ++t) {
+    const Plan& tree = plan->trees[t];
+    for (std::size_t i = 1; i < tree.nodes.size(); ++i) {
+      const PlannedNode& n = tree.nodes[i];
+      if (tree.nodes[n.parent].region == n.region) continue;
+      INFO(n.id << " in tree " << t);
+      CHECK(n.id == n.region + ".relay-" + std::to_string(t));
+      CHECK(n.parent == 0);
+    }
+  }
+  const ReceiveEstimate e = estimate_receive(*spec, *plan);
+  for (const auto& b : receive_bounds(*spec))
+    for (std::size_t i = 1; i < e.bytes_per_s.size(); ++i)
+      if (plan->trees[0].nodes[i].region == b.region && plan->trees[0].nodes[i].kind == NodeKind::kWorker) CHECK(e.bytes_per_s[i] == Approx(b.bytes_per_s).epsilon(0.01));
+}

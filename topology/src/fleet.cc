@@ -122,6 +122,11 @@ Status read_region_settings(const Fields& f, RegionSpec& r) {
   if (f.has("worker_nic")) DC_RETURN_IF_ERROR(read_nic(f.at("worker_nic"), f.where("worker_nic"), r.worker_nic));
   if (f.has("relay_nic")) DC_RETURN_IF_ERROR(read_nic(f.at("relay_nic"), f.where("relay_nic"), r.relay_nic));
   DC_RETURN_IF_ERROR(f.flag("worker_relays", r.worker_relays));
+  double wan_hosts = r.wan_hosts;
+  DC_RETURN_IF_ERROR(f.number("wan_hosts", wan_hosts, 0, 1e6));
+  if (wan_hosts != static_cast<double>(static_cast<std::uint32_t>(wan_hosts))) return Status::invalid_argument(f.where("wan_hosts") + ": want a whole number");
+  r.wan_hosts = static_cast<std::uint32_t>(wan_hosts);
+  DC_RETURN_IF_ERROR(f.rate("wan_host_bandwidth", r.wan_host_bytes_per_s));
   return Status::ok();
 }
 
@@ -152,7 +157,7 @@ Result<FleetSpec> parse_fleet_or_scenario(std::string_view text) {
 namespace {
 
 Result<RegionSpec> read_region(Fields& f, const RegionSpec& defaults, const FleetSpec& spec) {
-  DC_RETURN_IF_ERROR(f.check({"name", "workers", "relays", "lan", "worker_nic", "relay_nic", "worker_relays"}));
+  DC_RETURN_IF_ERROR(f.check({"name", "workers", "relays", "lan", "worker_nic", "relay_nic", "worker_relays", "wan_hosts", "wan_host_bandwidth"}));
   RegionSpec r = defaults;
   DC_RETURN_IF_ERROR(f.string("name", r.name));
   if (r.name.empty()) return Status::invalid_argument(f.where("name") + " is missing");
@@ -229,7 +234,7 @@ Result<FleetSpec> fleet_from_json(const json& j) {
   RegionSpec defaults;
   if (top.has("defaults")) {
     Fields d(top.at("defaults"), "fleet.defaults");
-    DC_RETURN_IF_ERROR(d.check({"lan", "worker_nic", "relay_nic", "worker_relays"}));
+    DC_RETURN_IF_ERROR(d.check({"lan", "worker_nic", "relay_nic", "worker_relays", "wan_hosts", "wan_host_bandwidth"}));
     DC_RETURN_IF_ERROR(read_region_settings(d, defaults));
   }
   if (!top.has("regions") || !top.at("regions").is_array() || top.at("regions").empty())

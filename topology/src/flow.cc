@@ -91,21 +91,48 @@ std::map<std::string, double> shortest_latency_ms(const FleetSpec& spec) {
   return dist;
 }
 
+}  // namespace
+
+double wan_gateway_bytes_per_s(const RegionSpec& r, bool up) {
+  double total = 0;
+  std::uint32_t left = r.wan_capable_hosts();
+  for (const auto& [count, nic] : {std::pair{r.relays, r.relay_nic}, std::pair{r.workers, r.worker_nic}}) {
+    const std::uint32_t n = std::min(count, left);
+    left -= n;
+    double each = up ? nic.uplink_bytes_per_s : nic.downlink_bytes_per_s;
+    if (r.wan_host_bytes_per_s > 0) each = std::min(each, r.wan_host_bytes_per_s);
+    total += n * each;
+  }
+  return total;
+}
+
+namespace {
+
 // The flow network of a fleet towards one worker of region `sink_region`. Per region: the hosts'
-// uplinks meet in `out`, which reaches `in` (the LAN) and the WAN routes to other regions; `in`
-// feeds the hosts' downlinks. Alike hosts are one node of their summed capacities.
+// uplinks meet in `out`, which reaches `in` (the LAN) and, through the region's WAN-capable
+// hosts, the WAN routes to other regions; what comes over the WAN reaches `in` through them
+// too; `in` feeds the hosts' downlinks. Alike hosts are one node of their summed capacities.
+// The origin sends over its own uplink to its LAN and straight onto the WAN.
 double flow_to_worker(const FleetSpec& spec, const std::string& sink_region) {
   FlowNetwork g;
-  std::map<std::string, std::pair<int, int>> region_nodes;  // out, in
+  struct RegionNodes {
+    int out, in, wan_out, wan_in;
+  };
+  std::map<std::string, RegionNodes> region_nodes;
   for (const auto& r : spec.regions) {
-    const int out = g.add_node(), in = g.add_node();
-    g.add_edge(out, in, kInf);
-    region_nodes[r.name] = {out, in};
+    const RegionNodes n{g.add_node(), g.add_node(), g.add_node(), g.add_node()};
+    g.add_edge(n.out, n.in, kInf);
+    g.add_edge(n.out, n.wan_out, wan_gateway_bytes_per_s(r, /*up=*/true));
+    g.add_edge(n.wan_in, n.in, wan_gateway_bytes_per_s(r, /*up=*/false));
+    region_nodes[r.name] = n;
   }
   const int source = g.add_node(), sink = g.add_node();
-  g.add_edge(source, region_nodes.at(spec.origin_region).first, spec.origin_nic.uplink_bytes_per_s);
+  const int origin_up = g.add_node();
+  g.add_edge(source, origin_up, spec.origin_nic.uplink_bytes_per_s);
+  g.add_edge(origin_up, region_nodes.at(spec.origin_region).out, kInf);
+  g.add_edge(origin_up, region_nodes.at(spec.origin_region).wan_out, kInf);
   for (const auto& r : spec.regions) {
-    const auto [out, in] = region_nodes.at(r.name);
+    const auto [out, in, wan_out, wan_in] = region_nodes.at(r.name);
     auto hosts = [&](std::uint32_t count, const Nic& nic, bool forwards) {
       if (count == 0) return;
       const int h = g.add_node();
@@ -132,13 +159,13 @@ double flow_to_worker(const FleetSpec& spec, const std::string& sink_region) {
       std::vector<std::pair<std::string, std::string>> route;
       link_between_regions(spec, a.name, b.name, &route);
       if (route.empty()) continue;
-      int at = region_nodes.at(a.name).first;
+      int at = region_nodes.at(a.name).wan_out;
       for (const auto& hop : route) {
         const auto [entry, exit] = wan_nodes.at(hop);
         g.add_edge(at, entry, kInf);
         at = exit;
       }
-      g.add_edge(at, region_nodes.at(b.name).second, kInf);
+      g.add_edge(at, region_nodes.at(b.name).wan_in, kInf);
     }
   return g.max_flow(source, sink);
 }

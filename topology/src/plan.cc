@@ -285,6 +285,16 @@ class Planner {
       if (plan_.nodes[n].kind == NodeKind::kRelay) members.push_back(n);
       else (worker++ % tree_.trees == tree_.index ? members : others).push_back(n);
     }
+    // Trees take turns at the region's WAN-capable hosts (relays first) for their heads, so
+    // each such host carries its own share across the WAN.
+    if (tree_.trees > 1 && !nodes.empty()) {
+      const std::size_t relays = shape_ == Shape::kTree ? r.relays : 0;
+      const std::size_t capable = std::max<std::uint32_t>(1, r.wan_capable_hosts());
+      const int head = nodes[tree_.index % std::min(capable, relays > 0 ? relays : nodes.size())];
+      for (auto* list : {&members, &others})
+        if (auto it = std::find(list->begin(), list->end(), head); it != list->end()) list->erase(it);
+      members.insert(members.begin(), head);
+    }
     const std::size_t group_end = members.size();
     members.insert(members.end(), others.begin(), others.end());
     if (members.empty()) return;
@@ -458,10 +468,12 @@ class Routes {
 
 // Which region feeds which in each stripe. Every stripe starts from the lowest-latency paths;
 // then one region's parent in one stripe moves at a time while that lowers the WAN's load
-// potential, the sum over directed WAN links of load^2 / capacity, where a link's load is how
-// many (stripe, region) feeds cross it. Spreading the stripes over every way into a region
-// lowers it; piling them onto one link raises it. Only regions with hosts (and the origin's)
-// feed others.
+// potential: the sum of load^2 / capacity over the directed WAN links, where a link's load is
+// how many (stripe, region) feeds cross it, and over each region's WAN-capable hosts sending
+// (wan_gateway_bytes_per_s), loaded by the feeds the region makes. Spreading the stripes over
+// every way into a region lowers it; piling them onto one link, or onto a region whose hosts
+// may send little across the WAN, raises it. The origin sends from its own uplink. Only regions
+// with hosts (and the origin's) feed others.
 std::vector<std::map<std::string, std::string>> tree_routes(const FleetSpec& spec, std::uint32_t trees) {
   std::vector<std::string> order;
   const std::map<std::string, std::string> shortest = region_paths(spec, order);
@@ -483,17 +495,26 @@ std::vector<std::map<std::string, std::string>> tree_routes(const FleetSpec& spe
   Routes routes(spec);
   std::map<RegionPair, double> capacity;
   for (const auto& w : spec.wan) capacity[{w.a, w.b}] = capacity[{w.b, w.a}] = w.link.bytes_per_s;
+  // A region's hosts sending across regions are a resource too: a pair (region, region).
+  for (const auto& r : spec.regions)
+    if (r.name != spec.origin_region) capacity[{r.name, r.name}] = wan_gateway_bytes_per_s(r, /*up=*/true);
+  auto resources = [&](const std::string& from, const std::string& to) {
+    std::vector<RegionPair> out = routes.between(from, to);
+    if (from != spec.origin_region) out.emplace_back(from, from);
+    return out;
+  };
   std::map<RegionPair, double> load;
   for (const auto& tree : parent)
     for (const auto& [r, p] : tree)
-      for (const auto& l : routes.between(p, r)) load[l] += 1;
-  // How the potential moves if one feed leaves route `from` for route `to`.
+      for (const auto& l : resources(p, r)) load[l] += 1;
+  // How the potential moves if one feed leaves the resources `from` for `to`.
   auto change = [&](const std::vector<RegionPair>& from, const std::vector<RegionPair>& to) {
     std::map<RegionPair, double> step;
     for (const auto& l : from) step[l] -= 1;
     for (const auto& l : to) step[l] += 1;
     double delta = 0;
-    for (const auto& [l, d] : step) delta += ((load[l] + d) * (load[l] + d) - load[l] * load[l]) / capacity.at(l);
+    for (const auto& [l, d] : step)
+      if (capacity.at(l) > 0) delta += ((load[l] + d) * (load[l] + d) - load[l] * load[l]) / capacity.at(l);
     return delta;
   };
   auto below = [&](const std::map<std::string, std::string>& tree, std::string x, const std::string& r) {
@@ -512,8 +533,8 @@ std::vector<std::map<std::string, std::string>> tree_routes(const FleetSpec& spe
         for (const std::string& p : feeders) {
           const std::string& now = tree.at(r);
           if (p == r || p == now || below(tree, p, r)) continue;
-          const std::vector<RegionPair>& from = routes.between(now, r);
-          const std::vector<RegionPair>& to = routes.between(p, r);
+          const std::vector<RegionPair> from = resources(now, r);
+          const std::vector<RegionPair> to = resources(p, r);
           if (change(from, to) >= -1e-9 / spec.origin_nic.uplink_bytes_per_s) continue;
           for (const auto& l : from) load[l] -= 1;
           for (const auto& l : to) load[l] += 1;
@@ -586,8 +607,9 @@ ReceiveEstimate estimate_receive(const FleetSpec& spec, const MultiTreePlan& pla
   const double k = static_cast<double>(plan.trees.size());
   const std::vector<PlannedNode>& nodes = plan.trees.front().nodes;
   Routes routes(spec);
-  // How many tree edges share each node's uplink, each WAN link and each LAN pair.
-  std::vector<double> sending(n, 0);
+  // How many tree edges share each node's uplink, each WAN link and each LAN pair, and each
+  // node's WAN allowance (RegionSpec::wan_host_bytes_per_s) each way.
+  std::vector<double> sending(n, 0), wan_out(n, 0), wan_in(n, 0);
   std::map<RegionPair, double> wan_edges;
   std::map<std::pair<int, int>, double> pair_edges;
   for (const Plan& t : plan.trees)
@@ -596,6 +618,7 @@ ReceiveEstimate estimate_receive(const FleetSpec& spec, const MultiTreePlan& pla
       if (p < 0) continue;
       sending[p] += 1;
       if (nodes[p].region == nodes[c].region) pair_edges[{p, static_cast<int>(c)}] += 1;
+      else wan_out[p] += 1, wan_in[c] += 1;
       for (const auto& l : routes.between(nodes[p].region, nodes[c].region)) wan_edges[l] += 1;
     }
   std::map<RegionPair, double> capacity;
@@ -614,6 +637,12 @@ ReceiveEstimate estimate_receive(const FleetSpec& spec, const MultiTreePlan& pla
         double edge = std::min(nodes[p].nic.uplink_bytes_per_s / sending[p], nodes[c].nic.downlink_bytes_per_s / k);
         if (nodes[p].region == nodes[c].region) edge = std::min(edge, spec.region(nodes[c].region)->lan.bytes_per_s / pair_edges.at({p, c}));
         for (const auto& l : routes.between(nodes[p].region, nodes[c].region)) edge = std::min(edge, capacity.at(l) / wan_edges.at(l));
+        if (nodes[p].region != nodes[c].region) {
+          const double p_cap = p == 0 ? 0 : spec.region(nodes[p].region)->wan_host_bytes_per_s;
+          const double c_cap = spec.region(nodes[c].region)->wan_host_bytes_per_s;
+          if (p_cap > 0) edge = std::min(edge, p_cap / wan_out[p]);
+          if (c_cap > 0) edge = std::min(edge, c_cap / wan_in[c]);
+        }
         rate[c] = std::min(rate[p], edge);
         ms[c] = ms[p] + link_between(spec, t, p, c).latency_ms;
         open.push_back(c);

@@ -4,7 +4,9 @@
 // Link model, per message (a chunk, a manifest, a control message):
 //   - the sender's uplink, the link, every WAN link on its way and the receiver's downlink each
 //     serve messages in order at their own rate (a relay's children share its uplink, all the
-//     hosts behind a WAN link share it); the message is through when the last is done with it;
+//     hosts behind a WAN link share it), and for a message across regions the sender's and the
+//     receiver's per-host WAN allowance where they have one (Placement::wan_bytes_per_s); the
+//     message is through when the last is done with it;
 //     small messages (control, manifests) slip between other connections' bulk transfers;
 //   - it arrives one-way latency later, plus jitter (uniform), never before an earlier
 //     message on the same link (TCP keeps order);
@@ -154,6 +156,9 @@ struct Placement {
   // its child in another, so no order of adding has every parent there before its children
   // connect (a connection to a node not yet added goes nowhere).
   bool start_later = false;
+  // What it may send or receive across regions, each way (RegionSpec::wan_host_bytes_per_s;
+  // 0: its card).
+  double wan_bytes_per_s = 0;
 };
 
 class Network {

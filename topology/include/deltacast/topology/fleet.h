@@ -3,6 +3,7 @@
 // Parsed from JSON (docs/TOPOLOGY.md); every error names the field at fault.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -34,6 +35,16 @@ struct RegionSpec {
   Link lan;                        // between two hosts of the region
   Nic worker_nic;
   Nic relay_nic;
+  // Per-host WAN caps (clouds cap cross-region traffic per instance): at most this many of the
+  // region's hosts, relays first, send or receive across regions (0: any), each at most
+  // wan_host_bytes_per_s each way (0: its card). The origin is not counted.
+  std::uint32_t wan_hosts = 0;
+  double wan_host_bytes_per_s = 0;
+  // How many hosts may carry WAN traffic: wan_hosts, or all of them.
+  std::uint32_t wan_capable_hosts() const {
+    const std::uint32_t hosts = relays + workers;
+    return wan_hosts == 0 ? hosts : std::min(wan_hosts, hosts);
+  }
 };
 
 struct WanSpec {

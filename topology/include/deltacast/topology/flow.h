@@ -43,6 +43,10 @@ struct ReceiveBound {
   double seconds(double bytes) const { return bytes / bytes_per_s + latency_ms / 1e3; }
 };
 
+// What a region's WAN-capable hosts (relays first, RegionSpec::wan_hosts) can send across
+// regions in all (`up`), or receive.
+double wan_gateway_bytes_per_s(const RegionSpec& region, bool up);
+
 // One bound per region with workers, in the spec's order. The network is modelled as the
 // simulator's (docs/SIM.md): a host's card limits what it receives and sends; a message between
 // two regions crosses the WAN links of their route (the direct link, else the lowest-latency

@@ -286,6 +286,7 @@ Result<LoadedNode> load_node_options(const NodeOptions& flags, bool worker) {
       return Status::invalid_argument("with CURVE on, give one --parent-key per --parent (" + std::to_string(o.parents.size()) + " parents, " +
                                       std::to_string(o.parent_keys.size()) + " keys)");
     if (!o.trees.empty()) {
+      if (!o.parent_keys.empty()) return Status::invalid_argument("with \"trees\", give the parents' keys as \"tree_parent_keys\", not \"parent_keys\"");
       bool same_shape = o.tree_parent_keys.size() == o.trees.size();
       for (std::size_t t = 0; same_shape && t < o.trees.size(); ++t) same_shape = o.tree_parent_keys[t].size() == o.trees[t].size();
       if (!same_shape) return Status::invalid_argument("with CURVE on, \"tree_parent_keys\" needs one key per parent of \"trees\", in the same shape");

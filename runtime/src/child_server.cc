@@ -119,7 +119,7 @@ void ChildServer::on_writable(PeerId peer) {
 void ChildServer::send_version(PeerId peer, Child& c, const CachedVersion& v) {
   offer_manifest(peer, c, v);
   for (std::uint32_t i = 0; i < v.chunks.size(); ++i)
-    if (v.chunks[i] && c.carries(i) && !c.was_sent(v.key, i)) offer_chunk(peer, c, v, i);
+    if (v.chunks[i] && c.carries(v.key, i) && !c.was_sent(v.key, i)) offer_chunk(peer, c, v, i);
 }
 
 void ChildServer::broadcast(const Message& m) {
@@ -182,6 +182,10 @@ void ChildServer::serve_catch_up(PeerId peer, Child& c, std::uint64_t have, bool
   // A worker holding nothing can only start from an anchor.
   const bool needs_anchor = want_anchor || (have == 0 && c.role == Role::kWorker);
   auto plan = cache_.catch_up_plan(have, needs_anchor);
+  // A child of several trees takes an anchor over one link, its tree 0's or the one it asks
+  // over: the other links leave a catch-up that starts from an anchor to that one.
+  if (c.trees > 1 && c.tree != 0 && !want_anchor && (needs_anchor || !plan || (!plan->empty() && plan->front().anchor))) return;
+  if (needs_anchor) c.whole_anchors = true;
   if (!plan || (needs_anchor && (plan->empty() || !plan->front().anchor))) {
     // Nothing here reaches the newest version from what the child has: get an anchor newer
     // than that, which is forwarded to the child when it arrives.
@@ -234,7 +238,7 @@ void ChildServer::forward_manifest(const CachedVersion& v, bool chain_start) {
 
 void ChildServer::forward_chunk(const CachedVersion& v, std::uint32_t index) {
   for (auto& [peer, c] : children_) {
-    if (!c.receives() || !c.subscribed(v.key) || !c.carries(index)) continue;
+    if (!c.receives() || !c.subscribed(v.key) || !c.carries(v.key, index)) continue;
     offer_chunk(peer, c, v, index);
     ctx_.stats.chunks_forwarded++;
   }
@@ -312,10 +316,10 @@ void ChildServer::on_need(PeerId from, Child& child, const Need& need) {
   // Only chunks of the link's tree: another tree's parent serves the rest.
   std::vector<std::uint32_t> wanted;
   for (const std::uint32_t i : need.chunks)
-    if (child.carries(i)) wanted.push_back(i);
+    if (child.carries(v->key, i)) wanted.push_back(i);
   if (need.chunks.empty())
     for (std::uint32_t i = 0; i < v->chunks.size(); ++i)
-      if (child.carries(i)) wanted.push_back(i);
+      if (child.carries(v->key, i)) wanted.push_back(i);
   if (need.again && !count_resends(from, child, *v, wanted.size())) return;
   // A child that names chunks has the manifest (for a 2 TB model it is tens of MB); one that
   // asks for a whole version may not.

@@ -70,8 +70,11 @@ class ChildServer {
     void mark_sent(const VersionKey& key, std::uint32_t index, std::size_t chunks);
     // A trainer shard sends slices up; it is sent no versions.
     bool receives() const { return role != Role::kPublisher; }
-    // Chunk `index` of a version goes down this link: it is in the link's tree.
-    bool carries(std::uint32_t index) const { return index % trees == tree; }
+    // An anchor this link asked for (or was caught up with) goes whole down it: each parent
+    // picks the anchor from what it holds, so a child takes one anchor from one parent.
+    bool whole_anchors = false;
+    // Chunk `index` of version `key` goes down this link: it is in the link's tree.
+    bool carries(const VersionKey& key, std::uint32_t index) const { return (key.anchor && whole_anchors) || index % trees == tree; }
   };
 
   ChildServer(NodeContext& ctx, VersionCache& cache, Owner& owner) : ctx_(ctx), cache_(cache), owner_(owner) {}

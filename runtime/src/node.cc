@@ -115,12 +115,16 @@ void Node::drop_peer(PeerId peer, const std::string& why) {
 }
 
 void Node::send_to_parent(const Message& m) {
-  for (const auto& link : upstreams_)
-    if (link->welcomed()) {
-      link->send(m);
-      return;
-    }
+  // Always up tree 0: a report sent up whichever tree is connected could go round between two
+  // hosts that feed each other in different trees.
   upstreams_.front()->send(m);
+}
+
+UpstreamLink& Node::anchor_link() {
+  if (upstreams_.front()->welcomed()) return *upstreams_.front();
+  for (const auto& link : upstreams_)
+    if (link->welcomed()) return *link;
+  return *upstreams_.front();
 }
 
 void Node::send_to_parents(const Message& m) {
@@ -129,7 +133,17 @@ void Node::send_to_parents(const Message& m) {
 
 void Node::send_need(const Need& need) {
   const std::size_t trees = upstreams_.size();
-  if (trees == 1 || need.chunks.empty()) {
+  if (trees == 1) {
+    upstreams_.front()->send(need);
+    return;
+  }
+  // Each parent picks the anchor it sends from what it holds, so an anchor comes whole over one
+  // link, and so do its chunks asked for again.
+  if (need.want_anchor || need.key.anchor) {
+    anchor_link().send(need);
+    return;
+  }
+  if (need.chunks.empty()) {
     send_to_parents(need);
     return;
   }
@@ -195,17 +209,29 @@ bool Node::on_parent_newest(UpstreamLink& link, std::uint64_t newest, const RunI
                                        std::to_string(config_.version_jump_max) + " (version_jump_max) past v" + std::to_string(known));
     return false;
   }
-  if (run == parent_run_) {
-    parent_newest_ = std::max(parent_newest_, newest);
+  // With several trees, the node goes by the newest run any parent serves, and the newest
+  // version of it they have.
+  link.said(newest, run);
+  RunId best;
+  std::uint64_t best_newest = 0;
+  bool any = false;
+  for (const auto& l : upstreams_) {
+    if (!l->has_said()) continue;
+    if (!any || l->said_run() > best) best = l->said_run(), best_newest = l->said_newest();
+    else if (l->said_run() == best) best_newest = std::max(best_newest, l->said_newest());
+    any = true;
+  }
+  if (best == parent_run_) {
+    parent_newest_ = std::max(parent_newest_, best_newest);
     return true;
   }
-  parent_run_ = run;
-  parent_newest_ = newest;
-  if (!run_.empty() && run > run_) {
+  parent_run_ = best;
+  parent_newest_ = best_newest;
+  if (!run_.empty() && best > run_) {
     // A newer run began upstream (said, not yet signed): nothing of the old run is served from
     // here any more. What this node exposes changes only with a verified manifest of the new run.
     ctx_->log(LogLevel::kInfo,
-              "parent serves run " + to_string(run) + ", newer than run " + to_string(run_) + ": dropping the cached versions of the old run");
+              "parent serves run " + to_string(best) + ", newer than run " + to_string(run_) + ": dropping the cached versions of the old run");
     drop_cache();
   }
   return true;
@@ -243,6 +269,12 @@ void Node::on_message(PeerId from, const Message& m) {
 void Node::on_welcome(UpstreamLink& link, const Welcome& w) {
   link.welcome();
   anchor_requested_ = false;
+  // A worker that holds nothing said Hello without `resume`: the parent of its tree 0 starts it
+  // from an anchor unasked, so asking for one now would have it sent twice.
+  if (rebuild_ && &link == upstreams_.front().get() && current_version() == 0 && cache_.entries().empty()) {
+    anchor_requested_ = true;
+    anchor_requested_ms_ = ctx_->now_ms();
+  }
   if (!on_parent_newest(link, w.newest_version, w.run)) return;
   if (shard_out_) shard_out_->on_welcome(parent_newest_);
   request_missing(/*force=*/true);
@@ -413,7 +445,12 @@ void Node::on_manifest(PeerId from, const ManifestMsg& m) {
   if (parent_run_ == run_) parent_newest_ = std::max(parent_newest_, m.key.version);
   const bool requested = m.key.anchor && anchor_requested_;
   if (m.key.anchor) anchor_requested_ = false;
-  if (config_.serve_children && !known) children_->forward_manifest(*v, m.key.anchor && !requested);
+  // A copy of one already here still goes to children that want it now and were not sent it
+  // (one waiting for an anchor this node already has).
+  if (config_.serve_children) {
+    if (!known) children_->forward_manifest(*v, m.key.anchor && !requested);
+    else children_->offer_again(*v);
+  }
   advance();
 }
 

@@ -26,6 +26,7 @@ void UpstreamLink::connect() {
   }
   parent_ = ctx_.transport.connect(endpoint());
   welcomed_ = false;
+  said_ = false;
   heard_ms_ = ctx_.now_ms();
   probe_ms_ = heard_ms_;
   ctx_.send(parent_, hello_());
@@ -60,6 +61,7 @@ bool UpstreamLink::on_probe_message(const Message& m) {
   parent_ = probe;
   index_ = 0;
   welcomed_ = false;
+  said_ = false;
   heard();
   return true;
 }

@@ -46,6 +46,17 @@ class UpstreamLink {
   // When tick() has something timed to do.
   std::uint64_t next_duty_ms(std::uint64_t due) const;
   bool send(const Message& m) { return parent_ != 0 && ctx_.send(parent_, m); }
+  // What the parent said it has (Welcome, Heartbeat): its run and newest version in it. Reset
+  // when the link moves to another parent.
+  void said(std::uint64_t newest, const RunId& run) {
+    if (!said_ || run != said_run_) said_newest_ = 0;
+    said_ = true;
+    said_run_ = run;
+    said_newest_ = std::max(said_newest_, newest);
+  }
+  bool has_said() const { return said_; }
+  const RunId& said_run() const { return said_run_; }
+  std::uint64_t said_newest() const { return said_newest_; }
 
   bool configured() const { return !parents_.empty(); }
   PeerId parent() const { return parent_; }
@@ -71,6 +82,9 @@ class UpstreamLink {
   PeerId probe_ = 0;                // link to the preferred parent while trying it
   std::uint64_t probe_ms_ = 0;      // when the last try began (or the move to a fallback)
   PeerId left_parent_ = 0;          // the fallback just left, closed after kLeaveLingerMs
+  bool said_ = false;
+  RunId said_run_;
+  std::uint64_t said_newest_ = 0;
   std::uint64_t left_parent_ms_ = 0;
 };
 

@@ -750,10 +750,10 @@ TEST_CASE("a multi-tree fleet: each tree carries its chunks, and a relay killed 
     c.tree_parents = {{"relay-a", "relay-b"}, {"relay-b", "relay-a"}};
     watch(net.add(c), s, seen[id], bad);
   }
-  // Which relay sent each chunk to a worker, by its index's tree.
+  // Which relay sent each delta chunk to a worker, by its index's tree (anchors come whole over tree 0).
   std::map<std::string, std::set<std::uint32_t>> trees_from;
   net.filter = [&](const std::string& from, const std::string& to, Message& m) {
-    if (const auto* c = std::get_if<ChunkMsg>(&m); c && to.rfind("w", 0) == 0) trees_from[from].insert(c->index % 2);
+    if (const auto* c = std::get_if<ChunkMsg>(&m); c && !c->key.anchor && to.rfind("w", 0) == 0) trees_from[from].insert(c->index % 2);
     return true;
   };
   REQUIRE(net.run_until([&] { return all_at(net, workers, 1); }));
@@ -829,4 +829,51 @@ TEST_CASE("two rollout hosts can feed each other, each in its own tree", "[runti
   CHECK(w1.stats().parent_failovers == 0);
   CHECK(w0.child_count() == 1);
   CHECK(w1.child_count() == 1);
+}
+
+TEST_CASE("a late joiner of a multi-tree fleet takes its anchor whole from one parent", "[runtime][node][trees]") {
+  Series s(5);
+  FakeNet net;
+  Node& origin = origin_and_two_relays(net, s);
+  NodeConfig early = worker_config("w0", {});
+  early.tree_parents = {{"relay-a", "relay-b"}, {"relay-b", "relay-a"}};
+  Node& w0 = net.add(early);
+  REQUIRE(net.run_until([&] { return w0.current_version() == 1; }));
+  for (std::uint64_t v = 2; v <= 5; ++v) {
+    REQUIRE(origin.publish(s.delta(v)).is_ok());
+    REQUIRE(net.run_until([&] { return w0.current_version() == v; }));
+  }
+  // Each parent would pick its own catch-up anchor; the late joiner asks over tree 0 only.
+  std::map<std::string, std::uint64_t> anchor_chunks_from;
+  net.filter = [&](const std::string& from, const std::string& to, Message& m) {
+    if (const auto* c = std::get_if<ChunkMsg>(&m); c && to == "late" && c->key.anchor) anchor_chunks_from[from]++;
+    return true;
+  };
+  NodeConfig late = worker_config("late", {});
+  late.tree_parents = {{"relay-a", "relay-b"}, {"relay-b", "relay-a"}};
+  Node& w = net.add(late);
+  REQUIRE(net.run_until([&] { return w.current_version() == 5; }));
+  CHECK(w.current()->image == s.images[4]);
+  CHECK(anchor_chunks_from["relay-b"] == 0);
+  CHECK(anchor_chunks_from["relay-a"] == s.anchor(1).manifest.chunks.size());
+}
+
+TEST_CASE("a worker that joins with nothing is sent its anchor once", "[runtime][node]") {
+  // Its Hello without `resume` starts it from an anchor; it must not ask for one on top.
+  Series s(3);
+  FakeNet net;
+  Node& origin = net.add(origin_config());
+  REQUIRE(origin.publish(s.anchor(1)).is_ok());
+  net.add(relay_config("relay-a", {"origin"}));
+  Node& w0 = net.add(worker_config("w0", {"relay-a"}));
+  REQUIRE(net.run_until([&] { return w0.current_version() == 1; }));
+  std::uint64_t n = 0;
+  net.filter = [&](const std::string&, const std::string& to, Message& m) {
+    if (const auto* c = std::get_if<ChunkMsg>(&m); c && to == "late" && c->key.anchor) n++;
+    return true;
+  };
+  Node& w = net.add(worker_config("late", {"relay-a"}));
+  REQUIRE(net.run_until([&] { return w.current_version() == 1; }));
+  net.run_for(2000);
+  CHECK(n == s.anchor(1).manifest.chunks.size());
 }

@@ -132,7 +132,8 @@ double flow_to_worker(const FleetSpec& spec, const std::string& sink_region) {
   g.add_edge(origin_up, region_nodes.at(spec.origin_region).out, kInf);
   g.add_edge(origin_up, region_nodes.at(spec.origin_region).wan_out, kInf);
   for (const auto& r : spec.regions) {
-    const auto [out, in, wan_out, wan_in] = region_nodes.at(r.name);
+    // Plain copies: clang 14 does not let a lambda capture structured bindings.
+    const int in = region_nodes.at(r.name).in, out = region_nodes.at(r.name).out;
     auto hosts = [&](std::uint32_t count, const Nic& nic, bool forwards) {
       if (count == 0) return;
       const int h = g.add_node();

@@ -15,8 +15,9 @@
 namespace deltacast::runtime {
 
 // Bumped on any incompatible change to the messages or their meaning. 2: run identity in
-// Hello, Welcome, Heartbeat and Ready.
-inline constexpr std::uint32_t kProtocolVersion = 4;
+// Hello, Welcome, Heartbeat and Ready. 5: Hello's tree and trees (a parent that ignored them
+// would send a multi-tree child every chunk on every link).
+inline constexpr std::uint32_t kProtocolVersion = 5;
 
 // Bounds on what a peer may send (docs/RELIABILITY.md): strings longer than these are refused.
 inline constexpr std::size_t kNodeIdBytesMax = 128;

@@ -70,11 +70,14 @@ class ChildServer {
     void mark_sent(const VersionKey& key, std::uint32_t index, std::size_t chunks);
     // A trainer shard sends slices up; it is sent no versions.
     bool receives() const { return role != Role::kPublisher; }
-    // An anchor this link asked for (or was caught up with) goes whole down it: each parent
-    // picks the anchor from what it holds, so a child takes one anchor from one parent.
+    // Anchors go whole down one link of a child: each parent picks the anchor it sends from
+    // what it holds, and one anchor's chunks from two parents would be twice the bytes. That is
+    // tree 0's link, or one that asked for an anchor while tree 0's was down.
     bool whole_anchors = false;
-    // Chunk `index` of version `key` goes down this link: it is in the link's tree.
-    bool carries(const VersionKey& key, std::uint32_t index) const { return (key.anchor && whole_anchors) || index % trees == tree; }
+    // Chunk `index` of version `key` goes down this link: a delta's if it is in the link's tree.
+    bool carries(const VersionKey& key, std::uint32_t index) const {
+      return key.anchor ? tree == 0 || whole_anchors : index % trees == tree;
+    }
   };
 
   ChildServer(NodeContext& ctx, VersionCache& cache, Owner& owner) : ctx_(ctx), cache_(cache), owner_(owner) {}

@@ -120,11 +120,16 @@ void Node::send_to_parent(const Message& m) {
   upstreams_.front()->send(m);
 }
 
-UpstreamLink& Node::anchor_link() {
-  if (upstreams_.front()->welcomed()) return *upstreams_.front();
+UpstreamLink* Node::anchor_link() {
+  UpstreamLink& first = *upstreams_.front();
+  if (first.welcomed()) return &first;
+  // Tree 0's link opening, or failing over, gets a parent timeout before another tree's parent
+  // is asked: asked of both, each parent would send the anchor it holds. Two relays that feed
+  // each other in different trees would ask each other, and the anchor would cross back.
+  if (!first.down_for(ctx_->now_ms(), config_.parent_timeout_ms)) return nullptr;
   for (const auto& link : upstreams_)
-    if (link->welcomed()) return *link;
-  return *upstreams_.front();
+    if (link->welcomed()) return link.get();
+  return nullptr;
 }
 
 void Node::send_to_parents(const Message& m) {
@@ -140,7 +145,7 @@ void Node::send_need(const Need& need) {
   // Each parent picks the anchor it sends from what it holds, so an anchor comes whole over one
   // link, and so do its chunks asked for again.
   if (need.want_anchor || need.key.anchor) {
-    anchor_link().send(need);
+    if (UpstreamLink* link = anchor_link()) link->send(need);
     return;
   }
   if (need.chunks.empty()) {
@@ -268,7 +273,9 @@ void Node::on_message(PeerId from, const Message& m) {
 
 void Node::on_welcome(UpstreamLink& link, const Welcome& w) {
   link.welcome();
-  anchor_requested_ = false;
+  // An anchor asked for over another link is still coming: asked again, the parent would send
+  // all of it again. Asked over a link that failed, it is asked again over this one.
+  if (anchor_link() == &link) anchor_requested_ = false;
   // A worker that holds nothing said Hello without `resume`: the parent of its tree 0 starts it
   // from an anchor unasked, so asking for one now would have it sent twice.
   if (rebuild_ && &link == upstreams_.front().get() && current_version() == 0 && cache_.entries().empty()) {
@@ -318,7 +325,7 @@ void Node::request_anchor(std::uint64_t newer_than) {
     if (on_anchor_wanted_) on_anchor_wanted_();
     // Versions made of trainer shards' slices: each shard sends an anchor of its slice.
     if (shard_in_) children_->to_publishers(Need{{newer_than, true}, {}, true});
-  } else if (any_parent_welcomed()) {
+  } else if (anchor_link()) {
     send_need(Need{{newer_than, true}, {}, true});
   } else {
     return;  // asked again once a parent welcomes us

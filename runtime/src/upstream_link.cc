@@ -14,7 +14,14 @@ const std::string& UpstreamLink::endpoint() const {
   return parents_[index_ % parents_.size()];
 }
 
+void UpstreamLink::mark_down() {
+  if (down_) return;
+  down_ = true;
+  down_since_ms_ = ctx_.now_ms();
+}
+
 void UpstreamLink::connect() {
+  mark_down();
   connected_ms_ = ctx_.now_ms();
   if (parent_ != 0) {
     ctx_.transport.disconnect(parent_);
@@ -38,6 +45,7 @@ void UpstreamLink::next() {
 }
 
 void UpstreamLink::give_up() {
+  mark_down();
   ctx_.transport.disconnect(parent_);
   parent_ = 0;
   welcomed_ = false;

@@ -35,7 +35,13 @@ class UpstreamLink {
   void give_up();
   // The parent said something (it is alive) / welcomed this node.
   void heard() { heard_ms_ = ctx_.now_ms(); }
-  void welcome() { welcomed_ = true; }
+  void welcome() {
+    welcomed_ = true;
+    down_ = false;
+  }
+  // Whether the link has been without a welcoming parent for at least `ms`: since it opened,
+  // or since it lost the parent that welcomed it (failing over to other parents meanwhile).
+  bool down_for(std::uint64_t now_ms, std::uint64_t ms) const { return down_ && now_ms - down_since_ms_ >= ms; }
   // A message on the probe: a Welcome makes the preferred parent the parent again (true: the
   // message is now the parent's to handle); anything else ends the try.
   bool on_probe_message(const Message& m);
@@ -70,6 +76,7 @@ class UpstreamLink {
 
  private:
   void probe_preferred(std::uint64_t now_ms);
+  void mark_down();
 
   NodeContext& ctx_;
   const std::vector<std::string> parents_;
@@ -77,6 +84,8 @@ class UpstreamLink {
   PeerId parent_ = 0;
   std::size_t index_ = 0;  // into parents_, modulo its size
   bool welcomed_ = false;
+  bool down_ = false;              // no welcoming parent since down_since_ms_
+  std::uint64_t down_since_ms_ = 0;
   std::uint64_t heard_ms_ = 0;
   std::uint64_t connected_ms_ = 0;  // when the last parent link was opened
   PeerId probe_ = 0;                // link to the preferred parent while trying it

@@ -858,6 +858,118 @@ TEST_CASE("a late joiner of a multi-tree fleet takes its anchor whole from one p
   CHECK(anchor_chunks_from["relay-a"] == s.anchor(1).manifest.chunks.size());
 }
 
+// Two regions' relays that feed each other: relay-x takes tree 0 from the origin and tree 1
+// from relay-y, relay-y the other way round; a worker under each takes both trees from it.
+struct CrossedRelays {
+  FakeNet net;
+  Node* origin = nullptr;
+  // Anchor chunks delivered to each node, by sender.
+  std::map<std::string, std::map<std::string, std::uint64_t>> anchor_chunks;
+
+  CrossedRelays() {
+    origin = &net.add(origin_config());
+    net.filter = [this](const std::string& from, const std::string& to, Message& m) {
+      if (const auto* c = std::get_if<ChunkMsg>(&m); c && c->key.anchor) anchor_chunks[to][from]++;
+      return true;
+    };
+  }
+  void add_relay(const std::string& id, const std::string& other) {
+    NodeConfig c = relay_config(id, {});
+    c.tree_parents = id == "relay-x" ? std::vector<std::vector<std::string>>{{"origin"}, {other}}
+                                     : std::vector<std::vector<std::string>>{{other}, {"origin"}};
+    net.add(c);
+  }
+  void add_worker(const std::string& id, const std::string& relay) {
+    NodeConfig c = worker_config(id, {});
+    c.tree_parents = {{relay}, {relay}};
+    net.add(c);
+  }
+  // Every node took each anchor chunk once.
+  void check_once(std::uint64_t chunks) {
+    for (const char* to : {"relay-x", "relay-y", "wx", "wy"}) {
+      std::uint64_t n = 0;
+      for (const auto& [from, k] : anchor_chunks[to]) n += k;
+      INFO(to);
+      CHECK(n == chunks);
+    }
+  }
+};
+
+TEST_CASE("the first anchor of a run reaches a multi-tree fleet down tree 0, each chunk once", "[runtime][node][trees]") {
+  Series s(2);
+  CrossedRelays f;
+  f.add_relay("relay-x", "relay-y");
+  f.add_relay("relay-y", "relay-x");
+  f.add_worker("wx", "relay-x");
+  f.add_worker("wy", "relay-y");
+  f.net.run_for(500);
+  const auto anchor = s.anchor(1);
+  REQUIRE(f.origin->publish(anchor).is_ok());
+  REQUIRE(f.net.run_until([&] { return all_at(f.net, {"wx", "wy"}, 1); }));
+  f.net.run_for(2000);
+  f.check_once(anchor.manifest.chunks.size());
+  // Down tree 0: origin -> relay-x -> relay-y.
+  CHECK(f.anchor_chunks["relay-y"]["relay-x"] == anchor.manifest.chunks.size());
+  REQUIRE(f.origin->publish(s.delta(2)).is_ok());
+  REQUIRE(f.net.run_until([&] { return all_at(f.net, {"wx", "wy"}, 2); }));
+  CHECK(f.net.node("wy").current()->image == s.images[1]);
+}
+
+TEST_CASE("a relay whose tree 0 parent starts late waits for it to ask for an anchor", "[runtime][node][trees]") {
+  // Asked of tree 1's parent as well, the anchor would come twice: relay-y would ask the origin,
+  // and relay-x, asked by relay-y in tree 0, would send it its own.
+  Series s(1);
+  CrossedRelays f;
+  const auto anchor = s.anchor(1);
+  REQUIRE(f.origin->publish(anchor).is_ok());
+  f.add_relay("relay-y", "relay-x");
+  f.add_worker("wy", "relay-y");
+  f.net.run_for(500);
+  CHECK(f.net.node("wy").current_version() == 0);
+  f.add_relay("relay-x", "relay-y");
+  f.add_worker("wx", "relay-x");
+  REQUIRE(f.net.run_until([&] { return all_at(f.net, {"wx", "wy"}, 1); }));
+  f.net.run_for(2000);
+  f.check_once(anchor.manifest.chunks.size());
+  CHECK(f.anchor_chunks["relay-y"]["origin"] == 0);
+}
+
+TEST_CASE("a link welcomed while an anchor asked over another is on its way does not ask again", "[runtime][node][trees]") {
+  // Asked twice, the parent sends the whole anchor twice (the child may have dropped a damaged one).
+  Series s(1);
+  FakeNet net;
+  Node& origin = net.add(origin_config());
+  const auto anchor = s.anchor(1);
+  REQUIRE(origin.publish(anchor).is_ok());
+  std::uint64_t chunks = 0, asked = 0;
+  net.filter = [&](const std::string&, const std::string& to, Message& m) {
+    if (const auto* c = std::get_if<ChunkMsg>(&m); c && to == "relay" && c->key.anchor) chunks++;
+    if (const auto* n = std::get_if<Need>(&m); n && to == "origin" && n->want_anchor) asked++;
+    return true;
+  };
+  // The relay's tree 1 link is welcomed late, and the anchor is slow to come.
+  int welcomes = 0;
+  net.hold = [&](const std::string& from, const std::string& to, const Message& m) {
+    if (from != "origin" || to != "relay") return false;
+    return !std::holds_alternative<Welcome>(m) || ++welcomes == 2;
+  };
+  NodeConfig r = relay_config("relay", {});
+  r.tree_parents = {{"origin"}, {"origin"}};
+  net.add(r);
+  NodeConfig w = worker_config("w", {});
+  w.tree_parents = {{"relay"}, {"relay"}};
+  Node& worker = net.add(w);
+  net.run_for(200);
+  net.release([](const Message& m) { return std::holds_alternative<Welcome>(m); });
+  net.run_for(1000);
+  net.hold = nullptr;
+  net.release();
+  REQUIRE(net.run_until([&] { return worker.current_version() == 1; }));
+  net.run_for(2000);
+  CHECK(asked == 1);
+  CHECK(chunks == anchor.manifest.chunks.size());
+}
+
 TEST_CASE("a worker that joins with nothing is sent its anchor once", "[runtime][node]") {
   // Its Hello without `resume` starts it from an anchor; it must not ask for one on top.
   Series s(3);

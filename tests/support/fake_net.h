@@ -66,6 +66,17 @@ class FakeNet {
   std::map<std::string, std::uint64_t> inbound_queue_bytes_max;
   // Called on every delivery; return false to drop the message (fault injection).
   std::function<bool(const std::string& from, const std::string& to, Message&)> filter;
+  // Called on every delivery; return true to hold the message back until release() (delay).
+  std::function<bool(const std::string& from, const std::string& to, const Message&)> hold;
+  // Delivers the held messages `which` picks (all by default), in the order they came.
+  void release(const std::function<bool(const Message&)>& which = {}) {
+    std::vector<Delivery> keep;
+    for (auto& d : held_) {
+      if (!which || which(d.message)) queue_.push_back(std::move(d));
+      else keep.push_back(std::move(d));
+    }
+    held_ = std::move(keep);
+  }
 
   // `restored`: a version the node holds before it starts (Node::restore).
   Node& add(NodeConfig config, bool deferred_tasks = false, std::shared_ptr<ModelVersion> restored = nullptr) {
@@ -79,6 +90,10 @@ class FakeNet {
     slot.alive = true;
     if (restored && !slot.node->restore(std::move(restored)).is_ok()) throw std::runtime_error("restore failed");
     slot.node->start();
+    // What was sent to it before it was there arrives now, as a connection made before the
+    // other side listens does.
+    for (auto& d : unbound_[name]) queue_.push_back(std::move(d));
+    unbound_.erase(name);
     return *slot.node;
   }
   Node& node(const std::string& name) { return *nodes_.at(name).node; }
@@ -200,7 +215,18 @@ class FakeNet {
     }
     if (!link.open) return;
     auto it = nodes_.find(link.to);
-    if (it == nodes_.end() || !it->second.alive) return;
+    if (it == nodes_.end()) {
+      // Not started yet: held until it is (add()).
+      link.queued_bytes += message_bytes(d.message);
+      unbound_[link.to].push_back(std::move(d));
+      return;
+    }
+    if (!it->second.alive) return;
+    if (hold && hold(link.from, link.to, d.message)) {
+      link.queued_bytes += message_bytes(d.message);
+      held_.push_back(std::move(d));
+      return;
+    }
     if (filter && !filter(link.from, link.to, d.message)) return;
     bytes_to_[link.to] += message_bytes(d.message);
     if (it->second.node) it->second.node->on_message(link.reverse, d.message);
@@ -210,6 +236,8 @@ class FakeNet {
   std::map<std::string, Slot> nodes_;
   std::map<PeerId, Link> links_;
   std::deque<Delivery> queue_;
+  std::map<std::string, std::vector<Delivery>> unbound_;  // to nodes not added yet
+  std::vector<Delivery> held_;                            // by `hold`
   std::map<std::string, std::uint64_t> bytes_to_;
   PeerId next_id_ = 1;
 };

@@ -13,15 +13,14 @@ version with the publisher's checksum, and nothing else, with no help from outsi
 Usage: emulated_fleet_test.py DELTACAST WAN_EMULATOR
 """
 
-import re
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fleet import Log, check_exposed, make_versions, verdict  # noqa: E402
 from wan import Wan  # noqa: E402
 
 VERSIONS = 4
@@ -31,45 +30,13 @@ WINDOW_SHARE = 0.62  # the kernel's advertised window over tcp_rmem's maximum at
 RMEM_MAX = int(BDP / 4 / WINDOW_SHARE)
 
 
-class Log:
-    """A process's output kept as it comes, to wait for lines and read them afterwards."""
-
-    def __init__(self, proc: subprocess.Popen):
-        self.lines: list[str] = []
-        self._cv = threading.Condition()
-        threading.Thread(target=self._read, args=(proc.stdout,), daemon=True).start()
-
-    def _read(self, stream) -> None:
-        for line in stream:
-            with self._cv:
-                self.lines.append(line.rstrip("\n"))
-                self._cv.notify_all()
-
-    def wait_for(self, pattern: str, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        with self._cv:
-            while not any(re.search(pattern, l) for l in self.lines):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cv.wait(left)
-        return True
-
-
 def main() -> int:
     dc, emulator = sys.argv[1], sys.argv[2]
     failures = []
     with tempfile.TemporaryDirectory(prefix="dcwan-fleet-") as tmp:
         work = Path(tmp)
-        subprocess.run([dc, "gen", "-q", "-o", str(work / "ckpt"), "--size", "24MB", "--lr", "1e-3", "--steps", str(VERSIONS - 1)],
-                       check=True, stdout=subprocess.DEVNULL)
-        ckpts = sorted((work / "ckpt").glob("*.safetensors"))
-        expected = {}
-        for v, ckpt in enumerate(ckpts, 1):
-            subprocess.run([dc, "encode", "-q", str(ckpt), "-o", str(work / "a.dcd")], check=True, stdout=subprocess.DEVNULL)
-            out = subprocess.run([dc, "inspect", str(work / "a.dcd")], check=True, capture_output=True, text=True).stdout
-            expected[v] = re.search(r"version checksum ([0-9a-f]+)", out).group(1)
-
+        versions = make_versions(dc, work, size="24MB", lr=1e-3, count=VERSIONS)
+        ckpts = versions.checkpoints
         wan = [{"a": "us", "b": "eu", "delay_ms": DELAY_MS, "rate_mbit": RATE_MBIT, "queue_bytes": int(BDP)}]
         sysctls = {"net.ipv4.tcp_rmem": f"4096 131072 {RMEM_MAX}", "net.ipv4.tcp_wmem": f"4096 16384 {RMEM_MAX}",
                    "net.ipv4.tcp_congestion_control": "reno"}
@@ -133,20 +100,12 @@ def main() -> int:
             if lost_at_2pct == 0 or dropped_in_cut == 0:
                 failures.append("the link lost nothing: the loss and the cut did not happen")
             for w, log in logs.items():
-                seen = re.findall(r"version (\d+) ready, checksum ([0-9a-f]+)", "\n".join(log.lines))
-                for v, checksum in seen:
-                    if expected.get(int(v)) != checksum:
-                        failures.append(f"{w} exposed version {v} with checksum {checksum}, the publisher's is {expected.get(int(v))}")
-                if sorted({int(v) for v, _ in seen}) != list(range(1, VERSIONS + 1)):
-                    failures.append(f"{w} exposed versions {[v for v, _ in seen]}, not 1..{VERSIONS}")
+                failures += check_exposed(w, log, versions)
             print(f"link us>eu: {stats['us>eu']['delivered_bytes'] / 1e6:.1f} MB delivered, {stats['us>eu']['queue_drops']} queue drops")
             if failures:
                 for name, log in [("publish", publish_log), ("relay", relay_log), *logs.items()]:
                     print(f"--- {name}\n" + "\n".join(log.lines[-15:]))
-    for f in failures:
-        print("FAIL", f)
-    print("PASS emulated WAN fleet" if not failures else f"{len(failures)} failures")
-    return 1 if failures else 0
+    return verdict("emulated WAN fleet", failures)
 
 
 if __name__ == "__main__":

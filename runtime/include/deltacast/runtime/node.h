@@ -153,8 +153,9 @@ class Node {
   void send_to_parent(const Message& m);
   // To every tree's parent: heartbeats, this node's own Leave.
   void send_to_parents(const Message& m);
-  // The link anchors are asked over: tree 0's, or while it is down the first that is up.
-  UpstreamLink& anchor_link();
+  // The link anchors are asked over: tree 0's, or once it has been down for a parent timeout,
+  // the first that is up. Null while there is none, or while tree 0's is only opening.
+  UpstreamLink* anchor_link();
   // A Need to the parents that serve it: the chunks it names each to its tree's parent, a whole
   // version or an anchor to every tree's (each sends its tree's chunks).
   void send_need(const Need& need);

@@ -242,17 +242,12 @@ Result<LoadedNode> load_node_options(const NodeOptions& flags, bool worker) {
     out.node.shard_keys.push_back(key);
   }
   out.node.node_id = o.node_id;
+  if (!o.trees.empty() && !o.parents.empty()) return Status::invalid_argument("give \"parents\" or \"trees\", not both");
   out.node.parents = o.parents;
-  if (!o.trees.empty()) {
-    if (!o.parents.empty()) return Status::invalid_argument("give \"parents\" or \"trees\", not both");
-    if (o.trees.size() < 2 || o.trees.size() > runtime::kTreesMax)
-      return Status::invalid_argument("trees: 2 to " + std::to_string(runtime::kTreesMax) + " lists of parents, not " + std::to_string(o.trees.size()));
-    for (const auto& tree : o.trees) {
-      if (tree.empty()) return Status::invalid_argument("trees: every tree needs at least one parent");
-      for (const auto& p : tree) DC_RETURN_IF_ERROR(check_endpoint(p, "trees", false));
-    }
-    out.node.tree_parents = o.trees;
-  }
+  out.node.tree_parents = o.trees;
+  DC_RETURN_IF_ERROR(runtime::check_parents(out.node));
+  for (const auto& tree : o.trees)
+    for (const auto& p : tree) DC_RETURN_IF_ERROR(check_endpoint(p, "trees", false));
   out.node.reconstruct = worker;
   out.node.in_place = worker && o.in_place;
   if (!o.scrub_rate.empty()) {

@@ -291,20 +291,26 @@ class Version:
 class Worker:
     """A rollout process's worker: joins ``parents`` (endpoints, most preferred first).
 
+    In a multi-tree fleet (``deltacast fleet-init --trees N``) give ``trees`` instead: each
+    tree's parents, most preferred first, as the config file's ``"trees"``; with CURVE,
+    ``tree_parent_keys`` in the same shape (the config's ``"tree_parent_keys"``).
+
     ``change_history``: how many versions back ``Version.patches`` can reach (each kept costs 4
     bytes per changed value; 0 keeps none). ``stripes``: TCP connections per parent link (1 to
     64), for a parent across a long link that one connection's window cannot fill
     (docs/RUNTIME.md, "Striped links").
     """
 
-    def __init__(self, id: str, parents: list[str], *, keys=None, parent_keys=None, trust_keys=None, state_dir=None,
-                 in_place=False, listen=None, metrics=None, change_history=4, stripes=1):
+    def __init__(self, id: str, parents: Optional[list[str]] = None, *, keys=None, parent_keys=None, trust_keys=None,
+                 state_dir=None, in_place=False, listen=None, metrics=None, change_history=4, stripes=1, trees=None,
+                 tree_parent_keys=None):
         if isinstance(parents, str):
             parents = [parents]
-        self._native = _native.Worker(id, list(parents), keys=keys, parent_keys=list(parent_keys or []),
+        self._native = _native.Worker(id, list(parents or []), keys=keys, parent_keys=list(parent_keys or []),
                                       trust_keys=list(trust_keys or []), state_dir=state_dir or "", in_place=in_place,
                                       listen=listen or "", metrics=metrics or "", change_history=int(change_history),
-                                      stripes=int(stripes))
+                                      stripes=int(stripes), trees=[list(t) for t in trees or []],
+                                      tree_parent_keys=[list(k) for k in tree_parent_keys or []])
         self._callbacks: list[Callable[[Version], None]] = []
         self._thread: Optional[threading.Thread] = None
         self._closing = threading.Event()

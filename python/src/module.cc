@@ -81,14 +81,28 @@ PYBIND11_MODULE(_native, m) {
   py::class_<Worker>(m, "Worker")
       .def(py::init([](std::string id, std::vector<std::string> parents, std::optional<std::pair<std::string, std::string>> keys,
                        std::vector<std::string> parent_keys, std::vector<std::string> trust_keys, std::string state_dir, bool in_place,
-                       std::string listen, std::string metrics, std::size_t change_history, std::uint32_t stripes) {
-             WorkerArgs a{std::move(id),        std::move(parents), std::move(keys),   std::move(parent_keys), std::move(trust_keys),
-                          std::move(state_dir), in_place,           std::move(listen), std::move(metrics),     change_history, stripes};
+                       std::string listen, std::string metrics, std::size_t change_history, std::uint32_t stripes,
+                       std::vector<std::vector<std::string>> trees, std::vector<std::vector<std::string>> tree_parent_keys) {
+             WorkerArgs a;
+             a.id = std::move(id);
+             a.parents = std::move(parents);
+             a.keys = std::move(keys);
+             a.parent_keys = std::move(parent_keys);
+             a.trees = std::move(trees);
+             a.tree_parent_keys = std::move(tree_parent_keys);
+             a.trust_keys = std::move(trust_keys);
+             a.state_dir = std::move(state_dir);
+             a.in_place = in_place;
+             a.listen = std::move(listen);
+             a.metrics = std::move(metrics);
+             a.change_history = change_history;
+             a.stripes = stripes;
              return std::make_unique<Worker>(a);
            }),
            py::arg("id"), py::arg("parents"), py::arg("keys") = py::none(), py::arg("parent_keys") = std::vector<std::string>{},
            py::arg("trust_keys") = std::vector<std::string>{}, py::arg("state_dir") = "", py::arg("in_place") = false,
-           py::arg("listen") = "", py::arg("metrics") = "", py::arg("change_history") = 0, py::arg("stripes") = 1)
+           py::arg("listen") = "", py::arg("metrics") = "", py::arg("change_history") = 0, py::arg("stripes") = 1,
+           py::arg("trees") = std::vector<std::vector<std::string>>{}, py::arg("tree_parent_keys") = std::vector<std::vector<std::string>>{})
       .def("wait", &Worker::wait, py::arg("min_version"), py::arg("timeout_s"))
       .def("wait_newer", &Worker::wait_newer, py::arg("after"), py::arg("timeout_s"))
       .def("current", &Worker::current)

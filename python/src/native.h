@@ -156,6 +156,8 @@ struct WorkerArgs {
   std::vector<std::string> parents;
   std::optional<std::pair<std::string, std::string>> keys;  // own CURVE pair (public, secret), Z85
   std::vector<std::string> parent_keys;                      // one per parent, Z85
+  std::vector<std::vector<std::string>> trees;               // NodeConfig::tree_parents, instead of parents
+  std::vector<std::vector<std::string>> tree_parent_keys;    // one per parent of `trees`, same shape
   std::vector<std::string> trust_keys;                        // Ed25519 publisher keys (hex)
   std::string state_dir;
   bool in_place = false;

@@ -77,6 +77,7 @@ transport::WorkerOptions worker_options(const WorkerArgs& a) {
   transport::WorkerOptions o;
   o.node.node_id = a.id;
   o.node.parents = a.parents;
+  o.node.tree_parents = a.trees;
   o.node.in_place = a.in_place;
   o.node.change_history_versions_max = a.change_history;
   if (a.stripes < 1 || a.stripes > transport::kStripesMax)
@@ -91,6 +92,13 @@ transport::WorkerOptions worker_options(const WorkerArgs& a) {
   o.host.metrics_listen = a.metrics;
   if (a.keys) o.host.curve = transport::CurveKeys{a.keys->first, a.keys->second};
   o.host.parent_server_keys = a.parent_keys;
+  if (!a.tree_parent_keys.empty()) {
+    // Tree by tree, in the order of NodeConfig::upstream_trees().
+    bool same_shape = a.parent_keys.empty() && a.tree_parent_keys.size() == a.trees.size();
+    for (std::size_t t = 0; same_shape && t < a.trees.size(); ++t) same_shape = a.tree_parent_keys[t].size() == a.trees[t].size();
+    if (!same_shape) throw py::value_error("tree_parent_keys needs one key per parent of trees, in the same shape (and no parent_keys)");
+    for (const auto& keys : a.tree_parent_keys) o.host.parent_server_keys.insert(o.host.parent_server_keys.end(), keys.begin(), keys.end());
+  }
   o.out_dir = a.state_dir;
   return o;
 }
@@ -99,7 +107,7 @@ transport::WorkerOptions worker_options(const WorkerArgs& a) {
 
 Worker::Worker(const WorkerArgs& args) {
   if (args.id.empty()) throw Error("a worker needs an id");
-  if (args.parents.empty()) throw Error("a worker needs at least one parent endpoint");
+  if (args.parents.empty() && args.trees.empty()) throw Error("a worker needs at least one parent endpoint");
   auto w = [&] {
     py::gil_scoped_release release;
     return transport::Worker::start(worker_options(args));

@@ -87,6 +87,22 @@ def test_a_worker_exposes_every_tensor_bit_for_bit(publisher, checkpoints):
             assert tensors[name].view(torch.int16).numpy().tobytes() == expected[name][1]
 
 
+def test_a_worker_of_a_multi_tree_fleet_takes_one_link_per_tree(publisher, checkpoints):
+    # Both trees from the origin: chunk i comes down link i mod 2, and the version is whole.
+    with deltacast.Worker("py-trees", trees=[[publisher], [publisher]]) as w:
+        v = w.wait(len(checkpoints), timeout=60)
+        expected = read_safetensors(checkpoints[-1])
+        assert {n: t.tobytes() for n, t in v.numpy_tensors()} == {n: raw for n, (_, raw) in expected.items()}
+    with pytest.raises(deltacast.Error, match="trees: 2 to 8"):
+        deltacast.Worker("w", trees=[[publisher]])
+    with pytest.raises(deltacast.Error, match="not both"):
+        deltacast.Worker("w", [publisher], trees=[[publisher], [publisher]])
+    with pytest.raises(deltacast.Error, match="parents: at most 16"):
+        deltacast.Worker("w", [publisher] * 17)
+    with pytest.raises(ValueError, match="same shape"):
+        deltacast.Worker("w", trees=[[publisher], [publisher]], tree_parent_keys=[["k"]])
+
+
 def test_views_are_zero_copy_and_outlive_the_worker(publisher, checkpoints):
     w = deltacast.Worker("py-worker", [publisher])
     v = w.wait(1, timeout=60)

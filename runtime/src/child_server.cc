@@ -146,7 +146,7 @@ void ChildServer::on_hello(PeerId from, const Hello& hello) {
     ctx_.transport.disconnect(from);
     return;
   }
-  if (hello.trees > kTreesMax || hello.tree >= std::max<std::uint32_t>(1, hello.trees)) {
+  if (!valid_tree(hello.tree, hello.trees)) {
     ctx_.send(from, Refuse{"tree " + std::to_string(hello.tree) + " of " + std::to_string(hello.trees) + ": at most " + std::to_string(kTreesMax) +
                            " trees, numbered from 0"});
     ctx_.transport.disconnect(from);

@@ -113,6 +113,10 @@ class ChildServer {
   // silent for child_timeout_ms.
   void tick(std::uint64_t now_ms);
   std::uint64_t next_duty_ms(std::uint64_t due) const;
+  // Every child counts as heard now (Node::on_loop_stalled).
+  void heard_all(std::uint64_t now_ms) {
+    for (auto& [peer, c] : children_) c.last_heard_ms = std::max(c.last_heard_ms, now_ms);
+  }
   // The oldest version an anchor must be newer than for a child waiting for one.
   std::optional<std::uint64_t> anchor_wanted() const;
   // Every per-version record goes (the cache was cleared for a new run).

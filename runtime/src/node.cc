@@ -38,6 +38,21 @@ class Node::Hooks final : public ChildServer::Owner, public Reconstructor::Owner
   Node& node_;
 };
 
+Status check_parents(const NodeConfig& c) {
+  if (!c.parents.empty() && !c.tree_parents.empty()) return Status::invalid_argument("give parents or trees of parents, not both");
+  if (c.parents.size() > kParentsMax)
+    return Status::invalid_argument("parents: at most " + std::to_string(kParentsMax) + ", not " + std::to_string(c.parents.size()));
+  if (c.tree_parents.empty()) return Status::ok();
+  if (c.tree_parents.size() < 2 || c.tree_parents.size() > kTreesMax)
+    return Status::invalid_argument("trees: 2 to " + std::to_string(kTreesMax) + " lists of parents, not " + std::to_string(c.tree_parents.size()));
+  for (const auto& tree : c.tree_parents) {
+    if (tree.empty()) return Status::invalid_argument("trees: every tree needs at least one parent");
+    if (tree.size() > kParentsMax)
+      return Status::invalid_argument("trees: at most " + std::to_string(kParentsMax) + " parents a tree, not " + std::to_string(tree.size()));
+  }
+  return Status::ok();
+}
+
 Node::Node(NodeConfig config, Transport& transport, Clock& clock, TaskRunner* tasks)
     : config_(std::move(config)),
       ctx_(std::make_unique<NodeContext>(config_, transport, clock)),
@@ -644,6 +659,13 @@ void Node::leave(const std::string& reason) {
 }
 
 // ---- timers ---------------------------------------------------------------------------------
+
+void Node::on_loop_stalled(std::uint64_t stalled_ms) {
+  const std::uint64_t now = ctx_->now_ms();
+  ctx_->log(LogLevel::kWarn, "the event loop stalled for " + std::to_string(stalled_ms) + " ms; peers' silence counts from now");
+  for (const auto& link : upstreams_) link->heard();
+  children_->heard_all(now);
+}
 
 void Node::tick() {
   const std::uint64_t now = ctx_->now_ms();

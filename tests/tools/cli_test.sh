@@ -116,6 +116,15 @@ echo '{"id": "w", "parents": ["tcp://127.0.0.1:7100"], "limits": {"connections_m
 fails "an unknown limit in a config" 'unknown limit "connections_maxx"' "$dc" worker --config "$tmp/limits.json"
 echo '{"id": "w", "parents": ["tcp://127.0.0.1:7100"], "limits": {"image_bytes_max": "lots"}}' >"$tmp/limits.json"
 fails "a limit that is not a size" "image_bytes_max" "$dc" worker --config "$tmp/limits.json"
+parents17=$(python3 -c 'import json; print(json.dumps([f"tcp://127.0.0.1:{7100 + i}" for i in range(17)]))')
+echo "{\"id\": \"w\", \"parents\": $parents17}" >"$tmp/parents.json"
+fails "more parents than a node tries" "parents: at most 16" "$dc" worker --config "$tmp/parents.json"
+echo "{\"id\": \"w\", \"trees\": [[\"tcp://127.0.0.1:7100\"], $parents17]}" >"$tmp/parents.json"
+fails "more parents in a tree than a node tries" "at most 16 parents a tree" "$dc" worker --config "$tmp/parents.json"
+echo '{"id": "w", "trees": [["tcp://127.0.0.1:7100"]]}' >"$tmp/parents.json"
+fails "one tree of parents" "trees: 2 to 8 lists" "$dc" worker --config "$tmp/parents.json"
+echo '{"id": "w", "parents": ["tcp://127.0.0.1:7100"], "trees": [["tcp://127.0.0.1:7100"], ["tcp://127.0.0.1:7101"]]}' >"$tmp/parents.json"
+fails "parents and trees both" 'give "parents" or "trees", not both' "$dc" worker --config "$tmp/parents.json"
 # The log goes to stderr: stdout is for reports (here: nothing but the log would print).
 timeout 1 "$dc" worker --id w --parent tcp://127.0.0.1:1 >"$tmp/log.out" 2>"$tmp/log.err"
 check "the log goes to stderr, not stdout" bash -c "[ ! -s '$tmp/log.out' ] && grep -q unauthenticated '$tmp/log.err'"

@@ -224,3 +224,34 @@ TEST_CASE("a striped link spreads a version over its connections and delivers it
   relay.stop();
   origin.stop();
 }
+
+TEST_CASE("a node whose own loop stalls past the parent timeout keeps its parent", "[transport][host]") {
+  // The loop did not read what the parent sent while it was blocked: that is not the parent's
+  // silence (a long image allocation did this to workers on a busy host).
+  NodeConfig oc;
+  oc.node_id = "origin";
+  oc.serve_children = true;
+  transport::HostConfig oh;
+  oh.bind_endpoint = "tcp://127.0.0.1:*";
+  transport::NodeHost origin(oc, oh);
+  REQUIRE(origin.start_thread().is_ok());
+  NodeConfig rc;
+  rc.node_id = "relay";
+  rc.parents = {origin.bound_endpoint(), "tcp://127.0.0.1:1"};  // the fallback is nobody
+  rc.parent_timeout_ms = 1000;
+  transport::NodeHost relay(rc, transport::HostConfig{});
+  REQUIRE(relay.start_thread().is_ok());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!relay.call([&] { return relay.node().connected(); }) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  REQUIRE(relay.call([&] { return relay.node().connected(); }));
+  relay.call([] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    return 0;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  CHECK(relay.call([&] { return relay.node().connected(); }));
+  CHECK(relay.call([&] { return relay.node().stats().parent_failovers; }) == 0);
+  relay.stop();
+  origin.stop();
+}

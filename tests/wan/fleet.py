@@ -110,6 +110,7 @@ class RegionsFleet:
     """Three regions on the WAN emulator, planned and configured by `deltacast fleet-init`."""
 
     PORT = 7100
+    PAIRS = (("us", "eu"), ("us", "ap"), ("eu", "ap"))
 
     def __init__(self, dc: str, emulator: str, work: Path, *, trees: int | str, rate_mbit: float, delay_ms: float,
                  workers: int, sysctls: dict[str, str] | None = None):
@@ -124,16 +125,15 @@ class RegionsFleet:
                          "relay_nic": {"uplink": "10Gbit", "downlink": "10Gbit"}, "worker_relays": False},
             "regions": regions,
             "wan": [{"between": pair, "latency_ms": delay_ms, "bandwidth": f"{rate_mbit:g}Mbit"}
-                    for pair in (["us", "eu"], ["us", "ap"], ["eu", "ap"])]}
+                    for pair in self.PAIRS]}
         self.nodes = {"origin": "us", "us.w0": "us"}
         for r in ("eu", "ap"):
             self.nodes[f"{r}.relay-0"] = r
             self.nodes.update({f"{r}.w{i}": r for i in range(workers)})
         self.workers = [n for n in self.nodes if ".w" in n]
         (self.work / "fleet.json").write_text(json.dumps(description, indent=2))
-        bdp = int(rate_mbit * 1e6 / 8 * 2 * delay_ms / 1e3)
-        wan = [{"a": a, "b": b, "delay_ms": delay_ms, "rate_mbit": rate_mbit, "queue_bytes": bdp}
-               for a, b in (("us", "eu"), ("us", "ap"), ("eu", "ap"))]
+        wan = [{"a": a, "b": b, "delay_ms": delay_ms, "rate_mbit": rate_mbit, "queue_bytes": self._bdp(rate_mbit)}
+               for a, b in self.PAIRS]
         self.net = Wan(emulator, self.nodes, wan=wan, sysctls=sysctls)
         try:
             endpoints = {n: f"tcp://{self.net.addr(n)}:{self.PORT}" for n in self.nodes}
@@ -155,21 +155,30 @@ class RegionsFleet:
         self.procs[node] = self.net.spawn(node, argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.logs[node] = Log(self.procs[node])
 
-    def start(self, versions: Versions, *publish_args: str) -> None:
+    def start(self, versions: Versions, *publish_args: str, node_args: tuple[str, ...] = ()) -> None:
         """Relays, then workers (each exits after the last version), then the origin publishing
-        every checkpoint."""
+        every checkpoint. `node_args` go to every relay and worker."""
         config = lambda n: str(self.work / "configs" / f"{n}.json")  # noqa: E731
         for n in self.nodes:
             if ".relay-" in n:
-                self._spawn(n, [self.dc, "relay", "--config", config(n)])
+                self._spawn(n, [self.dc, "relay", "--config", config(n), *node_args])
         for n in self.workers:
-            self._spawn(n, [self.dc, "worker", "--config", config(n), "--exit-after-version", str(len(versions.checkpoints))])
+            self._spawn(n, [self.dc, "worker", "--config", config(n), "--exit-after-version", str(len(versions.checkpoints)),
+                            *node_args])
         self._spawn("origin", [self.dc, "publish", "--config", config("origin"), *publish_args, *map(str, versions.checkpoints)])
 
     def ready(self, version: int, timeout_s: float) -> bool:
         """Whether every worker reported `version` ready within the time."""
         deadline = time.monotonic() + timeout_s
         return all(self.logs[w].wait_for(rf"version {version} ready", max(0.0, deadline - time.monotonic())) for w in self.workers)
+
+    def _bdp(self, rate_mbit: float) -> int:
+        return int(rate_mbit * 1e6 / 8 * 2 * self.delay_ms / 1e3)
+
+    def set_rate(self, rate_mbit: float) -> None:
+        """Every WAN link to `rate_mbit`, with a drop-tail queue of one bandwidth-delay product."""
+        for a, b in self.PAIRS:
+            self.net.set_wan(a, b, rate_mbit=rate_mbit, queue_bytes=self._bdp(rate_mbit))
 
     def delivered(self, link: str) -> int:
         return self.net.stats()["links"].get(link, {}).get("delivered_bytes", 0)

@@ -40,6 +40,9 @@ struct NodeHost::Impl final : Clock, TaskRunner {
   HostConfig config;
   uv_loop_t loop{};
   uv_timer_t tick_timer{};
+  std::uint64_t last_tick_ms = 0;  // loop time of the last tick
+  // A gap between ticks longer than this is a stalled loop (Node::on_loop_stalled).
+  static constexpr std::uint64_t kLoopStallMs = 500;
   uv_prepare_t prepare{};
   uv_async_t async{};
   void* ctx = nullptr;
@@ -205,6 +208,11 @@ struct NodeHost::Impl final : Clock, TaskRunner {
         &tick_timer,
         [](uv_timer_t* t) {
           auto* self = static_cast<Impl*>(t->data);
+          // A loop that ran nothing for a while (a long allocation on it, a slow callback) has
+          // not read what peers sent meanwhile: the node must not take that for silence.
+          const std::uint64_t now = uv_now(t->loop);
+          if (self->last_tick_ms != 0 && now - self->last_tick_ms > kLoopStallMs) self->node->on_loop_stalled(now - self->last_tick_ms);
+          self->last_tick_ms = now;
           self->node->tick();
           self->links->close_idle_connections();
           self->links->drain_all();

@@ -223,7 +223,7 @@ Result<Message> decode_body(wire::Envelope& env, SharedBytes payload) {
     h.serves_children = env.hello().serves_children();
     h.trees = std::max<std::uint32_t>(1, env.hello().trees());
     h.tree = env.hello().tree();
-    if (h.trees > kTreesMax || h.tree >= h.trees)
+    if (!valid_tree(h.tree, h.trees))
       return Status::corruption("tree " + std::to_string(h.tree) + " of " + std::to_string(h.trees) + " (at most " + std::to_string(kTreesMax) + " trees)");
     DC_RETURN_IF_ERROR(check_node_id(h.node_id));
     return Message{h};

@@ -7,6 +7,7 @@ namespace deltacast::transport {
 Result<std::unique_ptr<Worker>> Worker::start(WorkerOptions o) {
   if (o.node.node_id.empty()) return Status::invalid_argument("a worker needs a node id");
   if (!o.node.has_parents()) return Status::invalid_argument("a worker needs at least one parent");
+  DC_RETURN_IF_ERROR(runtime::check_parents(o.node));
   o.node.reconstruct = true;
   o.node.serve_children = !o.host.bind_endpoint.empty();
   std::unique_ptr<Worker> w(new Worker);

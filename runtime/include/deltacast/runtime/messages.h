@@ -3,6 +3,7 @@
 // one buffer to all of its children.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -24,6 +25,13 @@ inline constexpr std::size_t kNodeIdBytesMax = 128;
 inline constexpr std::size_t kReasonBytesMax = 1024;
 // Trees of a multi-tree fleet (Hello::trees, NodeConfig::tree_parents), at most.
 inline constexpr std::uint32_t kTreesMax = 8;
+// Whether a link in tree `tree` of `trees` (0: one tree) is in range.
+inline bool valid_tree(std::uint32_t tree, std::uint32_t trees) {
+  trees = std::max<std::uint32_t>(1, trees);
+  return trees <= kTreesMax && tree < trees;
+}
+// Parents of a node (or of one tree of it) in its config, most preferred first, at most.
+inline constexpr std::size_t kParentsMax = 16;
 // Node names: letters, digits, '.', '_' and '-', at most kNodeIdBytesMax, not "." or "..",
 // so a name is safe as a file name and in logs and metrics.
 bool valid_node_id(const std::string& id);

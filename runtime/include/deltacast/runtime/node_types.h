@@ -108,6 +108,10 @@ struct NodeConfig {
   std::uint64_t check_bytes_in_flight_max = 256ull << 20;
 };
 
+// The parents a config names are within bounds: `parents` or `tree_parents` (not both), 2 to
+// kTreesMax trees, 1 to kParentsMax parents each, and at most kParentsMax plain parents.
+Status check_parents(const NodeConfig& config);
+
 enum class LogLevel : std::uint8_t { kInfo, kWarn, kError };
 
 // Where a delta changed the image: all a consumer holding its base must copy to have the version.

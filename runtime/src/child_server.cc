@@ -223,6 +223,9 @@ bool ChildServer::wants(const Child& c, const VersionKey& key, bool chain_start)
   if (!c.receives()) return false;
   if (c.subscribed(key)) return true;
   if (key.anchor && !(chain_start && key.version > broadcast_newest_)) return c.wants_anchor && key.version > c.anchor_after;
+  // A chain start goes to every child, over its tree-0 link (Child::carries): a link of another
+  // tree takes it only for a child that asked over it.
+  if (key.anchor && c.trees > 1 && c.tree != 0 && !c.wants_anchor) return false;
   return key.version > broadcast_newest_;
 }
 
@@ -293,6 +296,9 @@ void ChildServer::on_need(PeerId from, Child& child, const Need& need) {
     return;
   }
   child.subscribe(need.key, ctx_.now_ms());
+  // Anchor chunks asked for over this link: the child finishes its anchor over it (its tree 0
+  // is down), so every chunk of it goes down this link.
+  if (need.key.anchor) child.whole_anchors = true;
   const CachedVersion* v = cache_.find(need.key);
   if (!v) {
     // Not here (evicted or never seen): fetch it from upstream; it is forwarded on arrival.

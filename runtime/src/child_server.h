@@ -113,9 +113,10 @@ class ChildServer {
   // silent for child_timeout_ms.
   void tick(std::uint64_t now_ms);
   std::uint64_t next_duty_ms(std::uint64_t due) const;
-  // Every child counts as heard now (Node::on_loop_stalled).
-  void heard_all(std::uint64_t now_ms) {
-    for (auto& [peer, c] : children_) c.last_heard_ms = std::max(c.last_heard_ms, now_ms);
+  // The node could not listen for `ms` (Node::on_loop_stalled): that long does not count as
+  // any child's silence.
+  void excuse_all(std::uint64_t ms, std::uint64_t now_ms) {
+    for (auto& [peer, c] : children_) c.last_heard_ms = std::min(now_ms, c.last_heard_ms + ms);
   }
   // The oldest version an anchor must be newer than for a child waiting for one.
   std::optional<std::uint64_t> anchor_wanted() const;

@@ -289,8 +289,8 @@ void Node::on_message(PeerId from, const Message& m) {
 void Node::on_welcome(UpstreamLink& link, const Welcome& w) {
   link.welcome();
   // An anchor asked for over another link is still coming: asked again, the parent would send
-  // all of it again. Asked over a link that failed, it is asked again over this one.
-  if (anchor_link() == &link) anchor_requested_ = false;
+  // all of it again. Asked over this link before it failed over, it is asked again.
+  if (anchor_asked_ == nullptr || anchor_asked_ == &link) anchor_requested_ = false;
   // A worker that holds nothing said Hello without `resume`: the parent of its tree 0 starts it
   // from an anchor unasked, so asking for one now would have it sent twice.
   if (rebuild_ && &link == upstreams_.front().get() && current_version() == 0 && cache_.entries().empty()) {
@@ -340,8 +340,9 @@ void Node::request_anchor(std::uint64_t newer_than) {
     if (on_anchor_wanted_) on_anchor_wanted_();
     // Versions made of trainer shards' slices: each shard sends an anchor of its slice.
     if (shard_in_) children_->to_publishers(Need{{newer_than, true}, {}, true});
-  } else if (anchor_link()) {
+  } else if (UpstreamLink* link = anchor_link()) {
     send_need(Need{{newer_than, true}, {}, true});
+    anchor_asked_ = link;
   } else {
     return;  // asked again once a parent welcomes us
   }
@@ -661,10 +662,9 @@ void Node::leave(const std::string& reason) {
 // ---- timers ---------------------------------------------------------------------------------
 
 void Node::on_loop_stalled(std::uint64_t stalled_ms) {
-  const std::uint64_t now = ctx_->now_ms();
-  ctx_->log(LogLevel::kWarn, "the event loop stalled for " + std::to_string(stalled_ms) + " ms; peers' silence counts from now");
-  for (const auto& link : upstreams_) link->heard();
-  children_->heard_all(now);
+  if (stalled_ms >= 1000) ctx_->log(LogLevel::kWarn, "the event loop stalled for " + std::to_string(stalled_ms) + " ms; that is not counted as peers' silence");
+  for (const auto& link : upstreams_) link->excuse(stalled_ms);
+  children_->excuse_all(stalled_ms, ctx_->now_ms());
 }
 
 void Node::tick() {

@@ -35,6 +35,8 @@ class UpstreamLink {
   void give_up();
   // The parent said something (it is alive) / welcomed this node.
   void heard() { heard_ms_ = ctx_.now_ms(); }
+  // The node could not listen for `ms` (its loop stalled): that long does not count as silence.
+  void excuse(std::uint64_t ms) { heard_ms_ = std::min(ctx_.now_ms(), heard_ms_ + ms); }
   void welcome() {
     welcomed_ = true;
     down_ = false;

@@ -970,6 +970,66 @@ TEST_CASE("a link welcomed while an anchor asked over another is on its way does
   CHECK(chunks == anchor.manifest.chunks.size());
 }
 
+TEST_CASE("a link that once took an anchor while tree 0 was down takes no share of a later run's anchor", "[runtime][node][trees]") {
+  // relay-a (tree 0) is down when w joins: after a parent timeout w asks relay-b, over tree 1,
+  // and takes its anchor whole from it. Once relay-a is back, a new run's first anchor comes
+  // whole down tree 0, and nothing of it down tree 1.
+  Series a(1, /*seed=*/1), b(1, /*seed=*/2);
+  FakeNet net;
+  NodeConfig oa = origin_config();
+  oa.run = RunId{1'700'000'000'000'000, 0xa};
+  Node* origin = &net.add(oa);
+  REQUIRE(origin->publish(a.anchor(1)).is_ok());
+  net.add(relay_config("relay-b", {"origin"}));
+  NodeConfig wc = worker_config("w", {});
+  wc.tree_parents = {{"relay-a"}, {"relay-b"}};
+  Node& w = net.add(wc);
+  REQUIRE(net.run_until([&] { return w.current_version() == 1; }));
+  net.add(relay_config("relay-a", {"origin"}));
+  net.run_for(5000);
+  REQUIRE(w.connected());
+  std::map<std::string, std::uint64_t> chunks_from;
+  net.filter = [&](const std::string& from, const std::string& to, Message& m) {
+    if (const auto* c = std::get_if<ChunkMsg>(&m); c && to == "w" && c->key.anchor) chunks_from[from]++;
+    return true;
+  };
+  net.kill("origin");
+  NodeConfig ob = origin_config();
+  ob.run = RunId{1'700'000'100'000'000, 0xb};
+  origin = &net.add(ob);
+  net.run_for(3000);  // the relays reconnect to the new run
+  REQUIRE(origin->publish(b.anchor(1)).is_ok());
+  REQUIRE(net.run_until([&] { return w.current_version() == 1 && w.current()->image == b.images[0]; }));
+  net.run_for(2000);
+  CHECK(chunks_from["relay-a"] == b.anchor(1).manifest.chunks.size());
+  CHECK(chunks_from["relay-b"] == 0);
+}
+
+TEST_CASE("an anchor begun over tree 0 is finished over another tree when tree 0's parent dies", "[runtime][node][trees]") {
+  Series s(1);
+  FakeNet net;
+  Node& origin = net.add(origin_config());
+  const auto anchor = s.anchor(1);
+  REQUIRE(anchor.manifest.chunks.size() > 4);
+  REQUIRE(origin.publish(anchor).is_ok());
+  net.add(relay_config("relay-a", {"origin"}));
+  net.add(relay_config("relay-b", {"origin"}));
+  NodeConfig wc = worker_config("w", {});
+  wc.tree_parents = {{"relay-a"}, {"relay-b"}};
+  // relay-a dies after sending w two chunks of the anchor; relay-b holds the anchor too.
+  int sent = 0;
+  net.filter = [&](const std::string& from, const std::string& to, Message& m) {
+    if (from == "relay-a" && to == "w" && std::holds_alternative<ChunkMsg>(m) && ++sent > 2) {
+      net.kill("relay-a");
+      return false;
+    }
+    return true;
+  };
+  Node& w = net.add(wc);
+  REQUIRE(net.run_until([&] { return w.current_version() == 1; }, 30000));
+  CHECK(w.current()->image == s.images[0]);
+}
+
 TEST_CASE("a worker that joins with nothing is sent its anchor once", "[runtime][node]") {
   // Its Hello without `resume` starts it from an anchor; it must not ask for one on top.
   Series s(3);

@@ -41,7 +41,7 @@ struct NodeHost::Impl final : Clock, TaskRunner {
   uv_loop_t loop{};
   uv_timer_t tick_timer{};
   std::uint64_t last_tick_ms = 0;  // loop time of the last tick
-  // A gap between ticks longer than this is a stalled loop (Node::on_loop_stalled).
+  // A gap between ticks longer than this (and 4 ticks) is a stalled loop (Node::on_loop_stalled).
   static constexpr std::uint64_t kLoopStallMs = 500;
   uv_prepare_t prepare{};
   uv_async_t async{};
@@ -154,6 +154,7 @@ struct NodeHost::Impl final : Clock, TaskRunner {
   }
 
   Status open() {
+    DC_RETURN_IF_ERROR(check_parents(node_config));
     uv_loop_init(&loop);
     loop_open = true;
     ctx = zmq_ctx_new();
@@ -211,7 +212,8 @@ struct NodeHost::Impl final : Clock, TaskRunner {
           // A loop that ran nothing for a while (a long allocation on it, a slow callback) has
           // not read what peers sent meanwhile: the node must not take that for silence.
           const std::uint64_t now = uv_now(t->loop);
-          if (self->last_tick_ms != 0 && now - self->last_tick_ms > kLoopStallMs) self->node->on_loop_stalled(now - self->last_tick_ms);
+          if (self->last_tick_ms != 0 && now - self->last_tick_ms > std::max<std::uint64_t>(kLoopStallMs, 4 * self->config.tick_ms))
+            self->node->on_loop_stalled(now - self->last_tick_ms);
           self->last_tick_ms = now;
           self->node->tick();
           self->links->close_idle_connections();

@@ -218,6 +218,7 @@ class Node {
   std::uint64_t last_need_ms_ = 0;
   std::uint64_t anchor_requested_ms_ = 0;
   bool anchor_requested_ = false;
+  UpstreamLink* anchor_asked_ = nullptr;  // the link the last anchor request went up
   std::uint64_t anchor_made_ms_ = 0;  // origin: when an anchor was last asked of the publisher
   bool anchor_made_ = false;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);

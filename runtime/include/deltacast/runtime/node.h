@@ -69,8 +69,9 @@ class Node {
   // Call every few milliseconds: heartbeats, timeouts, failover, re-requests.
   void tick();
   // The driver's loop did not run for `stalled_ms` (a long allocation, a slow callback), so
-  // what parents and children sent meanwhile is still waiting to be read: their silence counts
-  // from now, and a busy node does not leave a parent that is fine. Call before tick().
+  // what parents and children sent meanwhile is still waiting to be read: those `stalled_ms`
+  // do not count as their silence (what came before still does), and a busy node does not
+  // leave a parent that is fine. Call before tick().
   void on_loop_stalled(std::uint64_t stalled_ms);
   // For drivers that tick sparsely (the simulator, with thousands of idle nodes): true when
   // tick() has only timed duties left (heartbeats, timeouts, trying the preferred parent),

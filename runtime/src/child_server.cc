@@ -171,10 +171,10 @@ void ChildServer::on_hello(PeerId from, const Hello& hello) {
   if (!c.receives()) return;  // a trainer shard sends, it does not receive
   // What a child holds of another run is of no use: it starts again from an anchor.
   const bool same_run = hello.run == owner_.run();
-  if (!hello.resume || !same_run) serve_catch_up(from, c, same_run ? hello.have_version : 0, /*want_anchor=*/false);
+  if (!hello.resume || !same_run) serve_catch_up(from, c, same_run ? hello.have_version : 0, /*want_anchor=*/false, /*resend=*/false);
 }
 
-void ChildServer::serve_catch_up(PeerId peer, Child& c, std::uint64_t have, bool want_anchor) {
+void ChildServer::serve_catch_up(PeerId peer, Child& c, std::uint64_t have, bool want_anchor, bool resend) {
   // A relay holding nothing is sent nothing old unasked (new versions reach it as they come):
   // its children pull what they need through it, so a relay that joins or restarts does not
   // fetch a whole anchor nobody may want.
@@ -199,9 +199,10 @@ void ChildServer::serve_catch_up(PeerId peer, Child& c, std::uint64_t have, bool
     c.subscribe(key, ctx_.now_ms());
     const CachedVersion* v = cache_.find(key);
     if (!v) continue;
-    // A child that asks for an anchor holds none of these versions, even those its link carried
-    // before (it dropped a damaged image): they go again, within resends_per_chunk_max.
-    if (want_anchor && !forget_sent(peer, c, *v)) return;  // dropped
+    // A child that asks for an anchor with `again` holds none of these versions, even those its
+    // link carried before (it dropped a damaged image): they go again, within
+    // resends_per_chunk_max. Asked again without it, the link sends only what it has not sent.
+    if (resend && !forget_sent(peer, c, *v)) return;  // dropped
     send_version(peer, c, *v);
   }
 }
@@ -292,7 +293,7 @@ void ChildServer::on_need(PeerId from, Child& child, const Need& need) {
   }
   if (need.want_anchor) {
     // key.version: what the child holds; an older anchor is of no use to it.
-    serve_catch_up(from, child, need.key.version, /*want_anchor=*/true);
+    serve_catch_up(from, child, need.key.version, /*want_anchor=*/true, need.again);
     return;
   }
   child.subscribe(need.key, ctx_.now_ms());

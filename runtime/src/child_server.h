@@ -130,7 +130,8 @@ class ChildServer {
  private:
   bool take_need_token(Child& c);
   bool wants(const Child& c, const VersionKey& key, bool chain_start) const;
-  void serve_catch_up(PeerId peer, Child& c, std::uint64_t have, bool want_anchor);
+  // `resend`: what the link carried of these versions before goes again (Need::again).
+  void serve_catch_up(PeerId peer, Child& c, std::uint64_t have, bool want_anchor, bool resend);
   void send_version(PeerId peer, Child& c, const CachedVersion& v);
   bool send_chunk(PeerId peer, Child& c, const CachedVersion& v, std::uint32_t index);
   bool offer_manifest(PeerId peer, Child& c, const CachedVersion& v);

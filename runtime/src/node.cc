@@ -341,7 +341,12 @@ void Node::request_anchor(std::uint64_t newer_than) {
     // Versions made of trainer shards' slices: each shard sends an anchor of its slice.
     if (shard_in_) children_->to_publishers(Need{{newer_than, true}, {}, true});
   } else if (UpstreamLink* link = anchor_link()) {
-    send_need(Need{{newer_than, true}, {}, true});
+    // Asked again over the link still answering, the parent sends only what it has not sent
+    // yet: the first answer may be on its way over a long, full link. A request that is not a
+    // repeat (the last anchor came, or another link is asked) sets `again`: the node holds
+    // nothing of what the link carried before (a worker that dropped a damaged image).
+    const bool repeat = anchor_requested_ && anchor_asked_ == link;
+    send_need(Need{{newer_than, true}, {}, true, /*again=*/!repeat});
     anchor_asked_ = link;
   } else {
     return;  // asked again once a parent welcomes us

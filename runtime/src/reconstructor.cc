@@ -49,6 +49,8 @@ struct Reconstructor::Assembly {
   bool record_patch = false;
   std::vector<ChunkPatch> patches;
   bool exclusive = false;  // in place: every reader has let go, chunks may be applied
+  bool allocating = false;  // the staging image is being sized (AllocateTask): nothing decodes yet
+  bool needed_anchor = false;  // need_anchor_ before it started: back if it cannot be allocated
 };
 
 // One chunk decoded into the staging image. It holds what it reads and writes, so that it may
@@ -202,8 +204,33 @@ void Reconstructor::on_chunk(const VersionKey& key, std::uint32_t index) {
   }
 }
 
-// Out of place: a fresh (or retired) image to decode into. False if it cannot be allocated.
-bool Reconstructor::stage_copy(Assembly& a, const CachedVersion& v) {
+// Sizes a staging image off the loop thread. It holds the image, so that it may outlive the
+// reconstructor; done() then finds it gone and does nothing.
+class Reconstructor::AllocateTask final : public Task {
+ public:
+  AllocateTask(Reconstructor& r, std::shared_ptr<ModelVersion> image, std::uint64_t bytes, std::uint64_t generation)
+      : owner_(&r), alive_(r.alive_), image_(std::move(image)), bytes_(bytes), generation_(generation) {}
+  void work() override {
+    try {
+      image_->image.resize(bytes_);
+    } catch (const std::bad_alloc&) {
+      ok_ = false;
+    }
+  }
+  void done() override {
+    if (*alive_) owner_->on_allocated(generation_, ok_);
+  }
+
+ private:
+  Reconstructor* owner_;
+  std::shared_ptr<bool> alive_;
+  std::shared_ptr<ModelVersion> image_;
+  std::uint64_t bytes_;
+  std::uint64_t generation_;
+  bool ok_ = true;
+};
+
+void Reconstructor::stage_copy(Assembly& a) {
   // Reuse a retired image nobody reads any more; otherwise allocate.
   if (spare_ && spare_.use_count() == 1) {
     a.staging = std::move(spare_);
@@ -212,17 +239,33 @@ bool Reconstructor::stage_copy(Assembly& a, const CachedVersion& v) {
     ctx_.stats.images_allocated++;
   }
   spare_.reset();
-  if (ctx_.config.virtual_payloads) return true;
-  try {
-    a.staging->image.resize(v.manifest->image_size);
-  } catch (const std::bad_alloc&) {
-    // Refused, not retried: the version leaves the cache (a later one may fit).
-    const VersionKey key = v.key;
-    ctx_.set_error("cannot allocate " + std::to_string(v.manifest->image_size) + " bytes for " + to_string(key));
-    cache_.erase(key);
-    return false;
+  a.allocating = !ctx_.config.virtual_payloads && a.staging->image.size() != a.manifest->image_size;
+}
+
+void Reconstructor::allocate() {
+  Assembly& a = *assembly_;
+  auto task = std::make_unique<AllocateTask>(*this, a.staging, a.manifest->image_size, a.generation);
+  if (tasks_) {
+    tasks_->run(std::move(task), TaskCost{});
+  } else {
+    task->work();
+    task->done();
   }
-  return true;
+}
+
+void Reconstructor::on_allocated(std::uint64_t generation, bool ok) {
+  if (!assembly_ || assembly_->generation != generation) return;  // given up meanwhile
+  if (!ok) {
+    // Refused, not retried: the version leaves the cache (a later one may fit).
+    const VersionKey key = assembly_->key;
+    ctx_.set_error("cannot allocate " + std::to_string(assembly_->manifest->image_size) + " bytes for " + to_string(key));
+    need_anchor_ = assembly_->needed_anchor;
+    assembly_.reset();
+    cache_.erase(key);
+    return;
+  }
+  assembly_->allocating = false;
+  pump();
 }
 
 void Reconstructor::start(const CachedVersion& v) {
@@ -242,9 +285,7 @@ void Reconstructor::start(const CachedVersion& v) {
     a->in_place = true;
     a->staging = std::const_pointer_cast<ModelVersion>(live);
     a->sparse = !v.key.anchor && same_chunking(live->chunk_states, *v.manifest);
-  } else if (!stage_copy(*a, v)) {
-    return;
-  } else if (live && !v.key.anchor && config.virtual_payloads) {
+  } else if (stage_copy(*a); live && !v.key.anchor && config.virtual_payloads) {
     // Virtual images: sparse whenever real ones would be (the chunk states chain as real ones).
     a->sparse = same_chunking(live->chunk_states, *v.manifest);
   } else if (live && !v.key.anchor) {
@@ -269,10 +310,12 @@ void Reconstructor::start(const CachedVersion& v) {
   for (std::uint32_t i = 0; i < v.chunks.size(); ++i)
     if (v.chunks[i]) a->arrived.push_back(i);
   a->generation = ++generation_;
+  const bool allocating = a->allocating;
+  a->needed_anchor = need_anchor_;
   assembly_ = std::move(a);
   need_anchor_ = false;
-  pump();
-  if (assembly_ && assembly_->manifest->chunks.empty()) finish();
+  if (allocating) allocate();  // then pump()s
+  else pump();
 }
 
 void Reconstructor::on_decoded(std::uint64_t generation, std::uint32_t i, Decoded&& result) {
@@ -339,7 +382,7 @@ bool Reconstructor::decodes_whole(const Assembly& a, std::uint32_t i) const {
 
 void Reconstructor::pump() {
   Assembly* a = assembly_.get();
-  if (!a || pumping_) return;
+  if (!a || pumping_ || a->allocating) return;
   if (a->in_place && !a->exclusive) {
     // Readers still hold the paused image: apply nothing until they let go (tick retries).
     const long internal = 1 + (a->base ? 1 : 0);

@@ -69,8 +69,16 @@ class Reconstructor {
  private:
   struct Assembly;
   class DecodeTask;
+  class AllocateTask;
   void start(const CachedVersion& v);
-  bool stage_copy(Assembly& a, const CachedVersion& v);
+  // Out of place: a spare image to reuse, or a new one. Sizes it (allocate()) only if the
+  // spare does not fit.
+  void stage_copy(Assembly& a);
+  // Sizes the staging image of the assembly just started: on the TaskRunner, so that the
+  // loop thread never waits for the pages of a whole image (seconds for hundreds of MB on a
+  // busy host; peers would take the node for dead). Decoding waits for it.
+  void allocate();
+  void on_allocated(std::uint64_t generation, bool ok);
   // What a decode task reports for its chunk.
   struct Decoded {
     Status status;

@@ -378,9 +378,9 @@ struct Rebuild {
   VersionCache cache{256 << 20};
   RebuildOwner owner;
   Reconstructor r;
-  explicit Rebuild(FakeNet& net, bool in_place = false)
+  explicit Rebuild(FakeNet& net, bool in_place = false, TaskRunner* tasks = nullptr)
       : config(worker(in_place)), transport(net.attach("w", [](PeerId, const Message&) {})), ctx(config, transport, net.clock),
-        r(ctx, cache, nullptr, owner) {}
+        r(ctx, cache, tasks, owner) {}
   static NodeConfig worker(bool in_place) {
     NodeConfig c = worker_config("w", {"p"});
     c.in_place = in_place;
@@ -426,6 +426,31 @@ TEST_CASE("the reconstructor exposes a version only once every chunk of it verif
   CHECK(w.r.current()->base_version == 1);
   CHECK(w.r.current()->image == s.images[1]);
   CHECK(w.owner.ready == std::vector<std::uint64_t>{1, 2});
+  CHECK(w.ctx.stats.images_allocated == 2);
+}
+
+TEST_CASE("the reconstructor sizes a new image on the task runner before it decodes into it", "[runtime][components]") {
+  // Sized on the loop thread, a model's image held the loop for seconds on a busy host.
+  FakeNet net;
+  Series s(2);
+  FakeNet::DeferredTasks tasks;
+  Rebuild w(net, false, &tasks);
+  const EncodedVersion a1 = s.anchor(1);
+  REQUIRE(a1.payloads.size() > 1);
+  w.arrive(a1);
+  CHECK(tasks.size() == 1);  // the allocation; no chunk decodes into an image not there yet
+  REQUIRE(tasks.run_one());
+  CHECK(tasks.size() == std::min<std::size_t>(a1.payloads.size(), w.config.decode_inflight_max));
+  while (tasks.run_one()) {
+  }
+  REQUIRE(w.r.current());
+  CHECK(w.r.current()->image == s.images[0]);
+  // The next version goes into a second image, sized the same way; the third reuses the first.
+  w.arrive(s.delta(2));
+  CHECK(tasks.size() == 1);
+  while (tasks.run_one()) {
+  }
+  CHECK(w.r.current()->image == s.images[1]);
   CHECK(w.ctx.stats.images_allocated == 2);
 }
 

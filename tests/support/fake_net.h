@@ -174,12 +174,11 @@ class FakeNet {
     return it == bytes_to_.end() ? 0 : it->second;
   }
 
- private:
-  friend class FakeTransport;
-
+  // Runs tasks one at a time when told (a node added with deferred_tasks, or a test's own).
   class DeferredTasks final : public TaskRunner {
    public:
     void run(std::unique_ptr<Task> task, TaskCost) override { q_.push_back(std::move(task)); }
+    std::size_t size() const { return q_.size(); }
     bool run_one() {
       if (q_.empty()) return false;
       std::unique_ptr<Task> t = std::move(q_.front());
@@ -192,6 +191,10 @@ class FakeNet {
    private:
     std::deque<std::unique_ptr<Task>> q_;
   };
+
+ private:
+  friend class FakeTransport;
+
   struct Slot {
     NodeConfig config;
     std::unique_ptr<FakeTransport> transport;

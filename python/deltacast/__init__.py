@@ -306,11 +306,24 @@ class Worker:
                  tree_parent_keys=None):
         if isinstance(parents, str):
             parents = [parents]
-        self._native = _native.Worker(id, list(parents or []), keys=keys, parent_keys=list(parent_keys or []),
-                                      trust_keys=list(trust_keys or []), state_dir=state_dir or "", in_place=in_place,
-                                      listen=listen or "", metrics=metrics or "", change_history=int(change_history),
-                                      stripes=int(stripes), trees=[list(t) for t in trees or []],
-                                      tree_parent_keys=[list(k) for k in tree_parent_keys or []])
+        self._setup(_native.Worker(id, list(parents or []), keys=keys, parent_keys=list(parent_keys or []),
+                                   trust_keys=list(trust_keys or []), state_dir=state_dir or "", in_place=in_place,
+                                   listen=listen or "", metrics=metrics or "", change_history=int(change_history),
+                                   stripes=int(stripes), trees=[list(t) for t in trees or []],
+                                   tree_parent_keys=[list(k) for k in tree_parent_keys or []]))
+
+    @classmethod
+    def from_config(cls, path, *, state_dir=None, change_history=4) -> "Worker":
+        """A worker from a node config file, as ``deltacast worker --config`` reads it
+        (docs/RUNTIME.md, "Config files"): the files ``deltacast fleet-init`` writes, with their
+        parents or trees, key files, trust keys, limits and ``in_place``, ``listen``, ``metrics``,
+        ``stripes`` and ``scrub_rate``. A config that does not check raises deltacast.Error."""
+        worker = cls.__new__(cls)
+        worker._setup(_native.Worker.from_config(str(path), state_dir=str(state_dir or ""), change_history=int(change_history)))
+        return worker
+
+    def _setup(self, native) -> None:
+        self._native = native
         self._callbacks: list[Callable[[Version], None]] = []
         self._thread: Optional[threading.Thread] = None
         self._closing = threading.Event()

@@ -103,6 +103,10 @@ PYBIND11_MODULE(_native, m) {
            py::arg("trust_keys") = std::vector<std::string>{}, py::arg("state_dir") = "", py::arg("in_place") = false,
            py::arg("listen") = "", py::arg("metrics") = "", py::arg("change_history") = 0, py::arg("stripes") = 1,
            py::arg("trees") = std::vector<std::vector<std::string>>{}, py::arg("tree_parent_keys") = std::vector<std::vector<std::string>>{})
+      .def_static(
+          "from_config",
+          [](std::string path, std::string state_dir, std::size_t change_history) { return std::make_unique<Worker>(path, state_dir, change_history); },
+          py::arg("path"), py::arg("state_dir") = "", py::arg("change_history") = 0)
       .def("wait", &Worker::wait, py::arg("min_version"), py::arg("timeout_s"))
       .def("wait_newer", &Worker::wait_newer, py::arg("after"), py::arg("timeout_s"))
       .def("current", &Worker::current)

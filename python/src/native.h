@@ -170,6 +170,8 @@ struct WorkerArgs {
 class Worker {
  public:
   explicit Worker(const WorkerArgs& args);
+  // From a config file (docs/RUNTIME.md, "Config files"), as `deltacast worker --config` reads it.
+  Worker(const std::string& config_path, const std::string& state_dir, std::size_t change_history);
   ~Worker();
   // A version >= min_version, waiting up to timeout_s (negative: no limit). Raises TimeoutError.
   std::shared_ptr<Version> wait(std::uint64_t min_version, double timeout_s);
@@ -181,6 +183,7 @@ class Worker {
   std::string listening() const;
 
  private:
+  void start(transport::WorkerOptions o);
   // The worker, held by the caller while it waits: close() in another thread cannot free it.
   std::shared_ptr<transport::Worker> live() const;
   std::shared_ptr<transport::Worker> w_;

@@ -1,6 +1,7 @@
 #include <cstring>
 
 #include "native.h"
+#include "deltacast/transport/node_config.h"
 #include "deltacast/transport/wire.h"
 #include "version_capsule.h"
 
@@ -94,10 +95,10 @@ transport::WorkerOptions worker_options(const WorkerArgs& a) {
   o.host.parent_server_keys = a.parent_keys;
   if (!a.tree_parent_keys.empty()) {
     // Tree by tree, in the order of NodeConfig::upstream_trees().
-    bool same_shape = a.parent_keys.empty() && a.tree_parent_keys.size() == a.trees.size();
-    for (std::size_t t = 0; same_shape && t < a.trees.size(); ++t) same_shape = a.tree_parent_keys[t].size() == a.trees[t].size();
-    if (!same_shape) throw py::value_error("tree_parent_keys needs one key per parent of trees, in the same shape (and no parent_keys)");
-    for (const auto& keys : a.tree_parent_keys) o.host.parent_server_keys.insert(o.host.parent_server_keys.end(), keys.begin(), keys.end());
+    auto flat = transport::flatten_tree_keys(a.trees, a.tree_parent_keys);
+    if (!flat.is_ok() || !a.parent_keys.empty())
+      throw py::value_error("tree_parent_keys needs one key per parent of trees, in the same shape (and no parent_keys)");
+    o.host.parent_server_keys = std::move(flat).value();
   }
   o.out_dir = a.state_dir;
   return o;
@@ -108,9 +109,24 @@ transport::WorkerOptions worker_options(const WorkerArgs& a) {
 Worker::Worker(const WorkerArgs& args) {
   if (args.id.empty()) throw Error("a worker needs an id");
   if (args.parents.empty() && args.trees.empty()) throw Error("a worker needs at least one parent endpoint");
+  start(worker_options(args));
+}
+
+Worker::Worker(const std::string& config_path, const std::string& state_dir, std::size_t change_history) {
+  auto loaded = transport::load_node_config(config_path, /*worker=*/true);
+  if (!loaded.is_ok()) throw Error(loaded.status().to_string());
+  transport::WorkerOptions o;
+  o.node = std::move(loaded->node);
+  o.host = std::move(loaded->host);
+  o.node.change_history_versions_max = change_history;
+  o.out_dir = state_dir;
+  start(std::move(o));
+}
+
+void Worker::start(transport::WorkerOptions o) {
   auto w = [&] {
     py::gil_scoped_release release;
-    return transport::Worker::start(worker_options(args));
+    return transport::Worker::start(std::move(o));
   }();
   if (!w.is_ok()) throw Error(w.status().to_string());
   w_ = std::move(w).value();

@@ -103,6 +103,33 @@ def test_a_worker_of_a_multi_tree_fleet_takes_one_link_per_tree(publisher, check
         deltacast.Worker("w", trees=[[publisher], [publisher]], tree_parent_keys=[["k"]])
 
 
+def test_a_worker_runs_from_the_config_fleet_init_wrote(processes, checkpoints, tmp_path):
+    # Two trees over an origin and two relays, CURVE on every link, versions signed: the worker
+    # takes its parents per tree, its keys and the trust key from its config file alone.
+    ports = [free_port() for _ in range(3)]
+    subprocess.run([DELTACAST, "fleet-init", "-o", str(tmp_path), "--origin", f"tcp://127.0.0.1:{ports[0]}",
+                    "--relay", f"eu=tcp://127.0.0.1:{ports[1]}", "--relay", f"ap=tcp://127.0.0.1:{ports[2]}",
+                    "--workers-per-relay", "1", "--trees", "2"], check=True, capture_output=True)
+    config = json.loads((tmp_path / "eu.w0.json").read_text())
+    assert len(config["trees"]) == 2 and config["tree_parent_keys"] and config["trust_keys"]
+    processes.start(DELTACAST, "publish", "--config", tmp_path / "origin.json", "--interval-ms", "300", "--linger-ms", "30000",
+                    "--log-level", "warn", *checkpoints)
+    for relay in ("eu.relay-0", "ap.relay-0"):
+        processes.start(DELTACAST, "relay", "--config", tmp_path / f"{relay}.json", "--log-level", "warn")
+    with deltacast.Worker.from_config(tmp_path / "eu.w0.json") as w:
+        v = w.wait(len(checkpoints), timeout=60)
+        expected = read_safetensors(checkpoints[-1])
+        assert {n: t.tobytes() for n, t in v.numpy_tensors()} == {n: raw for n, (_, raw) in expected.items()}
+    # Without the parents' keys the CURVE handshake cannot start: the config does not check.
+    del config["tree_parent_keys"]
+    (tmp_path / "broken.json").write_text(json.dumps(config))
+    with pytest.raises(deltacast.Error, match="tree_parent_keys"):
+        deltacast.Worker.from_config(tmp_path / "broken.json")
+    (tmp_path / "unknown.json").write_text(json.dumps({**config, "parnets": []}))
+    with pytest.raises(deltacast.Error, match='unknown field "parnets"'):
+        deltacast.Worker.from_config(tmp_path / "unknown.json")
+
+
 def test_views_are_zero_copy_and_outlive_the_worker(publisher, checkpoints):
     w = deltacast.Worker("py-worker", [publisher])
     v = w.wait(1, timeout=60)

@@ -4,7 +4,9 @@
  * directory must hold the saved version at once, before hearing from its parent.
  * With DC_TRUST_KEY (hex): only versions signed by that key are taken, and a second worker
  * trusting another key must get nothing. With DC_CURVE_PUBLIC, DC_CURVE_SECRET and
- * DC_PARENT_KEY (Z85): the links are CURVE.
+ * DC_PARENT_KEY (Z85): the links are CURVE. A worker over two trees (both from the same parent)
+ * must get the version too. With DC_CONFIG: a worker started from that config file alone must
+ * get it as well.
  * Usage: c_worker_test PARENT_ENDPOINT VERSION EXPECTED_CHECKSUM_HEX [STATE_DIR] */
 #include <inttypes.h>
 #include <stdio.h>
@@ -93,6 +95,42 @@ int main(int argc, char** argv) {
          dc_version_tensor_count(v), dc_version_checksum(v), ok ? "ok" : "WRONG");
   const uint64_t got = dc_version_number(v);
   dc_version_release(v);
+  if (ok) {
+    /* Two trees, each of one parent: chunk i comes down link i mod 2. */
+    const char* tree_parents[] = {argv[1], argv[1]};
+    const char* tree_keys[] = {parent_keys[0], parent_keys[0]};
+    const size_t counts[] = {1, 1}, wrong_counts[] = {1, 2};
+    dc_worker_options t = o;
+    t.node_id = "c-trees";
+    t.state_dir = NULL;
+    t.parents = tree_parents;
+    t.parent_count = 2;
+    t.tree_parent_counts = wrong_counts;
+    t.tree_count = 2;
+    if (parent_keys[0]) {
+      t.parent_server_keys = tree_keys;
+      t.parent_server_key_count = 2;
+    }
+    ok = dc_worker_start(&t, err, sizeof err) == NULL && strstr(err, "tree_parent_counts") != NULL;
+    t.tree_parent_counts = counts;
+    dc_worker* trees = ok ? dc_worker_start(&t, err, sizeof err) : NULL;
+    dc_version* tv = trees ? dc_worker_wait(trees, want, 60000) : NULL;
+    ok = tv != NULL && dc_version_checksum(tv) == checksum;
+    printf("over two trees: %s%s\n", ok ? "ok" : "WRONG ", ok ? "" : err);
+    if (tv) dc_version_release(tv);
+    if (trees) dc_worker_stop(trees);
+  }
+  const char* config = getenv("DC_CONFIG");
+  if (ok && config) {
+    dc_worker_options c = {0};
+    c.config_path = config;
+    dc_worker* from_config = dc_worker_start(&c, err, sizeof err);
+    dc_version* cv = from_config ? dc_worker_wait(from_config, want, 60000) : NULL;
+    ok = cv != NULL && dc_version_checksum(cv) == checksum;
+    printf("from its config file alone: %s%s\n", ok ? "ok" : "WRONG ", ok ? "" : err);
+    if (cv) dc_version_release(cv);
+    if (from_config) dc_worker_stop(from_config);
+  }
   if (ok && trust[0]) {
     /* The same trust key with its last digit changed: another key, so nothing verifies. */
     char other[65];

@@ -278,15 +278,23 @@ test_c_abi() {
   local ok=0
   # Signed versions over CURVE links, as a secured fleet runs.
   "$dc" keygen --sign -o "$tmp/c-sign.key" >"$tmp/c-sign.pub" || ok=1
-  for n in c-origin c-worker; do "$dc" keygen -o "$tmp/$n.key" >"$tmp/$n.pub" || ok=1; done
+  for n in c-origin c-worker c-config; do "$dc" keygen -o "$tmp/$n.key" >"$tmp/$n.pub" || ok=1; done
   start origin "$dc" publish --listen "$(ep 0)" --linger-ms 30000 --sign-key "$tmp/c-sign.key" --keys "$tmp/c-origin.key" \
-    --allow-key "$(cat "$tmp/c-worker.pub")" "${ckpts[@]}"
-  DC_TRUST_KEY=$(cat "$tmp/c-sign.pub") DC_PARENT_KEY=$(cat "$tmp/c-origin.pub") DC_CURVE_PUBLIC=$(cat "$tmp/c-worker.pub") \
+    --allow-key "$(cat "$tmp/c-worker.pub")" --allow-key "$(cat "$tmp/c-config.pub")" "${ckpts[@]}"
+  # A multi-tree worker's config, as fleet-init writes one: key files, trust key file, trees.
+  local origin_pub; origin_pub=$(cat "$tmp/c-origin.pub")
+  cat >"$tmp/c-config.json" <<EOF
+{"id": "c-config", "keys": "$tmp/c-config.key", "trust_keys": ["$tmp/c-sign.key"],
+ "trees": [["$(ep 0)"], ["$(ep 0)"]], "tree_parent_keys": [["$origin_pub"], ["$origin_pub"]]}
+EOF
+  DC_CONFIG="$tmp/c-config.json" DC_TRUST_KEY=$(cat "$tmp/c-sign.pub") DC_PARENT_KEY=$(cat "$tmp/c-origin.pub") DC_CURVE_PUBLIC=$(cat "$tmp/c-worker.pub") \
     DC_CURVE_SECRET=$(sed -n 's/.*"secret_key": "\([^"]*\)".*/\1/p' "$tmp/c-worker.key") \
     timeout 90 "$cworker" "$(ep 0)" $versions "${expected[$versions]}" "$tmp/cstate" >"$tmp/c.log" 2>&1 || ok=1
   grep -q "checksum.*: ok" "$tmp/c.log" || ok=1
   grep -q "a worker trusting another key holds nothing: ok" "$tmp/c.log" || { echo "  a C worker took versions its key did not sign"; ok=1; }
   grep -q "restarted: holds version $versions at once: ok" "$tmp/c.log" || { echo "  the C worker did not resume from its state dir"; ok=1; }
+  grep -q "over two trees: ok" "$tmp/c.log" || { echo "  a C worker over two trees did not get the version"; ok=1; }
+  grep -q "from its config file alone: ok" "$tmp/c.log" || { echo "  a C worker from a config file did not get the version"; ok=1; }
   rm -rf "$tmp/cstate"
   result c-abi $ok
 }

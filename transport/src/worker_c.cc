@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "deltacast/runtime/trust.h"
+#include "deltacast/transport/node_config.h"
 #include "deltacast/transport/worker.h"
 
 using namespace deltacast;
@@ -48,21 +49,55 @@ Status strings_of(const char* const* items, std::size_t count, const char* what,
   return Status::ok();
 }
 
+// parents, split into trees by tree_parent_counts (when tree_count is not 0).
+Status parents_of(const dc_worker_options* o, runtime::NodeConfig& node) {
+  std::vector<std::string> parents;
+  DC_RETURN_IF_ERROR(strings_of(o->parents, o->parent_count, "parents", parents));
+  if (o->tree_count == 0) {
+    node.parents = std::move(parents);
+    node.tree_parents.clear();
+    return Status::ok();
+  }
+  if (!o->tree_parent_counts) return Status::invalid_argument("tree_parent_counts is NULL but tree_count is " + std::to_string(o->tree_count));
+  if (o->tree_count > runtime::kTreesMax) return Status::invalid_argument("trees: 2 to " + std::to_string(runtime::kTreesMax));
+  std::size_t at = 0;
+  node.tree_parents.clear();
+  for (std::size_t t = 0; t < o->tree_count; ++t) {
+    const std::size_t n = o->tree_parent_counts[t];
+    if (n == 0 || n > parents.size() - at)
+      return Status::invalid_argument("tree_parent_counts must be 1 or more each and sum to parent_count (" + std::to_string(parents.size()) + ")");
+    node.tree_parents.emplace_back(parents.begin() + static_cast<std::ptrdiff_t>(at), parents.begin() + static_cast<std::ptrdiff_t>(at + n));
+    at += n;
+  }
+  if (at != parents.size())
+    return Status::invalid_argument("tree_parent_counts must sum to parent_count (" + std::to_string(parents.size()) + "), not " + std::to_string(at));
+  node.parents.clear();
+  return Status::ok();
+}
+
 // The options as a WorkerOptions, or why they cannot be.
 Result<transport::WorkerOptions> options_of(const dc_worker_options* o) {
-  if (!o || !o->node_id || !*o->node_id) return Status::invalid_argument("node_id is required");
-  if (!o->parents || o->parent_count == 0) return Status::invalid_argument("at least one parent is required");
+  if (!o) return Status::invalid_argument("node_id is required");
+  const bool config = o->config_path && *o->config_path;
   transport::WorkerOptions wo;
-  wo.node.node_id = o->node_id;
-  DC_RETURN_IF_ERROR(strings_of(o->parents, o->parent_count, "parents", wo.node.parents));
+  if (config) {
+    DC_ASSIGN_OR_RETURN(transport::LoadedNode loaded, transport::load_node_config(o->config_path, /*worker=*/true));
+    wo.node = std::move(loaded.node);
+    wo.host = std::move(loaded.host);
+  }
+  if (o->node_id && *o->node_id) wo.node.node_id = o->node_id;
+  if (wo.node.node_id.empty()) return Status::invalid_argument("node_id is required");
+  if (o->parent_count) DC_RETURN_IF_ERROR(parents_of(o, wo.node));
+  if (!wo.node.has_parents()) return Status::invalid_argument("at least one parent is required");
   if (o->cache_bytes_max) wo.node.cache_bytes_max = o->cache_bytes_max;
-  wo.node.in_place = o->in_place != 0;
+  if (o->in_place) wo.node.in_place = true;
   if (o->listen && *o->listen) wo.host.bind_endpoint = o->listen;
   if (o->metrics) wo.host.metrics_listen = o->metrics;
   if (o->state_dir && *o->state_dir) wo.out_dir = o->state_dir;
   wo.keep_versions = o->keep_versions ? o->keep_versions : 2;
   std::vector<std::string> keys;
   DC_RETURN_IF_ERROR(strings_of(o->trust_keys, o->trust_key_count, "trust_keys", keys));
+  if (!keys.empty()) wo.node.trust_keys.clear();
   for (std::size_t i = 0; i < keys.size(); ++i) {
     auto k = runtime::parse_public_key(keys[i]);
     if (!k.is_ok()) return k.status().with_context("trust_keys[" + std::to_string(i) + "]");
@@ -74,6 +109,7 @@ Result<transport::WorkerOptions> options_of(const dc_worker_options* o) {
       return Status::invalid_argument("CURVE needs curve_public_key and curve_secret_key, 40 Z85 characters each");
     if (o->parent_server_key_count != o->parent_count)
       return Status::invalid_argument("CURVE needs one parent_server_keys entry per parent (" + std::to_string(o->parent_count) + ")");
+    wo.host.parent_server_keys.clear();
     DC_RETURN_IF_ERROR(strings_of(o->parent_server_keys, o->parent_server_key_count, "parent_server_keys", wo.host.parent_server_keys));
     for (const auto& k : wo.host.parent_server_keys)
       if (k.size() != 40) return Status::invalid_argument("parent_server_keys: each is 40 Z85 characters");

@@ -55,6 +55,18 @@ typedef struct dc_worker_options {
   const char* curve_secret_key;
   const char* const* parent_server_keys;
   size_t parent_server_key_count;
+  /* Multi-tree fleets (`deltacast fleet-init --trees N`): parents holds every tree's parents,
+     one tree after another, each most preferred first, and tree_parent_counts[t] says how many
+     are tree t's (2 to 8 trees, tree_count of them, summing to parent_count).
+     parent_server_keys follows the order of parents. */
+  const size_t* tree_parent_counts;
+  size_t tree_count;
+  /* A node config file (the JSON of `deltacast worker --config`, docs/RUNTIME.md; `deltacast
+     fleet-init` writes one per node): its id, parents or trees, key files, trust keys, limits,
+     listen, metrics, stripes, in_place and scrub rate. Then node_id, parents (or trees),
+     listen, metrics, cache_bytes_max, in_place, trust keys and the CURVE keys, where set here,
+     replace the file's. */
+  const char* config_path;
 } dc_worker_options;
 
 /* Starts a worker. Returns NULL on failure and writes the reason to err (if not NULL). */

@@ -39,7 +39,11 @@ struct FleetInitOptions {
   std::uint32_t workers_per_relay = 2;
   std::string worker_cache_size;
   std::string trees = "1";           // trees to plan (topology::plan_trees), or auto
+  bool systemd = false;              // the configs name their files in kSystemdDir, for the units
 };
+
+// Where the relay and worker units read their configs and the key files those name.
+constexpr const char* kSystemdDir = "/etc/deltacast";
 
 // Whether node i serves others in any tree, and how many links it serves in all.
 bool forwards_any(const topology::MultiTreePlan& plan, std::size_t i) {
@@ -128,6 +132,7 @@ Status write_text(const std::filesystem::path& path, const std::string& text, mo
 
 struct FleetFiles {
   std::filesystem::path dir;
+  std::filesystem::path named_dir;  // where the configs say the key files are (dir, or kSystemdDir)
   const topology::MultiTreePlan* plan;
   std::vector<std::string> listen;
   std::vector<transport::CurveKeys> keys;
@@ -138,8 +143,8 @@ struct FleetFiles {
 
 nlohmann::json node_config(const FleetFiles& f, int i) {
   const auto& n = f.plan->trees.front().nodes[i];
-  nlohmann::json cfg = {{"id", n.id}, {"keys", (f.dir / (n.id + ".key")).string()}};
-  if (n.kind == NodeKind::kOrigin) cfg["sign_key"] = f.sign_key_path;
+  nlohmann::json cfg = {{"id", n.id}, {"keys", (f.named_dir / (n.id + ".key")).string()}};
+  if (n.kind == NodeKind::kOrigin) cfg["sign_key"] = (f.named_dir / "origin.sign.key").string();
   else cfg["trust_keys"] = {f.sign_public};
   if (!f.listen[i].empty()) cfg["listen"] = f.listen[i];
   if (n.kind == NodeKind::kWorker && forwards_any(*f.plan, static_cast<std::size_t>(i))) cfg["relay"] = true;
@@ -193,6 +198,24 @@ Status write_fleet(FleetFiles& f) {
   return Status::ok();
 }
 
+// With --systemd: on each host, its node's files into kSystemdDir (readable by the units' user),
+// then its unit. The origin runs in the trainer (publish, or the Publisher it embeds).
+void print_systemd_commands(const topology::Plan& plan, const std::string& out) {
+  std::printf("  # on every host, once (the packages create the deltacast user):\n");
+  std::printf("  install -d -m 0750 -o root -g deltacast %s\n", kSystemdDir);
+  std::printf("  # on each host, its node:\n");
+  const std::size_t shown = std::min<std::size_t>(plan.nodes.size(), 64);
+  for (std::size_t i = 0; i < shown; ++i) {
+    const auto& n = plan.nodes[i];
+    const char* sign = n.kind == NodeKind::kOrigin ? " origin.sign.key" : "";
+    std::printf("  (cd %s && install -m 0640 -o root -g deltacast %s.json %s.key%s %s/)", out.c_str(), n.id.c_str(), n.id.c_str(), sign,
+                kSystemdDir);
+    if (n.kind == NodeKind::kOrigin) std::printf(" && deltacast publish --config %s/origin.json ...\n", kSystemdDir);
+    else std::printf(" && systemctl enable --now deltacast-%s@%s\n", n.kind == NodeKind::kRelay ? "relay" : "worker", n.id.c_str());
+  }
+  if (shown < plan.nodes.size()) std::printf("  ... and so on for the other %zu nodes\n", plan.nodes.size() - shown);
+}
+
 void print_commands(const topology::Plan& plan, const std::string& out) {
   auto command = [](NodeKind k) { return k == NodeKind::kOrigin ? "publish" : k == NodeKind::kRelay ? "relay" : "worker"; };
   if (plan.nodes.size() <= 64) {
@@ -235,12 +258,14 @@ Status run(const FleetInitOptions& o) {
   if (ec) return Status::io_error("cannot create " + o.out_dir + ": " + ec.message());
   files.dir = std::filesystem::absolute(o.out_dir, ec);
   if (ec) return Status::io_error("cannot resolve " + o.out_dir + ": " + ec.message());
+  files.named_dir = o.systemd ? std::filesystem::path(kSystemdDir) : files.dir;
   DC_RETURN_IF_ERROR(write_fleet(files));
   DC_RETURN_IF_ERROR(write_text(files.dir / "fleet.json", fleet_text, 0644));
   std::printf("wrote keys and configs for %zu nodes to %s: the %s `deltacast plan%s` draws, CURVE on every link, versions signed by %s\n\n",
               plan.trees.front().nodes.size(), o.out_dir.c_str(), plan.trees.size() == 1 ? "tree" : (std::to_string(plan.trees.size()) + " trees").c_str(),
               plan.trees.size() == 1 ? "" : (" --trees " + std::to_string(plan.trees.size())).c_str(), files.sign_public.c_str());
-  print_commands(plan.trees.front(), o.out_dir);
+  if (o.systemd) print_systemd_commands(plan.trees.front(), o.out_dir);
+  else print_commands(plan.trees.front(), o.out_dir);
   return Status::ok();
 }
 
@@ -261,6 +286,9 @@ Command add_fleet_init_command(CLI::App& app) {
   sub->add_option("--trees", o->trees, "Trees to plan (docs/TOPOLOGY.md, \"Multi-tree plans\"): 1 to " + std::to_string(topology::kTreesMax) + ", or auto")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto"}) | CLI::Range(1u, topology::kTreesMax));
+  sub->add_flag("--systemd", o->systemd,
+                std::string("Configs for the deltacast-relay@ and deltacast-worker@ units: they name their key files in ") + kSystemdDir +
+                    ", and the commands printed install each node's files there and enable its unit");
   return {sub, [o] {
             const Status st = run(*o);
             return st.is_ok() ? 0 : fail(st.to_string());

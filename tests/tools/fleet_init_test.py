@@ -143,6 +143,22 @@ def mixed_fleet(tmp):
           "a refused fleet-init wrote files")
 
 
+def systemd_configs(tmp):
+    """--systemd: the configs name their key files where the units read them, and the commands
+    printed install each node's files there and enable its unit."""
+    out = os.path.join(tmp, "systemd")
+    printed = run("fleet-init", "-o", out, "--origin", "tcp://10.0.0.1:7100", "--relay", "eu=tcp://10.0.1.1:7101",
+                  "--workers-per-relay", "2", "--systemd").stdout
+    configs, _ = written_configs(out)
+    for node, cfg in configs.items():
+        check(cfg["keys"] == f"/etc/deltacast/{node}.key", f"systemd: {node}'s keys at {cfg['keys']}")
+        check(os.path.exists(os.path.join(out, f"{node}.key")), f"systemd: {node}.key not written to the out dir")
+    check(configs["origin"].get("sign_key") == "/etc/deltacast/origin.sign.key", "systemd: the origin's sign key path")
+    for node, unit in (("eu.relay-0", "deltacast-relay@eu.relay-0"), ("eu.w0", "deltacast-worker@eu.w0"), ("eu.w1", "deltacast-worker@eu.w1")):
+        check(re.search(rf"install .*{re.escape(node)}\.json {re.escape(node)}\.key /etc/deltacast/\) && systemctl enable --now {re.escape(unit)}$",
+                        printed, re.M) is not None, f"systemd: no install and enable line for {node}")
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         case_fleet(tmp, "four-regions", os.path.join(SCENARIOS, "four-regions.json"), "--local-ports", "20000")
@@ -151,6 +167,7 @@ def main():
         run("fleet-init", "-o", out, "--origin", "tcp://127.0.0.1:7100", "--relay", "a=tcp://127.0.0.1:7101",
             "--relay", "b=tcp://127.0.0.1:7102", "--workers-per-relay", "3")
         compare("shorthand", printed_tree(os.path.join(out, "fleet.json"), tmp), out)
+        systemd_configs(tmp)
     for f in failures[:20]:
         print("FAIL:", f)
     print(f"fleet-init: {len(failures)} failures")

@@ -1,6 +1,8 @@
 // General-purpose backends for one stream of bytes. Each stream tries the candidates it is
 // given and keeps the smallest encoding, recording which backend won (docs/FORMAT.md, "stream").
 #pragma once
+// Exported from libdeltacast, as everything the installed headers declare.
+#pragma GCC visibility push(default)
 
 #include <cstdint>
 #include <memory>
@@ -87,3 +89,5 @@ class StreamDecoder {
 };
 
 }  // namespace deltacast
+
+#pragma GCC visibility pop

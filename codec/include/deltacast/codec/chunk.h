@@ -4,6 +4,8 @@
 // A chunk is cut into segments of one class each: BF16 runs get the specialised BF16 path,
 // everything else (other dtypes, bytes between tensors) the generic byte path.
 #pragma once
+// Exported from libdeltacast, as everything the installed headers declare.
+#pragma GCC visibility push(default)
 
 #include <array>
 #include <memory>
@@ -246,3 +248,5 @@ bool is_base_mismatch(const Status& status);
 Result<ChunkKind> chunk_kind(ByteSpan payload);
 
 }  // namespace deltacast
+
+#pragma GCC visibility pop

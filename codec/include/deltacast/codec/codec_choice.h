@@ -7,6 +7,8 @@
 // apply overlap: the slower of the two sets when a worker holds the version. Where the WAN is
 // the bottleneck v2 gets a version there sooner; where the workers' CPU is, v1 does.
 #pragma once
+// Exported from libdeltacast, as everything the installed headers declare.
+#pragma GCC visibility push(default)
 
 #include <algorithm>
 #include <string_view>
@@ -61,3 +63,5 @@ Result<EncodedVersion> encode_delta(DeltaCodec codec, const DeliveryModel& model
                                     Executor& executor, ChunkEncoderPool* encoders = nullptr, CodecDecision* decision = nullptr);
 
 }  // namespace deltacast
+
+#pragma GCC visibility pop

@@ -12,6 +12,8 @@
 //                    (up, down or not at all; needs the checkpoint before the base).
 // Bytes outside BF16 tensors are counted as the order-0 entropy of their XOR with the base.
 #pragma once
+// Exported from libdeltacast, as everything the installed headers declare.
+#pragma GCC visibility push(default)
 
 #include <cstdint>
 #include <span>
@@ -52,3 +54,5 @@ Result<DeltaEntropy> measure_delta_entropy(const std::vector<TensorInfo>& tensor
                                            ByteSpan prev = {});
 
 }  // namespace deltacast
+
+#pragma GCC visibility pop

@@ -2,6 +2,8 @@
 // (manifest formats 1 and 2) or the additive state hash (format 3; docs/FORMAT.md, "Chunk
 // hashes"), which a worker updates from the values it changes instead of re-reading the range.
 #pragma once
+// Exported from libdeltacast, as everything the installed headers declare.
+#pragma GCC visibility push(default)
 
 #include <cstdint>
 #include <optional>
@@ -90,3 +92,5 @@ class RangeHasher {
 };
 
 }  // namespace deltacast
+
+#pragma GCC visibility pop

@@ -1,6 +1,8 @@
 // The manifest describes one version: its tensors, its chunks and their checksums.
 // It travels first; chunks follow in any order. Layout: docs/FORMAT.md, "manifest".
 #pragma once
+// Exported from libdeltacast, as everything the installed headers declare.
+#pragma GCC visibility push(default)
 
 #include <array>
 #include <compare>
@@ -130,3 +132,5 @@ Status validate_tensors(const std::vector<TensorInfo>& tensors, std::uint64_t im
 Status validate_names(const std::vector<TensorInfo>& tensors, const std::vector<std::pair<std::string, std::string>>& metadata);
 
 }  // namespace deltacast
+
+#pragma GCC visibility pop

@@ -2,6 +2,8 @@
 // Four interleaved 32-bit states, 12-bit probabilities, 16-bit renormalisation
 // (the construction of Duda's rANS as laid out in ryg_rans). Stream layout: docs/FORMAT.md.
 #pragma once
+// Exported from libdeltacast, as everything the installed headers declare.
+#pragma GCC visibility push(default)
 
 #include <cstdint>
 #include <vector>
@@ -22,3 +24,5 @@ void encode(ByteSpan in, Bytes& out);
 Status decode(ByteSpan in, MutableByteSpan out);
 
 }  // namespace deltacast::rans
+
+#pragma GCC visibility pop

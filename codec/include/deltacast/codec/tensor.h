@@ -1,5 +1,7 @@
 // Tensors as the codec sees them: a dtype, a shape and a byte range of the model image.
 #pragma once
+// Exported from libdeltacast, as everything the installed headers declare.
+#pragma GCC visibility push(default)
 
 #include <cstdint>
 #include <optional>
@@ -46,3 +48,5 @@ struct TensorInfo {
 };
 
 }  // namespace deltacast
+
+#pragma GCC visibility pop

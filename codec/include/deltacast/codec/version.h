@@ -1,6 +1,8 @@
 // Encoding and decoding whole versions: chunk planning, parallel per-chunk coding on a
 // caller-supplied Executor, and every checksum check in order.
 #pragma once
+// Exported from libdeltacast, as everything the installed headers declare.
+#pragma GCC visibility push(default)
 
 #include <cstdint>
 #include <functional>
@@ -122,3 +124,5 @@ struct ContainerView {
 Result<ContainerView> parse_container(ByteSpan file);
 
 }  // namespace deltacast
+
+#pragma GCC visibility pop

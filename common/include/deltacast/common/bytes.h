@@ -1,6 +1,8 @@
 // Little-endian byte writing and bounds-checked reading, the vocabulary of every format here.
 // ByteReader never reads past its span: every read reports failure instead.
 #pragma once
+// Exported from libdeltacast, as everything the installed headers declare.
+#pragma GCC visibility push(default)
 
 #include <cstdint>
 #include <cstring>
@@ -111,3 +113,5 @@ inline std::uint16_t load_u16(const std::uint8_t* p) {
 inline void store_u16(std::uint8_t* p, std::uint16_t v) { std::memcpy(p, &v, 2); }
 
 }  // namespace deltacast
+
+#pragma GCC visibility pop

@@ -1,6 +1,8 @@
 // The one way the codec runs work in parallel: a caller-supplied Executor.
 // The codec never starts threads of its own; whoever wires the program decides how many.
 #pragma once
+// Exported from libdeltacast, as everything the installed headers declare.
+#pragma GCC visibility push(default)
 
 #include <cstddef>
 #include <functional>
@@ -27,3 +29,5 @@ class InlineExecutor final : public Executor {
 };
 
 }  // namespace deltacast
+
+#pragma GCC visibility pop

@@ -3,6 +3,8 @@
 // next. The pool keeps at most as many as were leased at once, so it holds no more than the
 // peak number of threads that used it.
 #pragma once
+// Exported from libdeltacast, as everything the installed headers declare.
+#pragma GCC visibility push(default)
 
 #include <cstddef>
 #include <functional>
@@ -74,3 +76,5 @@ class ObjectPool {
 };
 
 }  // namespace deltacast
+
+#pragma GCC visibility pop

@@ -1,6 +1,8 @@
 // Small statistics for benchmarks, probes and simulator reports: medians of timed runs,
 // quantiles of delivery times.
 #pragma once
+// Exported from libdeltacast, as everything the installed headers declare.
+#pragma GCC visibility push(default)
 
 #include <algorithm>
 #include <cmath>
@@ -26,3 +28,5 @@ inline double quantile(std::vector<double> v, double q) {
 }
 
 }  // namespace deltacast
+
+#pragma GCC visibility pop

@@ -1,6 +1,8 @@
 // Errors are values: every fallible operation returns a Status or a Result<T>.
 // The code tells the caller what to do; the message tells a person what went wrong.
 #pragma once
+// Exported from libdeltacast, as everything the installed headers declare.
+#pragma GCC visibility push(default)
 
 #include <cassert>
 #include <string>
@@ -91,3 +93,5 @@ class [[nodiscard]] Result {
   auto tmp = (expr);                             \
   if (!tmp.is_ok()) return tmp.status();         \
   lhs = std::move(tmp).value()
+
+#pragma GCC visibility pop

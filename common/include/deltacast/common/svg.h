@@ -2,6 +2,8 @@
 // bars): elements are added one by one, text and titles XML-escaped, and the document is sized
 // when it is finished (a report knows its height last).
 #pragma once
+// Exported from libdeltacast, as everything the installed headers declare.
+#pragma GCC visibility push(default)
 
 #include <span>
 #include <string>
@@ -39,3 +41,5 @@ class SvgDocument {
 };
 
 }  // namespace deltacast
+
+#pragma GCC visibility pop

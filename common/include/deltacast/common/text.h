@@ -2,6 +2,8 @@
 // Names and text that arrive from outside are checked with these before anything logs, saves
 // or re-encodes them (JSON writers refuse broken UTF-8).
 #pragma once
+// Exported from libdeltacast, as everything the installed headers declare.
+#pragma GCC visibility push(default)
 
 #include <cstddef>
 #include <string_view>
@@ -14,3 +16,5 @@ std::size_t utf8_sequence_bytes(std::string_view s, std::size_t i);
 bool is_utf8(std::string_view s);
 
 }  // namespace deltacast
+
+#pragma GCC visibility pop

@@ -2,6 +2,8 @@
 // parallel_for hands out indices through one atomic counter, so a call costs one wake-up
 // per thread rather than one queue operation per index; the calling thread works too.
 #pragma once
+// Exported from libdeltacast, as everything the installed headers declare.
+#pragma GCC visibility push(default)
 
 #include <condition_variable>
 #include <cstddef>
@@ -41,3 +43,5 @@ class ThreadPool final : public Executor {
 };
 
 }  // namespace deltacast
+
+#pragma GCC visibility pop

@@ -1,6 +1,8 @@
 // Byte sizes as people write them: "64MB", "10GB", "4MiB", "1048576" (decimal K, M, G, T;
 // binary KiB, MiB, GiB), and back; rates as "10Gbit" or "1.2GB/s".
 #pragma once
+// Exported from libdeltacast, as everything the installed headers declare.
+#pragma GCC visibility push(default)
 
 #include <cstdint>
 #include <string>
@@ -19,3 +21,5 @@ std::string format_bytes(double bytes);
 Result<double> parse_rate(std::string_view text);
 
 }  // namespace deltacast
+
+#pragma GCC visibility pop

@@ -4,6 +4,8 @@
 // Data already in memory is written with write(2) instead (write_parts_atomic): every write is
 // checked, so a full or failing disk is an error value, never a SIGBUS on a mapped page.
 #pragma once
+// Exported from libdeltacast, as everything the installed headers declare.
+#pragma GCC visibility push(default)
 
 #include <cstdint>
 #include <span>
@@ -77,3 +79,5 @@ Status write_file_atomic(const std::string& path, ByteSpan data);
 Status write_file_atomic(const std::string& path, std::string_view text);
 
 }  // namespace deltacast
+
+#pragma GCC visibility pop

@@ -1,6 +1,8 @@
 // safetensors files: an 8-byte little-endian header length, a JSON header, then the data
 // section. The data section is the model image; tensors sit at their data_offsets in it.
 #pragma once
+// Exported from libdeltacast, as everything the installed headers declare.
+#pragma GCC visibility push(default)
 
 #include <string>
 
@@ -59,3 +61,5 @@ class SafetensorsWriter {
 Status write_safetensors(const std::string& path, const ModelLayout& layout, ByteSpan image, bool uncached = false);
 
 }  // namespace deltacast
+
+#pragma GCC visibility pop

@@ -3,6 +3,8 @@
 // dropped) and error_bytes_max bytes of each one's last error. The Node checks a report against
 // what it published before recording it.
 #pragma once
+// Exported from libdeltacast, as everything the installed headers declare.
+#pragma GCC visibility push(default)
 
 #include <cstdint>
 #include <map>
@@ -50,3 +52,5 @@ class FleetLedger {
 };
 
 }  // namespace deltacast::runtime
+
+#pragma GCC visibility pop

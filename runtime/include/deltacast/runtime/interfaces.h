@@ -2,6 +2,8 @@
 // through, a clock to read, and a way to run heavy work off the event loop. The production
 // drivers live in transport/, the simulated ones in sim/, test doubles in tests/runtime/.
 #pragma once
+// Exported from libdeltacast, as everything the installed headers declare.
+#pragma GCC visibility push(default)
 
 #include <cstdint>
 #include <functional>
@@ -65,3 +67,5 @@ class TaskRunner {
 };
 
 }  // namespace deltacast::runtime
+
+#pragma GCC visibility pop

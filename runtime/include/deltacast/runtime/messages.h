@@ -2,6 +2,8 @@
 // the simulator passes them as they are. Payloads are shared, never copied: a relay forwards
 // one buffer to all of its children.
 #pragma once
+// Exported from libdeltacast, as everything the installed headers declare.
+#pragma GCC visibility push(default)
 
 #include <algorithm>
 #include <cstdint>
@@ -164,3 +166,5 @@ const char* message_name(const Message& m);
 std::uint64_t message_bytes(const Message& m);
 
 }  // namespace deltacast::runtime
+
+#pragma GCC visibility pop

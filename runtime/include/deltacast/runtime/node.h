@@ -18,6 +18,8 @@
 // The node itself admits what comes from upstream (bounds, signatures, runs), keeps the cache,
 // and decides what to ask for.
 #pragma once
+// Exported from libdeltacast, as everything the installed headers declare.
+#pragma GCC visibility push(default)
 
 #include <functional>
 #include <map>
@@ -35,6 +37,8 @@
 
 namespace deltacast::runtime {
 
+// The Node's parts (runtime/src): not part of the API, so not exported from libdeltacast.
+#pragma GCC visibility push(hidden)
 class NodeContext;
 class UpstreamLink;
 class ChildServer;
@@ -42,6 +46,7 @@ class Reconstructor;
 class Scrubber;
 class ShardPublisher;
 class ShardMerger;
+#pragma GCC visibility pop
 
 class Node {
  public:
@@ -234,3 +239,5 @@ class Node {
 };
 
 }  // namespace deltacast::runtime
+
+#pragma GCC visibility pop

@@ -2,6 +2,8 @@
 // components it is made of (runtime/src: the upstream link, the child server, the
 // reconstructor, the shard publisher and merger).
 #pragma once
+// Exported from libdeltacast, as everything the installed headers declare.
+#pragma GCC visibility push(default)
 
 #include <cstdint>
 #include <memory>
@@ -203,3 +205,5 @@ struct NodeStats {
 };
 
 }  // namespace deltacast::runtime
+
+#pragma GCC visibility pop

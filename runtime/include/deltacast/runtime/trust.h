@@ -3,6 +3,8 @@
 // check both against the public keys they are configured to trust before they forward or apply
 // anything (docs/RELIABILITY.md). Pure functions over caller-owned bytes (libsodium).
 #pragma once
+// Exported from libdeltacast, as everything the installed headers declare.
+#pragma GCC visibility push(default)
 
 #include <array>
 #include <memory>
@@ -48,3 +50,5 @@ Status verify_payloads(const Manifest& signed_manifest, std::span<const ByteSpan
 RunId make_run_id();
 
 }  // namespace deltacast::runtime
+
+#pragma GCC visibility pop

@@ -1,6 +1,8 @@
 // A bounded cache of recent versions: manifests and the chunk payloads received so far.
 // Relays forward from it, serve retransmits and catch-up from it; workers assemble from it.
 #pragma once
+// Exported from libdeltacast, as everything the installed headers declare.
+#pragma GCC visibility push(default)
 
 #include <map>
 #include <optional>
@@ -95,3 +97,5 @@ class VersionCache {
 };
 
 }  // namespace deltacast::runtime
+
+#pragma GCC visibility pop

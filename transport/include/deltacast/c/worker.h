@@ -18,6 +18,8 @@
 #ifndef DELTACAST_C_WORKER_H
 #define DELTACAST_C_WORKER_H
 
+#pragma GCC visibility push(default) /* exported from libdeltacast */
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -69,6 +71,9 @@ typedef struct dc_worker_options {
   const char* config_path;
 } dc_worker_options;
 
+/* The version of libdeltacast this program runs with, e.g. "0.1.0". */
+const char* dc_library_version(void);
+
 /* Starts a worker. Returns NULL on failure and writes the reason to err (if not NULL). */
 dc_worker* dc_worker_start(const dc_worker_options* options, char* err, size_t err_len);
 
@@ -101,5 +106,7 @@ void dc_version_release(dc_version* version);
 #ifdef __cplusplus
 }
 #endif
+
+#pragma GCC visibility pop
 
 #endif /* DELTACAST_C_WORKER_H */

@@ -12,6 +12,8 @@
 // start_thread() creates. post() and stop() may be called from any thread; so may the
 // reader calls current() and wait_for_version().
 #pragma once
+// Exported from libdeltacast, as everything the installed headers declare.
+#pragma GCC visibility push(default)
 
 #include <condition_variable>
 #include <functional>
@@ -170,3 +172,5 @@ class NodeHost {
 Result<CurveKeys> make_curve_keys();
 
 }  // namespace deltacast::transport
+
+#pragma GCC visibility pop

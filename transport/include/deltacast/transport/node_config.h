@@ -3,6 +3,8 @@
 // loads configs through here: the `deltacast` command (whose flags override the file), Python's
 // `Worker.from_config` and the C ABI's `dc_worker_start_config`.
 #pragma once
+// Exported from libdeltacast, as everything the installed headers declare.
+#pragma GCC visibility push(default)
 
 #include <string>
 #include <vector>
@@ -68,3 +70,5 @@ Result<runtime::PublicKey> read_public_key(const std::string& hex_or_path);
 Status apply_log_level(const std::string& level);
 
 }  // namespace deltacast::transport
+
+#pragma GCC visibility pop

@@ -8,6 +8,8 @@
 // `anchor_every` versions, and whenever a relay or worker asked for one, an anchor of the
 // newest version follows its delta.
 #pragma once
+// Exported from libdeltacast, as everything the installed headers declare.
+#pragma GCC visibility push(default)
 
 #include <atomic>
 #include <filesystem>
@@ -133,3 +135,5 @@ class CheckpointDirectory {
 };
 
 }  // namespace deltacast::transport
+
+#pragma GCC visibility pop

@@ -11,6 +11,8 @@
 // crash leaves no file that loads; a save that fails (a full disk, say) leaves nothing of its
 // version and keeps the older ones.
 #pragma once
+// Exported from libdeltacast, as everything the installed headers declare.
+#pragma GCC visibility push(default)
 
 #include <chrono>
 #include <memory>
@@ -96,3 +98,5 @@ class VersionSaver {
 };
 
 }  // namespace deltacast::transport
+
+#pragma GCC visibility pop

@@ -1,5 +1,7 @@
 // Mapping between runtime messages and wire frames (transport/proto/deltacast.proto).
 #pragma once
+// Exported from libdeltacast, as everything the installed headers declare.
+#pragma GCC visibility push(default)
 
 #include <optional>
 #include <string>
@@ -61,3 +63,5 @@ Result<Decoded> decode_frames(const void* header, std::size_t header_bytes, runt
 Result<runtime::Message> decode_message(const void* header, std::size_t header_bytes, runtime::SharedBytes payload);
 
 }  // namespace deltacast::transport
+
+#pragma GCC visibility pop

@@ -3,6 +3,8 @@
 // saves each new version while the host goes on. The CLI's `deltacast worker`, the C ABI and
 // the Python package are front ends of this class.
 #pragma once
+// Exported from libdeltacast, as everything the installed headers declare.
+#pragma GCC visibility push(default)
 
 #include <atomic>
 #include <functional>
@@ -81,3 +83,5 @@ class Worker {
 };
 
 }  // namespace deltacast::transport
+
+#pragma GCC visibility pop

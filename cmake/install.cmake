@@ -70,3 +70,7 @@ foreach(role relay worker)
 endforeach()
 install(FILES ${PROJECT_SOURCE_DIR}/packaging/systemd/deltacast.sysusers.conf DESTINATION lib/sysusers.d RENAME deltacast.conf
         COMPONENT bin)
+
+# For operators: a Grafana dashboard and Prometheus alert rules over the nodes' metrics.
+install(FILES ${PROJECT_SOURCE_DIR}/packaging/monitoring/deltacast-dashboard.json ${PROJECT_SOURCE_DIR}/packaging/monitoring/deltacast-alerts.yml
+        DESTINATION ${CMAKE_INSTALL_DATADIR}/deltacast/monitoring COMPONENT bin)

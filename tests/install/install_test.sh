@@ -19,7 +19,8 @@ libdir=$(dirname "$(find "$prefix" -name libdeltacast.so.0 | head -1)")
 for f in "$prefix/bin/deltacast" "$libdir/libdeltacast.so" "$prefix/include/deltacast/c/worker.h" \
          "$prefix/include/deltacast/transport/worker.h" "$libdir/pkgconfig/deltacast.pc" "$libdir/cmake/deltacast/deltacastConfig.cmake" \
          "$prefix/lib/systemd/system/deltacast-relay@.service" "$prefix/lib/systemd/system/deltacast-worker@.service" \
-         "$prefix/lib/sysusers.d/deltacast.conf" "$prefix/share/doc/deltacast/RUNTIME.md"; do
+         "$prefix/lib/sysusers.d/deltacast.conf" "$prefix/share/doc/deltacast/RUNTIME.md" \
+         "$prefix/share/deltacast/monitoring/deltacast-dashboard.json" "$prefix/share/deltacast/monitoring/deltacast-alerts.yml"; do
   [ -e "$f" ] || fail "not installed: ${f#$prefix/}"
 done
 soname=$(objdump -p "$libdir/libdeltacast.so.0" | awk '/SONAME/ {print $2}')

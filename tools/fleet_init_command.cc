@@ -203,7 +203,7 @@ Status write_fleet(FleetFiles& f) {
 void print_systemd_commands(const topology::Plan& plan, const std::string& out) {
   std::printf("  # on every host, once (the packages create the deltacast user):\n");
   std::printf("  install -d -m 0750 -o root -g deltacast %s\n", kSystemdDir);
-  std::printf("  # on each host, its node:\n");
+  std::printf("  # on each host, its node (copy to a host only its own node's files: %s holds every secret key):\n", out.c_str());
   const std::size_t shown = std::min<std::size_t>(plan.nodes.size(), 64);
   for (std::size_t i = 0; i < shown; ++i) {
     const auto& n = plan.nodes[i];

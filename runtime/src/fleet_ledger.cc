@@ -7,10 +7,11 @@ bool FleetLedger::record(const Report& r, std::uint64_t now_ms) {
   LedgerEntry& e = entries_[r.node_id];
   e.left = false;
   if (r.run != e.run || r.version >= e.version) {
+    // A report of the version it had (a worker back after a restart) may not know its timing.
+    if (r.run != e.run || r.version != e.version || r.publish_to_ready_ms) e.publish_to_ready_ms = r.publish_to_ready_ms;
     e.run = r.run;
     e.version = r.version;
     e.checksum = r.checksum;
-    e.publish_to_ready_ms = r.publish_to_ready_ms;
   }
   // Kept short: the ledger is bounded in entries, and each entry in bytes.
   if (!r.error.empty()) e.last_error = r.error.substr(0, kErrorBytesMax);

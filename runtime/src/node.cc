@@ -297,6 +297,11 @@ void Node::on_welcome(UpstreamLink& link, const Welcome& w) {
     anchor_requested_ = true;
     anchor_requested_ms_ = ctx_->now_ms();
   }
+  // A worker that holds a version of the parent's run (resumed from disk after a restart, or
+  // moved to another parent) reports it: the origin's ledger learns it is back, and no longer
+  // counts it as left or behind until its next version.
+  if (rebuild_ && &link == upstreams_.front().get())
+    if (auto held = rebuild_->current(); held && held->run == w.run) report_ready(*held);
   if (!on_parent_newest(link, w.newest_version, w.run)) return;
   if (shard_out_) shard_out_->on_welcome(parent_newest_);
   request_missing(/*force=*/true);
@@ -562,18 +567,21 @@ void Node::advance() {
   if (rebuild_) rebuild_->advance();
 }
 
-void Node::on_version_ready(const std::shared_ptr<const ModelVersion>& ready) {
-  const std::uint64_t now = ctx_->clock.now_us();
-  VersionTiming& t = timings_[ready->version];
-  t.ready_us = now;
+void Node::report_ready(const ModelVersion& held) {
   Ready r;
   r.node_id = config_.node_id;
-  r.version = ready->version;
-  r.checksum = ready->checksum;
-  r.publish_to_ready_ms = t.published_us && now >= t.published_us ? (now - t.published_us) / 1000 : 0;
+  r.version = held.version;
+  r.checksum = held.checksum;
+  if (auto t = timings_.find(held.version); t != timings_.end() && t->second.published_us && t->second.ready_us >= t->second.published_us)
+    r.publish_to_ready_ms = (t->second.ready_us - t->second.published_us) / 1000;
   r.error = ctx_->last_error();
-  r.run = run_;
+  r.run = held.run;
   send_to_parent(r);
+}
+
+void Node::on_version_ready(const std::shared_ptr<const ModelVersion>& ready) {
+  timings_[ready->version].ready_us = ctx_->clock.now_us();
+  report_ready(*ready);
   // A worker that relays keeps versions for its children; one that does not drops them.
   if (!config_.serve_children) {
     std::vector<VersionKey> old;

@@ -1,5 +1,7 @@
 # Sourced by install_test.sh and package_test.sh: the build folder ($1), a temporary folder
 # removed at exit with the processes started into $pids, fail, and a free loopback endpoint.
+# Under pipefail, a pipeline ends in `grep PATTERN >/dev/null`, not `grep -q`: grep -q stops
+# reading at the first match, and the writer's SIGPIPE would fail the pipeline.
 set -euo pipefail
 build=$(cd "$1" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)

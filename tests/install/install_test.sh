@@ -61,7 +61,7 @@ cmake -S "$here/cpp" -B "$tmp/cpp" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_T
 want=$("$dc" inspect "$tmp/last.dcd" | sed -n 's/.*version checksum \([0-9a-f]*\).*/\1/p')
 [ -n "$want" ] || fail "no checksum from deltacast inspect"
 for prog in "$tmp/embed" "$tmp/cpp/embed_cpp"; do
-  ldd "$prog" | grep -q "$libdir/libdeltacast.so.0" || fail "$(basename "$prog") does not load the installed libdeltacast"
+  ldd "$prog" | grep "$libdir/libdeltacast.so.0" >/dev/null || fail "$(basename "$prog") does not load the installed libdeltacast"
   timeout 90 "$prog" "$relay" "$versions" >"$tmp/out" 2>&1 || { cat "$tmp/out"; fail "$(basename "$prog") did not get version $versions"; }
   got=$(sed -n 's/.*checksum \([0-9a-f]*\).*/\1/p' "$tmp/out")
   [ "$got" = "$want" ] || fail "$(basename "$prog") holds checksum '$got', the publisher's is $want"

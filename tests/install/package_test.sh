@@ -16,7 +16,7 @@ for p in deltacast libdeltacast0 libdeltacast-dev $([ $python = 1 ] && echo pyth
   [ -n "$(deb "$p")" ] || fail "no $p package"
 done
 has() {  # package, path (a regular expression over `dpkg-deb -c` paths)
-  dpkg-deb -c "$(deb "$1")" | awk '{print $6}' | grep -qE "^\./$2\$" || fail "$1 does not hold $2"
+  dpkg-deb -c "$(deb "$1")" | awk '{print $6}' | grep -E "^\./$2\$" >/dev/null || fail "$1 does not hold $2"
 }
 has deltacast usr/bin/deltacast
 has deltacast 'usr/lib/systemd/system/deltacast-relay@\.service'
@@ -32,12 +32,12 @@ has libdeltacast-dev usr/lib/cmake/deltacast/deltacastConfig.cmake
 for p in deltacast libdeltacast0 libdeltacast-dev $([ $python = 1 ] && echo python3-deltacast); do
   has "$p" "usr/share/doc/$p/copyright"
 done
-if dpkg-deb -c "$(deb libdeltacast0)" | grep -q "usr/include"; then fail "libdeltacast0 holds headers"; fi
-dpkg-deb -f "$(deb libdeltacast-dev)" Depends | grep -q "libdeltacast0 (= " || fail "libdeltacast-dev does not depend on libdeltacast0"
+if dpkg-deb -c "$(deb libdeltacast0)" | grep "usr/include" >/dev/null; then fail "libdeltacast0 holds headers"; fi
+dpkg-deb -f "$(deb libdeltacast-dev)" Depends | grep "libdeltacast0 (= " >/dev/null || fail "libdeltacast-dev does not depend on libdeltacast0"
 for lib in libzmq5 libuv1 libsodium23 libprotobuf; do
-  dpkg-deb -f "$(deb libdeltacast0)" Depends | grep -q "$lib" || fail "libdeltacast0 does not depend on $lib"
+  dpkg-deb -f "$(deb libdeltacast0)" Depends | grep "$lib" >/dev/null || fail "libdeltacast0 does not depend on $lib"
 done
-dpkg-deb -I "$(deb deltacast)" postinst | grep -q sysusers || fail "deltacast's postinst does not create the deltacast user"
+dpkg-deb -I "$(deb deltacast)" postinst | grep sysusers >/dev/null || fail "deltacast's postinst does not create the deltacast user"
 echo "contents and dependencies: $(ls "$tmp"/debs/*.deb | xargs -n1 basename | tr '\n' ' ')"
 
 # apt-get resolves the dependencies from Debian (simulated: nothing is installed).
@@ -58,7 +58,7 @@ root=$tmp/root/usr
 "$root/bin/deltacast" --help >/dev/null || fail "the packaged deltacast --help"
 cc -std=c11 -Wall -Werror -I"$root/include" "$here/embed.c" -L"$root/lib" -ldeltacast -o "$tmp/embed" || fail "embed.c against the extracted package"
 export LD_LIBRARY_PATH=$root/lib
-ldd "$tmp/embed" | grep -q "$root/lib/libdeltacast.so.0" || fail "embed does not load the extracted libdeltacast"
+ldd "$tmp/embed" | grep "$root/lib/libdeltacast.so.0" >/dev/null || fail "embed does not load the extracted libdeltacast"
 "$root/bin/deltacast" gen -q -o "$tmp/ckpt" --hidden 64 --layers 2 --vocab 512 --ffn 192 --steps 2 >/dev/null
 endpoint=$(free_endpoint)
 "$root/bin/deltacast" publish --listen "$endpoint" --interval-ms 300 --linger-ms 60000 --log-level warn "$tmp"/ckpt/step-*.safetensors \

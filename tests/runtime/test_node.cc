@@ -353,6 +353,28 @@ std::shared_ptr<ModelVersion> saved(const Series& s, std::uint64_t v, const Byte
   return m;
 }
 
+TEST_CASE("a worker that left and came back with its saved version is in the ledger again at once", "[runtime][node]") {
+  // Restarted (SIGTERM, then its unit starts it again), it holds what it saved; no new version
+  // may come for a while, and the ledger must not keep it as left (alerts skip workers that left).
+  Series s(1);
+  FakeNet net;
+  Node& origin = net.add(origin_config());
+  REQUIRE(origin.publish(s.anchor(1)).is_ok());
+  Node& x = net.add(worker_config("x", {"origin"}));
+  REQUIRE(net.run_until([&] { return x.current_version() == 1; }));
+  x.leave("restart");
+  net.run();
+  net.kill("x");
+  REQUIRE(origin.ledger().at("x").left);
+  const std::uint64_t took_ms = origin.ledger().at("x").publish_to_ready_ms;
+  auto held = saved(s, 1, s.images[0]);
+  held->run = origin.run();
+  net.add(worker_config("x", {"origin"}), false, held);
+  REQUIRE(net.run_until([&] { return !origin.ledger().at("x").left; }, 5000));
+  CHECK(origin.ledger().at("x").version == 1);
+  CHECK(origin.ledger().at("x").publish_to_ready_ms == took_ms);  // what the first report said
+}
+
 TEST_CASE("a worker restarted from its saved version fetches only the deltas after it", "[runtime][node]") {
   Series s(5);
   FakeNet net;

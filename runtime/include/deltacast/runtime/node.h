@@ -187,6 +187,8 @@ class Node {
   void on_chunk_checked(const ChunkMsg& m, const std::shared_ptr<const Manifest>& manifest, bool ok);
   void accept_chunk(const ChunkMsg& m, bool hashes_checked);
   void advance();
+  // Tells the origin's ledger, up tree 0, which version this worker holds.
+  void report_ready(const ModelVersion& held);
   void on_version_ready(const std::shared_ptr<const ModelVersion>& ready);
 
   // ---- children ----

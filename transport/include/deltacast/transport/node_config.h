@@ -1,7 +1,7 @@
 // A node's settings as a JSON config file gives them (docs/RUNTIME.md, "Config files"), checked
 // and turned into the NodeConfig and HostConfig a NodeHost or Worker runs with. Every front end
 // loads configs through here: the `deltacast` command (whose flags override the file), Python's
-// `Worker.from_config` and the C ABI's `dc_worker_start_config`.
+// `Worker.from_config` and the C ABI's `dc_worker_options::config_path`.
 #pragma once
 // Exported from libdeltacast, as everything the installed headers declare.
 #pragma GCC visibility push(default)

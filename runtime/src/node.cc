@@ -650,9 +650,13 @@ void Node::record_ready(const Ready& r) {
     return;
   }
   // Measured on the origin's own clock, so clocks elsewhere need not agree; it includes the
-  // time the Ready took to come back up the tree.
+  // time the Ready took to come back up the tree. A report of the version the ledger already
+  // has (a worker back after a restart) keeps the time measured when it first came.
+  const auto& known = ledger_.entries();
+  const auto entry = known.find(r.node_id);
+  const bool again = entry != known.end() && entry->second.run == r.run && entry->second.version == r.version;
   auto pub = published_us_.find(r.version);
-  const std::uint64_t ready_ms = pub != published_us_.end() ? (ctx_->clock.now_us() - pub->second) / 1000 : r.publish_to_ready_ms;
+  const std::uint64_t ready_ms = again ? 0 : pub != published_us_.end() ? (ctx_->clock.now_us() - pub->second) / 1000 : r.publish_to_ready_ms;
   ledger_.record({r.node_id, r.run, r.version, r.checksum, ready_ms, r.error}, ctx_->now_ms());
 }
 

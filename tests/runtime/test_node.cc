@@ -367,6 +367,7 @@ TEST_CASE("a worker that left and came back with its saved version is in the led
   net.kill("x");
   REQUIRE(origin.ledger().at("x").left);
   const std::uint64_t took_ms = origin.ledger().at("x").publish_to_ready_ms;
+  net.run_for(60'000);  // back a minute later: not a minute from publish to ready
   auto held = saved(s, 1, s.images[0]);
   held->run = origin.run();
   net.add(worker_config("x", {"origin"}), false, held);

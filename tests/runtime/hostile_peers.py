@@ -920,7 +920,9 @@ def case_shard_injection(t):
         drain(c, 1.0)
     rogue = t.start("rogue-shard", "publish", "--shard", "0/1", "--parent", t.ep(0), "--sign-key", other, "--linger-ms", "20000",
                     s["tampered"])
-    time.sleep(3.0)
+    # Until the origin refused the rogue's slice (it encodes its checkpoint first: seconds on a
+    # loaded host under the sanitizers), or a minute.
+    origin.wait_log(r"slice 0: .*manifest of v1 is signed by key", 60)
     rogue.kill()
     t.expect(re.search(r"merged version", origin.log()) is None, "the origin merged a forged slice: " +
              "; ".join(re.findall(r"merged version[^\n]*", origin.log())))

@@ -26,6 +26,7 @@ class Node::Hooks final : public ChildServer::Owner, public Reconstructor::Owner
   void request_anchor(std::uint64_t newer_than) override { node_.request_anchor(newer_than); }
   void fetch(const Need& need) override { node_.send_need(need); }
   void request_anchor() override { node_.request_anchor(node_.anchor_floor()); }
+  void discarded() override { node_.discards_++; }
   void refetch(const Need& need) override { node_.send_need(need); }
   void on_version_ready(const std::shared_ptr<const ModelVersion>& version) override { node_.on_version_ready(version); }
   bool parent_in_newer_run() const override { return node_.parent_run_ > node_.run_; }
@@ -288,6 +289,7 @@ void Node::on_message(PeerId from, const Message& m) {
 
 void Node::on_welcome(UpstreamLink& link, const Welcome& w) {
   link.welcome();
+  link.records_fresh_at(discards_);  // a new connection: the parent has sent nothing over it
   // An anchor asked for over another link is still coming: asked again, the parent would send
   // all of it again. Asked over this link before it failed over, it is asked again.
   if (anchor_asked_ == nullptr || anchor_asked_ == &link) anchor_requested_ = false;
@@ -346,12 +348,12 @@ void Node::request_anchor(std::uint64_t newer_than) {
     // Versions made of trainer shards' slices: each shard sends an anchor of its slice.
     if (shard_in_) children_->to_publishers(Need{{newer_than, true}, {}, true});
   } else if (UpstreamLink* link = anchor_link()) {
-    // Asked again over the link still answering, the parent sends only what it has not sent
-    // yet: the first answer may be on its way over a long, full link. A request that is not a
-    // repeat (the last anchor came, or another link is asked) sets `again`: the node holds
-    // nothing of what the link carried before (a worker that dropped a damaged image).
-    const bool repeat = anchor_requested_ && anchor_asked_ == link;
-    send_need(Need{{newer_than, true}, {}, true, /*again=*/!repeat});
+    // What the link carried is here or on its way (a first answer, or an anchor a parent sends
+    // unasked, may be slow over a long, full link): the parent sends only what it has not sent
+    // yet. Only once this node threw received versions away (a worker that dropped a damaged
+    // image, a cache that evicted) does the request set `again`, and the parent sends all.
+    send_need(Need{{newer_than, true}, {}, true, /*again=*/link->records_stale(discards_)});
+    link->records_fresh_at(discards_);
     anchor_asked_ = link;
   } else {
     return;  // asked again once a parent welcomes us
@@ -452,6 +454,9 @@ void Node::drop_cache() {
   cache_.clear();
   children_->forget_versions();
   anchor_requested_ = false;
+  // Parents forget what they sent of the old run as they move to the new one: nothing of the
+  // new run has been thrown away.
+  for (const auto& link : upstreams_) link->records_fresh_at(discards_);
 }
 
 void Node::on_manifest(PeerId from, const ManifestMsg& m) {
@@ -705,7 +710,7 @@ void Node::tick() {
   advance();
   std::vector<VersionKey> pinned;
   if (rebuild_ && rebuild_->busy()) pinned.push_back(*rebuild_->building());
-  cache_.evict(pinned);
+  if (!cache_.evict(pinned).empty()) discards_++;
 }
 
 // Bounded history: the oldest versions' timings and publish times go first.

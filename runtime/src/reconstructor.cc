@@ -262,6 +262,7 @@ void Reconstructor::on_allocated(std::uint64_t generation, bool ok) {
     need_anchor_ = assembly_->needed_anchor;
     assembly_.reset();
     cache_.erase(key);
+    owner_.discarded();
     return;
   }
   assembly_->allocating = false;
@@ -476,6 +477,7 @@ void Reconstructor::abandon(const std::string& why, bool want_anchor) {
   ctx_.set_error(why);
   if (assembly_ && assembly_->in_place && held_version_ != 0) expose(assembly_->staging);  // the image was not touched
   assembly_.reset();
+  owner_.discarded();
   if (want_anchor) need_anchor_ = true;
   owner_.request_anchor();
 }
@@ -492,6 +494,7 @@ void Reconstructor::drop_damaged(const std::shared_ptr<const ModelVersion>& vers
     abandon(why, true);
   } else {
     ctx_.set_error(why);
+    owner_.discarded();
     need_anchor_ = true;
     owner_.request_anchor();
   }

@@ -24,6 +24,9 @@ class Reconstructor {
     virtual ~Owner() = default;
     // Only an anchor helps (nothing held, the base did not match, the parent is in a newer run).
     virtual void request_anchor() = 0;
+    // What the parents sent was thrown away (an image or a build dropped): asked for again, it
+    // must come again.
+    virtual void discarded() = 0;
     // A chunk was rejected before it was applied: fetch it again.
     virtual void refetch(const Need& need) = 0;
     // A version verified and is current now.

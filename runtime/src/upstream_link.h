@@ -41,6 +41,11 @@ class UpstreamLink {
     welcomed_ = true;
     down_ = false;
   }
+  // What the parent remembers sending over this connection is all here or on its way, unless
+  // the node has thrown received versions away since it last said so (Node::discards_): then
+  // an anchor request asks for everything again (Need::again).
+  void records_fresh_at(std::uint64_t discards) { discards_seen_ = discards; }
+  bool records_stale(std::uint64_t discards) const { return discards != discards_seen_; }
   // Whether the link has been without a welcoming parent for at least `ms`: since it opened,
   // or since it lost the parent that welcomed it (failing over to other parents meanwhile).
   bool down_for(std::uint64_t now_ms, std::uint64_t ms) const { return down_ && now_ms - down_since_ms_ >= ms; }
@@ -86,6 +91,7 @@ class UpstreamLink {
   PeerId parent_ = 0;
   std::size_t index_ = 0;  // into parents_, modulo its size
   bool welcomed_ = false;
+  std::uint64_t discards_seen_ = 0;  // records_fresh_at
   bool down_ = false;              // no welcoming parent since down_since_ms_
   std::uint64_t down_since_ms_ = 0;
   std::uint64_t heard_ms_ = 0;

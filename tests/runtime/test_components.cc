@@ -365,6 +365,8 @@ struct RebuildOwner final : Reconstructor::Owner {
   std::vector<Need> refetched;
   std::vector<std::uint64_t> ready;
   void request_anchor() override { anchors_requested++; }
+  int discards = 0;
+  void discarded() override { discards++; }
   void refetch(const Need& need) override { refetched.push_back(need); }
   void on_version_ready(const std::shared_ptr<const ModelVersion>& v) override { ready.push_back(v->version); }
   bool parent_in_newer_run() const override { return false; }
@@ -466,6 +468,7 @@ TEST_CASE("the reconstructor keeps what it holds when a delta's base does not ma
   CHECK(!w.r.busy());
   CHECK(w.r.need_anchor());
   CHECK(w.owner.anchors_requested > 0);
+  CHECK(w.owner.discards > 0);  // the delta went: asked for again, it comes again
   REQUIRE(w.r.current());
   CHECK(w.r.current()->version == 1);
   CHECK(w.owner.ready.empty());

@@ -1019,6 +1019,36 @@ TEST_CASE("an anchor asked for again while the first answer is on its way comes 
   CHECK(f.chunks == f.anchor.manifest.chunks.size());
 }
 
+TEST_CASE("a relay asked for an anchor while its parent's first anchor comes unasked takes it once", "[runtime][node]") {
+  // The origin sends its first anchor to the relay unasked (it starts a chain). A worker joins
+  // the relay before the anchor's manifest arrives, and the relay asks the origin for an
+  // anchor. The relay threw nothing away: the origin sends only what it has not sent.
+  Series s{1};
+  const EncodedVersion anchor = s.anchor(1);
+  FakeNet net;
+  Node& origin = net.add(origin_config());
+  net.add(relay_config("relay", {"origin"}));
+  net.run_for(500);
+  std::uint64_t chunks = 0, asked = 0;
+  net.filter = [&](const std::string&, const std::string& to, Message& m) {
+    if (const auto* c = std::get_if<ChunkMsg>(&m); c && to == "relay" && c->key.anchor) chunks++;
+    if (const auto* n = std::get_if<Need>(&m); n && to == "origin" && n->want_anchor) asked++;
+    return true;
+  };
+  net.hold = [&](const std::string& from, const std::string& to, const Message& m) {
+    return from == "origin" && to == "relay" && (std::holds_alternative<ManifestMsg>(m) || std::holds_alternative<ChunkMsg>(m));
+  };
+  REQUIRE(origin.publish(anchor).is_ok());
+  Node& worker = net.add(worker_config("w", {"relay"}));
+  net.run_for(1000);
+  CHECK(asked >= 1);
+  net.hold = nullptr;
+  net.release();
+  REQUIRE(net.run_until([&] { return worker.current_version() == 1; }));
+  net.run_for(2000);
+  CHECK(chunks == anchor.manifest.chunks.size());
+}
+
 TEST_CASE("a link that once took an anchor while tree 0 was down takes no share of a later run's anchor", "[runtime][node][trees]") {
   // relay-a (tree 0) is down when w joins: after a parent timeout w asks relay-b, over tree 1,
   // and takes its anchor whole from it. Once relay-a is back, a new run's first anchor comes

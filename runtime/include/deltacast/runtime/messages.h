@@ -128,8 +128,9 @@ struct ChunkMsg {
 // A parent does not send a chunk again that it already handed to the link to this child (it is
 // on its way: TCP delivers it or the connection breaks, and a new connection starts afresh),
 // unless `again` says the copy that came was damaged. With want_anchor, `again` says the child
-// holds nothing of what the link carried before; without it (a request repeated while the
-// answer is on its way), only what was not sent yet goes.
+// threw away versions the link carried (a dropped image, an eviction); without it (a request
+// repeated while the answer is on its way, or sent while an unasked anchor crosses), only what
+// was not sent yet goes.
 struct Need {
   VersionKey key;
   std::vector<std::uint32_t> chunks;

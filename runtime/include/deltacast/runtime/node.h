@@ -227,6 +227,9 @@ class Node {
   std::uint64_t anchor_requested_ms_ = 0;
   bool anchor_requested_ = false;
   UpstreamLink* anchor_asked_ = nullptr;  // the link the last anchor request went up
+  // Received versions thrown away (an image or a build dropped, versions evicted): what a
+  // parent sent of them before is not here, and is asked for again (UpstreamLink::records_stale).
+  std::uint64_t discards_ = 0;
   std::uint64_t anchor_made_ms_ = 0;  // origin: when an anchor was last asked of the publisher
   bool anchor_made_ = false;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);

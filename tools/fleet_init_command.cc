@@ -22,6 +22,7 @@
 #include "deltacast/runtime/trust.h"
 #include "deltacast/topology/plan.h"
 #include "deltacast/transport/host.h"
+#include "deltacast/transport/node_config.h"
 
 namespace deltacast::tools {
 namespace {
@@ -38,6 +39,7 @@ struct FleetInitOptions {
   std::vector<std::string> relays;   // shorthand: NAME=ENDPOINT, a region each
   std::uint32_t workers_per_relay = 2;
   std::string worker_cache_size;
+  std::string timing;                // JSON object: every node's "timing" (heartbeats, timeouts)
   std::string trees = "1";           // trees to plan (topology::plan_trees), or auto
   bool systemd = false;              // the configs name their files in kSystemdDir, for the units
 };
@@ -139,6 +141,7 @@ struct FleetFiles {
   std::vector<std::vector<int>> clients;  // per node: the nodes whose parents name it
   std::string sign_key_path, sign_public;
   std::string worker_cache_size;
+  nlohmann::json timing;  // null: none
 };
 
 nlohmann::json node_config(const FleetFiles& f, int i) {
@@ -171,6 +174,7 @@ nlohmann::json node_config(const FleetFiles& f, int i) {
   for (int c : f.clients[i]) allowed.push_back(f.keys[c].public_key);
   if (!allowed.empty()) cfg["allow_keys"] = allowed;
   if (n.kind == NodeKind::kWorker && !f.worker_cache_size.empty()) cfg["cache_size"] = f.worker_cache_size;
+  if (!f.timing.is_null()) cfg["timing"] = f.timing;
   return cfg;
 }
 
@@ -252,6 +256,11 @@ Status run(const FleetInitOptions& o) {
   DC_ASSIGN_OR_RETURN(topology::MultiTreePlan plan, topology::plan_trees(*spec, tree_count));
   for (const auto& w : plan.warnings) std::printf("plan: %s\n", w.c_str());
   FleetFiles files{.plan = &plan, .worker_cache_size = o.worker_cache_size};
+  if (!o.timing.empty()) {
+    runtime::NodeConfig checked;
+    DC_RETURN_IF_ERROR(transport::apply_timing(o.timing, checked).with_context("--timing"));
+    files.timing = nlohmann::json::parse(o.timing);
+  }
   DC_ASSIGN_OR_RETURN(files.listen, assign_endpoints(plan, endpoints, o.local_ports));
   std::error_code ec;
   std::filesystem::create_directories(o.out_dir, ec);
@@ -283,6 +292,8 @@ Command add_fleet_init_command(CLI::App& app) {
   sub->add_option("--relay", o->relays, "Shorthand: a relay as NAME=ENDPOINT, a region of its own; repeat per region");
   sub->add_option("--workers-per-relay", o->workers_per_relay, "Shorthand: workers in each relay's region")->capture_default_str();
   sub->add_option("--worker-cache-size", o->worker_cache_size, "Cache bound for the workers, e.g. 1GB");
+  sub->add_option("--timing", o->timing,
+                  "Every node's heartbeats and timeouts, a JSON object such as '{\"parent_timeout_ms\": 5000}' (docs/RUNTIME.md, \"Config files\")");
   sub->add_option("--trees", o->trees, "Trees to plan (docs/TOPOLOGY.md, \"Multi-tree plans\"): 1 to " + std::to_string(topology::kTreesMax) + ", or auto")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto"}) | CLI::Range(1u, topology::kTreesMax));

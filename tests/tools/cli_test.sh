@@ -116,6 +116,23 @@ echo '{"id": "w", "parents": ["tcp://127.0.0.1:7100"], "limits": {"connections_m
 fails "an unknown limit in a config" 'unknown limit "connections_maxx"' "$dc" worker --config "$tmp/limits.json"
 echo '{"id": "w", "parents": ["tcp://127.0.0.1:7100"], "limits": {"image_bytes_max": "lots"}}' >"$tmp/limits.json"
 fails "a limit that is not a size" "image_bytes_max" "$dc" worker --config "$tmp/limits.json"
+echo '{"id": "w", "parents": ["tcp://127.0.0.1:7100"], "timing": {"parent_timeout_ms": 300}}' >"$tmp/timing.json"
+fails "a parent timeout within two heartbeats" "parent_timeout_ms (300) must be at least twice heartbeat_ms (250)" "$dc" worker --config "$tmp/timing.json"
+echo '{"id": "w", "parents": ["tcp://127.0.0.1:7100"], "timing": {"heartbeat": 100}}' >"$tmp/timing.json"
+fails "an unknown timing field" 'unknown field "heartbeat"' "$dc" worker --config "$tmp/timing.json"
+echo '{"id": "w", "parents": ["tcp://127.0.0.1:7100"], "timing": {"need_after_ms": 0}}' >"$tmp/timing.json"
+fails "a zero timing" "need_after_ms: 1 to 86400000 milliseconds" "$dc" worker --config "$tmp/timing.json"
+# A parent timeout from the config is the one the worker keeps: nobody answers on the port, and
+# the worker gives the parent up after 3 s, not the default 2 s.
+echo '{"id": "w", "parents": ["tcp://127.0.0.1:7109"], "timing": {"parent_timeout_ms": 3000, "heartbeat_ms": 500}}' >"$tmp/timing.json"
+timeout -s INT 5 "$dc" worker --config "$tmp/timing.json" >"$tmp/timing.out" 2>&1 || true
+if grep -E "silent for 3[0-9]{3} ms" "$tmp/timing.out" >/dev/null && ! grep -E "silent for 2[0-9]{3} ms" "$tmp/timing.out" >/dev/null; then
+  passed=$((passed + 1))
+else
+  failed=$((failed + 1))
+  echo "FAILED: a worker with timing.parent_timeout_ms 3000 gives its silent parent up after 3 s:"
+  cat "$tmp/timing.out"
+fi
 parents17=$(python3 -c 'import json; print(json.dumps([f"tcp://127.0.0.1:{7100 + i}" for i in range(17)]))')
 echo "{\"id\": \"w\", \"parents\": $parents17}" >"$tmp/parents.json"
 fails "more parents than a node tries" "parents: at most 16" "$dc" worker --config "$tmp/parents.json"

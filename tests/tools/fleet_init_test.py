@@ -159,6 +159,23 @@ def systemd_configs(tmp):
                         printed, re.M) is not None, f"systemd: no install and enable line for {node}")
 
 
+def timing_configs(tmp):
+    """--timing goes into every node's config as its "timing"; a timing a node would refuse is
+    refused before anything is written."""
+    out = os.path.join(tmp, "timing")
+    timing = {"parent_timeout_ms": 5000, "heartbeat_ms": 500}
+    run("fleet-init", "-o", out, "--origin", "tcp://10.0.0.1:7100", "--relay", "eu=tcp://10.0.1.1:7101",
+        "--workers-per-relay", "2", "--timing", json.dumps(timing))
+    configs, _ = written_configs(out)
+    check(len(configs) == 4, f"timing: {len(configs)} configs, not 4")
+    for node, cfg in configs.items():
+        check(cfg.get("timing") == timing, f"timing: {node}'s config has timing {cfg.get('timing')}")
+    p = run("fleet-init", "-o", os.path.join(tmp, "bad-timing"), "--origin", "tcp://10.0.0.1:7100", "--relay", "eu=tcp://10.0.1.1:7101",
+            "--timing", '{"parent_timeout_ms": 100}', ok=False)
+    check(p.returncode != 0 and "must be at least twice heartbeat_ms" in p.stderr, f"a timing nodes would refuse is not refused: {p.stderr!r}")
+    check(not os.path.exists(os.path.join(tmp, "bad-timing")), "a refused --timing wrote files")
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         case_fleet(tmp, "four-regions", os.path.join(SCENARIOS, "four-regions.json"), "--local-ports", "20000")
@@ -168,6 +185,7 @@ def main():
             "--relay", "b=tcp://127.0.0.1:7102", "--workers-per-relay", "3")
         compare("shorthand", printed_tree(os.path.join(out, "fleet.json"), tmp), out)
         systemd_configs(tmp)
+        timing_configs(tmp)
     for f in failures[:20]:
         print("FAIL:", f)
     print(f"fleet-init: {len(failures)} failures")

@@ -19,11 +19,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fleet import RegionsFleet, make_versions, verdict  # noqa: E402
 
 VERSIONS = 4
+TIMING = {"parent_timeout_ms": 5000}
 
 
 def run(dc: str, emulator: str, work: Path, versions, trees: int) -> list[str]:
     failures = []
-    with RegionsFleet(dc, emulator, work, trees=trees, rate_mbit=40, delay_ms=30, workers=2) as fleet:
+    # A parent timeout of 5 s, not 2 s: on a loaded host (sanitizer builds, tests side by side)
+    # the emulator or a node can be starved of CPU for seconds, and a worker that fails over to a
+    # parent across the WAN fetches its version again over it: the bytes checked below.
+    with RegionsFleet(dc, emulator, work, trees=trees, rate_mbit=40, delay_ms=30, workers=2, timing=TIMING) as fleet:
         if fleet.trees != trees:
             failures.append(f"fleet-init wrote configs for {fleet.trees} trees, not {trees}")
         fleet.start(versions, "--wait-workers", str(len(fleet.workers)), "--wait-timeout-ms", "120000",

@@ -113,7 +113,7 @@ class RegionsFleet:
     PAIRS = (("us", "eu"), ("us", "ap"), ("eu", "ap"))
 
     def __init__(self, dc: str, emulator: str, work: Path, *, trees: int | str, rate_mbit: float, delay_ms: float,
-                 workers: int, sysctls: dict[str, str] | None = None):
+                 workers: int, sysctls: dict[str, str] | None = None, timing: dict[str, int] | None = None):
         self.dc, self.work, self.rate_mbit, self.delay_ms = dc, work / f"fleet-{trees}", rate_mbit, delay_ms
         self.work.mkdir(parents=True, exist_ok=True)
         regions = [{"name": "us", "workers": 1, "relays": 0}] + \
@@ -139,7 +139,8 @@ class RegionsFleet:
             endpoints = {n: f"tcp://{self.net.addr(n)}:{self.PORT}" for n in self.nodes}
             (self.work / "endpoints.json").write_text(json.dumps(endpoints))
             init = subprocess.run([dc, "fleet-init", "-o", str(self.work / "configs"), "--fleet", str(self.work / "fleet.json"),
-                                   "--endpoints", str(self.work / "endpoints.json"), "--trees", str(trees)],
+                                   "--endpoints", str(self.work / "endpoints.json"), "--trees", str(trees),
+                                   *(["--timing", json.dumps(timing)] if timing else [])],
                                   capture_output=True, text=True)
             if init.returncode != 0:
                 raise RuntimeError(f"fleet-init failed: {init.stderr}")

@@ -117,6 +117,33 @@ Status apply_limits(const json& limits, LoadedNode& out) {
   return Status::ok();
 }
 
+// A config file's "timing": how often a node says it is alive, and how long the silence or the
+// stall it waits out before it gives a peer or a transfer up. Every parent and child of a fleet
+// should agree: a child's parent timeout must span several of its parents' heartbeats.
+Status apply_timing_object(const json& timing, runtime::NodeConfig& n) {
+  if (!timing.is_object()) return Status::invalid_argument("must be an object");
+  constexpr std::uint64_t kDayMs = 24ull * 3600 * 1000;
+  const std::map<std::string, std::uint64_t*> fields = {
+      {"heartbeat_ms", &n.heartbeat_ms},       {"parent_timeout_ms", &n.parent_timeout_ms}, {"child_timeout_ms", &n.child_timeout_ms},
+      {"need_after_ms", &n.need_after_ms},     {"parent_return_ms", &n.parent_return_ms},
+  };
+  for (auto it = timing.begin(); it != timing.end(); ++it) {
+    auto field = fields.find(it.key());
+    if (field == fields.end()) return Status::invalid_argument("unknown field \"" + it.key() + "\"");
+    // parent_return_ms may be 0 (stay on a fallback); the rest are at least a millisecond.
+    const std::uint64_t min = it.key() == "parent_return_ms" ? 0 : 1;
+    if (!it.value().is_number_unsigned() || it.value().get<std::uint64_t>() < min || it.value().get<std::uint64_t>() > kDayMs)
+      return Status::invalid_argument(it.key() + ": " + std::to_string(min) + " to " + std::to_string(kDayMs) + " milliseconds");
+    *field->second = it.value().get<std::uint64_t>();
+  }
+  // A peer heard from less than twice in its timeout would be given up between two heartbeats.
+  for (auto [name, ms] : {std::pair{"parent_timeout_ms", n.parent_timeout_ms}, std::pair{"child_timeout_ms", n.child_timeout_ms}})
+    if (ms < 2 * n.heartbeat_ms)
+      return Status::invalid_argument(std::string(name) + " (" + std::to_string(ms) + ") must be at least twice heartbeat_ms (" +
+                                      std::to_string(n.heartbeat_ms) + ")");
+  return Status::ok();
+}
+
 // tcp://HOST:PORT with PORT 1-65535 (or * to listen on any free port); ipc:// and inproc:// as
 // ZeroMQ takes them. ZeroMQ itself would take port 99999 modulo 65536 without a word.
 Status check_endpoint(const std::string& endpoint, const char* what, bool listening) {
@@ -159,7 +186,7 @@ Result<NodeSettings> read_node_settings(const std::string& path) {
   static const std::set<std::string> known = {"id",        "listen",   "parents",  "cache_size", "queue_size", "keys",
                                               "parent_keys", "allow_keys", "log_level", "relay",  "metrics",    "in_place",
                                               "sign_key",  "trust_keys", "shard_keys", "limits", "stripes", "congestion_control",
-                                              "scrub_rate", "trees", "tree_parent_keys"};
+                                              "scrub_rate", "trees", "tree_parent_keys", "timing"};
   for (auto it = j.begin(); it != j.end(); ++it)
     if (!known.count(it.key())) return Status::invalid_argument(path + ": unknown field \"" + it.key() + "\"");
   for (Status st : {get(j, "id", o.node_id), get(j, "listen", o.listen), get(j, "parents", o.parents), get(j, "cache_size", o.cache_size),
@@ -170,6 +197,7 @@ Result<NodeSettings> read_node_settings(const std::string& path) {
                     get(j, "trees", o.trees), get(j, "tree_parent_keys", o.tree_parent_keys)})
     if (!st.is_ok()) return st.with_context(path);
   if (j.contains("limits")) o.limits_json = j["limits"].dump();
+  if (j.contains("timing")) o.timing_json = j["timing"].dump();
   return o;
 }
 
@@ -185,6 +213,7 @@ void overlay_node_settings(NodeSettings& o, const NodeSettings& flags) {
   if (!flags.allow_keys.empty()) o.allow_keys = flags.allow_keys;
   if (!flags.metrics.empty()) o.metrics = flags.metrics;
   if (!flags.limits_json.empty()) o.limits_json = flags.limits_json;
+  if (!flags.timing_json.empty()) o.timing_json = flags.timing_json;
   if (flags.relay) o.relay = true;
   if (flags.in_place) o.in_place = true;
   if (!flags.scrub_rate.empty()) o.scrub_rate = flags.scrub_rate;
@@ -194,6 +223,12 @@ void overlay_node_settings(NodeSettings& o, const NodeSettings& flags) {
   if (!flags.log_level.empty()) o.log_level = flags.log_level;
   if (flags.stripes != 0) o.stripes = flags.stripes;
   if (!flags.congestion_control.empty()) o.congestion_control = flags.congestion_control;
+}
+
+Status apply_timing(const std::string& timing_json, runtime::NodeConfig& node) {
+  const json j = json::parse(timing_json, nullptr, false);
+  if (j.is_discarded()) return Status::invalid_argument("not JSON");
+  return apply_timing_object(j, node);
 }
 
 Result<LoadedNode> load_node_config(const std::string& path, bool worker) {
@@ -260,6 +295,7 @@ Result<LoadedNode> load_node(const NodeSettings& s, bool worker) {
   out.host.bind_endpoint = o.listen;
   out.host.metrics_listen = o.metrics;
   if (!o.limits_json.empty()) DC_RETURN_IF_ERROR(apply_limits(nlohmann::json::parse(o.limits_json), out).with_context("config \"limits\""));
+  if (!o.timing_json.empty()) DC_RETURN_IF_ERROR(apply_timing(o.timing_json, out.node).with_context("config \"timing\""));
   if (!o.cache_size.empty()) {
     DC_ASSIGN_OR_RETURN(out.node.cache_bytes_max, parse_bytes(o.cache_size));
   }

@@ -29,6 +29,7 @@ struct NodeSettings {
   std::vector<std::string> allow_keys;    // children's public keys allowed to connect
   std::string metrics;                    // host:port for GET /metrics
   std::string limits_json;                // the "limits" object, as JSON text
+  std::string timing_json;                // the "timing" object (heartbeats, timeouts), as JSON text
   std::string sign_key_path;              // origin, trainer shards: Ed25519 key file (deltacast keygen --sign)
   std::vector<std::string> trust_keys;    // relays, workers: publishers' public keys (hex, or key files)
   std::vector<std::string> shard_keys;    // origin merging shards: the shards' public keys
@@ -54,6 +55,9 @@ void overlay_node_settings(NodeSettings& base, const NodeSettings& over);
 Result<LoadedNode> load_node(const NodeSettings& s, bool worker);
 // read_node_settings, then load_node.
 Result<LoadedNode> load_node_config(const std::string& path, bool worker);
+// Applies a config's "timing" object (JSON text: heartbeat_ms, parent_timeout_ms,
+// child_timeout_ms, need_after_ms, parent_return_ms) to `node`, checking each field.
+Status apply_timing(const std::string& timing_json, runtime::NodeConfig& node);
 
 // The parents' CURVE keys in the order of NodeConfig::upstream_trees(): one per parent of
 // `trees`, in the same shape. Empty `tree_parent_keys`: none.

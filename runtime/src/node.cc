@@ -726,8 +726,7 @@ bool Node::quiet() const {
   if (rebuild_ && (rebuild_->busy() || rebuild_->need_anchor())) return false;
   if (has_parents() && !every_parent_welcomed()) return false;
   if (cache_.bytes() > cache_.bytes_max()) return false;
-  for (const auto& [key, v] : cache_.entries())
-    if (!v.complete()) return false;
+  if (cache_.incomplete() > 0) return false;
   // Versions the parent has that request_missing() would ask for.
   const std::uint64_t have = config_.reconstruct ? current_version() : cache_.newest_version();
   if (has_parents() && usable_parent_newest() > have && (have > 0 || config_.reconstruct)) return false;

@@ -37,6 +37,7 @@ Result<CachedVersion*> VersionCache::add_manifest(const VersionKey& key, SharedB
   v.last_activity_ms = now_ms;
   bytes_ += v.bytes;
   auto [it, inserted] = entries_.emplace(key, std::move(v));
+  if (!it->second.complete()) incomplete_++;
   return &it->second;
 }
 
@@ -54,6 +55,7 @@ Result<bool> VersionCache::add_chunk(const VersionKey& key, std::uint32_t index,
     return Status::corruption(to_string(key) + " chunk " + std::to_string(index) + ": payload does not match its signed digest");
   v->chunks[index] = std::move(payload);
   v->present++;
+  if (v->complete()) incomplete_--;
   v->bytes += e.payload_bytes;
   v->last_activity_ms = now_ms;
   bytes_ += e.payload_bytes;
@@ -66,6 +68,7 @@ void VersionCache::drop_chunk(const VersionKey& key, std::uint32_t index) {
   v->bytes -= v->chunks[index]->size();
   bytes_ -= v->chunks[index]->size();
   v->chunks[index].reset();
+  if (v->complete()) incomplete_++;
   v->present--;
 }
 
@@ -74,12 +77,14 @@ void VersionCache::erase(const VersionKey& key) {
   if (it == entries_.end()) return;
   bytes_ -= it->second.bytes;
   if (last_found_ == &it->second) last_found_ = nullptr;
+  if (!it->second.complete()) incomplete_--;
   entries_.erase(it);
 }
 
 void VersionCache::clear() {
   entries_.clear();
   bytes_ = 0;
+  incomplete_ = 0;
   last_found_ = nullptr;
 }
 

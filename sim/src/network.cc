@@ -32,10 +32,45 @@ void EventQueue::Functions::fire(std::uint64_t slot) {
   fn();
 }
 
+void EventQueue::push(std::uint64_t t_us, Target* target, std::uint64_t arg) {
+  const Event e{std::max(t_us, now_), seq_++, target, arg};
+  std::size_t i = queue_.size();
+  queue_.push_back(e);
+  while (i > 0) {  // up while it comes before its parent
+    const std::size_t parent = (i - 1) / kArity;
+    if (!e.before(queue_[parent])) break;
+    queue_[i] = queue_[parent];
+    i = parent;
+  }
+  queue_[i] = e;
+}
+
+EventQueue::Event EventQueue::pop() {
+  const Event top = queue_.front();
+  const Event last = queue_.back();
+  queue_.pop_back();
+  const std::size_t n = queue_.size();
+  if (n == 0) return top;
+  std::size_t i = 0;
+  for (;;) {  // the last event sinks from the root while a child comes before it
+    const std::size_t first = kArity * i + 1;
+    if (first >= n) break;
+    std::size_t best = first;
+    const std::size_t end = std::min(first + kArity, n);
+    for (std::size_t c = first + 1; c < end; ++c)
+      if (queue_[c].before(queue_[best])) best = c;
+    if (!queue_[best].before(last)) break;
+    queue_[i] = queue_[best];
+    i = best;
+  }
+  queue_[i] = last;
+  return top;
+}
+
 bool EventQueue::run_until(std::uint64_t t_us, const std::function<bool()>& stop) {
-  while (!queue_.empty() && queue_.top().t <= t_us) {
-    const Event e = queue_.top();
-    queue_.pop();
+  while (!queue_.empty() && queue_.front().t <= t_us) {
+    const Event e = pop();
+    if (!queue_.empty()) queue_.front().target->prefetch(queue_.front().arg);
     now_ = e.t;
     e.target->fire(e.arg);
     executed_++;
@@ -215,24 +250,25 @@ struct Network::Impl {
     task->done();
     wake(static_cast<int>(i));
   }
-  struct NodeState {
-    runtime::NodeConfig config;
-    std::string region;
-    topology::Nic nic;
-    std::unique_ptr<SimTransport> transport;
-    std::unique_ptr<SimTasks> tasks;
-    std::unique_ptr<runtime::Node> node;
+  // What every message and event reads comes first, in two cache lines; the config last.
+  struct alignas(64) NodeState {
     bool alive = false;
-    std::uint64_t generation = 0;
-    double uplink_free_us = 0, downlink_free_us = 0;
-    double ingress_delay_ms = 0;
-    std::uint64_t tick_seq = 0;      // the scheduled tick; an earlier one replaces it
-    std::uint64_t next_tick_us = 0;
+    bool waiting = false;            // added with Placement::start_later, not started yet
     int cpu = -1;                    // its host's cores (none without a CPU model)
     std::uint32_t stripes = 1;       // TCP connections to each parent
+    std::uint64_t generation = 0;
+    std::uint64_t tick_seq = 0;      // the scheduled tick; an earlier one replaces it
+    std::uint64_t next_tick_us = 0;
+    topology::Nic nic;
+    double uplink_free_us = 0, downlink_free_us = 0;
+    double ingress_delay_ms = 0;
     double wan_bytes_per_s = 0;      // Placement::wan_bytes_per_s
     double wan_out_free_us = 0, wan_in_free_us = 0;
-    bool waiting = false;            // added with Placement::start_later, not started yet
+    std::unique_ptr<runtime::Node> node;
+    std::unique_ptr<SimTasks> tasks;
+    std::unique_ptr<SimTransport> transport;
+    runtime::NodeConfig config;
+    std::string region;
     std::shared_ptr<runtime::ModelVersion> restore_at_start;  // for a waiting node
   };
   // One TCP connection's sending side (TcpOptions).
@@ -244,28 +280,43 @@ struct Network::Impl {
     double cubic_w_max = 0, cubic_epoch_us = 0;  // the window at the last loss, and when
   };
   struct Link {
+    // What a delivery or a send reads, together.
     int from = 0, to = -1;
     PeerId reverse = 0;
     bool open = true;
-    std::deque<std::pair<double, std::uint64_t>> pending;  // (leaves at, bytes) not yet left
-    // Messages on their way, in arrival order (a link never reorders), with the receiver's
-    // generation when sent; each delivery event takes the oldest.
-    std::deque<std::pair<std::uint64_t, Message>> in_flight;
-    std::uint64_t queued = 0;
     bool refused = false;  // refused a message; the sender is told when the queue is half empty
+    bool across = false;   // between regions
+    std::uint64_t queued = 0;
     double last_arrival_us = 0;
     double link_free_us = 0;
     topology::Link spec;
     std::vector<int> pipes;  // WAN links crossed
     std::uint64_t* bytes_between = nullptr;  // Stats::bytes_between of its pair of regions
-    std::vector<Tcp> tcp;    // its connections, with TCP modelled; messages dealt in turn
+    // Its connections, with TCP modelled (messages dealt in turn): one kept here (the common
+    // case, read with the rest of the link), more in `tcp_more`.
+    std::uint32_t connections = 0;
     std::size_t next_tcp = 0;
+    Tcp tcp_one;
+    std::deque<std::pair<double, std::uint64_t>> pending;  // (leaves at, bytes) not yet left
+    std::vector<Tcp> tcp_more;
+    Tcp& tcp(std::size_t i) { return connections == 1 ? tcp_one : tcp_more[i]; }
   };
   struct Pipe {
     double bytes_per_s = 0;
     double free_us = 0;
     bool cut = false;
   };
+
+  // Messages on their way, each in a slot its delivery event names with its link (both fit
+  // 32 bits: each takes over 100 bytes, so 2^32 of either would not fit in memory); no allocation per
+  // message: slots are reused, the last freed first). A link never reorders: its arrival
+  // times never decrease, and events due at once run in the order they were scheduled.
+  struct Flight {
+    std::uint64_t generation = 0;  // of the receiver when sent
+    Message message;
+  };
+  std::vector<Flight> flights;
+  std::vector<std::uint32_t> free_flights;
 
   std::vector<NodeState> nodes;
   std::map<std::string, int> by_id;
@@ -374,14 +425,17 @@ struct Network::Impl {
       const Route& back = route(nodes[to].region, nodes[self].region);
       b.spec = back.link;
       b.pipes = back.pipes;
+      a.across = b.across = nodes[self].region != nodes[to].region;
       a.bytes_between = &net.stats_.bytes_between[{nodes[self].region, nodes[to].region}];
       b.bytes_between = &net.stats_.bytes_between[{nodes[to].region, nodes[self].region}];
     } else {
       a.open = b.open = false;  // nobody there: what is sent vanishes, as into a dead endpoint
     }
     if (opt.tcp.modelled) {  // the child's connections to its parent
-      a.tcp.resize(nodes[self].stripes);
-      b.tcp.resize(nodes[self].stripes);
+      for (Link* l : {&a, &b}) {
+        l->connections = nodes[self].stripes;
+        if (l->connections > 1) l->tcp_more.resize(l->connections);
+      }
     }
     links.push_back(std::move(a));
     links.push_back(std::move(b));
@@ -484,13 +538,14 @@ struct Network::Impl {
   // The connection a link's next message (or part) goes on: the next in turn, unless another is
   // further ahead (the runtime deals them in turn, passing over a connection whose queue is full).
   Tcp& next_connection(Link& l) {
-    std::size_t best = l.next_tcp % l.tcp.size();
-    for (std::size_t k = 1; k < l.tcp.size(); ++k) {
-      const std::size_t i = (l.next_tcp + k) % l.tcp.size();
-      if (l.tcp[i].free_us < l.tcp[best].free_us) best = i;
+    if (l.connections == 1) return l.tcp_one;
+    std::size_t best = l.next_tcp % l.connections;
+    for (std::size_t k = 1; k < l.connections; ++k) {
+      const std::size_t i = (l.next_tcp + k) % l.connections;
+      if (l.tcp(i).free_us < l.tcp(best).free_us) best = i;
     }
     l.next_tcp = best + 1;
-    return l.tcp[best];
+    return l.tcp(best);
   }
 
   struct PathTiming {
@@ -518,7 +573,7 @@ struct Network::Impl {
     double bottleneck = std::min({src.nic.uplink_bytes_per_s, l.spec.bytes_per_s, dst.nic.downlink_bytes_per_s});
     for (int p : l.pipes) bottleneck = std::min(bottleneck, pipes[p].bytes_per_s);
     // A host's allowance across regions (a per-instance WAN cap) is one more resource on the way.
-    const bool across = src.region != dst.region;
+    const bool across = l.across;
     const double src_wan = across ? src.wan_bytes_per_s : 0, dst_wan = across ? dst.wan_bytes_per_s : 0;
     if (src_wan > 0) bottleneck = std::min(bottleneck, src_wan);
     if (dst_wan > 0) bottleneck = std::min(bottleneck, dst_wan);
@@ -544,9 +599,9 @@ struct Network::Impl {
     t.leaves_us = small ? now : std::max(now, through - bytes / bottleneck * 1e6);
     const double rtt_us = 2 * l.spec.latency_ms * 1e3;
     bool lost = false;
-    if (!l.tcp.empty()) {  // its connections' windows may be slower still
+    if (l.connections > 0) {  // its connections' windows may be slower still
       // On several connections a large payload goes in parts, each on the next connection.
-      const double part = l.tcp.size() > 1 ? opt.tcp.stripe_part_bytes : bytes;
+      const double part = l.connections > 1 ? opt.tcp.stripe_part_bytes : bytes;
       double start_us = std::numeric_limits<double>::infinity(), end_us = 0;
       for (double sent = 0; sent < bytes; sent += part) {
         const TcpPass pass = tcp_send(next_connection(l), std::min(part, bytes - sent), now, rtt_us, l.spec.loss);
@@ -612,15 +667,28 @@ struct Network::Impl {
       net.stats_.messages_lost++;
       return true;  // accepted, never delivered: the connection broke under it
     }
-    l.in_flight.emplace_back(dst.generation, m);
-    net.events_.at(static_cast<std::uint64_t>(std::ceil(arrival)), deliveries, peer);
+    std::uint32_t slot = static_cast<std::uint32_t>(flights.size());
+    if (free_flights.empty()) {
+      flights.push_back(Flight{dst.generation, m});
+    } else {
+      slot = free_flights.back();
+      free_flights.pop_back();
+      Flight& f = flights[slot];
+      f.generation = dst.generation;
+      f.message = m;
+    }
+    net.events_.at(static_cast<std::uint64_t>(std::ceil(arrival)), deliveries, peer << 32 | slot);
     return true;
   }
 
-  void deliver(PeerId peer) {
+  void deliver(std::uint64_t arg) {  // the link (PeerId) in the high word, the slot in the low
+    const PeerId peer = arg >> 32;
+    const std::uint32_t slot = arg & 0xffffffffu;
+    Flight& f = flights[slot];
+    const std::uint64_t gen = f.generation;
+    const Message m = std::move(f.message);  // what stays behind holds no payload
+    free_flights.push_back(slot);
     Link& dl = links[peer];
-    const auto [gen, m] = std::move(dl.in_flight.front());
-    dl.in_flight.pop_front();
     bool cut = false;  // a partition that began while it was on its way
     for (int p : dl.pipes) cut |= pipes[p].cut;
     if (!dl.open || cut || !current(dl.to, gen)) {
@@ -672,16 +740,29 @@ struct Network::Impl {
   }
 
   // The events that come by the million go to these, with a word each (no allocation).
-  template <void (Impl::*F)(std::uint64_t)>
+  // What the next event reads first (EventQueue::Target::prefetch).
+  void prefetch_delivery(std::uint64_t arg) {
+    __builtin_prefetch(&flights[arg & 0xffffffffu]);
+    __builtin_prefetch(&links[arg >> 32]);
+  }
+  void prefetch_node(std::uint64_t key) {  // its first two lines: all that events read first
+    const auto* n = reinterpret_cast<const char*>(&nodes[key >> 32]);
+    __builtin_prefetch(n);
+    __builtin_prefetch(n + 64);
+  }
+  void prefetch_none(std::uint64_t) {}
+
+  template <void (Impl::*F)(std::uint64_t), void (Impl::*P)(std::uint64_t)>
   struct Handler final : EventQueue::Target {
     Impl* impl;
     explicit Handler(Impl* i) : impl(i) {}
     void fire(std::uint64_t arg) override { (impl->*F)(arg); }
+    void prefetch(std::uint64_t arg) override { (impl->*P)(arg); }
   };
-  Handler<&Impl::deliver> deliveries{this};
-  Handler<&Impl::finish_task> task_ends{this};
-  Handler<&Impl::cpu_ends> cpu_ends_{this};
-  Handler<&Impl::tick> ticks{this};
+  Handler<&Impl::deliver, &Impl::prefetch_delivery> deliveries{this};
+  Handler<&Impl::finish_task, &Impl::prefetch_node> task_ends{this};
+  Handler<&Impl::cpu_ends, &Impl::prefetch_none> cpu_ends_{this};
+  Handler<&Impl::tick, &Impl::prefetch_node> ticks{this};
 };
 
 Network::Network(topology::FleetSpec fleet, NetworkOptions options)

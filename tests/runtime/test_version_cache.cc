@@ -79,3 +79,34 @@ TEST_CASE("eviction keeps the bound, the newest version and the anchor chain", "
   CHECK_FALSE(c.find({1, true}));
   CHECK_FALSE(c.find({2, false}));
 }
+
+TEST_CASE("the cache counts the versions with chunks missing as chunks come, go and versions leave", "[runtime][cache]") {
+  VersionCache c(1 << 24);
+  auto count_by_walk = [&c] {
+    std::size_t n = 0;
+    for (const auto& [k, v] : c.entries()) n += v.complete() ? 0 : 1;
+    return n;
+  };
+  auto ev = encoded(3, false);
+  REQUIRE(c.add_manifest({3, false}, share(serialize_manifest(ev.manifest)), 0).is_ok());
+  add(c, 2, true, /*chunks=*/false);
+  CHECK(c.incomplete() == 2);
+  for (std::uint32_t i = 0; i < ev.payloads.size(); ++i) REQUIRE(*c.add_chunk({3, false}, i, share(ev.payloads[i]), 0));
+  CHECK(c.incomplete() == 1);
+  CHECK_FALSE(*c.add_chunk({3, false}, 0, share(ev.payloads[0]), 0));  // a duplicate changes nothing
+  CHECK(c.incomplete() == 1);
+  c.drop_chunk({3, false}, 2);
+  c.drop_chunk({3, false}, 1);
+  CHECK(c.incomplete() == 2);
+  c.erase({2, true});
+  CHECK(c.incomplete() == 1);
+  VersionCache copy = c;
+  CHECK(copy.incomplete() == 1);
+  REQUIRE(*c.add_chunk({3, false}, 1, share(ev.payloads[1]), 0));
+  REQUIRE(*c.add_chunk({3, false}, 2, share(ev.payloads[2]), 0));
+  CHECK(c.incomplete() == 0);
+  CHECK(c.incomplete() == count_by_walk());
+  CHECK(copy.incomplete() == 1);
+  c.clear();
+  CHECK(c.incomplete() == 0);
+}

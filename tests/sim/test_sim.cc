@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <map>
+#include <random>
+#include <tuple>
 
 #include "deltacast/sim/network.h"
 #include "deltacast/sim/scenario.h"
@@ -444,4 +446,41 @@ TEST_CASE("a per-host WAN cap holds in the simulator, and trees spread a region'
   CHECK(m.name.find("2 trees") != std::string::npos);
   CHECK(m.max_s < 1.1 * (bytes / 2.5e8 + 0.02));
   CHECK(m.lower_bound_s == Approx(bytes / 2.5e8 + 0.0205).epsilon(0.01));
+}
+
+TEST_CASE("the event queue runs events in time order, those due at once in the order they were scheduled", "[sim]") {
+  EventQueue q;
+  struct Recorder final : EventQueue::Target {
+    EventQueue* q = nullptr;
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> fired;  // (time, id)
+    std::uint64_t prefetched = 0;
+    std::mt19937_64 rng{7};
+    std::uint64_t next_id = 1000000;
+    std::vector<std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>> scheduled;  // (time, order, id)
+    void schedule(std::uint64_t t, std::uint64_t id) {
+      scheduled.emplace_back(std::max(t, q->now_us()), scheduled.size(), id);
+      q->at(t, *this, id);
+    }
+    void fire(std::uint64_t id) override {
+      fired.emplace_back(q->now_us(), id);
+      // Some events schedule more, now (a tie with what is due) or later.
+      if (id % 3 == 0 && fired.size() < 40000) schedule(q->now_us() + rng() % 50, next_id++);
+    }
+    void prefetch(std::uint64_t) override { prefetched++; }
+  } r;
+  r.q = &q;
+  for (std::uint64_t id = 0; id < 20000; ++id) r.schedule(r.rng() % 1000, id);  // many ties
+  REQUIRE(q.run_until(500));
+  CHECK(q.now_us() == 500);
+  for (const auto& [t, id] : r.fired) CHECK(t <= 500);
+  REQUIRE(q.run_until(1u << 30));
+  CHECK(q.pending() == 0);
+  auto expected = r.scheduled;
+  std::sort(expected.begin(), expected.end());
+  REQUIRE(r.fired.size() == expected.size());
+  bool in_order = true;
+  for (std::size_t i = 0; i < expected.size(); ++i)
+    in_order &= r.fired[i] == std::make_pair(std::get<0>(expected[i]), std::get<2>(expected[i]));
+  CHECK(in_order);
+  CHECK(r.prefetched * 10 > r.fired.size() * 9);  // every event that had one after it was hinted
 }

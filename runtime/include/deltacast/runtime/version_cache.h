@@ -32,7 +32,7 @@ class VersionCache {
       : cache_bytes_max_(cache_bytes_max), verify_payloads_(verify_payloads), limits_(limits) {}
   // Copies and moves forget the lookup memo, which points into the map it came from.
   VersionCache(const VersionCache& o)
-      : cache_bytes_max_(o.cache_bytes_max_), verify_payloads_(o.verify_payloads_), limits_(o.limits_), bytes_(o.bytes_), entries_(o.entries_) {}
+      : cache_bytes_max_(o.cache_bytes_max_), verify_payloads_(o.verify_payloads_), limits_(o.limits_), bytes_(o.bytes_), incomplete_(o.incomplete_), entries_(o.entries_) {}
   VersionCache& operator=(const VersionCache& o) {
     VersionCache copy(o);
     swap(copy);
@@ -48,6 +48,7 @@ class VersionCache {
     std::swap(verify_payloads_, o.verify_payloads_);
     std::swap(limits_, o.limits_);
     std::swap(bytes_, o.bytes_);
+    std::swap(incomplete_, o.incomplete_);
     entries_.swap(o.entries_);
     last_found_ = o.last_found_ = nullptr;
   }
@@ -84,6 +85,8 @@ class VersionCache {
   std::vector<VersionKey> evict(const std::vector<VersionKey>& pinned = {});
 
   std::uint64_t bytes() const { return bytes_; }
+  // Versions with chunks still missing (kept as they change: asked after every event).
+  std::size_t incomplete() const { return incomplete_; }
   std::uint64_t bytes_max() const { return cache_bytes_max_; }
   const std::map<VersionKey, CachedVersion>& entries() const { return entries_; }
 
@@ -92,6 +95,7 @@ class VersionCache {
   bool verify_payloads_ = true;
   ManifestLimits limits_;
   std::uint64_t bytes_ = 0;
+  std::size_t incomplete_ = 0;
   CachedVersion* last_found_ = nullptr;  // see find()
   std::map<VersionKey, CachedVersion> entries_;
 };

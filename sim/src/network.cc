@@ -307,10 +307,11 @@ struct Network::Impl {
     bool cut = false;
   };
 
-  // Messages on their way, each in a slot its delivery event names with its link (both fit
-  // 32 bits: each takes over 100 bytes, so 2^32 of either would not fit in memory); no allocation per
-  // message: slots are reused, the last freed first). A link never reorders: its arrival
-  // times never decrease, and events due at once run in the order they were scheduled.
+  // Messages on their way, each in a slot that its delivery event names with its link; slots
+  // are reused, the last freed first, so a message allocates nothing. Each index fits 32 bits
+  // (a slot or a link takes over 100 bytes: 2^32 of either would not fit in memory). A link
+  // never reorders: its arrival times never decrease, and events due at once run in the order
+  // they were scheduled.
   struct Flight {
     std::uint64_t generation = 0;  // of the receiver when sent
     Message message;

@@ -705,8 +705,9 @@ struct Network::Impl {
       add_work(dl.to, kReceive, std::move(w));
       return;
     }
-    nodes[dl.to].node->on_message(dl.reverse, m);
-    wake(dl.to);
+    const int to = dl.to;  // on_message may connect, adding links: `dl` may move
+    nodes[to].node->on_message(dl.reverse, m);
+    wake(to);
   }
 
   // Tells the sender once the queue it filled is half empty (Transport::send's contract).

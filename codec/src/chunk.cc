@@ -719,6 +719,20 @@ ChunkPatch patch_of(std::span<const Segment> segments, std::span<const std::uint
   return patch;
 }
 
+Bytes gather_elements(std::span<const Segment> segments, std::span<const std::uint32_t> changed, ByteSpan range) {
+  Bytes out;
+  out.reserve(changed.size() * 2);
+  std::size_t seg = 0;
+  std::uint64_t seg_end = segments.empty() ? 0 : segments[0].bytes;
+  for (const std::uint32_t at : changed) {
+    while (seg + 1 < segments.size() && at >= seg_end) seg_end += segments[++seg].bytes;
+    const std::uint32_t size = segments.empty() ? 1 : segments[seg].elem_size;
+    if (std::uint64_t{at} + size > range.size()) break;  // not an element of this range: the caller sees fewer
+    out.insert(out.end(), range.begin() + at, range.begin() + at + size);
+  }
+  return out;
+}
+
 Status base_mismatch(std::optional<std::uint64_t> base_version) {
   std::string message(kBaseMismatch);
   if (base_version) message += " (version " + std::to_string(*base_version) + ")";

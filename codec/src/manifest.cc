@@ -43,6 +43,23 @@ std::string to_string(const RunId& run) {
   return buf;
 }
 
+Result<RunId> parse_run_id(std::string_view text) {
+  if (text == "none") return RunId{};
+  const auto invalid = [&] { return Status::invalid_argument("not a run id: \"" + std::string(text.substr(0, 64)) + "\" (<hex>-<16 hex digits>, or none)"); };
+  const std::size_t dash = text.find('-');
+  if (dash == std::string_view::npos || dash == 0 || dash > 16 || text.size() - dash - 1 != 16) return invalid();
+  RunId run;
+  for (const auto& [part, out] : {std::pair{text.substr(0, dash), &run.started_us}, std::pair{text.substr(dash + 1), &run.nonce}}) {
+    for (const char c : part) {
+      const int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+      if (digit < 0) return invalid();
+      *out = (*out << 4) | static_cast<std::uint64_t>(digit);
+    }
+  }
+  if (run.empty()) return invalid();
+  return run;
+}
+
 Status check_manifest_limits(const Manifest& m, const ManifestLimits& limits) {
   if (m.image_size > limits.image_bytes_max)
     return Status::resource_exhausted("manifest describes an image of " + std::to_string(m.image_size) + " bytes, above the limit of " +

@@ -157,8 +157,22 @@ void ChildServer::on_hello(PeerId from, const Hello& hello) {
     drop(from, "said Hello twice on one link");
     return;
   }
+  // One live process per node id (per tree of it): another process claiming an id a live child
+  // holds is refused, and the one that holds it keeps it. A restarted process's old link is gone
+  // (its connection closed) or goes after child_timeout_ms.
+  for (const auto& [peer, other] : children_) {
+    if (other.node_id != hello.node_id || other.tree != hello.tree || other.instance == hello.instance) continue;
+    const std::string why = "node id " + hello.node_id + " is held by another live process at " + config.node_id +
+                            ": give every worker its own id";
+    ctx_.log(LogLevel::kWarn, "refused a second process claiming " + hello.node_id);
+    ctx_.send(from, Refuse{why, /*id_taken=*/true});
+    ctx_.transport.disconnect(from);
+    owner_.id_taken(hello.node_id, why);
+    return;
+  }
   Child& c = children_[from];
   c.node_id = hello.node_id;
+  c.instance = hello.instance;
   c.role = hello.role;
   c.serves_children = hello.serves_children;
   c.tree = hello.tree;

@@ -32,6 +32,8 @@ class ChildServer {
     virtual void request_anchor(std::uint64_t newer_than) = 0;
     // A version a child asked for that is not here: fetched from upstream.
     virtual void fetch(const Need& need) = 0;
+    // A second live process claiming node id `node_id` was refused: said to the fleet ledger.
+    virtual void id_taken(const std::string& node_id, const std::string& why) = 0;
   };
 
   struct Backlog {
@@ -40,6 +42,7 @@ class ChildServer {
   };
   struct Child {
     std::string node_id;
+    std::uint64_t instance = 0;  // Hello::instance
     Role role = Role::kWorker;
     bool serves_children = false;  // may pass up Ready messages of nodes below it
     // The tree of a multi-tree fleet this link belongs to, of how many (Hello::tree).

@@ -5,7 +5,28 @@ namespace deltacast::runtime {
 bool FleetLedger::record(const Report& r, std::uint64_t now_ms) {
   if (!entries_.count(r.node_id) && entries_.size() >= entries_max_) return false;
   LedgerEntry& e = entries_[r.node_id];
+  if (r.id_taken) {  // about the id, not from the process that holds it
+    e.duplicates++;
+    if (!r.error.empty()) e.last_error = r.error.substr(0, kErrorBytesMax);
+    return true;
+  }
   e.left = false;
+  // Two live processes under one id, reporting through different parents, take turns; a
+  // restarted one comes with a new instance and never turns back to the old.
+  if (r.instance != 0 && r.instance != e.instance) {
+    if (r.instance == e.previous_instance) {
+      e.duplicates++;
+      e.last_error = ("two live processes report as " + r.node_id + ": give every worker its own id").substr(0, kErrorBytesMax);
+    }
+    e.previous_instance = e.instance;
+    e.instance = r.instance;
+  }
+  if (r.model.reported) e.model = r.model;
+  if (r.version == 0) {
+    if (!r.error.empty()) e.last_error = r.error.substr(0, kErrorBytesMax);
+    e.updated_ms = now_ms;
+    return true;
+  }
   if (r.run != e.run || r.version >= e.version) {
     // A report of the version it had (a worker back after a restart) may not know its timing.
     if (r.run != e.run || r.version != e.version || r.publish_to_ready_ms) e.publish_to_ready_ms = r.publish_to_ready_ms;

@@ -25,6 +25,14 @@ class Node::Hooks final : public ChildServer::Owner, public Reconstructor::Owner
   }
   void request_anchor(std::uint64_t newer_than) override { node_.request_anchor(newer_than); }
   void fetch(const Need& need) override { node_.send_need(need); }
+  void id_taken(const std::string& node_id, const std::string& why) override {
+    Ready r;
+    r.node_id = node_id;
+    r.error = why;
+    r.id_taken = true;
+    if (node_.has_parents()) node_.send_to_parent(r);
+    else node_.record_ready(r);
+  }
   void request_anchor() override { node_.request_anchor(node_.anchor_floor()); }
   void discarded() override { node_.discards_++; }
   void refetch(const Need& need) override { node_.send_need(need); }
@@ -96,6 +104,9 @@ void Node::start() {
 }
 
 std::shared_ptr<const ModelVersion> Node::current() const { return rebuild_ ? rebuild_->current() : nullptr; }
+void Node::hold_history_from(const RunId& run, std::uint64_t version) {
+  if (rebuild_) rebuild_->hold_history_from(run, version);
+}
 std::uint64_t Node::current_version() const { return rebuild_ ? rebuild_->held_version() : 0; }
 bool Node::outbox_empty() const { return !shard_out_ || shard_out_->outbox_empty(); }
 std::size_t Node::slices_retained() const { return shard_out_ ? shard_out_->retained() : 0; }
@@ -196,6 +207,7 @@ Hello Node::make_hello(std::uint32_t tree, std::uint32_t trees) const {
   hello.tree = tree;
   hello.trees = trees;
   hello.node_id = config_.node_id;
+  hello.instance = config_.instance;
   hello.role = config_.shard_count > 0 ? Role::kPublisher : config_.reconstruct ? Role::kWorker : Role::kRelay;
   hello.serves_children = config_.serve_children;
   // A relay has nothing exposed; it reports the newest version it holds completely so the
@@ -316,6 +328,13 @@ void Node::handle_parent(UpstreamLink& link, const Message& m) {
   } else if (const auto* refuse = std::get_if<Refuse>(&m)) {
     ctx_->set_error("parent " + link.endpoint() + " refused us: " + refuse->reason);
     link.give_up();
+    if (refuse->id_taken) {
+      // No parent takes a node whose id another live process holds: stop asking.
+      ctx_->log(LogLevel::kError, ctx_->last_error());
+      for (const auto& l : upstreams_) l->give_up();
+      std::lock_guard lock(refusal_mu_);
+      refusal_ = ctx_->last_error();
+    }
   } else if (const auto* manifest = std::get_if<ManifestMsg>(&m)) {
     on_manifest(link.parent(), *manifest);
   } else if (const auto* chunk = std::get_if<ChunkMsg>(&m)) {
@@ -581,7 +600,31 @@ void Node::report_ready(const ModelVersion& held) {
     r.publish_to_ready_ms = (t->second.ready_us - t->second.published_us) / 1000;
   r.error = ctx_->last_error();
   r.run = held.run;
+  r.instance = config_.instance;
+  r.model = model_;
   send_to_parent(r);
+}
+
+void Node::report_model(const ModelState& model, const std::string& error) {
+  model_ = model;
+  model_.reported = true;
+  if (!error.empty()) ctx_->set_error(error);
+  if (!has_parents()) return;
+  if (auto held = current(); held && held->run == run_) {
+    report_ready(*held);
+    return;
+  }
+  Ready r;  // nothing of this run held yet: the model's state alone
+  r.node_id = config_.node_id;
+  r.error = ctx_->last_error();
+  r.instance = config_.instance;
+  r.model = model_;
+  send_to_parent(r);
+}
+
+std::string Node::refusal() const {
+  std::lock_guard lock(refusal_mu_);
+  return refusal_;
 }
 
 void Node::on_version_ready(const std::shared_ptr<const ModelVersion>& ready) {
@@ -662,7 +705,7 @@ void Node::record_ready(const Ready& r) {
   const bool again = entry != known.end() && entry->second.run == r.run && entry->second.version == r.version;
   auto pub = published_us_.find(r.version);
   const std::uint64_t ready_ms = again ? 0 : pub != published_us_.end() ? (ctx_->clock.now_us() - pub->second) / 1000 : r.publish_to_ready_ms;
-  ledger_.record({r.node_id, r.run, r.version, r.checksum, ready_ms, r.error}, ctx_->now_ms());
+  ledger_.record({r.node_id, r.run, r.version, r.checksum, ready_ms, r.error, r.instance, r.model, r.id_taken}, ctx_->now_ms());
 }
 
 // A child leaving, or (passed up by a relay) a node further down: dropped here at once, and
@@ -692,7 +735,8 @@ void Node::on_loop_stalled(std::uint64_t stalled_ms) {
 void Node::tick() {
   const std::uint64_t now = ctx_->now_ms();
   if (shard_out_) shard_out_->flush();
-  for (const auto& link : upstreams_) link->tick(now);
+  if (refusal().empty())
+    for (const auto& link : upstreams_) link->tick(now);
   if (now - last_heartbeat_ms_ >= config_.heartbeat_ms) {
     last_heartbeat_ms_ = now;
     const Heartbeat hb = heartbeat();

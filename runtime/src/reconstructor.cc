@@ -1,6 +1,7 @@
 #include "reconstructor.h"
 
 #include "deltacast/codec/hash.h"
+#include "changes.h"
 
 namespace deltacast::runtime {
 namespace {
@@ -27,9 +28,12 @@ struct Reconstructor::Assembly {
   // of scanning every chunk each time (a 2 TB model has half a million). Bounded: a chunk is
   // queued once per arrival.
   std::deque<std::uint32_t> arrived;
-  // Per chunk, where the delta changed it (ChangeSet::positions), when changes are kept.
+  // Per chunk, where the delta changed it (ChangeSet::positions), when changes are kept, and
+  // what the base held there (ChangeSet::old_values), when those are too (double-buffered).
   std::vector<std::vector<std::uint32_t>> changed;
+  std::vector<Bytes> old;
   bool record_changes = false;
+  bool record_old = false;
   std::size_t done = 0;
   std::size_t inflight = 0;
   std::uint64_t generation = 0;
@@ -67,6 +71,7 @@ class Reconstructor::DecodeTask final : public Task {
     base_ = a.base;
     staging_ = a.staging;
     record_changes_ = a.record_changes;
+    record_old_ = a.record_old;
     sparse_ = a.sparse;
     record_patch_ = a.record_patch;
     catch_up_ = a.catch_up;
@@ -85,7 +90,11 @@ class Reconstructor::DecodeTask final : public Task {
       // range the decode checks against the delta's base hash) into the staging image.
       ByteSpan b = base_ ? ByteSpan(base_->image).subspan(e.offset, e.length) : ByteSpan();
       status_ = decode_chunk_verified(*manifest_, index_, *payload_, b, out, *decoder, changed);
-      if (status_.is_ok() && patch) *patch = patch_of(segments_for_range(manifest_->tensors, e.offset, e.length), changed_, out);
+      if (status_.is_ok() && (patch || record_old_)) {
+        const auto segments = segments_for_range(manifest_->tensors, e.offset, e.length);
+        if (patch) *patch = patch_of(segments, changed_, out);
+        if (record_old_) old_ = gather_elements(segments, changed_, b);
+      }
       // A live range that no longer holds the state the live version verified with: memory
       // that changed under it (a delta made against another base is only abandoned).
       live_damaged_ = whole_ && catch_up_ && status_.code() == StatusCode::kMismatch &&
@@ -115,10 +124,13 @@ class Reconstructor::DecodeTask final : public Task {
       held = to.state;
     }
     status_ = apply_chunk_sparse(*manifest_, index_, *payload_, out, held, *decoder, changed, patch);
+    // Out of place, the base is the live image, which holds what the range held before.
+    if (status_.is_ok() && record_old_)
+      old_ = gather_elements(segments_for_range(manifest_->tensors, e.offset, e.length), changed_, ByteSpan(base_->image).subspan(e.offset, e.length));
   }
   void done() override {
     if (*alive_)
-      owner_->on_decoded(generation_, index_, {status_, std::move(changed_), std::move(patch_), caught_up_, copied_, live_damaged_, whole_});
+      owner_->on_decoded(generation_, index_, {status_, std::move(changed_), std::move(old_), std::move(patch_), caught_up_, copied_, live_damaged_, whole_});
   }
 
  private:
@@ -132,11 +144,13 @@ class Reconstructor::DecodeTask final : public Task {
   std::shared_ptr<const ModelVersion> base_;
   std::shared_ptr<ModelVersion> staging_;
   bool record_changes_ = false;
+  bool record_old_ = false;
   bool sparse_ = false;
   bool record_patch_ = false;
   std::shared_ptr<const ModelVersion> catch_up_;
   bool already_caught_up_ = false, caught_up_ = false, copied_ = false, live_damaged_ = false, whole_ = false;
   std::vector<std::uint32_t> changed_;
+  Bytes old_;
   ChunkPatch patch_;
   Status status_;
 };
@@ -307,7 +321,10 @@ void Reconstructor::start(const CachedVersion& v) {
   live.reset();
   a->state.assign(v.manifest->chunks.size(), Assembly::ChunkState::kWaiting);
   a->record_changes = !v.key.anchor && config.change_history_versions_max > 0 && !config.virtual_payloads;
+  // In place, the base's bytes are the ones being overwritten: no old values.
+  a->record_old = a->record_changes && !a->in_place;
   if (a->record_changes) a->changed.resize(v.manifest->chunks.size());
+  if (a->record_old) a->old.resize(v.manifest->chunks.size());
   for (std::uint32_t i = 0; i < v.chunks.size(); ++i)
     if (v.chunks[i]) a->arrived.push_back(i);
   a->generation = ++generation_;
@@ -335,6 +352,7 @@ void Reconstructor::on_decoded(std::uint64_t generation, std::uint32_t i, Decode
   }
   if (status.is_ok()) {
     if (as.record_changes) as.changed[i] = std::move(result.changed);
+    if (as.record_old) as.old[i] = std::move(result.old);
     if (as.record_patch) as.patches[i] = std::move(result.patch);
     (as.sparse && !result.dense ? ctx_.stats.chunks_applied_sparse : ctx_.stats.chunks_applied_dense)++;
     as.state[i] = Assembly::ChunkState::kDone;
@@ -450,13 +468,17 @@ void Reconstructor::finish() {
   advance();
 }
 
-// The change history of the version `a` makes: its own changes, then its base's history.
+// The change history of the version `a` makes: its own changes, then its base's history, as
+// far back as NodeConfig::change_history_versions_max, or further to the version held for a
+// consumer (hold_history_from), within change_history_bytes_max.
 std::vector<std::shared_ptr<const ChangeSet>> Reconstructor::history_after(Assembly& a) const {
   std::vector<std::shared_ptr<const ChangeSet>> history;
   if (!a.record_changes) return history;
   auto set = std::make_shared<ChangeSet>();
   set->version = a.key.version;
   set->base_version = a.manifest->base_version;
+  set->checksum = a.manifest->version_checksum;
+  set->base_checksum = a.base ? a.base->checksum : 0;
   std::size_t total = 0;
   for (const auto& c : a.changed) total += c.size();
   set->positions.reserve(total);
@@ -465,12 +487,34 @@ std::vector<std::shared_ptr<const ChangeSet>> Reconstructor::history_after(Assem
     set->chunks.push_back({a.manifest->chunks[i].offset, set->positions.size()});
     set->positions.insert(set->positions.end(), a.changed[i].begin(), a.changed[i].end());
   }
+  if (a.record_old) {
+    std::size_t old_bytes = 0;
+    for (const auto& o : a.old) old_bytes += o.size();
+    set->old_values.reserve(old_bytes);
+    for (auto& o : a.old) {
+      set->old_values.insert(set->old_values.end(), o.begin(), o.end());
+      Bytes().swap(o);
+    }
+    if (Status st = index_old_values(*set, a.manifest->tensors); !st.is_ok()) ctx_.log(LogLevel::kError, st.to_string());
+  }
+  std::uint64_t bytes = set->bytes();
   history.push_back(std::move(set));
   // In place, the base is the staging image itself: read its history before it is replaced.
-  const auto& older = a.base->changes;
-  const std::size_t keep = std::min(older.size(), ctx_.config.change_history_versions_max - 1);
-  history.insert(history.end(), older.begin(), older.begin() + static_cast<std::ptrdiff_t>(keep));
+  const NodeConfig& config = ctx_.config;
+  const std::uint64_t bytes_max = config.change_history_bytes_max ? config.change_history_bytes_max : a.manifest->image_size;
+  const bool holding = hold_ && hold_->run == a.manifest->run;
+  for (const auto& older : a.base->changes) {
+    const bool wanted = history.size() < config.change_history_versions_max || (holding && older->version > hold_->version);
+    if (!wanted || bytes + older->bytes() > bytes_max) break;
+    bytes += older->bytes();
+    history.push_back(older);
+  }
   return history;
+}
+
+void Reconstructor::hold_history_from(const RunId& run, std::uint64_t version) {
+  if (version == 0) hold_.reset();
+  else hold_ = Hold{run, version};
 }
 
 void Reconstructor::abandon(const std::string& why, bool want_anchor) {

@@ -60,6 +60,10 @@ class Reconstructor {
   void on_chunk(const VersionKey& key, std::uint32_t index);
   // Starts decodes (in place: once every reader let go of the paused image).
   void pump();
+  // Keeps the change history of every version from now on back to `version` of `run` (0: as
+  // far as NodeConfig::change_history_versions_max only), within change_history_bytes_max: a
+  // consumer that holds that version can then be given any version after it.
+  void hold_history_from(const RunId& run, std::uint64_t version);
   // Gives the version being rebuilt up (the image stays as it was).
   void abandon(const std::string& why, bool want_anchor);
   // `version`'s image was found damaged (a scrub): if it is the one held, readers get nothing
@@ -86,6 +90,7 @@ class Reconstructor {
   struct Decoded {
     Status status;
     std::vector<std::uint32_t> changed;  // where the delta changed it (when kept)
+    Bytes old;                           // what the base held there (when kept)
     ChunkPatch patch;                    // what it wrote (double-buffered)
     bool caught_up = false;              // the chunk caught up to the base first
     bool copied = false;                 // ... by copying the base's range, not by its patch
@@ -113,6 +118,11 @@ class Reconstructor {
   mutable std::mutex current_mu_;
   std::shared_ptr<const ModelVersion> current_;
   bool need_anchor_ = false;
+  struct Hold {
+    RunId run;
+    std::uint64_t version = 0;
+  };
+  std::optional<Hold> hold_;  // hold_history_from
   std::uint64_t held_version_ = 0;
   std::uint64_t damaged_floor_ = 0;  // see anchor_floor(); cleared once an anchor is built
   bool pumping_ = false;          // pump() is on the stack (inline task runners)

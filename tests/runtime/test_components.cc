@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <set>
 
 #include "child_server.h"
 #include "node_fixtures.h"
@@ -160,6 +161,8 @@ struct ServerOwner final : ChildServer::Owner {
   std::uint64_t published_us(std::uint64_t) const override { return 0; }
   void request_anchor(std::uint64_t newer_than) override { anchors_requested.push_back(newer_than); }
   void fetch(const Need& need) override { fetched.push_back(need); }
+  std::vector<std::string> ids_taken;
+  void id_taken(const std::string& node_id, const std::string&) override { ids_taken.push_back(node_id); }
 };
 
 // A node that is only a child server over a cache the test fills.
@@ -201,12 +204,17 @@ struct Server {
 struct Child {
   ScriptedPeer peer;
   PeerId link = 0;
-  Child(FakeNet& net, const std::string& name, Role role, std::uint64_t have = 0) : peer(net, name) {
+  Child(FakeNet& net, const std::string& name, Role role, std::uint64_t have = 0, std::uint64_t instance = 0, const std::string& id = "",
+        std::uint32_t tree = 0, std::uint32_t trees = 1)
+      : peer(net, name) {
     link = peer.transport.connect("server");
     Hello h;
-    h.node_id = name;
+    h.node_id = id.empty() ? name : id;
     h.role = role;
     h.have_version = have;
+    h.instance = instance;
+    h.tree = tree;
+    h.trees = trees;
     peer.transport.send(link, h);
   }
   std::vector<std::uint32_t> chunks_of(const VersionKey& key) const {
@@ -224,6 +232,33 @@ std::vector<std::uint32_t> all_chunks(std::size_t n) {
 }
 
 }  // namespace
+
+TEST_CASE("a second live process claiming a child's node id is refused, and said so to the node", "[runtime][components]") {
+  FakeNet net;
+  Series s(1);
+  Server srv(net);
+  srv.arrive(s.anchor(1));
+  Child first(net, "host-a", Role::kWorker, 0, 0x1111, "rollout-0");
+  net.run();
+  REQUIRE(srv.server.count() == 1);
+  // Another process (another instance) under the same id: refused, the first keeps it.
+  Child second(net, "host-b", Role::kWorker, 0, 0x2222, "rollout-0");
+  net.run();
+  CHECK(srv.server.count() == 1);
+  // (The Refuse goes out before the link closes; the fake network drops what a closed link holds.)
+  CHECK(second.peer.received<Welcome>().empty());
+  CHECK(second.peer.received<ChunkMsg>().empty());
+  CHECK_FALSE(first.peer.received<ChunkMsg>().empty());
+  CHECK(srv.owner.ids_taken == std::vector<std::string>{"rollout-0"});
+  // The same process on a new connection (a reconnect), and another tree of a multi-tree
+  // child, are the same worker: admitted.
+  Child again(net, "host-a2", Role::kWorker, 1, 0x1111, "rollout-0");
+  Child tree1(net, "host-a3", Role::kWorker, 1, 0x1111, "rollout-0", 1, 2);
+  net.run();
+  CHECK(again.peer.received<Refuse>().empty());
+  CHECK(tree1.peer.received<Refuse>().empty());
+  CHECK(srv.owner.ids_taken.size() == 1);
+}
 
 TEST_CASE("the child server forwards each part the moment it is here, and catches up a new worker", "[runtime][components]") {
   FakeNet net;
@@ -687,6 +722,90 @@ TEST_CASE("the reconstructor keeps where each delta changed the image, as far ba
     CHECK(changed_elements(*v4, v4->tensors.size(), 3).status().code() == StatusCode::kInvalidArgument);
     CHECK(changed_elements(*v4, 0, 5).status().code() == StatusCode::kInvalidArgument);
   }
+}
+
+TEST_CASE("a double-buffered worker reads older versions back exactly from its change history", "[runtime][components]") {
+  FakeNet net;
+  Series s(7);
+  Rebuild w(net);
+  w.config.change_history_versions_max = 3;
+  w.config.change_history_bytes_max = 64 << 20;  // more than it needs: the synthetic steps change a third of the values
+  w.arrive(s.anchor(1));
+  for (std::uint64_t v = 2; v <= 5; ++v) w.arrive(s.delta(v));
+  auto v5 = w.r.current();
+  REQUIRE(v5->version == 5);
+  CHECK(values_reach(*v5) == 2);  // three sets kept, each with the values it overwrote
+  std::set<DType> dtypes;
+  for (std::size_t t = 0; t < v5->tensors.size(); ++t) {
+    const TensorInfo& info = v5->tensors[t];
+    dtypes.insert(info.dtype);
+    const std::size_t es = dtype_size(info.dtype);
+    auto bytes_of = [&](std::uint64_t v) { return Bytes(s.images[v - 1].begin() + info.offset, s.images[v - 1].begin() + info.offset + info.nbytes); };
+    for (std::uint64_t at = 2; at <= 5; ++at) {
+      auto whole = tensor_at(*v5, t, at);
+      REQUIRE(whole.is_ok());
+      CHECK(*whole == bytes_of(at));
+      CHECK(*checksum_at(*v5, at) == s.checksum(at));
+      // From any version the history reaches to `at`: writing the patch turns one into the other.
+      for (std::uint64_t since = 2; since <= at; ++since) {
+        auto patch = patch_between(*v5, t, since, at);
+        REQUIRE(patch.is_ok());
+        REQUIRE(patch->values.size() == patch->elements.size() * es);
+        Bytes patched = bytes_of(since);
+        for (std::size_t i = 0; i < patch->elements.size(); ++i) std::memcpy(patched.data() + patch->elements[i] * es, patch->values.data() + i * es, es);
+        CHECK(patched == bytes_of(at));
+        // Exactly the elements some version after `since` up to `at` changed (over several
+        // versions a value may change and change back): none that differs only after `at`.
+        std::vector<std::uint64_t> touched;
+        for (std::uint64_t e = 0; e < info.nbytes / es; ++e)
+          for (std::uint64_t k = since + 1; k <= at; ++k)
+            if (std::memcmp(bytes_of(k - 1).data() + e * es, bytes_of(k).data() + e * es, es) != 0) {
+              touched.push_back(e);
+              break;
+            }
+        CHECK(patch->elements == touched);
+      }
+    }
+    CHECK(tensor_at(*v5, t, 1).status().code() == StatusCode::kNotFound);  // beyond the three kept
+    CHECK(patch_between(*v5, t, 1, 3).status().code() == StatusCode::kNotFound);
+    CHECK(patch_between(*v5, t, 4, 3).status().code() == StatusCode::kInvalidArgument);
+  }
+  CHECK(dtypes.size() > 1);  // BF16 and other element sizes
+  // Held from version 3 on: the history reaches back to it past the three versions, and lets go
+  // once released.
+  w.r.hold_history_from(v5->run, 3);
+  v5.reset();
+  w.arrive(s.delta(6));
+  w.arrive(s.delta(7));
+  CHECK(values_reach(*w.r.current()) == 3);
+  CHECK(*tensor_at(*w.r.current(), 0, 3) == Bytes(s.images[2].begin() + w.r.current()->tensors[0].offset,
+                                                  s.images[2].begin() + w.r.current()->tensors[0].offset + w.r.current()->tensors[0].nbytes));
+  // ... within its bytes: a bound that holds two sets keeps two.
+  const std::uint64_t two_sets = w.r.current()->changes[0]->bytes() + w.r.current()->changes[1]->bytes();
+  Rebuild small(net);
+  small.config.change_history_versions_max = 1;
+  small.config.change_history_bytes_max = two_sets + two_sets / 4;
+  small.arrive(s.anchor(1));
+  small.r.hold_history_from(small.r.current()->run, 1);
+  for (std::uint64_t v = 2; v <= 7; ++v) small.arrive(s.delta(v));
+  CHECK(small.r.current()->changes.size() == 2);
+  CHECK(values_reach(*small.r.current()) == 5);
+}
+
+TEST_CASE("an in-place worker keeps where versions changed but not what they overwrote", "[runtime][components]") {
+  FakeNet net;
+  Series s(3);
+  Rebuild w(net, /*in_place=*/true);
+  w.config.change_history_versions_max = 2;
+  w.arrive(s.anchor(1));
+  w.arrive(s.delta(2));
+  w.arrive(s.delta(3));
+  const auto v3 = w.r.current();
+  REQUIRE(v3->version == 3);
+  CHECK(changes_reach(*v3) == 1);
+  CHECK(values_reach(*v3) == 3);
+  CHECK(tensor_at(*v3, 0, 2).status().code() == StatusCode::kNotFound);
+  CHECK(patch_between(*v3, 0, 1, 3).is_ok());  // to itself: only where, not what
 }
 
 namespace {

@@ -41,3 +41,36 @@ TEST_CASE("the fleet ledger keeps each worker's newest report within its bounds"
   CHECK(ledger.entries().size() == 2);
   CHECK(ledger.record({"w2", run, 2, 2, 1, ""}, 1900));  // those in it still report
 }
+
+TEST_CASE("the fleet ledger names ids that two live processes claim, and what engines' models hold", "[runtime][ledger]") {
+  FleetLedger ledger(4);
+  const RunId run{100, 1};
+  // A restart: a new instance, never the old one again. Not a duplicate.
+  REQUIRE(ledger.record({"w", run, 1, 0x11, 5, "", 0xa}, 1000));
+  REQUIRE(ledger.record({"w", run, 2, 0x22, 5, "", 0xb}, 1100));
+  REQUIRE(ledger.record({"w", run, 3, 0x33, 5, "", 0xb}, 1200));
+  CHECK(ledger.entries().at("w").duplicates == 0);
+  CHECK(ledger.entries().at("w").instance == 0xb);
+  // Two live processes reporting in turns through different parents: each turn back counts.
+  REQUIRE(ledger.record({"w", run, 3, 0x33, 5, "", 0xc}, 1300));
+  REQUIRE(ledger.record({"w", run, 3, 0x33, 5, "", 0xb}, 1400));
+  CHECK(ledger.entries().at("w").duplicates == 1);
+  CHECK(ledger.entries().at("w").last_error.find("two live processes report as w") != std::string::npos);
+  // A relay refused a second process: counted, its words kept, the version untouched.
+  FleetLedger::Report taken{"w", {}, 0, 0, 0, "node id w is held by another live process at relay-eu"};
+  taken.id_taken = true;
+  REQUIRE(ledger.record(taken, 1500));
+  CHECK(ledger.entries().at("w").duplicates == 2);
+  CHECK(ledger.entries().at("w").version == 3);
+  CHECK(ledger.entries().at("w").run == run);
+  CHECK(ledger.entries().at("w").last_error.find("relay-eu") != std::string::npos);
+  // An engine's model state replaces the last one; a report with no version held yet (0)
+  // carries it without touching the version.
+  const ModelState failed{true, 2, run, 3, run};
+  REQUIRE(ledger.record({"w", run, 3, 0x33, 5, "rank 1 could not apply it", 0xb, failed}, 1600));
+  CHECK(ledger.entries().at("w").model == failed);
+  REQUIRE(ledger.record({"fresh", {}, 0, 0, 0, "version 1 did not verify within 600 s", 0xd, ModelState{true, 0, {}, 1, run}}, 1700));
+  CHECK(ledger.entries().at("fresh").version == 0);
+  CHECK(ledger.entries().at("fresh").model.failed_version == 1);
+  CHECK(ledger.entries().at("fresh").last_error.find("did not verify") != std::string::npos);
+}

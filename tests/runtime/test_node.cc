@@ -1128,3 +1128,30 @@ TEST_CASE("a worker that joins with nothing is sent its anchor once", "[runtime]
   net.run_for(2000);
   CHECK(n == s.anchor(1).manifest.chunks.size());
 }
+
+TEST_CASE("a worker whose id another live process holds stops asking its parents, and says why", "[runtime][node]") {
+  FakeNet net;
+  ScriptedPeer parent(net, "p1"), fallback(net, "p2");
+  parent.answer = [&](PeerId from, const Message& m) {
+    if (std::holds_alternative<Hello>(m)) parent.transport.send(from, Refuse{"node id w is held by another live process at p1", true});
+  };
+  Node& w = net.add(worker_config("w", {"p1", "p2"}));
+  net.run_for(200);
+  CHECK(w.refusal().find("held by another live process") != std::string::npos);
+  CHECK(parent.received<Hello>().size() == 1);
+  net.run_for(30'000);  // no other parent, and no second try
+  CHECK(parent.received<Hello>().size() == 1);
+  CHECK(fallback.received<Hello>().empty());
+  CHECK(w.last_error().find("refused us") != std::string::npos);
+}
+
+TEST_CASE("a refusal for another reason moves a worker on to its next parent", "[runtime][node]") {
+  FakeNet net;
+  ScriptedPeer parent(net, "p1"), fallback(net, "p2");
+  parent.answer = [&](PeerId from, const Message& m) {
+    if (std::holds_alternative<Hello>(m)) parent.transport.send(from, Refuse{"node p1 does not serve children"});
+  };
+  Node& w = net.add(worker_config("w", {"p1", "p2"}));
+  REQUIRE(net.run_until([&] { return !fallback.received<Hello>().empty(); }, 30'000));
+  CHECK(w.refusal().empty());
+}

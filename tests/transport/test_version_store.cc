@@ -5,6 +5,7 @@
 
 #include <sys/mount.h>
 #include <sys/statvfs.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -172,7 +173,7 @@ TEST_CASE("a save that does not fit on the disk fails cleanly and keeps the olde
   VersionStore store(disk.dir.string(), "w", 2);
   REQUIRE(store.prepare().is_ok());
   REQUIRE(store.save(version(1)).is_ok());
-  const std::vector<std::string> saved = {"w-v1.json", "w-v1.safetensors"};
+  const std::vector<std::string> saved = {".w.lock", "w-v1.json", "w-v1.safetensors"};
   REQUIRE(names_in(disk.dir) == saved);
 
   SECTION("the model file does not fit") {
@@ -201,7 +202,7 @@ TEST_CASE("a save that does not fit on the disk fails cleanly and keeps the olde
   // Once there is room again the next save works and prunes as usual.
   REQUIRE(store.save(version(3)).is_ok());
   REQUIRE(store.save(version(4)).is_ok());
-  CHECK(names_in(disk.dir) == std::vector<std::string>{"w-v3.json", "w-v3.safetensors", "w-v4.json", "w-v4.safetensors"});
+  CHECK(names_in(disk.dir) == std::vector<std::string>{".w.lock", "w-v3.json", "w-v3.safetensors", "w-v4.json", "w-v4.safetensors"});
 }
 
 TEST_CASE("a mapped output file that does not fit fails when created, not with SIGBUS when written", "[io][disk]") {
@@ -225,11 +226,34 @@ TEST_CASE("prepare removes this node's temporary files of earlier runs and nothi
   const std::vector<const char*> others = {"w10-v2.safetensors.tmp.5", "w1-v2-v3.json.tmp.5", "w1-vx.safetensors.tmp.5", "notes.txt"};
   for (const char* name : others) touch(dir.path / name);
   REQUIRE(store.prepare().is_ok());
-  std::vector<std::string> want = {"w1-v1.json", "w1-v1.safetensors"};
+  std::vector<std::string> want = {".w1.lock", "w1-v1.json", "w1-v1.safetensors"};
   want.insert(want.end(), others.begin(), others.end());
   std::sort(want.begin(), want.end());
   CHECK(names_in(dir.path) == want);
   CHECK(store.load_newest().is_ok());
+}
+
+TEST_CASE("a node's saved versions are locked by the one live worker that uses them", "[transport][store]") {
+  TempDir dir;
+  auto first = std::make_unique<VersionStore>(dir.path.string(), "w1", 2);
+  REQUIRE(first->prepare().is_ok());
+  REQUIRE(first->save(version(1)).is_ok());
+  // A second worker under the same id and directory is refused, naming the holder, and removes
+  // nothing of the first's.
+  touch(dir.path / "w1-v2.safetensors.tmp.4242");  // the first's save in progress
+  VersionStore second(dir.path.string(), "w1", 2);
+  const Status st = second.prepare();
+  CHECK(st.code() == StatusCode::kResourceExhausted);
+  CHECK(st.message().find("in use by another live worker as w1 (pid " + std::to_string(::getpid()) + ")") != std::string::npos);
+  CHECK(std::filesystem::exists(dir.path / "w1-v2.safetensors.tmp.4242"));
+  // Another node's files in the same directory have a lock of their own.
+  VersionStore other(dir.path.string(), "w2", 2);
+  CHECK(other.prepare().is_ok());
+  // Once the first lets go (it stopped, or its process died), the directory is free.
+  first.reset();
+  CHECK(second.prepare().is_ok());
+  CHECK_FALSE(std::filesystem::exists(dir.path / "w1-v2.safetensors.tmp.4242"));
+  CHECK(second.load_newest().is_ok());
 }
 
 TEST_CASE("prepare creates a missing directory and refuses one it cannot use", "[transport][store][disk]") {

@@ -107,13 +107,21 @@ std::vector<GoldenFrame> golden_messages() {
   const auto bytes = [](std::string s) { return share(Bytes(s.begin(), s.end())); };
   const transport::LinkFields sequenced{0, 0, 0x5eed5eed5eed5eedull, 1234567};
   return {
-      {"hello", Hello{kProtocolVersion, "eu-west.w17", Role::kWorker, 41, run, true, true}, {0xfeedfacecafebeefull, 8, 0, 0}},
+      {"hello", Hello{kProtocolVersion, "eu-west.w17", Role::kWorker, 41, run, true, true, 0, 1, 0x1badb002deadc0deull},
+       {0xfeedfacecafebeefull, 8, 0, 0}},
       {"welcome", Welcome{42, run}, sequenced},
       {"refuse", Refuse{"protocol version 1, this node speaks 2"}, {}},
+      {"refuse-id-taken", Refuse{"node id eu-west.w17 is held by another live process at relay-eu", true}, {}},
       {"manifest", ManifestMsg{{42, true}, bytes("DCFM manifest bytes"), 1764547200123456, 1, 4, nullptr}, sequenced},
       {"chunk", ChunkMsg{{42, false}, 7, bytes("chunk payload"), 3}, sequenced},
       {"need", Need{{42, false}, {0, 5, 1000000}, true, true}, {}},
       {"ready", Ready{"eu-west.w17", 42, 0x858224990e7d6eb3ull, 1234, "cannot save version 41: No space left on device", run}, {}},
+      // A worker in an engine whose model holds version 41 and could not apply 42.
+      {"ready-model", Ready{"eu-west.w17", 42, 0x858224990e7d6eb3ull, 1234, "rank 1 could not apply it", run, 0x1badb002deadc0deull,
+                            ModelState{true, 41, run, 42, run}},
+       {}},
+      {"ready-id-taken", Ready{"eu-west.w17", 0, 0, 0, "node id eu-west.w17 is held by another live process at relay-eu", {}, 0, {}, true},
+       {}},
       {"heartbeat", Heartbeat{42, run}, sequenced},
       {"leave", Leave{"eu-west.w17", "stopped", true}, {}},
       {"stripe", std::nullopt, {0xfeedfacecafebeefull, 0, 0, 0}, 7},

@@ -138,6 +138,8 @@ struct NodeHost::Impl final : Clock, TaskRunner {
     if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) std::signal(SIGPIPE, SIG_IGN);
     const std::string& id = node_config.node_id;
     if (!node_config.has_parents() && node_config.shard_count == 0 && node_config.run.empty()) node_config.run = make_run_id();
+    // This process's own number: a parent tells a second live process under the same id by it.
+    while (node_config.instance == 0) node_config.instance = make_run_id().nonce;
     if (node_config.reconstruct) {
       // An image larger than this host's memory cannot be held: refused before allocating.
       const long pages = sysconf(_SC_PHYS_PAGES), page_bytes = sysconf(_SC_PAGESIZE);
@@ -303,6 +305,11 @@ std::shared_ptr<const ModelVersion> NodeHost::wait_for_version(std::uint64_t min
   return wait_until_current([&](const ModelVersion& v) { return v.version >= min_version; }, timeout_ms);
 }
 
+std::shared_ptr<const ModelVersion> NodeHost::wait_for_run_version(const RunId& run, std::uint64_t version, std::uint64_t timeout_ms) {
+  return wait_until_current(
+      [&](const ModelVersion& v) { return run.empty() || v.run == run ? v.version >= version : v.run > run; }, timeout_ms);
+}
+
 // Holds no version while it waits (only the one it returns): an in-place worker applies
 // nothing while anyone holds its image.
 std::shared_ptr<const ModelVersion> NodeHost::wait_until_current(const std::function<bool(const ModelVersion&)>& wanted,
@@ -325,6 +332,12 @@ std::shared_ptr<const ModelVersion> NodeHost::wait_for_newer(const std::shared_p
 std::shared_ptr<const ModelVersion> NodeHost::wait_for_newer(const std::optional<VersionTag>& after, std::uint64_t timeout_ms) {
   return wait_until_current(
       [&](const ModelVersion& v) { return !after || v.run > after->run || (v.run == after->run && v.version > after->version); }, timeout_ms);
+}
+
+std::string NodeHost::refusal() const {
+  std::lock_guard lock(impl_->ready_mu);
+  Node* n = impl_->live_node.load();
+  return n ? n->refusal() : std::string();
 }
 
 RunId NodeHost::current_run() const {

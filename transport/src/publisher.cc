@@ -124,11 +124,18 @@ Delivery Publisher::delivery(std::uint64_t version) {
   return host_->call([&] {
     Delivery d;
     std::vector<std::uint64_t> times;
+    const RunId& run = host_->node().run();
     for (const auto& [id, e] : host_->node().ledger()) {
       // A worker counts only for versions of this run: another run's v5 is not this run's v5.
-      if (e.version < version || e.run != host_->node().run()) continue;
+      // One in an engine counts once its model applied the version.
+      const bool holds = e.model.reported ? e.model.run == run && e.model.version >= version : e.run == run && e.version >= version;
+      if (!holds) {
+        if (e.model.reported && e.model.failed_run == run && e.model.failed_version >= version) d.failed.emplace_back(id, e.last_error);
+        else if (!e.left) d.behind.push_back(id);
+        continue;
+      }
       d.workers_ready++;
-      if (e.version == version) times.push_back(e.publish_to_ready_ms);
+      if (e.version == version && e.run == run) times.push_back(e.publish_to_ready_ms);
     }
     if (!times.empty()) {
       std::sort(times.begin(), times.end());
@@ -145,7 +152,7 @@ Delivery Publisher::wait_for_delivery(std::uint64_t version, std::size_t workers
   while (!interrupted_) {
     (void)serve_anchor_request();  // a failure is the node's to log; the next request tries again
     d = delivery(version);
-    if (d.workers_ready >= workers || std::chrono::steady_clock::now() >= deadline) break;
+    if (d.workers_ready >= workers || !d.failed.empty() || std::chrono::steady_clock::now() >= deadline) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   return d;

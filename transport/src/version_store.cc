@@ -1,6 +1,7 @@
 #include "deltacast/transport/version_store.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -105,8 +106,32 @@ bool VersionStore::is_temp_file(const std::string& name) const {
   return rest.starts_with(".safetensors.tmp.") || rest.starts_with(".json.tmp.");
 }
 
-Status VersionStore::prepare() const {
+VersionStore::LockFile::~LockFile() {
+  if (fd >= 0) ::close(fd);
+}
+
+Status VersionStore::prepare() {
   DC_RETURN_IF_ERROR(check_writable_dir(dir_, "." + node_id_ + ".probe." + std::to_string(::getpid())));
+  // One live worker per node's files: a second one would remove the first's saves in progress
+  // and race it on every file.
+  const std::string lock_path = (fs::path(dir_) / ("." + node_id_ + ".lock")).string();
+  auto lock = std::make_shared<LockFile>();
+  lock->fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock->fd < 0) return Status::io_error("cannot open " + lock_path + ": " + std::strerror(errno));
+  if (::flock(lock->fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char holder[32] = {0};
+    const ssize_t n = ::pread(lock->fd, holder, sizeof holder - 1, 0);
+    const std::string pid = n > 0 ? std::string(holder, static_cast<std::size_t>(n)) : "?";
+    if (err == EWOULDBLOCK)
+      return Status::resource_exhausted("state dir " + dir_ + " is in use by another live worker as " + node_id_ + " (pid " + pid +
+                                 "): give each worker a state dir, or an id, of its own");
+    return Status::io_error("cannot lock " + lock_path + ": " + std::strerror(err));
+  }
+  const std::string pid = std::to_string(::getpid());
+  if (::ftruncate(lock->fd, 0) != 0 || ::pwrite(lock->fd, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size()))
+    spdlog::warn("{}: cannot write its pid into {}", node_id_, lock_path);
+  lock_ = std::move(lock);
   // Saves killed midway (SIGKILL, power loss) leave their temporary files: each as large as the
   // model, never read, and otherwise never removed.
   std::error_code ec;

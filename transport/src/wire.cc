@@ -92,11 +92,13 @@ Frames encode_message(const Message& message, const LinkFields& fields) {
             h->set_tree(m.tree);
             h->set_trees(m.trees);
           }
+          h->set_instance(m.instance);
         } else if constexpr (std::is_same_v<T, Welcome>) {
           env.mutable_welcome()->set_newest_version(m.newest_version);
           set_run(env.mutable_welcome()->mutable_run(), m.run);
         } else if constexpr (std::is_same_v<T, Refuse>) {
           env.mutable_refuse()->set_reason(wire_text(m.reason, kReasonBytesMax));
+          env.mutable_refuse()->set_id_taken(m.id_taken);
         } else if constexpr (std::is_same_v<T, ManifestMsg>) {
           auto* mm = env.mutable_manifest();
           set_key(mm->mutable_key(), m.key);
@@ -124,6 +126,15 @@ Frames encode_message(const Message& message, const LinkFields& fields) {
           r->set_publish_to_ready_ms(m.publish_to_ready_ms);
           r->set_error(wire_text(m.error, kReasonBytesMax));
           set_run(r->mutable_run(), m.run);
+          r->set_instance(m.instance);
+          r->set_id_taken(m.id_taken);
+          if (m.model.reported) {
+            r->set_model_reported(true);
+            r->set_model_version(m.model.version);
+            set_run(r->mutable_model_run(), m.model.run);
+            r->set_model_failed_version(m.model.failed_version);
+            set_run(r->mutable_model_failed_run(), m.model.failed_run);
+          }
         } else if constexpr (std::is_same_v<T, Heartbeat>) {
           env.mutable_heartbeat()->set_newest_version(m.newest_version);
           set_run(env.mutable_heartbeat()->mutable_run(), m.run);
@@ -223,6 +234,7 @@ Result<Message> decode_body(wire::Envelope& env, SharedBytes payload) {
     h.serves_children = env.hello().serves_children();
     h.trees = std::max<std::uint32_t>(1, env.hello().trees());
     h.tree = env.hello().tree();
+    h.instance = env.hello().instance();
     if (!valid_tree(h.tree, h.trees))
       return Status::corruption("tree " + std::to_string(h.tree) + " of " + std::to_string(h.trees) + " (at most " + std::to_string(kTreesMax) + " trees)");
     DC_RETURN_IF_ERROR(check_node_id(h.node_id));
@@ -235,7 +247,7 @@ Result<Message> decode_body(wire::Envelope& env, SharedBytes payload) {
     case wire::Envelope::kWelcome: return Message{Welcome{env.welcome().newest_version(), get_run(env.welcome().run())}};
     case wire::Envelope::kRefuse:
       DC_RETURN_IF_ERROR(check_string(env.refuse().reason(), kReasonBytesMax, "refusal reason"));
-      return Message{Refuse{env.refuse().reason()}};
+      return Message{Refuse{env.refuse().reason(), env.refuse().id_taken()}};
     case wire::Envelope::kManifest: {
       const auto& mm = env.manifest();
       if (mm.shards() > kShardsMax || (mm.shards() > 1 && mm.shard() >= mm.shards())) return Status::corruption("bad shard numbers");
@@ -256,7 +268,10 @@ Result<Message> decode_body(wire::Envelope& env, SharedBytes payload) {
       const auto& r = env.ready();
       DC_RETURN_IF_ERROR(check_node_id(r.node_id()));
       DC_RETURN_IF_ERROR(check_string(r.error(), kReasonBytesMax, "error text"));
-      return Message{Ready{r.node_id(), r.version(), r.checksum(), r.publish_to_ready_ms(), r.error(), get_run(r.run())}};
+      Ready ready{r.node_id(), r.version(), r.checksum(), r.publish_to_ready_ms(), r.error(), get_run(r.run()), r.instance(), {}, r.id_taken()};
+      if (r.model_reported())
+        ready.model = ModelState{true, r.model_version(), get_run(r.model_run()), r.model_failed_version(), get_run(r.model_failed_run())};
+      return Message{std::move(ready)};
     }
     case wire::Envelope::kHeartbeat: return Message{Heartbeat{env.heartbeat().newest_version(), get_run(env.heartbeat().run())}};
     case wire::Envelope::kLeave:

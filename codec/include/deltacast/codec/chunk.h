@@ -125,6 +125,9 @@ struct ChunkPatch {
 // ChunkDecoder::decode gives them) and the decoded bytes `range`: a BF16 element as one
 // two-byte change, any other as one-byte changes.
 ChunkPatch patch_of(std::span<const Segment> segments, std::span<const std::uint32_t> changed, ByteSpan range);
+// The bytes of each element at `changed` (as above) in `range`, one after another, each its
+// segment's element size: what a range held there, kept to write it back later.
+Bytes gather_elements(std::span<const Segment> segments, std::span<const std::uint32_t> changed, ByteSpan range);
 
 // What an encoder or decoder keeps between calls, at most: after a call that leaves it holding
 // more (an unusually large chunk), it frees its working memory.

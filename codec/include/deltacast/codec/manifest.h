@@ -31,6 +31,8 @@ struct RunId {
   auto operator<=>(const RunId&) const = default;
 };
 std::string to_string(const RunId& run);  // "<started_us hex>-<nonce hex>", or "none"
+// The run to_string wrote; InvalidArgument for anything else.
+Result<RunId> parse_run_id(std::string_view text);
 
 // BLAKE2b-256 of a chunk payload: what a signed manifest vouches for.
 using PayloadDigest = std::array<std::uint8_t, 32>;

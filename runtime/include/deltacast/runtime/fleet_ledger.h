@@ -11,6 +11,7 @@
 #include <string>
 
 #include "deltacast/codec/manifest.h"
+#include "deltacast/runtime/messages.h"
 
 namespace deltacast::runtime {
 
@@ -22,6 +23,12 @@ struct LedgerEntry {
   std::uint64_t updated_ms = 0;
   std::string last_error;
   bool left = false;  // it said Leave (stopped on purpose) and has not reported since
+  std::uint64_t instance = 0;  // of the process that reported last (Hello::instance)
+  std::uint64_t previous_instance = 0;  // ... and of the one before it
+  // Times a second live process claiming this id was seen: refused by a relay, or reporting
+  // in turns with the one that holds it (through other parents).
+  std::uint64_t duplicates = 0;
+  ModelState model;  // what its engine's model holds, when one reports
 };
 
 class FleetLedger {
@@ -36,10 +43,13 @@ class FleetLedger {
     std::uint64_t checksum = 0;
     std::uint64_t publish_to_ready_ms = 0;
     std::string error;  // empty: none (an earlier error stays)
+    std::uint64_t instance = 0;
+    ModelState model;
+    bool id_taken = false;  // a relay refused a second process claiming node_id
   };
   // A worker's report. Its version replaces the recorded one when newer, or when it belongs to
-  // another run (a restarted trainer's versions count from 1 again). False if the ledger is
-  // full and the worker is not in it.
+  // another run (a restarted trainer's versions count from 1 again); version 0 (none held yet)
+  // replaces nothing. False if the ledger is full and the worker is not in it.
   bool record(const Report& r, std::uint64_t now_ms);
   // A worker that stopped on purpose; unknown workers are not added.
   void mark_left(const std::string& node_id, std::uint64_t now_ms);

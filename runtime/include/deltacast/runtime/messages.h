@@ -19,8 +19,10 @@ namespace deltacast::runtime {
 
 // Bumped on any incompatible change to the messages or their meaning. 2: run identity in
 // Hello, Welcome, Heartbeat and Ready. 5: Hello's tree and trees (a parent that ignored them
-// would send a multi-tree child every chunk on every link).
-inline constexpr std::uint32_t kProtocolVersion = 5;
+// would send a multi-tree child every chunk on every link). 6: Hello's and Ready's instance, a
+// Refuse that says the id is taken, Ready's model state (a parent that ignored the instance would
+// admit two live workers under one id).
+inline constexpr std::uint32_t kProtocolVersion = 6;
 
 // Bounds on what a peer may send (docs/RELIABILITY.md): strings longer than these are refused.
 inline constexpr std::size_t kNodeIdBytesMax = 128;
@@ -94,6 +96,9 @@ struct Hello {
   // `trees`, and carries only the chunks i with i mod trees == tree (manifests all). 1 tree:
   // every chunk.
   std::uint32_t tree = 0, trees = 1;
+  // The child process's own number, drawn when it starts (0: none given): two live processes
+  // that claim one node id differ in it, a restarted one has a new one.
+  std::uint64_t instance = 0;
 };
 // parent -> child: accepted.
 struct Welcome {
@@ -103,6 +108,9 @@ struct Welcome {
 // parent -> child: refused (protocol version, identity); the link is closed after it.
 struct Refuse {
   std::string reason;
+  // The child's node id is held by another live process: no parent will take it, and the
+  // child stops trying (Node::refusal).
+  bool id_taken = false;
 };
 // A version's manifest (docs/FORMAT.md "manifest"), sent before any of its chunks.
 struct ManifestMsg {
@@ -137,7 +145,20 @@ struct Need {
   bool want_anchor = false;
   bool again = false;
 };
-// worker -> origin, forwarded up the tree: a version verified and exposed, or an error.
+// What the model of an engine that embeds a worker holds (Node::report_model): the version it
+// applied, and the one its last update could not apply.
+struct ModelState {
+  bool reported = false;  // an engine reports (false: a worker without one)
+  std::uint64_t version = 0;  // 0: none deltacast gave it
+  RunId run;
+  std::uint64_t failed_version = 0;  // 0: its last update applied
+  RunId failed_run;
+  bool operator==(const ModelState&) const = default;
+};
+
+// worker -> origin, forwarded up the tree: a version verified and exposed (0: none yet), what
+// the engine embedding the worker made of it, or an error. With id_taken, a relay says it
+// refused a second process claiming node_id.
 struct Ready {
   std::string node_id;
   std::uint64_t version = 0;
@@ -145,6 +166,9 @@ struct Ready {
   std::uint64_t publish_to_ready_ms = 0;
   std::string error;  // last error, if any
   RunId run;          // the run `version` belongs to
+  std::uint64_t instance = 0;  // Hello::instance of the worker that reports
+  ModelState model;
+  bool id_taken = false;
 };
 // both ways, every heartbeat_ms: liveness and the sender's newest version.
 struct Heartbeat {

@@ -108,6 +108,18 @@ class Node {
   // In in-place mode it is also null while a version is being applied: the update waits until
   // every reader has released the version it holds, then applies, verifies and re-exposes.
   std::shared_ptr<const ModelVersion> current() const;
+  // Workers: from now on, keep what it takes to read every version from `version` of `run` on
+  // back exactly, beyond change_history_versions_max and within change_history_bytes_max
+  // (version 0: let go). A consumer that holds that version sets it, so that whichever version
+  // it is asked for next is still there when it gets to it.
+  void hold_history_from(const RunId& run, std::uint64_t version);
+  // Workers embedded in an engine: what the engine's model holds now, and the version its last
+  // update could not apply, reported up to the origin's ledger at once and with every Ready
+  // after; `error` (if any) becomes the node's last error.
+  void report_model(const ModelState& model, const std::string& error);
+  // Why the node stopped asking its parents (a parent said another live process holds its id);
+  // empty while it has not. Safe from any thread.
+  std::string refusal() const;
   // Workers: called on the loop thread each time a version becomes current.
   void set_on_ready(std::function<void(std::shared_ptr<const ModelVersion>)> callback) { on_ready_ = std::move(callback); }
   // Origin: called when a child wants an anchor the cache does not hold (an origin merging
@@ -230,6 +242,9 @@ class Node {
   // Received versions thrown away (an image or a build dropped, versions evicted): what a
   // parent sent of them before is not here, and is asked for again (UpstreamLink::records_stale).
   std::uint64_t discards_ = 0;
+  ModelState model_;  // report_model
+  mutable std::mutex refusal_mu_;
+  std::string refusal_;  // refusal()
   std::uint64_t anchor_made_ms_ = 0;  // origin: when an anchor was last asked of the publisher
   bool anchor_made_ = false;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);

@@ -23,6 +23,9 @@ inline constexpr std::uint64_t kScrubBytesPerSMax = 1'000'000'000'000;
 
 struct NodeConfig {
   std::string node_id;
+  // This process's own number (Hello::instance), drawn by the host when it starts; 0: none. A
+  // parent refuses a second live process that claims a node id with another instance.
+  std::uint64_t instance = 0;
   std::vector<std::string> parents;  // endpoints, most preferred first; empty for the origin
   // A multi-tree fleet (docs/TOPOLOGY.md, "Multi-tree plans"): each tree's parents, most
   // preferred first, 2 to kTreesMax trees; chunk i of a version comes down tree i mod their
@@ -58,10 +61,16 @@ struct NodeConfig {
   // catching up and applying it sparsely (two sparse passes cost more than one dense pass above
   // about 1.1% of payload: docs/BENCHMARKS.md). 0: always sparse.
   std::uint32_t catch_up_dense_payload_per_mille = 12;
-  // Workers: keep where each version's delta changed the image, for this many versions back
-  // (ModelVersion::changes), so that a consumer holding an older version can copy just what
-  // changed (0: keep none). Costs 4 bytes per changed value per version kept.
+  // Workers: keep where each version's delta changed the image, and what it held there before,
+  // for this many versions back (ModelVersion::changes), so that a consumer holding an older
+  // version can copy just what changed, and an older version can be read back exactly (0: keep
+  // none). Costs 4 bytes per changed value per version kept, plus the value's own size when the
+  // old values are kept (double-buffered workers; in place, the old values are overwritten).
   std::size_t change_history_versions_max = 0;
+  // ... and further back, to the version a consumer said it holds (Node::hold_history_from),
+  // while the history holds at most this many bytes (0: as many as the image); the newest
+  // version's changes are kept whatever their size.
+  std::uint64_t change_history_bytes_max = 0;
   // Origin: versions arrive as this many slices from trainer-shard publishers and are merged
   // (0: the origin publishes whole versions itself).
   std::uint32_t expect_shards = 0;
@@ -116,10 +125,13 @@ Status check_parents(const NodeConfig& config);
 
 enum class LogLevel : std::uint8_t { kInfo, kWarn, kError };
 
-// Where a delta changed the image: all a consumer holding its base must copy to have the version.
+// Where a delta changed the image: all a consumer holding its base must copy to have the version;
+// and, when kept, what the base held there: all it takes to turn the version back into its base.
 struct ChangeSet {
   std::uint64_t version = 0;       // the version these changes make
   std::uint64_t base_version = 0;  // from this one
+  std::uint64_t checksum = 0;      // version's checksum (Manifest::version_checksum)
+  std::uint64_t base_checksum = 0; // base_version's
   struct Chunk {
     std::uint64_t offset = 0;  // the chunk's first byte in the image
     std::uint64_t first = 0;   // its first entry in `positions`
@@ -127,6 +139,16 @@ struct ChangeSet {
   std::vector<Chunk> chunks;  // in image order
   // Per chunk, ascending: the offset from the chunk's start of each element the delta changed.
   std::vector<std::uint32_t> positions;
+  // The base's bytes of every element in `positions`, in that order, each its dtype's size; and
+  // per tensor of the image, where its elements' bytes start. Both empty when not kept.
+  Bytes old_values;
+  std::vector<std::uint64_t> tensor_old_first;
+  bool has_old_values() const { return !tensor_old_first.empty(); }
+  // The memory it holds.
+  std::uint64_t bytes() const {
+    return chunks.size() * sizeof(Chunk) + positions.size() * sizeof(std::uint32_t) + old_values.size() +
+           tensor_old_first.size() * sizeof(std::uint64_t);
+  }
 };
 
 // A verified, immutable model version as workers expose it.
@@ -170,6 +192,24 @@ Result<std::vector<std::uint64_t>> changed_elements(const ModelVersion& v, std::
 // The oldest version v.changes reach back to, walking no further than `since`: v.version when
 // none are kept.
 std::uint64_t changes_reach(const ModelVersion& v, std::uint64_t since = 0);
+// The oldest version whose bytes v.changes can give back (old_values kept all the way): v.version
+// when none are kept.
+std::uint64_t values_reach(const ModelVersion& v);
+
+// The elements of tensors[tensor] that differ between versions `since` and `at` (since <= at <=
+// v.version, both within values_reach; `at` == v.version needs only changes_reach), ascending,
+// with their bytes in version `at` (each the dtype's size, in the same order): what turns a
+// consumer's copy of `since` into `at`.
+struct TensorPatch {
+  std::vector<std::uint64_t> elements;
+  Bytes values;
+};
+Result<TensorPatch> patch_between(const ModelVersion& v, std::size_t tensor, std::uint64_t since, std::uint64_t at);
+// The bytes of tensors[tensor] in version `at` (values_reach(v) <= at <= v.version): v's bytes
+// with the old values of every version after `at` written back over them.
+Result<Bytes> tensor_at(const ModelVersion& v, std::size_t tensor, std::uint64_t at);
+// The checksum of version `at` (values_reach(v) <= at <= v.version), from the change sets.
+Result<std::uint64_t> checksum_at(const ModelVersion& v, std::uint64_t at);
 
 // Timings of one version at this node, in microseconds of the node's clock.
 struct VersionTiming {

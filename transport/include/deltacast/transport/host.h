@@ -146,6 +146,13 @@ class NodeHost {
     bool operator==(const VersionTag&) const = default;
   };
   std::shared_ptr<const runtime::ModelVersion> wait_for_newer(const std::optional<VersionTag>& after, std::uint64_t timeout_ms);
+  // Blocks until the current version is `version` of `run` or a later one of that run, or belongs
+  // to a run after `run` (the worker left it), or timeout_ms passes; returns it or null. An empty
+  // `run` is whichever run the current version belongs to. An older version of the run is then
+  // read from the returned one's change history (runtime::tensor_at).
+  std::shared_ptr<const runtime::ModelVersion> wait_for_run_version(const RunId& run, std::uint64_t version, std::uint64_t timeout_ms);
+  // runtime::Node::refusal, from any thread.
+  std::string refusal() const;
   // The run the node holds or awaits versions of (empty before it knows one), from any thread.
   RunId current_run() const;
   // The endpoint actually bound (resolves "tcp://127.0.0.1:*").

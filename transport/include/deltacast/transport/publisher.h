@@ -60,11 +60,15 @@ Status set_delta_codec(PublisherOptions& o, std::string_view codec, std::string_
                        std::string_view codec_name, std::string_view wan_rate_name);
 
 // How far a version has got: workers of this run that hold it (or newer), and its publish to
-// ready times among those that reported this very version.
+// ready times among those that reported this very version. A worker embedded in an engine that
+// reports its model (runtime::ModelState) holds a version once its model applied it; one whose
+// model could not apply it (or a newer one) is `failed`, with its last error.
 struct Delivery {
   std::size_t workers_ready = 0;
   std::uint64_t median_ms = 0;
   std::uint64_t max_ms = 0;
+  std::vector<std::string> behind;  // workers that have not left and do not hold it yet
+  std::vector<std::pair<std::string, std::string>> failed;  // (worker, its last error)
 };
 
 class Publisher {
@@ -83,8 +87,9 @@ class Publisher {
   // Publishes an anchor of the newest version if a relay or worker asked for one since the last
   // anchor; call it while idle. OK when there was nothing to do.
   Status serve_anchor_request();
-  // Waits until `workers` workers of this run hold `version`, serving anchor requests meanwhile,
-  // or until timeout_ms passes or interrupt(); returns the delivery reached.
+  // Waits until `workers` workers of this run hold `version`, or one failed to apply it, serving
+  // anchor requests meanwhile, or until timeout_ms passes or interrupt(); returns the delivery
+  // reached.
   Delivery wait_for_delivery(std::uint64_t version, std::size_t workers, std::uint64_t timeout_ms);
   Delivery delivery(std::uint64_t version);
 

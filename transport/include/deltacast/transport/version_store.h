@@ -31,10 +31,12 @@ class VersionStore {
   VersionStore(std::string dir, std::string node_id, std::size_t keep_versions = 2);
 
   // Call before the first save, as the worker starts: creates the directory if missing, checks
-  // that it is a directory this process can create files in, and removes the temporary files
-  // of this node's earlier runs (killed mid-save; each as large as the model). A full disk is
-  // not an error here (saves fail and are retried); anything else is, with its reason.
-  Status prepare() const;
+  // that it is a directory this process can create files in, takes the lock on this node's
+  // files (<dir>/.<node_id>.lock, flock: held until the store is destroyed), and removes the
+  // temporary files of this node's earlier runs (killed mid-save; each as large as the model).
+  // Another live process holding the lock is ResourceExhausted, naming its pid. A full disk is not an
+  // error here (saves fail and are retried); anything else is, with its reason.
+  Status prepare();
   // Writes the version, then removes this node's older files beyond keep_versions. On failure
   // (IOError naming the file and the reason) no file of this version is left and the older
   // versions are all kept.
@@ -63,6 +65,12 @@ class VersionStore {
   std::string dir_;
   std::string node_id_;
   std::size_t keep_versions_;
+  // The lock file's descriptor while prepare() holds it; closing it lets go.
+  struct LockFile {
+    int fd = -1;
+    ~LockFile();
+  };
+  std::shared_ptr<const LockFile> lock_;
 };
 
 // Saves the newest version it is given, and keeps at it when the disk refuses (full, failing):

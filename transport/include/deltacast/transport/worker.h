@@ -52,6 +52,21 @@ class Worker {
   std::shared_ptr<const runtime::ModelVersion> wait_for_version(std::uint64_t min_version, std::uint64_t timeout_ms) {
     return host_->wait_for_version(min_version, timeout_ms);
   }
+  // NodeHost::wait_for_run_version.
+  std::shared_ptr<const runtime::ModelVersion> wait_for_run_version(const RunId& run, std::uint64_t version, std::uint64_t timeout_ms) {
+    return host_->wait_for_run_version(run, version, timeout_ms);
+  }
+  // What the engine embedding this worker holds (runtime::Node::report_model).
+  void report_model(const runtime::ModelState& model, const std::string& error) {
+    host_->post([host = host_.get(), model, error] { host->node().report_model(model, error); });
+  }
+  // Why the worker stopped asking its parents (another live process holds its id); empty while
+  // it has not.
+  std::string refusal() const { return host_->refusal(); }
+  // Keeps every version from `version` of `run` on readable (runtime::Node::hold_history_from).
+  void hold_history_from(const RunId& run, std::uint64_t version) {
+    host_->post([host = host_.get(), run, version] { host->node().hold_history_from(run, version); });
+  }
   // Blocks until a version newer than `after` (or of a newer run) is current, or timeout_ms.
   std::shared_ptr<const runtime::ModelVersion> wait_for_newer(const std::shared_ptr<const runtime::ModelVersion>& after,
                                                                std::uint64_t timeout_ms) {

@@ -20,6 +20,7 @@ import os
 import threading
 import traceback
 import warnings
+from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, NamedTuple, Optional, Union
 
 import numpy as np
@@ -27,7 +28,47 @@ import numpy as np
 from ._native import Error
 from . import _native
 
-__all__ = ["Delivery", "Error", "Publisher", "Version", "Worker", "decode_delta", "encode_anchor", "encode_delta"]
+
+@dataclass(frozen=True)
+class Request:
+    """What the inference side is asked to apply: exactly ``version`` of ``run`` ("": the run the
+    worker follows when the request reaches it). ``Publisher.request()`` and the adapters'
+    trainer-side calls return one; ``as_dict()`` is what travels to the engine."""
+
+    version: int
+    run: str = ""
+
+    def __post_init__(self):
+        if isinstance(self.version, bool) or not isinstance(self.version, (int, np.integer)) or int(self.version) < 1:
+            raise ValueError(f"versions count from 1, got {self.version!r}")
+        if not isinstance(self.run, str):
+            raise ValueError(f"a run is a string, got {self.run!r}")
+
+    @classmethod
+    def of(cls, value) -> "Request":
+        """A Request from a Request, a dict {"version": N, "run": R} (run optional) or a number."""
+        if isinstance(value, Request):
+            return value
+        if isinstance(value, dict):
+            unknown = set(value) - {"version", "run"}
+            if unknown or "version" not in value:
+                raise ValueError(f"a request is {{'version': N, 'run': R}}, got keys {sorted(value)}")
+            return cls(value["version"], value.get("run") or "")
+        return cls(value)
+
+    def as_dict(self) -> dict:
+        return {"version": int(self.version), "run": self.run}
+
+    def __str__(self) -> str:
+        return f"version {self.version} of run {self.run}" if self.run else f"version {self.version}"
+
+
+class VersionGone(Error):
+    """The version asked for is not one the worker can give any more: it moved to a newer run, or
+    its change history no longer reaches back to it."""
+
+
+__all__ = ["Delivery", "Error", "Publisher", "Request", "Version", "VersionGone", "Worker", "decode_delta", "encode_anchor", "encode_delta"]
 
 # safetensors dtype -> (numpy dtype, torch dtype name). Types torch 1.13 lacks (unsigned wider
 # than 8 bits, float8) are given as the signed integer of the same width, a bit-exact view.
@@ -158,10 +199,14 @@ def _views_in_cpp():
 
 
 class Version:
-    """One verified version: ``number``, ``base_number`` (0 for an anchor), ``checksum``, ``run``."""
+    """One verified version: ``number``, ``base_number`` (0 for an anchor), ``checksum``, ``run``.
 
-    def __init__(self, native: _native.Version):
-        self._native = native  # holds the version alive
+    A version the worker has moved past is read back from its change history
+    (``Worker.version``): its ``tensors()`` are then copies, not views of the image."""
+
+    def __init__(self, native: _native.Version, at: Optional[int] = None):
+        self._native = native  # holds the version alive (and, read back, the history of the one at hand)
+        self._at = native.number if at is None else int(at)
         self._typed = {}  # torch dtype -> the whole image as one tensor of it
 
     @functools.cached_property
@@ -176,13 +221,16 @@ class Version:
     def _index(self) -> dict:
         return {info[0]: i for i, info in enumerate(self._infos)}
 
-    number = property(lambda self: self._native.number)
-    base_number = property(lambda self: self._native.base_number)
-    checksum = property(lambda self: self._native.checksum)
+    number = property(lambda self: self._at)
+    base_number = property(lambda self: self._native.base_number if self.current else self._at - 1)
+    checksum = property(lambda self: self._native.checksum if self.current else self._native.checksum_at(self._at))
     ready_us = property(lambda self: self._native.ready_us,
-                        doc="When the version became current at the worker: CLOCK_MONOTONIC microseconds, the clock of "
-                            "time.monotonic_ns() // 1000 (0 for a version resumed from disk).")
+                        doc="When the version the worker holds became current at the worker: CLOCK_MONOTONIC microseconds, "
+                            "the clock of time.monotonic_ns() // 1000 (0 for a version resumed from disk).")
     run = property(lambda self: self._native.run)
+    current = property(lambda self: self._at == self._native.number,
+                       doc="Whether this is the version the worker holds (its tensors are views of its image), not one "
+                           "read back from the history.")
 
     def names(self) -> list[str]:
         return [info[0] for info in self._infos]
@@ -218,16 +266,28 @@ class Version:
         return typed
 
     def numpy_tensors(self, names: Optional[Iterable[str]] = None) -> Iterator[tuple[str, np.ndarray]]:
-        """(name, read-only numpy view); BF16 as uint16."""
+        """(name, read-only numpy view); BF16 as uint16. A version read back gives copies."""
+        if not self.current:
+            for name, dtype, shape, *_ in self._select(names):
+                yield name, self._native.tensor_at(self._index[name], self._at).view(_DTYPES[dtype][0]).reshape(shape)
+            return
         for name, _, array in self._views(self._select(names)):
             yield name, array
 
     def tensors(self, names: Optional[Iterable[str]] = None) -> Iterator[tuple[str, "torch.Tensor"]]:
-        """(name, torch.Tensor) zero-copy views of the verified image; do not write to them."""
+        """(name, torch.Tensor) zero-copy views of the verified image; do not write to them. A version
+        read back from the history gives copies."""
+        if not self.current:
+            return self._tensors_read_back(names)
         cpp = _views_in_cpp()
         if not cpp:
             return self._python_tensors(names)
         return iter(cpp.views(self._native.capsule(), None if names is None else self._indices(names)))
+
+    def _tensors_read_back(self, names):
+        for name, dtype, shape, *_ in self._select(names):
+            raw = self._native.tensor_at(self._index[name], self._at)
+            yield name, _torch_view(dtype, raw.view(_DTYPES[dtype][0]).reshape(shape))
 
     def _python_tensors(self, names: Optional[Iterable[str]] = None):
         """tensors() made by torch calls from Python, one per tensor."""
@@ -238,6 +298,11 @@ class Version:
                 yield name, self._image_as(torch_dtype, size).as_strided(shape, strides, offset // size)
             else:
                 yield name, _torch_view(dtype, next(self._views([info]))[2])
+
+    @property
+    def changes_since(self) -> int:
+        """The oldest version ``patches(since=...)`` reaches back to (this version's number when none)."""
+        return self._native.changes_since
 
     def patches(self, names: Optional[Iterable[str]] = None, since: Optional[int] = None):
         """(name, flat_indices, values): what changed from version ``since`` (default: the base).
@@ -261,7 +326,7 @@ class Version:
         import torch
 
         for name, dtype, *_ in infos:
-            idx, raw = self._native.patch(self._index[name], since)  # values gathered natively
+            idx, raw = self._native.patch(self._index[name], since, self._at)  # values gathered natively
             torch_dtype = _torch_dtype(dtype)[0]
             values = torch.from_numpy(raw).view(torch_dtype) if raw.size else torch.empty(0, dtype=torch_dtype)
             yield name, torch.from_numpy(idx), values
@@ -283,7 +348,8 @@ class Version:
             else:
                 raw = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy()
             offset, nbytes = info[3], info[4]
-            if raw.nbytes != nbytes or not np.array_equal(raw, self._image[offset : offset + nbytes]):
+            want = self._image[offset : offset + nbytes] if self.current else self._native.tensor_at(self._index[name], self._at)
+            if raw.nbytes != nbytes or not np.array_equal(raw, want):
                 differ.append(name)
         return differ
 
@@ -295,31 +361,34 @@ class Worker:
     tree's parents, most preferred first, as the config file's ``"trees"``; with CURVE,
     ``tree_parent_keys`` in the same shape (the config's ``"tree_parent_keys"``).
 
-    ``change_history``: how many versions back ``Version.patches`` can reach (each kept costs 4
-    bytes per changed value; 0 keeps none). ``stripes``: TCP connections per parent link (1 to
+    ``change_history``: how many versions back ``Version.patches`` and ``version()`` can reach
+    (each kept costs 4 bytes per changed value, and the value's own size; 0 keeps none);
+    ``change_history_bytes``: at most this many bytes of it, also when ``hold_history_from`` asks
+    for more (0: as many as the image). ``stripes``: TCP connections per parent link (1 to
     64), for a parent across a long link that one connection's window cannot fill
     (docs/RUNTIME.md, "Striped links").
     """
 
     def __init__(self, id: str, parents: Optional[list[str]] = None, *, keys=None, parent_keys=None, trust_keys=None,
-                 state_dir=None, in_place=False, listen=None, metrics=None, change_history=4, stripes=1, trees=None,
-                 tree_parent_keys=None):
+                 state_dir=None, in_place=False, listen=None, metrics=None, change_history=4, change_history_bytes=0,
+                 stripes=1, trees=None, tree_parent_keys=None):
         if isinstance(parents, str):
             parents = [parents]
         self._setup(_native.Worker(id, list(parents or []), keys=keys, parent_keys=list(parent_keys or []),
                                    trust_keys=list(trust_keys or []), state_dir=state_dir or "", in_place=in_place,
                                    listen=listen or "", metrics=metrics or "", change_history=int(change_history),
-                                   stripes=int(stripes), trees=[list(t) for t in trees or []],
+                                   change_history_bytes=int(change_history_bytes), stripes=int(stripes), trees=[list(t) for t in trees or []],
                                    tree_parent_keys=[list(k) for k in tree_parent_keys or []]))
 
     @classmethod
-    def from_config(cls, path, *, state_dir=None, change_history=4) -> "Worker":
+    def from_config(cls, path, *, state_dir=None, change_history=4, change_history_bytes=0) -> "Worker":
         """A worker from a node config file, as ``deltacast worker --config`` reads it
         (docs/RUNTIME.md, "Config files"): the files ``deltacast fleet-init`` writes, with their
         parents or trees, key files, trust keys, limits and ``in_place``, ``listen``, ``metrics``,
         ``stripes`` and ``scrub_rate``. A config that does not check raises deltacast.Error."""
         worker = cls.__new__(cls)
-        worker._setup(_native.Worker.from_config(str(path), state_dir=str(state_dir or ""), change_history=int(change_history)))
+        worker._setup(_native.Worker.from_config(str(path), state_dir=str(state_dir or ""), change_history=int(change_history),
+                                                 change_history_bytes=int(change_history_bytes)))
         return worker
 
     def _setup(self, native) -> None:
@@ -335,6 +404,43 @@ class Worker:
     def current(self) -> Optional[Version]:
         v = self._native.current()
         return Version(v) if v is not None else None
+
+    def version(self, number: int, run: Optional[str] = None, timeout: Optional[float] = None) -> Version:
+        """Exactly version ``number`` of ``run`` (default: the run the worker follows now), waiting
+        up to ``timeout`` seconds for it to verify. A version the worker has moved past is read back
+        from its change history (``hold_history_from`` keeps it there).
+
+        Raises TimeoutError when it did not verify in time, and VersionGone when the worker cannot
+        give it: it moved to a newer run, or its history no longer reaches back to it."""
+        number = int(number)
+        if number < 1:
+            raise ValueError(f"versions count from 1, got {number}")
+        v = self._native.wait_for(run or "", number, -1.0 if timeout is None else float(timeout))
+        if v is None:
+            raise TimeoutError(f"version {number} of run {run or '(the current one)'} did not verify within {timeout} s")
+        if run and v.run != run:
+            raise VersionGone(f"version {number} of run {run} is gone: the worker moved to run {v.run} (version {v.number})")
+        if number != v.number and number < v.values_since:
+            raise VersionGone(f"version {number} of run {v.run} is gone: the worker holds version {v.number} and keeps versions "
+                              f"back to {v.values_since} only (change_history, or hold_history_from the version a model holds)")
+        return Version(v, number)
+
+    def report_model(self, run: Optional[str], version: Optional[int], *, error: Optional[str] = None,
+                     failed: Optional[Request] = None) -> None:
+        """Tells the fleet ledger what the model this worker feeds holds: ``version`` of ``run``
+        (None: none deltacast gave it) and, with ``failed``, the request its last update could not
+        apply, with ``error``. ``Publisher.wait_ready`` then counts the model, not the worker, and
+        names it when it failed."""
+        failed_run = failed.run if failed else ""
+        if failed and not failed_run:
+            current = self._native.current()
+            failed_run = current.run if current is not None else ""
+        self._native.report_model(run or "", int(version or 0), failed_run, int(failed.version) if failed else 0, error or "")
+
+    def hold_history_from(self, run: str, number: int) -> None:
+        """Keeps every version from ``number`` of ``run`` on readable (``version()``), past
+        ``change_history`` and within ``change_history_bytes``, until called again (0 lets go)."""
+        self._native.hold_history_from(run, int(number))
 
     def on_version(self, callback: Callable[[Version], None]) -> None:
         """Calls ``callback(version)`` on a Python thread for each version that becomes current.
@@ -446,6 +552,11 @@ class Publisher:
         """The fleet ledger: per worker id, its newest version, run, checksum, publish to ready time,
         last error and whether it left."""
         return self._native.ledger()
+
+    def request(self, version: Optional[int] = None) -> Request:
+        """What asks the inference side for exactly ``version`` (default: the newest published) of
+        this publisher's run: pass ``.as_dict()`` as an engine's update info."""
+        return Request(int(self.version if version is None else version), self.run)
 
     version = property(lambda self: self._native.version(), doc="The newest version published (0 before any).")
     last_codec = property(lambda self: self._native.last_codec(),

@@ -7,6 +7,8 @@
 namespace py = pybind11;
 using namespace deltacast::python;
 
+void bind_placement(py::module_& m);  // placement.cc
+
 namespace {
 
 // (name, dtype, shape, data pointer, nbytes) tuples, as deltacast/__init__.py makes them.
@@ -73,16 +75,20 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("run", &Version::run)
       .def("tensor_infos", &Version::tensor_infos)
       .def("stub", &Version::stub)
-      .def("patch", &Version::patch, py::arg("index"), py::arg("since"))
+      .def("patch", &Version::patch, py::arg("index"), py::arg("since"), py::arg("at"))
+      .def("tensor_at", &Version::tensor_at, py::arg("index"), py::arg("at"))
+      .def("checksum_at", &Version::checksum_at, py::arg("at"))
       .def_property_readonly("changes_since", &Version::changes_since)
+      .def_property_readonly("values_since", &Version::values_since)
       .def("capsule", &Version::capsule)
       .def_buffer([](const Version& v) { return v.buffer(); });
 
   py::class_<Worker>(m, "Worker")
       .def(py::init([](std::string id, std::vector<std::string> parents, std::optional<std::pair<std::string, std::string>> keys,
                        std::vector<std::string> parent_keys, std::vector<std::string> trust_keys, std::string state_dir, bool in_place,
-                       std::string listen, std::string metrics, std::size_t change_history, std::uint32_t stripes,
-                       std::vector<std::vector<std::string>> trees, std::vector<std::vector<std::string>> tree_parent_keys) {
+                       std::string listen, std::string metrics, std::size_t change_history, std::uint64_t change_history_bytes,
+                       std::uint32_t stripes, std::vector<std::vector<std::string>> trees,
+                       std::vector<std::vector<std::string>> tree_parent_keys) {
              WorkerArgs a;
              a.id = std::move(id);
              a.parents = std::move(parents);
@@ -96,22 +102,31 @@ PYBIND11_MODULE(_native, m) {
              a.listen = std::move(listen);
              a.metrics = std::move(metrics);
              a.change_history = change_history;
+             a.change_history_bytes = change_history_bytes;
              a.stripes = stripes;
              return std::make_unique<Worker>(a);
            }),
            py::arg("id"), py::arg("parents"), py::arg("keys") = py::none(), py::arg("parent_keys") = std::vector<std::string>{},
            py::arg("trust_keys") = std::vector<std::string>{}, py::arg("state_dir") = "", py::arg("in_place") = false,
-           py::arg("listen") = "", py::arg("metrics") = "", py::arg("change_history") = 0, py::arg("stripes") = 1,
+           py::arg("listen") = "", py::arg("metrics") = "", py::arg("change_history") = 0, py::arg("change_history_bytes") = 0,
+           py::arg("stripes") = 1,
            py::arg("trees") = std::vector<std::vector<std::string>>{}, py::arg("tree_parent_keys") = std::vector<std::vector<std::string>>{})
       .def_static(
           "from_config",
-          [](std::string path, std::string state_dir, std::size_t change_history) { return std::make_unique<Worker>(path, state_dir, change_history); },
-          py::arg("path"), py::arg("state_dir") = "", py::arg("change_history") = 0)
+          [](std::string path, std::string state_dir, std::size_t change_history, std::uint64_t change_history_bytes) {
+            return std::make_unique<Worker>(path, state_dir, change_history, change_history_bytes);
+          },
+          py::arg("path"), py::arg("state_dir") = "", py::arg("change_history") = 0, py::arg("change_history_bytes") = 0)
       .def("wait", &Worker::wait, py::arg("min_version"), py::arg("timeout_s"))
       .def("wait_newer", &Worker::wait_newer, py::arg("after"), py::arg("timeout_s"))
       .def("current", &Worker::current)
+      .def("wait_for", &Worker::wait_for, py::arg("run"), py::arg("version"), py::arg("timeout_s"))
+      .def("hold_history_from", &Worker::hold_history_from, py::arg("run"), py::arg("version"))
+      .def("report_model", &Worker::report_model, py::arg("run"), py::arg("version"), py::arg("failed_run"), py::arg("failed_version"),
+           py::arg("error"))
       .def("listening", &Worker::listening)
       .def("close", &Worker::close);
 
   bind_publisher(m);
+  bind_placement(m);
 }

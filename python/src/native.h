@@ -64,12 +64,17 @@ class Version {
   // in image order.
   pybind11::list tensor_infos() const;
   pybind11::buffer_info buffer() const;
-  // The elements of tensor `index` that differ from version `since` (int64, ascending), from the
-  // changes the worker kept, and their values in this version (raw bytes, uint8). Raises
-  // deltacast.Error when the changes kept do not reach back that far.
-  pybind11::tuple patch(std::size_t index, std::uint64_t since) const;
+  // The elements of tensor `index` that differ between versions `since` and `at` (int64,
+  // ascending), from the changes the worker kept, and their values in version `at` (raw bytes,
+  // uint8). Raises deltacast.Error when the history kept does not reach back that far.
+  pybind11::tuple patch(std::size_t index, std::uint64_t since, std::uint64_t at) const;
+  // The bytes of tensor `index` in version `at`, read back from the history (uint8, a copy).
+  pybind11::array_t<std::uint8_t> tensor_at(std::size_t index, std::uint64_t at) const;
+  std::uint64_t checksum_at(std::uint64_t at) const;
   // The oldest version the kept changes reach back to (this version's number when none are kept).
   std::uint64_t changes_since() const;
+  // The oldest version that can be read back whole (this version's number when none can).
+  std::uint64_t values_since() const;
   // A capsule owning a reference to the version, for deltacast._torch_views (version_capsule.h).
   pybind11::object capsule() const;
   const std::shared_ptr<const runtime::ModelVersion>& get() const { return v_; }
@@ -164,6 +169,7 @@ struct WorkerArgs {
   std::string listen;
   std::string metrics;
   std::size_t change_history = 0;  // NodeConfig::change_history_versions_max
+  std::uint64_t change_history_bytes = 0;  // NodeConfig::change_history_bytes_max
   std::uint32_t stripes = 1;       // HostConfig::stripes: connections per parent link
 };
 
@@ -171,13 +177,22 @@ class Worker {
  public:
   explicit Worker(const WorkerArgs& args);
   // From a config file (docs/RUNTIME.md, "Config files"), as `deltacast worker --config` reads it.
-  Worker(const std::string& config_path, const std::string& state_dir, std::size_t change_history);
+  Worker(const std::string& config_path, const std::string& state_dir, std::size_t change_history, std::uint64_t change_history_bytes);
   ~Worker();
   // A version >= min_version, waiting up to timeout_s (negative: no limit). Raises TimeoutError.
   std::shared_ptr<Version> wait(std::uint64_t min_version, double timeout_s);
   // A version newer than `after` (null: any), or None after timeout_s.
   std::shared_ptr<Version> wait_newer(const std::shared_ptr<Version>& after, double timeout_s);
   std::shared_ptr<Version> current() const;
+  // The current version once it is `version` of `run` or later in that run, or of a run after it
+  // (empty `run`: whichever it is in); None after timeout_s.
+  std::shared_ptr<Version> wait_for(const std::string& run, std::uint64_t version, double timeout_s);
+  // transport::Worker::hold_history_from (version 0: let go).
+  void hold_history_from(const std::string& run, std::uint64_t version);
+  // transport::Worker::report_model: the model holds `version` of `run` (0: none deltacast gave
+  // it); its last update could not apply `failed_version` of `failed_run` (0: it applied).
+  void report_model(const std::string& run, std::uint64_t version, const std::string& failed_run, std::uint64_t failed_version,
+                    const std::string& error);
   // Stops the worker. A wait in another thread ends with deltacast.Error. Idempotent.
   void close();
   std::string listening() const;

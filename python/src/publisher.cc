@@ -111,13 +111,26 @@ py::tuple Publisher::wait_ready(std::uint64_t version, std::size_t workers, doub
     if (workers == 0) wanted = known_workers(p);
     std::lock_guard lock(mu_);
     d = p.wait_for_delivery(version, wanted, ms);
-    return d.workers_ready >= wanted;
+    return d.workers_ready >= wanted || !d.failed.empty();
   });
   if (stopping_) throw Error("the publisher was closed while waiting");
+  // Names the workers it waits for, with what they last said.
+  const auto ledger = p.ledger();
+  const auto named = [&](const std::string& id) {
+    auto e = ledger.find(id);
+    return e == ledger.end() || e->second.last_error.empty() ? id : id + " (" + e->second.last_error + ")";
+  };
+  if (!d.failed.empty()) {
+    std::string message = "version " + std::to_string(version) + " could not be applied by ";
+    for (std::size_t i = 0; i < d.failed.size(); ++i) message += (i ? "; " : "") + named(d.failed[i].first);
+    throw Error(message);
+  }
   if (!reached) {
-    PyErr_SetString(PyExc_TimeoutError, ("version " + std::to_string(version) + " is ready on " + std::to_string(d.workers_ready) + " of " +
-                                         std::to_string(wanted) + " workers")
-                                            .c_str());
+    std::string message = "version " + std::to_string(version) + " is ready on " + std::to_string(d.workers_ready) + " of " +
+                          std::to_string(wanted) + " workers";
+    for (std::size_t i = 0; i < d.behind.size() && i < 8; ++i) message += (i ? "; " : "; not yet: ") + named(d.behind[i]);
+    if (d.behind.size() > 8) message += "; and " + std::to_string(d.behind.size() - 8) + " more";
+    PyErr_SetString(PyExc_TimeoutError, message.c_str());
     throw py::error_already_set();
   }
   return py::make_tuple(d.workers_ready, wanted, d.median_ms, d.max_ms);
@@ -133,6 +146,17 @@ py::dict Publisher::ledger() {
     entry["publish_to_ready_ms"] = e.publish_to_ready_ms;
     entry["last_error"] = e.last_error;
     entry["left"] = e.left;
+    entry["duplicates"] = e.duplicates;
+    if (e.model.reported) {
+      py::dict model;
+      model["version"] = e.model.version;
+      model["run"] = deltacast::to_string(e.model.run);
+      model["failed_version"] = e.model.failed_version;
+      model["failed_run"] = deltacast::to_string(e.model.failed_run);
+      entry["model"] = model;
+    } else {
+      entry["model"] = py::none();
+    }
     out[py::str(id)] = entry;
   }
   return out;

@@ -45,30 +45,34 @@ py::array_t<T> owning_array(V&& v, std::size_t count) {
 
 }  // namespace
 
-py::tuple Version::patch(std::size_t index, std::uint64_t since) const {
-  Bytes values;
-  auto elements = [&]() -> Result<std::vector<std::uint64_t>> {
+py::tuple Version::patch(std::size_t index, std::uint64_t since, std::uint64_t at) const {
+  auto patch = [&] {
     py::gil_scoped_release release;
-    auto e = runtime::changed_elements(*v_, index, since);
-    if (!e.is_ok()) return e;
-    // The new values, gathered from the image while the positions are fresh in cache.
-    const TensorInfo& t = v_->tensors[index];
-    const std::size_t es = dtype_size(t.dtype);
-    values.resize(e->size() * es);
-    const std::uint8_t* src = v_->image.data() + t.offset;
-    std::uint8_t* dst = values.data();
-    for (const std::uint64_t i : *e) {
-      std::memcpy(dst, src + i * es, es);
-      dst += es;
-    }
-    return e;
+    return runtime::patch_between(*v_, index, since, at);
   }();
-  if (!elements.is_ok()) throw Error(elements.status().to_string());
-  const std::size_t count = elements->size(), bytes = values.size();
-  return py::make_tuple(owning_array<std::int64_t>(std::move(elements).value(), count), owning_array<std::uint8_t>(std::move(values), bytes));
+  if (!patch.is_ok()) throw Error(patch.status().to_string());
+  const std::size_t count = patch->elements.size(), bytes = patch->values.size();
+  return py::make_tuple(owning_array<std::int64_t>(std::move(patch->elements), count), owning_array<std::uint8_t>(std::move(patch->values), bytes));
+}
+
+py::array_t<std::uint8_t> Version::tensor_at(std::size_t index, std::uint64_t at) const {
+  auto bytes = [&] {
+    py::gil_scoped_release release;
+    return runtime::tensor_at(*v_, index, at);
+  }();
+  if (!bytes.is_ok()) throw Error(bytes.status().to_string());
+  const std::size_t size = bytes->size();
+  return owning_array<std::uint8_t>(std::move(bytes).value(), size);
+}
+
+std::uint64_t Version::checksum_at(std::uint64_t at) const {
+  auto c = runtime::checksum_at(*v_, at);
+  if (!c.is_ok()) throw Error(c.status().to_string());
+  return *c;
 }
 
 std::uint64_t Version::changes_since() const { return runtime::changes_reach(*v_); }
+std::uint64_t Version::values_since() const { return runtime::values_reach(*v_); }
 
 py::object Version::capsule() const { return py::reinterpret_steal<py::object>(version_capsule(v_)); }
 
@@ -81,6 +85,7 @@ transport::WorkerOptions worker_options(const WorkerArgs& a) {
   o.node.tree_parents = a.trees;
   o.node.in_place = a.in_place;
   o.node.change_history_versions_max = a.change_history;
+  o.node.change_history_bytes_max = a.change_history_bytes;
   if (a.stripes < 1 || a.stripes > transport::kStripesMax)
     throw py::value_error("stripes must be 1 to " + std::to_string(transport::kStripesMax) + ", not " + std::to_string(a.stripes));
   o.host.stripes = a.stripes;
@@ -112,13 +117,14 @@ Worker::Worker(const WorkerArgs& args) {
   start(worker_options(args));
 }
 
-Worker::Worker(const std::string& config_path, const std::string& state_dir, std::size_t change_history) {
+Worker::Worker(const std::string& config_path, const std::string& state_dir, std::size_t change_history, std::uint64_t change_history_bytes) {
   auto loaded = transport::load_node_config(config_path, /*worker=*/true);
   if (!loaded.is_ok()) throw Error(loaded.status().to_string());
   transport::WorkerOptions o;
   o.node = std::move(loaded->node);
   o.host = std::move(loaded->host);
   o.node.change_history_versions_max = change_history;
+  o.node.change_history_bytes_max = change_history_bytes;
   o.out_dir = state_dir;
   start(std::move(o));
 }
@@ -155,11 +161,14 @@ std::shared_ptr<Version> Version::stub() const {
 std::shared_ptr<Version> Worker::wait(std::uint64_t min_version, double timeout_s) {
   const auto w = live();
   std::shared_ptr<const runtime::ModelVersion> v;
+  std::string refused;
   const bool got = wait_sliced(timeout_s, [&](std::uint64_t ms) {
+    if (refused = w->refusal(); !refused.empty()) return true;
     v = closed_ ? nullptr : w->wait_for_version(std::max<std::uint64_t>(min_version, 1), ms);
     return v != nullptr || closed_;
   });
   if (closed_) throw Error("the worker was closed while waiting");
+  if (!refused.empty()) throw Error(refused);
   if (!got) {
     PyErr_SetString(PyExc_TimeoutError, ("no version >= " + std::to_string(min_version) + " within the timeout").c_str());
     throw py::error_already_set();
@@ -177,6 +186,45 @@ std::shared_ptr<Version> Worker::wait_newer(const std::shared_ptr<Version>& afte
   });
   if (closed_) throw Error("the worker was closed while waiting");
   return v ? std::make_shared<Version>(std::move(v)) : nullptr;
+}
+
+namespace {
+
+RunId run_of(const std::string& text) {
+  if (text.empty()) return {};
+  auto run = parse_run_id(text);
+  if (!run.is_ok()) throw py::value_error(run.status().message());
+  return *run;
+}
+
+}  // namespace
+
+std::shared_ptr<Version> Worker::wait_for(const std::string& run_text, std::uint64_t version, double timeout_s) {
+  const RunId run = run_of(run_text);
+  const auto w = live();
+  std::shared_ptr<const runtime::ModelVersion> v;
+  std::string refused;
+  wait_sliced(timeout_s, [&](std::uint64_t ms) {
+    if (refused = w->refusal(); !refused.empty()) return true;
+    v = closed_ ? nullptr : w->wait_for_run_version(run, version, ms);
+    return v != nullptr || closed_;
+  });
+  if (closed_) throw Error("the worker was closed while waiting");
+  if (!refused.empty()) throw Error(refused);
+  return v ? std::make_shared<Version>(std::move(v)) : nullptr;
+}
+
+void Worker::hold_history_from(const std::string& run, std::uint64_t version) { live()->hold_history_from(run_of(run), version); }
+
+void Worker::report_model(const std::string& run, std::uint64_t version, const std::string& failed_run, std::uint64_t failed_version,
+                          const std::string& error) {
+  runtime::ModelState model;
+  model.reported = true;
+  model.version = version;
+  model.run = run_of(run);
+  model.failed_version = failed_version;
+  model.failed_run = run_of(failed_run);
+  live()->report_model(model, error);
 }
 
 std::shared_ptr<Version> Worker::current() const {

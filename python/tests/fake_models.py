@@ -1,42 +1,62 @@
-"""A Llama-shaped model as vLLM and SGLang hold it, for the adapter tests.
-
-Checkpoint (HF) names come in; the model's parameters are fused and sliced the way vLLM's
-loaders do it (vllm/model_executor/models/llama.py, ``LlamaForCausalLM.load_weights`` with its
-``stacked_params_mapping``): q/k/v into ``qkv_proj``, gate/up into ``gate_up_proj``, column-parallel
-layers keep this rank's rows, row-parallel layers this rank's columns, the vocabulary is split by
-rows, norms are whole on every rank.
-"""
+"""Checkpoints and models for the adapter tests: Llama and GPT-2 as the vLLM stand-ins hold them
+(fakes/vllm/model_executor/models; SGLang's Llama loads the same way, so its tests use the same
+model), and the oracle every test checks a model against: the same model built fresh and loaded
+whole, from the same checkpoint, by the engine's own loader."""
 
 from __future__ import annotations
 
 import torch
-from torch import nn
 
-HIDDEN, HEADS, KV_HEADS, FFN, VOCAB, LAYERS = 64, 4, 2, 128, 256, 2
-HEAD_DIM = HIDDEN // HEADS
+from vllm.model_executor.layers.quantization.base_config import RepackedLinearMethod
+from vllm.model_executor.models.gpt2 import GPT2Config, GPT2LMHeadModel
+from vllm.model_executor.models.llama import LlamaConfig, LlamaForCausalLM
+from vllm.v1.worker.gpu_worker import build_model
 
 
-def hf_state_dict(seed: int = 0, dtype=torch.bfloat16) -> dict[str, torch.Tensor]:
-    """A checkpoint in HF names."""
+def llama_checkpoint(config: LlamaConfig = LlamaConfig(), seed: int = 0, dtype=torch.bfloat16) -> dict[str, torch.Tensor]:
+    """A Llama checkpoint in Hugging Face names and shapes."""
+    g = torch.Generator().manual_seed(seed)
+    head_dim = config.hidden_size // config.num_attention_heads
+
+    def w(*shape, base=0.0):
+        return (base + torch.randn(*shape, generator=g) * 0.05).to(dtype)
+
+    h, kv = config.hidden_size, config.num_key_value_heads * head_dim
+    sd = {"model.embed_tokens.weight": w(config.vocab_size, h)}
+    for i in range(config.num_hidden_layers):
+        p = f"model.layers.{i}."
+        sd[p + "self_attn.q_proj.weight"] = w(config.num_attention_heads * head_dim, h)
+        sd[p + "self_attn.k_proj.weight"] = w(kv, h)
+        sd[p + "self_attn.v_proj.weight"] = w(kv, h)
+        sd[p + "self_attn.o_proj.weight"] = w(h, config.num_attention_heads * head_dim)
+        sd[p + "mlp.gate_proj.weight"] = w(config.intermediate_size, h)
+        sd[p + "mlp.up_proj.weight"] = w(config.intermediate_size, h)
+        sd[p + "mlp.down_proj.weight"] = w(h, config.intermediate_size)
+        sd[p + "input_layernorm.weight"] = w(h, base=1.0)
+        sd[p + "post_attention_layernorm.weight"] = w(h, base=1.0)
+    sd["model.norm.weight"] = w(h, base=1.0)
+    sd["lm_head.weight"] = w(config.vocab_size, h)
+    return sd
+
+
+def gpt2_checkpoint(config: GPT2Config = GPT2Config(), seed: int = 0, dtype=torch.bfloat16) -> dict[str, torch.Tensor]:
+    """A GPT-2 checkpoint in Hugging Face names and Conv1D ([in, out]) shapes."""
     g = torch.Generator().manual_seed(seed)
 
-    def w(*shape):
-        return (torch.randn(*shape, generator=g) * 0.05).to(dtype)
+    def w(*shape, base=0.0):
+        return (base + torch.randn(*shape, generator=g) * 0.05).to(dtype)
 
-    sd = {"model.embed_tokens.weight": w(VOCAB, HIDDEN)}
-    for i in range(LAYERS):
-        p = f"model.layers.{i}."
-        sd[p + "self_attn.q_proj.weight"] = w(HEADS * HEAD_DIM, HIDDEN)
-        sd[p + "self_attn.k_proj.weight"] = w(KV_HEADS * HEAD_DIM, HIDDEN)
-        sd[p + "self_attn.v_proj.weight"] = w(KV_HEADS * HEAD_DIM, HIDDEN)
-        sd[p + "self_attn.o_proj.weight"] = w(HIDDEN, HEADS * HEAD_DIM)
-        sd[p + "mlp.gate_proj.weight"] = w(FFN, HIDDEN)
-        sd[p + "mlp.up_proj.weight"] = w(FFN, HIDDEN)
-        sd[p + "mlp.down_proj.weight"] = w(HIDDEN, FFN)
-        sd[p + "input_layernorm.weight"] = (1 + w(HIDDEN).float()).to(dtype)
-        sd[p + "post_attention_layernorm.weight"] = (1 + w(HIDDEN).float()).to(dtype)
-    sd["model.norm.weight"] = (1 + w(HIDDEN).float()).to(dtype)
-    sd["lm_head.weight"] = w(VOCAB, HIDDEN)
+    n = config.n_embd
+    sd = {"wte.weight": w(config.vocab_size, n), "wpe.weight": w(config.n_positions, n)}
+    for i in range(config.n_layer):
+        p = f"h.{i}."
+        sd[p + "ln_1.weight"], sd[p + "ln_1.bias"] = w(n, base=1.0), w(n)
+        sd[p + "attn.c_attn.weight"], sd[p + "attn.c_attn.bias"] = w(n, 3 * n), w(3 * n)
+        sd[p + "attn.c_proj.weight"], sd[p + "attn.c_proj.bias"] = w(n, n), w(n)  # square: only the loader knows it is transposed
+        sd[p + "ln_2.weight"], sd[p + "ln_2.bias"] = w(n, base=1.0), w(n)
+        sd[p + "mlp.c_fc.weight"], sd[p + "mlp.c_fc.bias"] = w(n, 4 * n), w(4 * n)
+        sd[p + "mlp.c_proj.weight"], sd[p + "mlp.c_proj.bias"] = w(4 * n, n), w(n)
+    sd["ln_f.weight"], sd["ln_f.bias"] = w(n, base=1.0), w(n)
     return sd
 
 
@@ -49,93 +69,57 @@ def step(sd: dict[str, torch.Tensor], seed: int, fraction: float = 0.02) -> None
         flat[idx] += 1
 
 
-# Fused parameter <- (checkpoint shard, its index among the fused rows).
-STACKED = [("qkv_proj", "q_proj", 0), ("qkv_proj", "k_proj", 1), ("qkv_proj", "v_proj", 2),
-           ("gate_up_proj", "gate_proj", 0), ("gate_up_proj", "up_proj", 1)]
+# Model makers, (rank, world_size) -> model: picklable, for the engine's worker processes.
+def make_llama(rank: int = 0, world_size: int = 1, config: LlamaConfig = LlamaConfig()):
+    return LlamaForCausalLM(config, tp_rank=rank, tp_size=world_size)
 
 
-class FakeLlama(nn.Module):
-    """One tensor-parallel rank of the model, parameters in vLLM's names and layout."""
-
-    def __init__(self, tp_size: int = 1, tp_rank: int = 0, dtype=torch.bfloat16):
-        super().__init__()
-        self.tp_size, self.tp_rank = tp_size, tp_rank
-        self.load_calls = 0
-
-        def p(*shape):
-            return nn.Parameter(torch.zeros(*shape, dtype=dtype), requires_grad=False)
-
-        q, kv = HEADS * HEAD_DIM // tp_size, KV_HEADS * HEAD_DIM // tp_size
-        self.shard_rows = {"q_proj": (0, q), "k_proj": (q, kv), "v_proj": (q + kv, kv), "gate_proj": (0, FFN // tp_size),
-                           "up_proj": (FFN // tp_size, FFN // tp_size)}
-        params = {"model.embed_tokens.weight": p(VOCAB // tp_size, HIDDEN), "model.norm.weight": p(HIDDEN),
-                  "lm_head.weight": p(VOCAB // tp_size, HIDDEN)}
-        for i in range(LAYERS):
-            pre = f"model.layers.{i}."
-            params[pre + "self_attn.qkv_proj.weight"] = p(q + 2 * kv, HIDDEN)
-            params[pre + "self_attn.o_proj.weight"] = p(HIDDEN, HEADS * HEAD_DIM // tp_size)
-            params[pre + "mlp.gate_up_proj.weight"] = p(2 * FFN // tp_size, HIDDEN)
-            params[pre + "mlp.down_proj.weight"] = p(HIDDEN, FFN // tp_size)
-            params[pre + "input_layernorm.weight"] = p(HIDDEN)
-            params[pre + "post_attention_layernorm.weight"] = p(HIDDEN)
-        self._names = {}
-        for name, param in params.items():
-            attr = name.replace(".", "__")
-            self.register_parameter(attr, param)
-            self._names[attr] = name
-
-    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
-        for attr, param in super().named_parameters(prefix, recurse):
-            yield self._names[attr], param
-
-    def param(self, name: str) -> nn.Parameter:
-        return getattr(self, name.replace(".", "__"))
-
-    def _slice(self, name: str, w: torch.Tensor) -> torch.Tensor:
-        """This rank's part of a whole checkpoint tensor."""
-        if self.tp_size == 1 or "norm" in name:
-            return w
-        if "o_proj" in name or "down_proj" in name:  # row parallel: split the input dimension
-            n = w.shape[1] // self.tp_size
-            return w[:, self.tp_rank * n:(self.tp_rank + 1) * n]
-        n = w.shape[0] // self.tp_size  # column parallel and vocabulary parallel
-        return w[self.tp_rank * n:(self.tp_rank + 1) * n]
-
-    def load_weights(self, weights) -> set[str]:
-        """vLLM's contract: (checkpoint name, whole tensor) pairs in, the loaded parameter names out."""
-        self.load_calls += 1
-        loaded = set()
-        with torch.no_grad():
-            for name, w in weights:
-                for fused, shard, _ in STACKED:
-                    if shard in name:
-                        target = name.replace(shard, fused)
-                        start, rows = self.shard_rows[shard]
-                        self.param(target)[start:start + rows].copy_(self._slice(name, w))
-                        loaded.add(target)
-                        break
-                else:
-                    if name not in self._names.values():
-                        raise KeyError(f"unexpected checkpoint tensor {name}")
-                    self.param(name).copy_(self._slice(name, w))
-                    loaded.add(name)
-        return loaded
-
-    def expected(self, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """What every parameter must hold after loading checkpoint `sd` (built independently of
-        load_weights: concatenation of this rank's slices)."""
-        out = {}
-        for name in self._names.values():
-            shards = [(fused, shard) for fused, shard, _ in STACKED if fused in name]  # in row order
-            if shards:
-                out[name] = torch.cat([self._slice(name, sd[name.replace(fused, shard)]) for fused, shard in shards], 0)
-            else:
-                out[name] = self._slice(name, sd[name])
-        return out
+def make_repacked_llama(rank: int = 0, world_size: int = 1, config: LlamaConfig = LlamaConfig()):
+    """A Llama whose linear layers are repacked after loading (a quantization kernel's layout)."""
+    return LlamaForCausalLM(config, tp_rank=rank, tp_size=world_size, quant_method=RepackedLinearMethod())
 
 
-def same_bits(model: FakeLlama, sd: dict[str, torch.Tensor]) -> list[str]:
-    """Parameter names whose bits differ from what checkpoint `sd` gives."""
-    want = model.expected(sd)
-    return [name for name, p in model.named_parameters()
-            if not torch.equal(p.detach().view(torch.int16), want[name].contiguous().view(torch.int16))]
+def make_gpt2(rank: int = 0, world_size: int = 1, config: GPT2Config = GPT2Config()):
+    return GPT2LMHeadModel(config, tp_rank=rank, tp_size=world_size)
+
+
+class ScaledNormLlama(LlamaForCausalLM):
+    """A Llama whose loader scales the norm weights as it loads them (as loaders that fold a
+    constant into a weight do): no value of theirs lands as the checkpoint has it."""
+
+    def load_weights(self, weights):
+        super().load_weights((name, w * 2 if "norm" in name else w) for name, w in weights)
+
+
+def make_scaled_norm_llama(rank: int = 0, world_size: int = 1, config: LlamaConfig = LlamaConfig()):
+    return ScaledNormLlama(config, tp_rank=rank, tp_size=world_size)
+
+
+# For the servers the tests start in processes of their own: name -> (make_model, checkpoint).
+MODELS = {"llama": (make_llama, llama_checkpoint), "gpt2": (make_gpt2, gpt2_checkpoint)}
+
+
+def reference(make, rank: int, world_size: int, checkpoint: dict[str, torch.Tensor]):
+    """What the engine's own whole load of `checkpoint` gives this rank: the oracle."""
+    return build_model(lambda: make(rank, world_size), {n: t.clone() for n, t in checkpoint.items()})
+
+
+def differing(model, want) -> list[str]:
+    """Parameter names whose bits differ between two models of the same kind."""
+    theirs = dict(want.named_parameters())
+    out = []
+    for name, p in model.named_parameters():
+        a, b = p.detach(), theirs[name].detach()
+        if a.shape != b.shape or not torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)):
+            out.append(name)
+    return out
+
+
+def same_as_whole_load(model, make, rank: int, world_size: int, checkpoint) -> list[str]:
+    """Parameters of `model` that differ from the engine's own whole load of `checkpoint`."""
+    return differing(model, reference(make, rank, world_size, checkpoint))
+
+
+def raising_loader(model, named_tensors):
+    """An SGLang custom loader that raises, as deltacast.sglang's did before it caught everything."""
+    raise RuntimeError("version 1 did not verify within 600 s")

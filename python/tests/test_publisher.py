@@ -270,32 +270,26 @@ def test_on_version_follows_an_in_place_worker_and_survives_a_failing_callback()
 
 
 def test_a_new_run_is_loaded_whole_even_with_the_same_version_number(tmp_path):
+    # A ModelUpdater on its own, as a rollout process of one's own uses it: the request names the
+    # run, so version 1 of the restarted trainer's run is waited for, not taken from the old run.
     from deltacast.engine import ModelUpdater
 
-    from fake_models import FakeLlama, hf_state_dict, same_bits
+    from fake_models import llama_checkpoint, make_llama, same_as_whole_load
 
     endpoint = f"tcp://127.0.0.1:{__import__('conftest').free_port()}"
-    model = FakeLlama()
-    first, second = hf_state_dict(seed=1), hf_state_dict(seed=2)
+    model = make_llama()
+    first, second = llama_checkpoint(seed=1), llama_checkpoint(seed=2)
     with deltacast.Worker("w", [endpoint]) as w:
         updater = ModelUpdater(model)
         with deltacast.Publisher(endpoint) as pub:
             pub.publish(first)
-            updater.update(w, 1, timeout=30)
-            assert same_bits(model, first) == []
+            updater.update(w, pub.request(), timeout=30)
+            assert same_as_whole_load(model, make_llama, 0, 1, first) == []
         with deltacast.Publisher(endpoint) as pub:  # the trainer restarted: a new run, counting from 1
             pub.publish(second)
-            deadline = time.monotonic() + 30
-            # One look per turn: a worker that meets a new run drops the old run's version, so
-            # current() can go from a version to None between two calls.
-            while time.monotonic() < deadline:
-                current = w.current()
-                if current is not None and current.run == pub.run:
-                    break
-                time.sleep(0.05)
-            updater.update(w, 1, timeout=30)
-            assert updater.run == pub.run
-            assert same_bits(model, second) == []
+            updater.update(w, pub.request(), timeout=30)
+            assert updater.run == pub.run and updater.last_stats["path"] == "whole"
+            assert same_as_whole_load(model, make_llama, 0, 1, second) == []
 
 
 def test_a_worker_striped_to_its_parent_gets_every_version_bit_for_bit():

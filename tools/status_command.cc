@@ -182,18 +182,28 @@ int run_status(const std::string& address) {
   for (auto it = eb; it != ee; ++it) ledger[it->second.labels["worker"]]["error"] = it->second.labels["error"];
   auto [lb, le] = m.equal_range("deltacast_worker_left");
   for (auto it = lb; it != le; ++it) ledger[it->second.labels["worker"]]["state"] = "left";
+  // What the engine embedding a worker applied (and a version it could not), and second
+  // processes seen under its id.
+  auto [mb, me] = m.equal_range("deltacast_worker_model_version");
+  for (auto it = mb; it != me; ++it) ledger[it->second.labels["worker"]]["model"] = std::to_string(static_cast<std::uint64_t>(it->second.value));
+  auto [fb, fe] = m.equal_range("deltacast_worker_model_update_failed");
+  for (auto it = fb; it != fe; ++it) ledger[it->second.labels["worker"]]["model"] += " (v" + it->second.labels["version"] + " failed)";
+  auto [db, de] = m.equal_range("deltacast_worker_duplicates");
+  for (auto it = db; it != de; ++it)
+    if (it->second.value > 0) ledger[it->second.labels["worker"]]["dups"] = std::to_string(static_cast<std::uint64_t>(it->second.value));
   if (!ledger.empty()) {
     const double newest = one("deltacast_newest_known_version");
-    std::printf("\n  fleet ledger: %zu workers\n  %-24s %-9s %8s %8s %16s  %s\n", ledger.size(), "worker", "state", "version", "behind",
-                "publish->ready", "last error");
+    std::printf("\n  fleet ledger: %zu workers\n  %-24s %-9s %8s %8s %16s %-18s %5s  %s\n", ledger.size(), "worker", "state", "version", "behind",
+                "publish->ready", "model", "dups", "last error");
     for (auto& [w, f] : ledger) {
       const double v = f.count("deltacast_worker_version") ? std::stod(f["deltacast_worker_version"]) : 0;
       // A worker holding another run's version is not "0 behind": it holds nothing of this run.
       const bool other_run = f.count("run") && f["run"] != run;
       const std::string behind = other_run ? "-" : std::to_string(static_cast<std::uint64_t>(newest > v ? newest - v : 0.0));
       const char* state = other_run ? "other run" : f.count("state") ? "left" : "live";
-      std::printf("  %-24s %-9s %8.0f %8s %13s ms  %s%s\n", w.c_str(), state, v, behind.c_str(), f["deltacast_worker_publish_to_ready_ms"].c_str(),
-                  other_run ? ("run " + f["run"] + " ").c_str() : "", f["error"].c_str());
+      std::printf("  %-24s %-9s %8.0f %8s %13s ms %-18s %5s  %s%s\n", w.c_str(), state, v, behind.c_str(),
+                  f["deltacast_worker_publish_to_ready_ms"].c_str(), f.count("model") ? f["model"].c_str() : "-",
+                  f.count("dups") ? f["dups"].c_str() : "-", other_run ? ("run " + f["run"] + " ").c_str() : "", f["error"].c_str());
     }
   }
   return 0;

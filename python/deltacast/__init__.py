@@ -323,13 +323,21 @@ class Version:
         return self._patches(self._select(names), since)
 
     def _patches(self, infos, since: int):
+        for name, *_ in infos:
+            yield (name, *self._patch(name, since)[:2])
+
+    def _patch(self, name: str, since: int, values_at: Optional[int] = None, keep=None):
+        """(flat_indices, values, changed) of one tensor from `since` to this version, the values
+        those of version `values_at` (default: this one); with `keep` (an (n, 2) uint64 array of
+        element ranges, ascending and apart) only the elements inside them, `changed` counting
+        all. Releases the GIL while it works."""
         import torch
 
-        for name, dtype, *_ in infos:
-            idx, raw = self._native.patch(self._index[name], since, self._at)  # values gathered natively
-            torch_dtype = _torch_dtype(dtype)[0]
-            values = torch.from_numpy(raw).view(torch_dtype) if raw.size else torch.empty(0, dtype=torch_dtype)
-            yield name, torch.from_numpy(idx), values
+        index = self._index[name]
+        idx, raw, changed = self._native.patch(index, since, self._at, values_at, keep)  # values gathered natively
+        torch_dtype = _torch_dtype(self._infos[index][1])[0]
+        values = torch.from_numpy(raw).view(torch_dtype) if raw.size else torch.empty(0, dtype=torch_dtype)
+        return torch.from_numpy(idx), values, changed
 
     def verify(self, named_tensors) -> list[str]:
         """The names whose bytes differ from this version (tensors on any device; a name the

@@ -30,6 +30,8 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 import re
 import socket
 from dataclasses import dataclass, field
@@ -90,8 +92,8 @@ class UpdateError(Error):
 
 @dataclass
 class _Layer:
-    """Runs of one checkpoint tensor that do not overlap, sorted by source: element src + k of the
-    tensor lands at element dst + k * stride of parameter `param` (torch int64 tensors)."""
+    """Runs of one checkpoint tensor that do not overlap, sorted by source: element src + k (up to
+    end) of the tensor lands at element dst + k * stride of parameter `param` (int64 arrays)."""
 
     src: object
     end: object
@@ -112,6 +114,7 @@ class Placement:
         self.params = params or []  # the rank's parameters, by index
         self.param_names = names or []
         self._layers: dict[str, list[_Layer]] = layers or {}
+        self._ranges: dict = {}  # name -> the element ranges of it that land on this rank (held())
 
     @classmethod
     def none(cls, reason: str) -> "Placement":
@@ -181,8 +184,6 @@ class Placement:
     def _layers_of(runs, names) -> dict:
         """Per checkpoint tensor, its runs in layers that do not overlap (one, unless a value lands
         in several places)."""
-        import torch
-
         if not runs:
             return {}
         t, src, length, dst, stride, param = (np.concatenate(col) for col in zip(*runs))
@@ -209,13 +210,33 @@ class Placement:
                         groups.append([k])
                         ends.append(src[k] + length[k])
                 groups = [np.array(g) for g in groups]
-            out[name] = [_Layer(*(torch.from_numpy(np.ascontiguousarray(a[g])) for a in (src, src + length, dst, stride, param)))
-                         for g in groups]
+            out[name] = [_Layer(*(np.ascontiguousarray(a[g]) for a in (src, src + length, dst, stride, param))) for g in groups]
         return out
 
     def holds(self, name: str) -> bool:
         """Whether any value of checkpoint tensor ``name`` lands on this rank."""
         return name in self._layers
+
+    def held(self, name: str):
+        """The elements of checkpoint tensor ``name`` that land on this rank, as an (n, 2) uint64
+        array of [first, last) ranges, ascending and apart (empty: none), made once."""
+        ranges = self._ranges.get(name)
+        if ranges is None:
+            layers = self._layers.get(name, [])
+            if not layers:
+                ranges = np.zeros((0, 2), dtype=np.uint64)
+            else:
+                src = np.concatenate([layer.src for layer in layers])
+                end = np.concatenate([layer.end for layer in layers])
+                order = np.argsort(src, kind="stable")
+                src, end = src[order], np.maximum.accumulate(end[order])
+                # A range starts where the one before ended before it; merged ranges end at the last end.
+                starts = np.concatenate([[True], src[1:] > end[:-1]])
+                first = src[starts]
+                last = np.concatenate([end[np.flatnonzero(starts)[1:] - 1], end[-1:]])
+                ranges = np.stack([first, last], axis=1).astype(np.uint64)
+            self._ranges[name] = ranges
+        return ranges
 
     def writes(self, name: str, idx, values):
         """The in-place writes that turn ``(idx, values)``, changed elements of checkpoint tensor
@@ -226,22 +247,24 @@ class Placement:
         layers = self._layers.get(name)
         if not layers or idx.numel() == 0:
             return [], 0
-        landed = torch.zeros(idx.numel(), dtype=torch.bool)
-        out = []
+        out, landed = [], None
+        idx_np = idx.numpy()
         for layer in layers:
-            pos = torch.searchsorted(layer.src, idx, right=True) - 1
-            run = pos.clamp(min=0)
-            hit = (pos >= 0) & (idx < layer.end[run])
-            if not bool(hit.any()):
+            at, dst, owner = _native.placement_hits(idx_np, layer.src, layer.end, layer.dst, layer.stride, layer.param)
+            if len(at) == 0:
                 continue
-            landed |= hit
-            run, at, vals = run[hit], idx[hit], values[hit]
-            dst = layer.dst[run] + (at - layer.src[run]) * layer.stride[run]
-            owners = layer.param[run]
-            for owner in torch.unique(owners).tolist():
-                mine = owners == owner
-                out.append((owner, dst[mine], vals[mine]))
-        return out, int(landed.sum())
+            at, dst, owner = torch.from_numpy(at), torch.from_numpy(dst), torch.from_numpy(owner)
+            vals = values if len(at) == idx.numel() else values[at]
+            landed = at if landed is None else torch.cat([landed, at])
+            first = int(owner[0])
+            if bool((owner == first).all()):  # the usual case: one parameter per checkpoint tensor
+                out.append((first, dst, vals))
+                continue
+            for o in torch.unique(owner).tolist():
+                mine = owner == o
+                out.append((o, dst[mine], vals[mine]))
+        count = 0 if landed is None else (len(landed) if len(layers) == 1 else int(torch.unique(landed).numel()))
+        return out, count
 
     def mismatches(self, version: Version) -> list[str]:
         """The parameters whose mapped elements do not hold what the map says ``version`` puts
@@ -251,7 +274,8 @@ class Placement:
         wrong = set()
         for name, tensor in version.tensors([n for n in self._layers if n in set(version.names())]):
             flat = tensor.reshape(-1)
-            for layer in self._layers[name]:
+            for numpy_layer in self._layers[name]:
+                layer = _Layer(*(torch.from_numpy(a) for a in vars(numpy_layer).values()))
                 lengths = layer.end - layer.src
                 run = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
                 k = torch.arange(int(lengths.sum())) - torch.repeat_interleave(torch.cumsum(lengths, 0) - lengths, lengths)
@@ -284,6 +308,8 @@ class _Plan:
     reload: bool = False  # ... inside the engine's reload hooks
     loads: list = field(default_factory=list)  # names whose whole tensors go through the loader
     writes: list = field(default_factory=list)  # (param index, flat indices, values) in place
+    written: list = field(default_factory=list)  # names of the checkpoint tensors the writes come from
+    since: Optional[int] = None  # the version the writes start from (the one the model holds)
     changed: int = 0  # checkpoint values that changed
     in_slice: int = 0  # ... of which land on this rank
 
@@ -291,8 +317,24 @@ class _Plan:
 @dataclass
 class _Undo:
     writes: list = field(default_factory=list)  # (param, flat indices on its device, old values)
+    # Or, when the worker's history holds the held version's values: the plan whose writes
+    # that version's values put back.
+    rewrite: Optional[_Plan] = None
     loads: list = field(default_factory=list)  # names loaded (put back by loading the held version's)
     whole: bool = False
+
+
+_POOL_LOCK = threading.Lock()
+_POOL: Optional[ThreadPoolExecutor] = None
+
+
+def _pool() -> ThreadPoolExecutor:
+    """Threads that read a version's changes, tensor by tensor (the native calls let go of the GIL)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="deltacast-plan")
+        return _POOL
 
 
 class ModelUpdater:
@@ -402,15 +444,28 @@ class ModelUpdater:
         exact = self.placement.exact
         if not exact and self.reload is not None:
             return _Plan(v, whole=True, reload=True, loads=v.names())  # post-processed: the engine's reload path
-        plan = _Plan(v)
-        for name, idx, values in v.patches(since=held):
+        plan = _Plan(v, since=held)
+
+        def read(name):  # on the pool: the changes of one tensor, and where they land
+            if not exact:
+                idx, _, changed = v._patch(name, held)
+                return name, changed, None, 0
+            # Only the values of this rank's part of the tensor are read.
+            idx, values, changed = v._patch(name, held, keep=self.placement.held(name))
             if idx.numel() == 0:
+                return name, changed, [], 0
+            writes, landed = self.placement.writes(name, idx, values)
+            return name, changed, writes, landed
+
+        for name, changed, writes, landed in _pool().map(read, v.names()):
+            if changed == 0:
                 continue
-            plan.changed += idx.numel()
+            plan.changed += changed
             if exact:
-                writes, landed = self.placement.writes(name, idx, values)
                 plan.writes += writes
                 plan.in_slice += landed
+                if writes:
+                    plan.written.append(name)
             else:
                 plan.loads.append(name)
         return plan
@@ -423,10 +478,16 @@ class ModelUpdater:
             if plan.loads:
                 undo.loads = plan.loads
                 self._load(plan.version, plan.loads, plan.reload)
+            # What was written is put back from the held version's values in the worker's history
+            # when it has them, else from copies taken here.
+            keep = not plan.writes or plan.version._native.values_since > plan.since
+            if not keep:
+                undo.rewrite = plan
             for owner, dst, values in plan.writes:
                 flat = self.placement.params[owner].data.view(-1)
                 dst = dst.to(flat.device)
-                undo.writes.append((flat, dst, flat.index_select(0, dst)))
+                if keep:
+                    undo.writes.append((flat, dst, flat.index_select(0, dst)))
                 flat.index_copy_(0, dst, values.to(device=flat.device, dtype=flat.dtype))
 
     def _load(self, v: Version, names, reload: bool) -> None:
@@ -447,12 +508,24 @@ class ModelUpdater:
             flat.index_copy_(0, dst, old)
         undo.writes.clear()
 
+    def _rewrite_held(self, plan: _Plan) -> None:
+        """Writes the values of version plan.since where the plan wrote: back to what the model held."""
+        v = plan.version
+        for name in plan.written:
+            idx, values, _ = v._patch(name, plan.since, values_at=plan.since, keep=self.placement.held(name))
+            for owner, dst, old in self.placement.writes(name, idx, values)[0]:
+                flat = self.placement.params[owner].data.view(-1)
+                flat.index_copy_(0, dst.to(flat.device), old.to(device=flat.device, dtype=flat.dtype))
+
     def _rollback(self, worker: Worker, undo: _Undo) -> None:
         """Puts back the version held before an update this rank applied and another did not."""
         import torch
 
         with torch.no_grad():
             self._undo_writes(undo)
+            if undo.rewrite is not None:
+                self._rewrite_held(undo.rewrite)
+                undo.rewrite = None
             if not undo.loads:
                 return
             try:

@@ -75,7 +75,8 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("run", &Version::run)
       .def("tensor_infos", &Version::tensor_infos)
       .def("stub", &Version::stub)
-      .def("patch", &Version::patch, py::arg("index"), py::arg("since"), py::arg("at"))
+      .def("patch", &Version::patch, py::arg("index"), py::arg("since"), py::arg("at"), py::arg("values_at") = py::none(),
+           py::arg("keep") = py::none())
       .def("tensor_at", &Version::tensor_at, py::arg("index"), py::arg("at"))
       .def("checksum_at", &Version::checksum_at, py::arg("at"))
       .def_property_readonly("changes_since", &Version::changes_since)

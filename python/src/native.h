@@ -67,7 +67,11 @@ class Version {
   // The elements of tensor `index` that differ between versions `since` and `at` (int64,
   // ascending), from the changes the worker kept, and their values in version `at` (raw bytes,
   // uint8). Raises deltacast.Error when the history kept does not reach back that far.
-  pybind11::tuple patch(std::size_t index, std::uint64_t since, std::uint64_t at) const;
+  // With values_at, the values are those of version values_at (since: what turns `at` back).
+  // With `keep` ((first, last) element ranges, ascending and apart), only the elements inside
+  // them; the third item is the count of all changed elements.
+  pybind11::tuple patch(std::size_t index, std::uint64_t since, std::uint64_t at, std::optional<std::uint64_t> values_at,
+                        std::optional<pybind11::array_t<std::uint64_t, pybind11::array::c_style | pybind11::array::forcecast>> keep) const;
   // The bytes of tensor `index` in version `at`, read back from the history (uint8, a copy).
   pybind11::array_t<std::uint8_t> tensor_at(std::size_t index, std::uint64_t at) const;
   std::uint64_t checksum_at(std::uint64_t at) const;

@@ -46,9 +46,62 @@ std::vector<Run> runs_of(const std::int64_t* source, std::int64_t elements, cons
   return runs;
 }
 
+// For changed elements `idx` (ascending) of one checkpoint tensor and one layer of its runs
+// (ascending, not overlapping): the positions in idx that land in a run, where they land, and in
+// which parameter. A merge of the two sorted lists.
+struct Hits {
+  std::vector<std::int64_t> at, dst, owner;
+};
+
+Hits hits_of(const std::int64_t* idx, std::int64_t n, const std::int64_t* src, const std::int64_t* end, const std::int64_t* dst,
+             const std::int64_t* stride, const std::int64_t* param, std::int64_t runs) {
+  Hits h;
+  h.at.reserve(static_cast<std::size_t>(n));
+  h.dst.reserve(static_cast<std::size_t>(n));
+  h.owner.reserve(static_cast<std::size_t>(n));
+  std::int64_t r = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t e = idx[i];
+    while (r < runs && end[r] <= e) ++r;
+    if (r == runs) break;
+    if (e < src[r]) continue;
+    h.at.push_back(i);
+    h.dst.push_back(dst[r] + (e - src[r]) * stride[r]);
+    h.owner.push_back(param[r]);
+  }
+  return h;
+}
+
+template <typename T>
+py::array_t<T> to_array(std::vector<T>&& v) {
+  auto* owned = new std::vector<T>(std::move(v));
+  py::capsule free_when_done(owned, [](void* p) { delete static_cast<std::vector<T>*>(p); });
+  return py::array_t<T>({static_cast<py::ssize_t>(owned->size())}, {sizeof(T)}, owned->data(), free_when_done);
+}
+
 }  // namespace
 
 void bind_placement(py::module_& m) {
+  m.def(
+      "placement_hits",
+      [](Int64Array idx, Int64Array src, Int64Array end, Int64Array dst, Int64Array stride, Int64Array param) {
+        const py::ssize_t runs = src.size();
+        if (idx.ndim() != 1 || src.ndim() != 1 || end.size() != runs || dst.size() != runs || stride.size() != runs || param.size() != runs)
+          throw py::value_error("placement_hits takes flat arrays, the runs' all of one length");
+        for (py::ssize_t i = 1; i < idx.size(); ++i)
+          if (idx.data()[i] < idx.data()[i - 1]) throw py::value_error("changed elements must ascend");
+        for (py::ssize_t r = 0; r < runs; ++r)
+          if (end.data()[r] < src.data()[r] || (r > 0 && src.data()[r] < end.data()[r - 1])) throw py::value_error("runs must ascend without overlap");
+        Hits h;
+        {
+          py::gil_scoped_release release;
+          h = hits_of(idx.data(), idx.size(), src.data(), end.data(), dst.data(), stride.data(), param.data(), runs);
+        }
+        return py::make_tuple(to_array(std::move(h.at)), to_array(std::move(h.dst)), to_array(std::move(h.owner)));
+      },
+      py::arg("idx"), py::arg("src"), py::arg("end"), py::arg("dst"), py::arg("stride"), py::arg("param"),
+      "(positions in idx that land, where each lands, in which parameter) for changed elements `idx` of a checkpoint tensor "
+      "and one layer of its runs (Placement).");
   m.def(
       "placement_runs",
       [](Int64Array source, Int64Array starts) {

@@ -45,14 +45,26 @@ py::array_t<T> owning_array(V&& v, std::size_t count) {
 
 }  // namespace
 
-py::tuple Version::patch(std::size_t index, std::uint64_t since, std::uint64_t at) const {
+py::tuple Version::patch(std::size_t index, std::uint64_t since, std::uint64_t at, std::optional<std::uint64_t> values_at,
+                         std::optional<py::array_t<std::uint64_t, py::array::c_style | py::array::forcecast>> keep) const {
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
+  if (keep) {
+    if (keep->ndim() != 2 || keep->shape(1) != 2) throw py::value_error("keep: an array of (first, last) element ranges");
+    const std::uint64_t* r = keep->data();
+    ranges.reserve(static_cast<std::size_t>(keep->shape(0)));
+    for (py::ssize_t i = 0; i < keep->shape(0); ++i) ranges.emplace_back(r[2 * i], r[2 * i + 1]);
+    for (std::size_t i = 0; i < ranges.size(); ++i)
+      if (ranges[i].first > ranges[i].second || (i > 0 && ranges[i].first < ranges[i - 1].second))
+        throw py::value_error("keep: ranges must ascend and stay apart");
+  }
   auto patch = [&] {
     py::gil_scoped_release release;
-    return runtime::patch_between(*v_, index, since, at);
+    return runtime::patch_between(*v_, index, since, at, values_at.value_or(at), ranges);
   }();
   if (!patch.is_ok()) throw Error(patch.status().to_string());
   const std::size_t count = patch->elements.size(), bytes = patch->values.size();
-  return py::make_tuple(owning_array<std::int64_t>(std::move(patch->elements), count), owning_array<std::uint8_t>(std::move(patch->values), bytes));
+  return py::make_tuple(owning_array<std::int64_t>(std::move(patch->elements), count), owning_array<std::uint8_t>(std::move(patch->values), bytes),
+                        patch->changed);
 }
 
 py::array_t<std::uint8_t> Version::tensor_at(std::size_t index, std::uint64_t at) const {

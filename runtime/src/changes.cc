@@ -1,6 +1,7 @@
 // Which elements of a tensor changed between two versions, and what they held in an older one,
 // from the change sets a worker kept.
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <span>
 
@@ -14,6 +15,8 @@ namespace {
 template <typename Visit>
 void for_each_tensor_change(const ChangeSet& set, const TensorInfo& t, Visit visit) {
   const std::uint64_t begin = t.offset, end = t.offset + t.nbytes, es = dtype_size(t.dtype);
+  // Element sizes are powers of two: a shift, not a division per change.
+  const unsigned shift = static_cast<unsigned>(std::countr_zero(es));
   const auto& chunks = set.chunks;
   // The last chunk starting at or before the tensor, then every chunk that starts inside it.
   auto c = std::upper_bound(chunks.begin(), chunks.end(), begin, [](std::uint64_t off, const ChangeSet::Chunk& ch) { return off < ch.offset; });
@@ -25,7 +28,7 @@ void for_each_tensor_change(const ChangeSet& set, const TensorInfo& t, Visit vis
     const auto last_pos = set.positions.begin() + static_cast<std::ptrdiff_t>(std::min<std::uint64_t>(last, set.positions.size()));
     // Positions are chunk-relative: the tensor's part of this chunk is [begin - offset, end - offset).
     const std::uint64_t lo = begin > c->offset ? begin - c->offset : 0, hi = end - c->offset;
-    for (auto p = std::lower_bound(first_pos, last_pos, lo); p != last_pos && *p < hi; ++p) visit((c->offset + *p - begin) / es, k++);
+    for (auto p = std::lower_bound(first_pos, last_pos, lo); p != last_pos && *p < hi; ++p) visit((c->offset + *p - begin) >> shift, k++);
   }
 }
 
@@ -113,25 +116,44 @@ Result<std::vector<std::uint64_t>> changed_elements(const ModelVersion& v, std::
 }
 
 Result<TensorPatch> patch_between(const ModelVersion& v, std::size_t tensor, std::uint64_t since, std::uint64_t at) {
+  return patch_between(v, tensor, since, at, at);
+}
+
+Result<TensorPatch> patch_between(const ModelVersion& v, std::size_t tensor, std::uint64_t since, std::uint64_t at, std::uint64_t values_at,
+                                  ElementRanges keep) {
   DC_RETURN_IF_ERROR(check_tensor(v, tensor));
-  if (since > at || at > v.version) {
+  if (since > at || at > v.version || values_at > v.version) {
     return Status::invalid_argument("no patch from version " + std::to_string(since) + " to " + std::to_string(at) + " in version " +
                                     std::to_string(v.version));
   }
-  // Newest first: the sets after `at`, whose old values undo them, then those from `since` to `at`.
-  auto newer = chain_to(v, at, /*old_values=*/true);
-  if (!newer.is_ok()) return newer.status();
+  // Newest first: every set back to `since`; those after `at` changed nothing the patch is about.
   auto chain = chain_to(v, since, /*old_values=*/false);
   if (!chain.is_ok()) return chain.status();
+  // The sets after `values_at`, whose old values undo them.
+  auto newer = chain_to(v, values_at, /*old_values=*/true);
+  if (!newer.is_ok()) return newer.status();
   const TensorInfo& t = v.tensors[tensor];
   const std::size_t es = dtype_size(t.dtype);
+  const std::size_t skip = static_cast<std::size_t>(std::count_if(chain->begin(), chain->end(), [&](const ChangeSet* s) { return s->version > at; }));
   TensorPatch patch;
-  patch.elements = union_of_changes(std::span(*chain).subspan(newer->size()), t);
-  // Version `at` holds v's bytes, then over them the old values of the sets after it, newest
-  // to oldest.
+  patch.elements = union_of_changes(std::span(*chain).subspan(skip), t);
+  patch.changed = patch.elements.size();
+  if (!keep.empty()) {  // both ascending: a merge
+    std::size_t r = 0;
+    std::erase_if(patch.elements, [&](std::uint64_t e) {
+      while (r < keep.size() && keep[r].second <= e) ++r;
+      return r == keep.size() || e < keep[r].first;
+    });
+  }
+  // Version `values_at` holds v's bytes, then over them the old values of the sets after it,
+  // newest to oldest.
   patch.values.resize(patch.elements.size() * es);
   const std::uint8_t* image = v.image.data() + t.offset;
-  for (std::size_t i = 0; i < patch.elements.size(); ++i) std::memcpy(patch.values.data() + i * es, image + patch.elements[i] * es, es);
+  std::uint8_t* out = patch.values.data();
+  for (const std::uint64_t e : patch.elements) {
+    std::memcpy(out, image + e * es, es);
+    out += es;
+  }
   for (const ChangeSet* set : *newer) {
     std::size_t i = 0;  // both ascending: a merge
     DC_RETURN_IF_ERROR(for_each_old_value(*set, v, tensor, [&](std::uint64_t e, const std::uint8_t* old) {

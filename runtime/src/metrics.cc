@@ -149,6 +149,18 @@ void write_ledger(Writer& w, const Node& node) {
   for (const auto& [id, e] : node.ledger())
     if (!e.last_error.empty())
       w.sample("deltacast_worker_last_error", 1, "worker=\"" + escape_label(id) + "\",error=\"" + escape_label(e.last_error) + "\"");
+  w.family("deltacast_worker_duplicates", "gauge",
+           "Fleet ledger: times a second live process claiming each worker's id was seen (refused by a parent, or reporting in turns).");
+  for (const auto& [id, e] : node.ledger()) w.sample("deltacast_worker_duplicates", e.duplicates, "worker=\"" + escape_label(id) + "\"");
+  w.family("deltacast_worker_model_version", "gauge", "Fleet ledger: the version the model of each worker's engine holds (engines that report).");
+  for (const auto& [id, e] : node.ledger())
+    if (e.model.reported)
+      w.sample("deltacast_worker_model_version", e.model.version, "worker=\"" + escape_label(id) + "\",run=\"" + to_string(e.model.run) + "\"");
+  w.family("deltacast_worker_model_update_failed", "gauge",
+           "Fleet ledger: 1 for a worker whose engine's last update could not apply its version (the label).");
+  for (const auto& [id, e] : node.ledger())
+    if (e.model.reported && e.model.failed_version)
+      w.sample("deltacast_worker_model_update_failed", 1, "worker=\"" + escape_label(id) + "\",version=\"" + std::to_string(e.model.failed_version) + "\"");
 }
 
 }  // namespace

@@ -754,6 +754,30 @@ TEST_CASE("a double-buffered worker reads older versions back exactly from its c
         Bytes patched = bytes_of(since);
         for (std::size_t i = 0; i < patch->elements.size(); ++i) std::memcpy(patched.data() + patch->elements[i] * es, patch->values.data() + i * es, es);
         CHECK(patched == bytes_of(at));
+        // The same elements with the values of `since`: what turns `at` back.
+        auto back = patch_between(*v5, t, since, at, since);
+        REQUIRE(back.is_ok());
+        CHECK(back->elements == patch->elements);
+        for (std::size_t i = 0; i < back->elements.size(); ++i) std::memcpy(patched.data() + back->elements[i] * es, back->values.data() + i * es, es);
+        CHECK(patched == bytes_of(since));
+        // Kept to part of the tensor (a rank's slice): the same elements and values inside it,
+        // none outside, and the count of all.
+        const std::uint64_t n = info.nbytes / es;
+        const std::vector<std::pair<std::uint64_t, std::uint64_t>> keep = {{0, n / 4}, {n / 2, n / 2 + n / 8}};
+        auto part = patch_between(*v5, t, since, at, at, keep);
+        REQUIRE(part.is_ok());
+        CHECK(part->changed == patch->elements.size());
+        std::vector<std::uint64_t> inside;
+        Bytes inside_values;
+        for (std::size_t i = 0; i < patch->elements.size(); ++i) {
+          const std::uint64_t e = patch->elements[i];
+          if (e < n / 4 || (e >= n / 2 && e < n / 2 + n / 8)) {
+            inside.push_back(e);
+            inside_values.insert(inside_values.end(), patch->values.begin() + i * es, patch->values.begin() + (i + 1) * es);
+          }
+        }
+        CHECK(part->elements == inside);
+        CHECK(part->values == inside_values);
         // Exactly the elements some version after `since` up to `at` changed (over several
         // versions a value may change and change back): none that differs only after `at`.
         std::vector<std::uint64_t> touched;

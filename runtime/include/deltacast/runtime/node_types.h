@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -196,15 +197,23 @@ std::uint64_t changes_reach(const ModelVersion& v, std::uint64_t since = 0);
 // when none are kept.
 std::uint64_t values_reach(const ModelVersion& v);
 
-// The elements of tensors[tensor] that differ between versions `since` and `at` (since <= at <=
-// v.version, both within values_reach; `at` == v.version needs only changes_reach), ascending,
-// with their bytes in version `at` (each the dtype's size, in the same order): what turns a
-// consumer's copy of `since` into `at`.
+// The elements of tensors[tensor] that the versions after `since` up to `at` changed (since <= at
+// <= v.version; changes_reach back to `since`), ascending, with their bytes in version
+// `values_at` (default `at`; old values kept back to it), each the dtype's size, in the same
+// order: what turns a consumer's copy of `since` into `at` (and, with values_at = since, back).
 struct TensorPatch {
   std::vector<std::uint64_t> elements;
   Bytes values;
+  std::uint64_t changed = 0;  // elements changed, before `keep` left some out
 };
+// Element ranges [first, last) of a tensor, ascending and apart: the part of it a consumer holds
+// (a tensor-parallel rank's slice). Empty: all of it.
+using ElementRanges = std::span<const std::pair<std::uint64_t, std::uint64_t>>;
 Result<TensorPatch> patch_between(const ModelVersion& v, std::size_t tensor, std::uint64_t since, std::uint64_t at);
+// With `keep`, only the elements inside those ranges are given (their values read), and
+// `changed` counts them all.
+Result<TensorPatch> patch_between(const ModelVersion& v, std::size_t tensor, std::uint64_t since, std::uint64_t at, std::uint64_t values_at,
+                                  ElementRanges keep = {});
 // The bytes of tensors[tensor] in version `at` (values_reach(v) <= at <= v.version): v's bytes
 // with the old values of every version after `at` written back over them.
 Result<Bytes> tensor_at(const ModelVersion& v, std::size_t tensor, std::uint64_t at);

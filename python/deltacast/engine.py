@@ -39,7 +39,7 @@ from typing import Callable, Iterable, Optional
 
 import numpy as np
 
-from . import Error, Request, Version, VersionGone, Worker, _native
+from . import Error, Request, Version, VersionGone, Worker, _native, _torch_dtype
 
 __all__ = ["ModelUpdater", "Placement", "Request", "UpdateError", "default_group", "default_worker_id"]
 
@@ -106,11 +106,14 @@ class Placement:
     """Where each checkpoint value lands in one rank's parameters, as the engine's own loader puts it.
 
     ``exact`` False means no such map exists (``reason`` says why): the loader transforms values,
-    or could not load index values at all."""
+    or could not load index values at all. ``loadable`` False means the loader cannot load the
+    checkpoint into this model at all, not even its own values (a draft model given the target's
+    checkpoint): nothing may be loaded into it."""
 
-    def __init__(self, exact: bool, reason: str = "", params=None, names=None, layers=None):
+    def __init__(self, exact: bool, reason: str = "", params=None, names=None, layers=None, loadable: bool = True):
         self.exact = exact
         self.reason = reason
+        self.loadable = loadable
         self.params = params or []  # the rank's parameters, by index
         self.param_names = names or []
         self._layers: dict[str, list[_Layer]] = layers or {}
@@ -123,8 +126,8 @@ class Placement:
     @classmethod
     def derive(cls, model, load_weights: Callable[[Iterable], object], table, probe_bytes_max: int = PLACEMENT_PROBE_BYTES_MAX) -> "Placement":
         """Runs ``load_weights`` on index values of every checkpoint tensor in ``table`` ((name,
-        shape) in image order) into float64 shadows of ``model``'s parameters, twice, and reads
-        where each value went. The parameters are given back their own tensors after."""
+        shape, torch dtype) in image order) into float64 shadows of ``model``'s parameters, twice,
+        and reads where each value went. The parameters are given back their own tensors after."""
         import torch
 
         named, seen = [], set()
@@ -132,7 +135,7 @@ class Placement:
             if id(p) not in seen:
                 seen.add(id(p))
                 named.append((name, p))
-        counts = [math.prod(shape) for _, shape in table]
+        counts = [math.prod(shape) for _, shape, _ in table]
         starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
         total = int(starts[-1])
         if total + 3 >= 2**52:
@@ -154,7 +157,7 @@ class Placement:
                     p.data = torch.full(tuple(p.shape), -1.0, dtype=torch.float64)
 
                 def probe(slope=slope, offset=offset):
-                    for (name, shape), start, count in zip(table, starts, counts):
+                    for (name, shape, _), start, count in zip(table, starts, counts):
                         values = torch.arange(int(start), int(start) + count, dtype=torch.float64)
                         yield name, (values * slope + offset).reshape(tuple(shape))
 
@@ -162,10 +165,19 @@ class Placement:
                     load_weights(probe())
                 decoded.append([p.data.reshape(-1) for _, p in named])
         except Exception as e:  # the loader cannot take index values (it checks dtypes, quantizes, ...)
-            return cls.none(f"the engine's loader could not load index values: {type(e).__name__}: {e}")
+            failed = f"{type(e).__name__}: {e}"
+        else:
+            failed = None
         finally:
             for (_, p), data in zip(named, saved):
                 p.data = data
+        if failed is not None:
+            # Can it load this checkpoint at all? The same load with zeros of every tensor's own
+            # dtype, into shadows of every parameter's own dtype.
+            unloadable = cls._dry_load(named, load_weights, table)
+            if unloadable:
+                return cls(False, f"the engine's loader cannot load this checkpoint into this model: {unloadable}", loadable=False)
+            return cls.none(f"the engine's loader could not load index values: {failed}")
         runs = []
         for index, ((name, _), a, b) in enumerate(zip(named, *decoded)):
             constant = a == b
@@ -178,7 +190,26 @@ class Placement:
             t, src, length, dst, stride = _native.placement_runs(source, starts[:-1])
             runs.append((t, src, length, dst, stride, np.full(len(t), index, dtype=np.int64)))
         del decoded
-        return cls(True, "", [p for _, p in named], [n for n, _ in named], cls._layers_of(runs, [n for n, _ in table]))
+        return cls(True, "", [p for _, p in named], [n for n, _ in named], cls._layers_of(runs, [n for n, _, _ in table]))
+
+    @staticmethod
+    def _dry_load(named, load_weights, table) -> Optional[str]:
+        """Why ``load_weights`` cannot load zeros of every checkpoint tensor into shadows of the
+        parameters (None: it can). The parameters are given back their own tensors after."""
+        import torch
+
+        saved = [p.data for _, p in named]
+        try:
+            for _, p in named:
+                p.data = torch.zeros(tuple(p.shape), dtype=p.dtype)
+            with torch.no_grad():
+                load_weights((name, torch.zeros(shape, dtype=dtype)) for name, shape, dtype in table)
+            return None
+        except Exception as e:
+            return f"{type(e).__name__}: {e}"
+        finally:
+            for (_, p), data in zip(named, saved):
+                p.data = data
 
     @staticmethod
     def _layers_of(runs, names) -> dict:
@@ -427,11 +458,13 @@ class ModelUpdater:
                 raise VersionGone(f"{req} is older than version {self.version} of run {self.run}, which the model holds")
             if v.number == self.version:
                 return None
-        table = [(info[0], tuple(info[2])) for info in v._infos]
+        table = [(info[0], tuple(info[2]), _torch_dtype(info[1])[0]) for info in v._infos]
         if table != self._table:
             self._table = table
             self.placement = (Placement.derive(self.model, self._load_weights, table, self._probe_bytes_max) if self._derive
                               else Placement.none("placement is off"))
+        if not self.placement.loadable:
+            raise Error(f"{self.placement.reason}; nothing was written (a draft model given the target's checkpoint?)")
             if not self.placement.exact:
                 _log.warning("deltacast: no exact placement map (%s): changed tensors go through the engine's %s",
                              self.placement.reason, "reload path" if self.reload else "loader")

@@ -134,6 +134,12 @@ class DeltacastWeightTransferEngine(WeightTransferEngine[DeltacastInitInfo, Delt
 
     def init_transfer_engine(self, init_info: DeltacastInitInfo) -> None:
         self.shutdown()  # a second init replaces the first worker
+        if getattr(self.config, "reload_mode", "layerwise") == "layerwise":
+            try:
+                _LayerwiseReload(self.model, self.model_config)
+            except ImportError as e:  # a model that post-processes would be loaded without it: refuse now
+                raise Error(f"reload_mode 'layerwise', but this vLLM has no layerwise reload ({e}); 'direct' only suits models "
+                            "whose post-load step leaves the parameters as loaded") from e
         worker_id = self.worker_id(init_info.worker_id)
         state_dir = os.path.join(init_info.state_dir, worker_id) if init_info.state_dir else None
         self.worker = Worker(worker_id, init_info.parents, keys=init_info.keys, parent_keys=init_info.parent_keys,
@@ -152,12 +158,7 @@ class DeltacastWeightTransferEngine(WeightTransferEngine[DeltacastInitInfo, Delt
         # vLLM may retarget updates (set_weight_update_target); each model keeps its own state.
         if self.updater is None or self.updater.model is not self.model:
             mode = getattr(self.config, "reload_mode", "layerwise")
-            reload = None
-            if mode == "layerwise":
-                try:
-                    reload = _LayerwiseReload(self.model, self.model_config)
-                except ImportError:
-                    reload = None
+            reload = _LayerwiseReload(self.model, self.model_config) if mode == "layerwise" else None
             self.updater = ModelUpdater(self.model, group=engine_group(), reload=reload, placement=self._placement)
         return self.updater
 

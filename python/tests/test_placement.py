@@ -52,7 +52,7 @@ def test_the_map_follows_the_loader_not_names_and_shapes():
     # The map says element (i, j) of the checkpoint lands at (j, i).
     model = make_gpt2()
     sd = gpt2_checkpoint()
-    placement = Placement.derive(model, model.load_weights, [(n, tuple(t.shape)) for n, t in sd.items()])
+    placement = Placement.derive(model, model.load_weights, [(n, tuple(t.shape), t.dtype) for n, t in sd.items()])
     assert placement.exact, placement.reason
     name = "h.0.attn.c_proj.weight"
     idx = torch.tensor([1, 64 + 5])  # (0, 1) and (1, 5)
@@ -62,13 +62,15 @@ def test_the_map_follows_the_loader_not_names_and_shapes():
     assert placement.param_names[owner] == "transformer.h.0.attn.c_proj.weight"
     assert dst.tolist() == [1 * 64 + 0, 5 * 64 + 1]
     # A checkpoint tensor no value of which lands on a rank has no writes there.
-    assert not Placement.derive(make_llama(0, 1), make_llama(0, 1).load_weights, [("nothing.weight", (4,))]).holds("nothing.weight")
+    llama = make_llama(0, 1)
+    unknown = Placement.derive(llama, llama.load_weights, [("nothing.weight", (4,), torch.bfloat16)])
+    assert not unknown.loadable and "KeyError" in unknown.reason  # the loader has no such tensor
 
 
 def test_padded_vocabulary_rows_are_never_written():
     model = make_llama(3, 4)  # rows 192..255 of 256: 58 of the 250 real ones, then 6 of padding
     sd = llama_checkpoint()
-    placement = Placement.derive(model, model.load_weights, [(n, tuple(t.shape)) for n, t in sd.items()])
+    placement = Placement.derive(model, model.load_weights, [(n, tuple(t.shape), t.dtype) for n, t in sd.items()])
     assert placement.exact
     hidden = sd["model.embed_tokens.weight"].shape[1]
     every = torch.arange(sd["model.embed_tokens.weight"].numel())

@@ -337,3 +337,30 @@ def test_bad_arguments_raise_before_anything_starts():
         assert unchanged(r.model, before)
     finally:
         r.close()
+
+
+def test_a_model_whose_loader_cannot_take_the_checkpoint_is_refused_untouched():
+    # SGLang's speculative decoding hands the draft model the same request as the target (its
+    # EAGLE worker updates the draft runner, then the target's). A draft model's loader cannot
+    # take the target's checkpoint: nothing is written into it, and the target is updated.
+    import deltacast.sglang
+    from fake_models import make_gpt2
+
+    sd = llama_checkpoint(seed=19)
+    with deltacast.Publisher("tcp://127.0.0.1:0") as pub:
+        deltacast.sglang.configure([pub.listening], worker_id="draft-and-target", timeout_s=20)
+        try:
+            pub.publish(sd)
+            draft, target = make_gpt2(), make_llama()
+            draft_before, target_before = params_of(draft), params_of(target)
+            deltacast.sglang.load_weights(draft, deltacast.sglang.request(pub.request()))  # never raises
+            assert unchanged(draft, draft_before)
+            deltacast.sglang.load_weights(target, deltacast.sglang.request(pub.request()))
+            assert not unchanged(target, target_before)
+            from fake_models import same_as_whole_load
+
+            assert same_as_whole_load(target, make_llama, 0, 1, sd) == []
+            assert eventually(lambda: "cannot load this checkpoint into this model" in pub.ledger()["draft-and-target-r0"]["last_error"])
+            assert eventually(lambda: pub.ledger()["draft-and-target-r0"]["model"]["version"] == 1)  # the target's
+        finally:
+            deltacast.sglang.shutdown()

@@ -10,7 +10,10 @@ kwargs={"init_info": ...})`` and ``collective_rpc("update_weights", kwargs={"upd
 
 The engine's workers are separate processes, one per rank, in one torch.distributed (gloo)
 group, each a vllm/v1/worker/gpu_worker.py Worker on ``cuda:<rank>`` (a device name only: the
-models stay on the CPU). A worker's exception comes back to the caller as it was raised.
+models stay on the CPU). A worker's exception does not keep its type on the way back: as
+vllm/v1/engine/core.py and core_client.py do it (the search index's ids 67065437639 and
+70389998657; no commit exposed), the engine core records ``f"Call to {name} method failed:
+{e}"`` and the client raises ``Exception(failure_message)``.
 """
 import functools
 import multiprocessing
@@ -79,7 +82,7 @@ class LLM:
             self._procs.append(p)
         self._gather(timeout=120)
 
-    def _gather(self, timeout):
+    def _gather(self, timeout, name="load_model"):
         results, error = [], None
         for conn in self._conns:
             if not conn.poll(timeout):
@@ -89,13 +92,14 @@ class LLM:
                 error = value
             results.append(value)
         if error is not None:
-            raise error
+            raise Exception(f"Call to {name} method failed: {error}")
         return results
 
     def collective_rpc(self, method, timeout=None, args: tuple = (), kwargs: dict | None = None) -> list:
         for conn in self._conns:
             conn.send((method, tuple(args), dict(kwargs or {})))
-        return self._gather(timeout=3600 if timeout is None else timeout)
+        name = method if isinstance(method, str) else getattr(method, "__name__", "collective_rpc")
+        return self._gather(3600 if timeout is None else timeout, name)
 
     def init_weight_transfer_engine(self, request) -> None:
         init_info = request["init_info"] if isinstance(request, dict) else request.init_info

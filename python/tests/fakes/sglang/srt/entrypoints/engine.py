@@ -7,8 +7,10 @@ flush_cache=True)`` serializes the named tensors once per rank with Multiprocess
 (raw bytes) and returns the schedulers' (success, message). ``shutdown()`` kills the children.
 
 The tokenizer manager's part (python/sglang/srt/managers/tokenizer_communicator_mixin.py at
-00096b5f4aa0a995aa1e076e43239bc5cf6fbdd0: send the request, wait for the replies, success when
-all succeed, messages joined with " | ") is ``TokenizerManager`` here, over pipes.
+00096b5f4aa0a995aa1e076e43239bc5cf6fbdd0: send the request, wait for one reply per
+data-parallel group, success when all succeed, messages joined with " | ") is
+``TokenizerManager`` here, over pipes (every TP rank gets the request and answers; rank 0's
+answer is the group's).
 
 Differences from upstream: the model is ``make_model(rank, tp_size)`` loaded from ``checkpoint``
 (the tests' own arguments; upstream: a model path); no detokenizer, no generation.
@@ -41,7 +43,8 @@ class TokenizerManager:
         for conn in self.conns:
             conn.send(obj)
         outputs = [conn.recv() for conn in self.conns]
-        return all(o.success for o in outputs), " | ".join(o.message for o in outputs[:1])
+        replies = outputs[:1]  # fan_out = dp_size: the first TP rank of each data-parallel group answers
+        return all(o.success for o in replies), " | ".join(o.message for o in replies)
 
     def call(self, fn):
         """The tests' look into every scheduler process: fn(scheduler) on each, their results."""

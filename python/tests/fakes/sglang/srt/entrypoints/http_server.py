@@ -9,6 +9,7 @@ server instead of FastAPI; a body that is not such a request is 400 (FastAPI: 42
 ``python -m sglang.launch_server --tp-size N --port P --custom-weight-loader F --model llama``
 (fakes/sglang/launch_server.py) runs it for the tests.
 """
+import base64
 import json
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -33,8 +34,11 @@ def launch_server(server_args, make_model, checkpoint, env=None):
             if self.path != "/update_weights_from_tensor":
                 return self._answer(404, {"detail": "Not Found"})
             try:
-                obj = UpdateWeightsFromTensorReqInput(**json.loads(raw))
-            except (ValueError, TypeError) as e:
+                body = json.loads(raw)
+                # Base64Bytes: the HTTP layer decodes each rank's text to the serializer's bytes.
+                body["serialized_named_tensors"] = [base64.b64decode(t, validate=True) for t in body["serialized_named_tensors"]]
+                obj = UpdateWeightsFromTensorReqInput(**body)
+            except (ValueError, TypeError, KeyError) as e:
                 return self._answer(400, {"error": {"message": str(e)}})
             success, message = tokenizer_manager.update_weights_from_tensor(obj)
             self._answer(200 if success else 400, {"success": success, "message": message})

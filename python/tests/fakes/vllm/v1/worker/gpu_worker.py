@@ -6,11 +6,13 @@ RuntimeError("Weight transfer not configured. ..."); ``start_weight_update`` whi
 open raises, ``update_weights`` outside one raises, and an engine exception in it closes the
 session and propagates; ``finish_weight_update`` without a session raises.
 
-The draft path follows vllm/entrypoints/serve/dev/rlhf/api_router.py at
-6fbea1171830682c53ecb7d3ae67495fa799e62f (``start_weight_update(include_draft=...)``) and base.py at
-02f250b03f38822ccdb63f27a3005d10ca81f385 (``supports_draft_weight_update``,
-``set_weight_update_target``): a draft session on an engine that does not support it raises
-RuntimeError before anything starts.
+That version has no draft path. The one here follows vllm/entrypoints/serve/dev/rlhf/api_router.py
+at 6fbea1171830682c53ecb7d3ae67495fa799e62f (``start_weight_update(include_draft=...)``) and
+base.py at 02f250b03f38822ccdb63f27a3005d10ca81f385 (``supports_draft_weight_update``,
+``set_weight_update_target``, ``reset_weight_update_target``): a draft session on an engine that
+does not support it raises RuntimeError before anything starts. The messages of a missing draft
+model, and where exactly upstream resets the target, are this stand-in's own (upstream's
+draft-aware worker was not available to read).
 
 ``load_model`` stands for the model runner's load: the model is built, its metadata recorded for
 reloading (as vLLM's initialize_model does), the checkpoint loaded through ``load_weights`` and

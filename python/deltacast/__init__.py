@@ -531,16 +531,21 @@ class Publisher:
     "v2", codec v2 where it is smaller per chunk (about 30% fewer bytes, several times the workers'
     CPU); "auto", per version whichever the workers hold sooner, given ``wan_rate`` (the slowest WAN
     link a version crosses, e.g. "10Gbit") and ``worker_cores``. ``v2=True`` is ``codec="v2"``.
+    ``run_state``: the file where the start of each run signed by ``sign_key`` is kept, so that a run
+    always starts after the last one whatever this host's clock says (default: next to the key file,
+    ``<key file>.run``, or for a key given as hex ``$XDG_STATE_HOME/deltacast/<public key>.run``).
     """
 
     def __init__(self, listen: str, *, keys=None, allow_keys=None, sign_key=None, anchor_every: int = 25, codec: str = "v1",
                  wan_rate: str = "10Gbit", worker_cores: float = 16, v2: bool = False, chunk_bytes: int = 4 << 20,
-                 threads: int = 0, metrics: Optional[str] = None, id: str = "origin"):
+                 threads: int = 0, metrics: Optional[str] = None, id: str = "origin", run_state: Optional[str] = None):
         if v2 and codec not in ("v1", "v2"):
             raise ValueError("v2=True and codec=%r say different things" % (codec,))
+        if not run_state and sign_key and os.path.exists(sign_key):
+            run_state = sign_key + ".run"
         self._native = _native.Publisher(id, listen, keys, list(allow_keys or []), _signing_key(sign_key), int(anchor_every),
                                          "v2" if v2 else str(codec), str(wan_rate), float(worker_cores), int(chunk_bytes),
-                                         int(threads), metrics or "")
+                                         int(threads), metrics or "", run_state or "")
 
     def publish(self, named_tensors) -> int:
         """Publishes ``{name: tensor}`` (or (name, tensor) pairs, in image order) as the next version;

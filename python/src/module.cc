@@ -26,14 +26,14 @@ void bind_publisher(py::module_& m) {
   py::class_<Publisher>(m, "Publisher")
       .def(py::init([](std::string id, std::string listen, std::optional<std::pair<std::string, std::string>> keys,
                        std::vector<std::string> allow_keys, std::string sign_key, std::uint64_t anchor_every, std::string codec,
-                       std::string wan_rate, double worker_cores, std::uint64_t chunk_bytes, std::size_t threads, std::string metrics) {
+                       std::string wan_rate, double worker_cores, std::uint64_t chunk_bytes, std::size_t threads, std::string metrics, std::string run_state) {
              PublisherArgs a{std::move(id),       std::move(listen),   std::move(keys), std::move(allow_keys),
                              std::move(sign_key), anchor_every,        std::move(codec), std::move(wan_rate),
-                             worker_cores,        chunk_bytes,         threads,          std::move(metrics)};
+                             worker_cores,        chunk_bytes,         threads,          std::move(metrics), std::move(run_state)};
              return std::make_unique<Publisher>(a);
            }),
            py::arg("id"), py::arg("listen"), py::arg("keys"), py::arg("allow_keys"), py::arg("sign_key"), py::arg("anchor_every"),
-           py::arg("codec"), py::arg("wan_rate"), py::arg("worker_cores"), py::arg("chunk_bytes"), py::arg("threads"), py::arg("metrics"))
+           py::arg("codec"), py::arg("wan_rate"), py::arg("worker_cores"), py::arg("chunk_bytes"), py::arg("threads"), py::arg("metrics"), py::arg("run_state") = "")
       .def("publish", [](Publisher& p, const py::list& tensors) { return p.publish(tensor_refs(tensors)); })
       .def("wait_ready", &Publisher::wait_ready, py::arg("version"), py::arg("workers"), py::arg("timeout_s"))
       .def("ledger", &Publisher::ledger)

@@ -126,6 +126,8 @@ struct PublisherArgs {
   std::uint64_t chunk_bytes = 4u << 20;
   std::size_t threads = 0;
   std::string metrics;
+  // The file the runs of sign_key are kept in (transport/run_state.h); empty: the key's default.
+  std::string run_state;
 };
 
 // The origin inside a trainer: publishes each checkpoint, answers anchor requests from a

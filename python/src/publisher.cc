@@ -1,4 +1,5 @@
 #include "deltacast/runtime/trust.h"
+#include "deltacast/transport/run_state.h"
 #include "native.h"
 
 namespace deltacast::python {
@@ -12,11 +13,11 @@ constexpr std::uint64_t kAnchorServeMs = 50;  // how often the anchor server loo
 transport::PublisherOptions publisher_options(const PublisherArgs& a) {
   transport::PublisherOptions o;
   o.node.node_id = a.id.empty() ? "origin" : a.id;
-  o.node.run = runtime::make_run_id();
   if (!a.sign_key.empty()) {
     auto key = runtime::parse_signing_key(a.sign_key);
     if (!key.is_ok()) throw Error("sign_key: " + key.status().to_string());
     o.node.sign_key = std::make_shared<const runtime::SigningKey>(*key);
+    o.host.run_state_path = a.run_state.empty() ? transport::default_run_state_path(key->public_key) : a.run_state;
   }
   o.host.bind_endpoint = a.listen;
   o.host.metrics_listen = a.metrics;

@@ -181,7 +181,7 @@ void ChildServer::on_hello(PeerId from, const Hello& hello) {
   c.need_tokens = config.needs_per_s_max;
   c.need_tokens_ms = c.last_heard_ms;
   const Heartbeat hb = owner_.heartbeat();
-  ctx_.send(from, Welcome{hb.newest_version, hb.run});
+  ctx_.send(from, Welcome{hb.newest_version, hb.run, hb.timestamp});
   if (!c.receives()) return;  // a trainer shard sends, it does not receive
   // What a child holds of another run is of no use: it starts again from an anchor.
   const bool same_run = hello.run == owner_.run();

@@ -83,6 +83,10 @@ void write_counters(Writer& w, const NodeStats& s) {
       {"deltacast_peers_dropped_total", "Peers disconnected for breaking a bound.", s.peers_dropped},
       {"deltacast_untrusted_manifests_total", "Manifests refused: unsigned, signed by a key not trusted, or a bad signature.", s.untrusted_manifests},
       {"deltacast_stale_run_manifests_total", "Manifests of an older run, ignored.", s.stale_run_manifests},
+      {"deltacast_replays_refused_total", "Signed manifests or timestamp statements of a run older than one this node knows (the parent was dropped).", s.replays_refused},
+      {"deltacast_untrusted_timestamps_total", "Timestamp statements refused: malformed, signed by a key not trusted, or a bad signature.", s.untrusted_timestamps},
+      {"deltacast_stale_parents_total", "Parents dropped for giving no timestamp statement within freshness_ms_max.", s.stale_parents},
+      {"deltacast_versions_withheld_total", "Versions verified but held back until a fresh timestamp statement of their run came (workers).", s.versions_withheld},
   };
   for (const auto& c : counters) {
     w.family(c.name, "counter", c.help);
@@ -103,6 +107,15 @@ void write_gauges(Writer& w, const Node& node) {
   }
   w.family("deltacast_run", "gauge", "The publishing run this node holds and serves (1, labelled with the run).");
   w.sample("deltacast_run", 1, "run=\"" + to_string(node.run()) + "\"");
+  if (!node.config().has_parents()) {
+    w.family("deltacast_origin_clock_behind_seconds", "gauge",
+             "How far the origin's clock was behind the start of the previous run of its signing key when it started (0: not behind).");
+    w.sample("deltacast_origin_clock_behind_seconds", node.config().clock_behind_previous_run_ms / 1000);
+  }
+  if (const auto age = node.timestamp_age_ms()) {
+    w.family("deltacast_timestamp_age_seconds", "gauge", "Age of the newest timestamp statement this node holds, on its own clock.");
+    w.sample_ms("deltacast_timestamp_age_seconds", static_cast<std::uint64_t>(std::max<std::int64_t>(0, *age)), "");
+  }
   w.family("deltacast_children", "gauge", "Children attached.");
   w.sample("deltacast_children", node.child_count());
   w.family("deltacast_cache_bytes", "gauge", "Bytes held by the version cache.");

@@ -38,6 +38,7 @@ class Node::Hooks final : public ChildServer::Owner, public Reconstructor::Owner
   void refetch(const Need& need) override { node_.send_need(need); }
   void on_version_ready(const std::shared_ptr<const ModelVersion>& version) override { node_.on_version_ready(version); }
   bool parent_in_newer_run() const override { return node_.parent_run_ > node_.run_; }
+  bool may_expose(const RunId& run) const override { return node_.fresh_for(run); }
   void on_scrub_mismatch(const std::shared_ptr<const ModelVersion>& version, std::size_t chunk) override {
     node_.rebuild_->drop_damaged(version, "scrub: chunk " + std::to_string(chunk) + " of version " + std::to_string(version->version) +
                                               " no longer matches its state hash (memory changed outside of a delta); rebuilding from an anchor");
@@ -219,7 +220,8 @@ Hello Node::make_hello(std::uint32_t tree, std::uint32_t trees) const {
   }
   hello.have_version = have;
   hello.run = run_;
-  hello.resume = !cache_.entries().empty();
+  // After a refusal, the parent sends nothing unasked (the anchor this node refused).
+  hello.resume = !cache_.entries().empty() || refused_.has_value();
   return hello;
 }
 
@@ -231,8 +233,8 @@ std::uint64_t Node::anchor_floor() const {
 }
 
 Heartbeat Node::heartbeat() const {
-  if (parent_run_ > run_) return {parent_newest_, parent_run_};
-  return {newest_known_version(), run_};
+  if (parent_run_ > run_) return {parent_newest_, parent_run_, timestamp_bytes_};
+  return {newest_known_version(), run_, timestamp_bytes_};
 }
 
 bool Node::on_parent_newest(UpstreamLink& link, std::uint64_t newest, const RunId& run) {
@@ -316,6 +318,7 @@ void Node::on_welcome(UpstreamLink& link, const Welcome& w) {
   // counts it as left or behind until its next version.
   if (rebuild_ && &link == upstreams_.front().get())
     if (auto held = rebuild_->current(); held && held->run == w.run) report_ready(*held);
+  if (!on_timestamp(link, w.timestamp)) return;
   if (!on_parent_newest(link, w.newest_version, w.run)) return;
   if (shard_out_) shard_out_->on_welcome(parent_newest_);
   request_missing(/*force=*/true);
@@ -340,6 +343,7 @@ void Node::handle_parent(UpstreamLink& link, const Message& m) {
   } else if (const auto* chunk = std::get_if<ChunkMsg>(&m)) {
     on_chunk(*chunk);
   } else if (const auto* hb = std::get_if<Heartbeat>(&m)) {
+    if (!on_timestamp(link, hb->timestamp)) return;
     if (on_parent_newest(link, hb->newest_version, hb->run) && shard_out_) shard_out_->release(parent_newest_);
   } else if (const auto* need = std::get_if<Need>(&m)) {
     // The origin asks a trainer shard for an anchor, or for (part of) a slice again.
@@ -366,6 +370,10 @@ void Node::request_anchor(std::uint64_t newer_than) {
     if (on_anchor_wanted_) on_anchor_wanted_();
     // Versions made of trainer shards' slices: each shard sends an anchor of its slice.
     if (shard_in_) children_->to_publishers(Need{{newer_than, true}, {}, true});
+  } else if (verifying() && !fresh_for(parent_run_ > run_ ? parent_run_ : run_)) {
+    return;  // an anchor it could not expose: asked for once a fresh statement came
+  } else if (refused_ && refused_->run == parent_run_ && parent_newest_ <= refused_->version) {
+    return;  // what the parent offers was refused already: asked again once it has newer
   } else if (UpstreamLink* link = anchor_link()) {
     // What the link carried is here or on its way (a first answer, or an anchor a parent sends
     // unasked, may be slow over a long, full link): the parent sends only what it has not sent
@@ -413,6 +421,107 @@ void Node::request_missing(bool force) {
     request_anchor(anchor_floor());
 }
 
+// ---- freshness ------------------------------------------------------------------------------
+
+bool Node::verifying() const { return !config_.trust_keys.empty() && !config_.virtual_payloads && config_.shard_count == 0; }
+
+UpstreamLink* Node::link_of(PeerId peer) {
+  for (const auto& link : upstreams_)
+    if (peer != 0 && link->parent() == peer) return link.get();
+  return nullptr;
+}
+
+void Node::issue_timestamp() {
+  if (has_parents() || !config_.sign_key || config_.virtual_payloads || run_.empty()) return;
+  Timestamp t;
+  t.run = run_;
+  t.newest_version = cache_.newest_version();
+  t.issued_us = ctx_->clock.unix_us();
+  timestamp_bytes_ = share(sign_timestamp(t, *config_.sign_key));
+  timestamp_ = t;
+  timestamp_issued_ms_ = ctx_->now_ms();
+}
+
+std::int64_t Node::statement_age_ms(const Timestamp& t) const {
+  const std::uint64_t now_us = ctx_->clock.unix_us();
+  if (now_us == 0) return 0;  // no wall clock (a simulation without one): age unknown, taken as new
+  constexpr std::uint64_t kFarMs = std::uint64_t{1} << 60;
+  if (t.issued_us <= now_us) return static_cast<std::int64_t>(std::min((now_us - t.issued_us) / 1000, kFarMs));
+  return -static_cast<std::int64_t>(std::min((t.issued_us - now_us) / 1000, kFarMs));
+}
+
+bool Node::fresh_for(const RunId& run) const {
+  if (!verifying()) return true;
+  if (!timestamp_ || timestamp_->run != run) return false;
+  const std::int64_t age = statement_age_ms(*timestamp_), bound = static_cast<std::int64_t>(config_.freshness_ms_max);
+  return age <= bound && -age <= bound;
+}
+
+bool Node::on_timestamp(UpstreamLink& link, const SharedBytes& bytes) {
+  if (!bytes) return true;
+  auto t = parse_timestamp(bytes->span());
+  if (!t.is_ok()) {
+    ctx_->stats.untrusted_timestamps++;
+    drop_peer(link.parent(), t.status().to_string());
+    return false;
+  }
+  if (verifying()) {
+    if (Status st = verify_timestamp(bytes->span(), *t, config_.trust_keys); !st.is_ok()) {
+      ctx_->stats.untrusted_timestamps++;
+      refused_ = Refused{link.said_run(), link.said_newest()};
+      refuse_parent(link, st.to_string() + " (is this node's trust key the publisher's?)");
+      return false;
+    }
+    const RunId& known = timestamp_ && timestamp_->run > run_ ? timestamp_->run : run_;
+    if (t->run < known) {
+      ctx_->stats.replays_refused++;
+      refuse_parent(link, "its timestamp statement names run " + to_string(t->run) + ", older than run " + to_string(known) +
+                              " this node knows of: a replay, or a parent left from an earlier run");
+      return false;
+    }
+  }
+  // Checked statements are ordered by run, then issue time; a node that does not check keeps
+  // the last one its parent sent (a forged one from the far future must not hide the real ones).
+  if (!verifying() || !timestamp_ || t->run > timestamp_->run || (t->run == timestamp_->run && t->issued_us > timestamp_->issued_us)) {
+    timestamp_ = *t;
+    timestamp_bytes_ = bytes;
+  }
+  if (!verifying()) return true;
+  const std::int64_t age = statement_age_ms(*t), bound = static_cast<std::int64_t>(config_.freshness_ms_max);
+  if (age <= bound && -age <= bound) {
+    link.fresh();
+    if (t->run == run_) link.proven();
+  }
+  if (rebuild_ && rebuild_->withholding()) {
+    rebuild_->release();
+    advance();
+  }
+  return true;
+}
+
+void Node::check_parents_fresh(std::uint64_t now) {
+  if (!verifying()) return;
+  for (const auto& link : upstreams_) {
+    if (!link->welcomed() || now - link->fresh_since_ms() <= config_.parent_timeout_ms) continue;
+    ctx_->stats.stale_parents++;
+    std::string newest = "none";
+    if (timestamp_) {
+      const std::int64_t age = statement_age_ms(*timestamp_);
+      newest = age >= 0 ? std::to_string(age / 1000) + " s old" : std::to_string(-age / 1000) + " s in the future";
+    }
+    refuse_parent(*link, "it gave no timestamp statement within freshness_ms_max (" + std::to_string(config_.freshness_ms_max / 1000) +
+                             " s) of this host's clock for " + std::to_string(now - link->fresh_since_ms()) + " ms (the newest: " + newest +
+                             "): it is cut off from the origin or replays an old run, or this host's clock or the origin's is off");
+  }
+}
+
+void Node::refuse_parent(UpstreamLink& link, const std::string& why) {
+  ctx_->stats.peers_dropped++;
+  const std::string endpoint = link.endpoint();
+  const std::uint64_t wait_ms = link.back_off();
+  ctx_->set_error("parent " + endpoint + " dropped, next try in " + std::to_string(wait_ms) + " ms: " + why);
+}
+
 // ---- versions from upstream -----------------------------------------------------------------
 
 bool Node::admit_manifest(PeerId from, const ManifestMsg& m, std::shared_ptr<const Manifest>& parsed) {
@@ -432,21 +541,42 @@ bool Node::admit_manifest(PeerId from, const ManifestMsg& m, std::shared_ptr<con
     ctx_->set_error("manifest of " + to_string(m.key) + ": " + st.to_string());
     return false;
   }
+  UpstreamLink* link = link_of(from);
   if (!config_.trust_keys.empty() && !config_.virtual_payloads) {
     if (Status st = verify_manifest(m.manifest->span(), *parsed, config_.trust_keys); !st.is_ok()) {
       ctx_->stats.untrusted_manifests++;
-      drop_peer(from, st.to_string());
+      if (link) {
+        refused_ = Refused{link->said_run(), std::max(link->said_newest(), m.key.version)};
+        refuse_parent(*link, st.to_string() + " (is this node's trust key the publisher's?)");
+      }
       return false;
     }
   }
   if (parsed->run < run_) {
     ctx_->stats.stale_run_manifests++;
+    if (verifying() && link) {
+      // Signed by the trainer's key, but of a run this node has seen superseded.
+      ctx_->stats.replays_refused++;
+      refuse_parent(*link, "it sent " + to_string(m.key) + " of run " + to_string(parsed->run) + ", older than run " + to_string(run_) +
+                               " this node holds: a replay, or a parent left from an earlier run");
+    }
     return false;
   }
-  if (const std::uint64_t now_us = ctx_->clock.unix_us();
+  if (link) link->proven();
+  refused_.reset();
+  // Without a trust key, a forged manifest from the far future could hold the node in its run;
+  // with one, only the trainer's key names runs, and a clock that is off does not matter here.
+  if (const std::uint64_t now_us = ctx_->clock.unix_us(); config_.trust_keys.empty() &&
       parsed->run > run_ && now_us != 0 && parsed->run.started_us > now_us + config_.run_clock_skew_ms_max * 1000) {
-    drop_peer(from, "manifest of " + to_string(m.key) + " names run " + to_string(parsed->run) + ", which starts " +
-                                       std::to_string((parsed->run.started_us - now_us) / 1000000) + " s in the future (run_clock_skew_ms_max)");
+    const std::string why = "manifest of " + to_string(m.key) + " names run " + to_string(parsed->run) + ", which starts " +
+                            std::to_string((parsed->run.started_us - now_us) / 1000000) +
+                            " s in the future (run_clock_skew_ms_max): is this host's clock behind?";
+    if (link) {
+      refused_ = Refused{link->said_run(), std::max(link->said_newest(), m.key.version)};
+      refuse_parent(*link, why);
+    } else {
+      drop_peer(from, why);
+    }
     return false;
   }
   if (parsed->run > run_) switch_run(parsed->run);
@@ -739,10 +869,13 @@ void Node::tick() {
     for (const auto& link : upstreams_) link->tick(now);
   if (now - last_heartbeat_ms_ >= config_.heartbeat_ms) {
     last_heartbeat_ms_ = now;
-    const Heartbeat hb = heartbeat();
-    send_to_parents(hb);
+    Heartbeat hb = heartbeat();
     children_->broadcast(hb);
+    hb.timestamp = nullptr;  // statements go down the tree only
+    send_to_parents(hb);
   }
+  if (!has_parents() && (!timestamp_ || now - timestamp_issued_ms_ >= config_.timestamp_interval_ms)) issue_timestamp();
+  check_parents_fresh(now);
   children_->tick(now);
   request_missing(/*force=*/false);
   if (shard_in_) shard_in_->ask_for_missing(now, [this](PeerId peer) { return children_->is_child(peer); });
@@ -837,6 +970,7 @@ Status Node::publish_version(Manifest m, std::vector<SharedBytes> payloads, bool
     children_->forward_chunk(*cache_.find(key), i);
   }
   cache_.evict();
+  issue_timestamp();  // its newest version goes out with the next heartbeat
   return Status::ok();
 }
 

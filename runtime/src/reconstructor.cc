@@ -38,6 +38,7 @@ struct Reconstructor::Assembly {
   std::size_t inflight = 0;
   std::uint64_t generation = 0;
   bool in_place = false;   // staging is the image readers had; they are paused
+  bool verified = false;   // every chunk verified: it waits for Owner::may_expose
   // Deltas applied where they change values only: the staging image holds the base, whose
   // chunk states (ModelVersion::chunk_states) match the manifest's chunking.
   bool sparse = false;
@@ -173,9 +174,17 @@ Status Reconstructor::restore(std::shared_ptr<ModelVersion> version) {
     if (tensor_bytes != version->image.size()) return Status::invalid_argument("the restored tensors do not cover the image");
   }
   held_version_ = version->version;
-  expose(std::move(version));
+  restored_ = std::move(version);
+  release();
   return Status::ok();
 }
+
+void Reconstructor::release() {
+  if (restored_ && owner_.may_expose(restored_->run)) expose(std::move(restored_));
+  if (assembly_ && assembly_->verified) finish();
+}
+
+bool Reconstructor::withholding() const { return restored_ != nullptr || (assembly_ && assembly_->verified); }
 
 std::shared_ptr<const ModelVersion> Reconstructor::current() const {
   std::lock_guard lock(current_mu_);
@@ -289,6 +298,7 @@ void Reconstructor::start(const CachedVersion& v) {
   a->key = v.key;
   a->manifest = v.manifest;
   std::shared_ptr<const ModelVersion> live = current();
+  if (!live) live = restored_;  // not exposed yet, but held: the next delta applies to it
   if (!v.key.anchor && (!live || live->version != v.manifest->base_version)) return;
   if (live && !v.key.anchor && !config.virtual_payloads && live->image.size() != v.manifest->image_size) {
     abandon("layout changed", true);
@@ -440,6 +450,12 @@ void Reconstructor::pump() {
 }
 
 void Reconstructor::finish() {
+  if (!owner_.may_expose(assembly_->manifest->run)) {
+    // Verified, but no fresh statement says its run is current: it waits (release()).
+    if (!assembly_->verified) ctx_.stats.versions_withheld++;
+    assembly_->verified = true;
+    return;
+  }
   std::unique_ptr<Assembly> a = std::move(assembly_);
   ModelVersion& image = *a->staging;
   image.version = a->key.version;
@@ -461,6 +477,7 @@ void Reconstructor::finish() {
     if (!a->in_place) spare_ = std::const_pointer_cast<ModelVersion>(current_);
     current_ = ready;
   }
+  restored_.reset();
   held_version_ = ready->version;
   if (a->key.anchor) damaged_floor_ = 0;
   ctx_.stats.versions_ready++;
@@ -519,8 +536,10 @@ void Reconstructor::hold_history_from(const RunId& run, std::uint64_t version) {
 
 void Reconstructor::abandon(const std::string& why, bool want_anchor) {
   ctx_.set_error(why);
-  if (assembly_ && assembly_->in_place && held_version_ != 0) expose(assembly_->staging);  // the image was not touched
+  // In place, the image was not touched: readers get it back (once its run is known current).
+  if (assembly_ && assembly_->in_place && held_version_ != 0) restored_ = assembly_->staging;
   assembly_.reset();
+  release();
   owner_.discarded();
   if (want_anchor) need_anchor_ = true;
   owner_.request_anchor();
@@ -546,6 +565,7 @@ void Reconstructor::drop_damaged(const std::shared_ptr<const ModelVersion>& vers
 
 void Reconstructor::forget() {
   if (held_version_ != 0) expose(nullptr);
+  restored_.reset();
   spare_.reset();
   held_version_ = 0;
   damaged_floor_ = 0;  // the new run's versions count from 1

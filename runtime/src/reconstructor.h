@@ -33,6 +33,9 @@ class Reconstructor {
     virtual void on_version_ready(const std::shared_ptr<const ModelVersion>& version) = 0;
     // The parent serves a newer run than the one held: nothing held helps.
     virtual bool parent_in_newer_run() const = 0;
+    // Whether a verified version of `run` may be exposed now (a fresh timestamp statement of
+    // that run is held): if not, it waits, and release() exposes it once one came.
+    virtual bool may_expose(const RunId& run) const = 0;
   };
 
   Reconstructor(NodeContext& ctx, VersionCache& cache, TaskRunner* tasks, Owner& owner);
@@ -40,8 +43,14 @@ class Reconstructor {
   Reconstructor(const Reconstructor&) = delete;
   Reconstructor& operator=(const Reconstructor&) = delete;
 
-  // Holds `version` as current, as a restarted worker does with the copy it kept on disk.
+  // Holds `version` as current, as a restarted worker does with the copy it kept on disk
+  // (exposed once Owner::may_expose allows).
   Status restore(std::shared_ptr<ModelVersion> version);
+  // Exposes the version that verified (or was restored) but waits for Owner::may_expose, if it
+  // allows now.
+  void release();
+  // Whether a verified or restored version waits for Owner::may_expose.
+  bool withholding() const;
   // The newest verified version (null before the first, and while paused in place); any thread.
   std::shared_ptr<const ModelVersion> current() const;
   // The version of the image held, exposed or paused.
@@ -115,6 +124,7 @@ class Reconstructor {
   std::shared_ptr<ChunkDecoderPool> decoders_ = std::make_shared<ChunkDecoderPool>();
   std::unique_ptr<Assembly> assembly_;
   std::shared_ptr<ModelVersion> spare_;  // a retired image to reuse for staging
+  std::shared_ptr<ModelVersion> restored_;  // restore()d, waiting for Owner::may_expose
   mutable std::mutex current_mu_;
   std::shared_ptr<const ModelVersion> current_;
   bool need_anchor_ = false;

@@ -100,6 +100,60 @@ Status verify_payloads(const Manifest& m, std::span<const ByteSpan> payloads) {
   return Status::ok();
 }
 
+namespace {
+constexpr std::uint32_t kTimestampMagic = 0x53544344;  // "DCTS" little-endian
+constexpr std::uint8_t kTimestampFormat = 1;
+constexpr std::size_t kTimestampSignedBytes = kTimestampBytes - kSignatureBytes;
+}  // namespace
+
+Bytes sign_timestamp(Timestamp& t, const SigningKey& key) {
+  ensure_sodium();
+  t.signer = key.public_key;
+  Bytes out;
+  ByteWriter w(out);
+  w.u32(kTimestampMagic);
+  w.u8(kTimestampFormat);
+  w.u64(t.run.started_us);
+  w.u64(t.run.nonce);
+  w.u64(t.newest_version);
+  w.u64(t.issued_us);
+  w.bytes(t.signer);
+  crypto_sign_ed25519_detached(t.signature.data(), nullptr, out.data(), out.size(), key.secret.data());
+  w.bytes(t.signature);
+  return out;
+}
+
+Result<Timestamp> parse_timestamp(ByteSpan bytes) {
+  if (bytes.size() != kTimestampBytes)
+    return Status::corruption("a timestamp statement is " + std::to_string(kTimestampBytes) + " bytes, not " + std::to_string(bytes.size()));
+  ByteReader r(bytes);
+  std::uint32_t magic = 0;
+  std::uint8_t format = 0;
+  Timestamp t;
+  ByteSpan signer, signature;
+  if (!r.u32(magic) || magic != kTimestampMagic) return Status::corruption("not a timestamp statement (bad magic)");
+  if (!r.u8(format) || format != kTimestampFormat)
+    return Status::corruption("timestamp statement format " + std::to_string(format) + ", this build reads 1");
+  if (!r.u64(t.run.started_us) || !r.u64(t.run.nonce) || !r.u64(t.newest_version) || !r.u64(t.issued_us) ||
+      !r.bytes(t.signer.size(), signer) || !r.bytes(t.signature.size(), signature))
+    return Status::corruption("timestamp statement truncated");
+  std::copy(signer.begin(), signer.end(), t.signer.begin());
+  std::copy(signature.begin(), signature.end(), t.signature.begin());
+  if (t.run.empty()) return Status::corruption("timestamp statement names no run");
+  return t;
+}
+
+Status verify_timestamp(ByteSpan bytes, const Timestamp& t, const std::vector<PublicKey>& trusted) {
+  if (std::find(trusted.begin(), trusted.end(), t.signer) == trusted.end())
+    return Status::corruption("timestamp statement of run " + to_string(t.run) + " is signed by key " + to_hex(t.signer) +
+                              ", which this node does not trust");
+  ensure_sodium();
+  if (bytes.size() != kTimestampBytes ||
+      crypto_sign_ed25519_verify_detached(bytes.data() + kTimestampSignedBytes, bytes.data(), kTimestampSignedBytes, t.signer.data()) != 0)
+    return Status::corruption("timestamp statement of run " + to_string(t.run) + ": the signature does not verify");
+  return Status::ok();
+}
+
 RunId make_run_id() {
   ensure_sodium();
   RunId r;

@@ -49,6 +49,15 @@ void UpstreamLink::give_up() {
   ctx_.transport.disconnect(parent_);
   parent_ = 0;
   welcomed_ = false;
+  given_up_ms_ = ctx_.now_ms();
+  wait_ms_ = 0;
+}
+
+std::uint64_t UpstreamLink::back_off() {
+  give_up();
+  wait_ms_ = backoff_ms_;
+  backoff_ms_ = std::min(backoff_ms_ * 2, std::max(kReconnectMinMs, ctx_.config.reconnect_backoff_ms_max));
+  return wait_ms_;
 }
 
 bool UpstreamLink::on_probe_message(const Message& m) {
@@ -93,7 +102,7 @@ bool UpstreamLink::on_peer_down(PeerId peer) {
 
 void UpstreamLink::tick(std::uint64_t now) {
   if (!configured()) return;
-  const bool replace = parent_ == 0 ? now - connected_ms_ >= kReconnectMinMs : now - heard_ms_ > ctx_.config.parent_timeout_ms;
+  const bool replace = parent_ == 0 ? now - connected_ms_ >= kReconnectMinMs && now - given_up_ms_ >= wait_ms_ : now - heard_ms_ > ctx_.config.parent_timeout_ms;
   if (replace) {
     if (parent_ != 0) ctx_.set_error("parent " + endpoint() + " silent for " + std::to_string(now - heard_ms_) + " ms");
     next();

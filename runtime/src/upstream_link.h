@@ -33,6 +33,16 @@ class UpstreamLink {
   // Closes the link; tick() connects to the next parent, at most every kReconnectMinMs, so a
   // parent that refuses or misbehaves at once costs no busy loop.
   void give_up();
+  // Closes the link for something the parent sent that this node refuses: the wait before the
+  // next try doubles each time (from kReconnectMinMs to reconnect_backoff_ms_max), and is back
+  // to kReconnectMinMs once a parent gives something this node takes (proven()). Returns the
+  // wait.
+  std::uint64_t back_off();
+  void proven() { backoff_ms_ = kReconnectMinMs; }
+  // The parent gave a timestamp statement fresh enough to expose by / when it last did, or
+  // when it welcomed this node if later.
+  void fresh() { fresh_ms_ = ctx_.now_ms(); }
+  std::uint64_t fresh_since_ms() const { return std::max(fresh_ms_, welcomed_ms_); }
   // The parent said something (it is alive) / welcomed this node.
   void heard() { heard_ms_ = ctx_.now_ms(); }
   // The node could not listen for `ms` (its loop stalled): that long does not count as silence.
@@ -40,6 +50,7 @@ class UpstreamLink {
   void welcome() {
     welcomed_ = true;
     down_ = false;
+    welcomed_ms_ = ctx_.now_ms();
   }
   // What the parent remembers sending over this connection is all here or on its way, unless
   // the node has thrown received versions away since it last said so (Node::discards_): then
@@ -103,6 +114,11 @@ class UpstreamLink {
   RunId said_run_;
   std::uint64_t said_newest_ = 0;
   std::uint64_t left_parent_ms_ = 0;
+  std::uint64_t backoff_ms_ = kReconnectMinMs;  // the next back_off() wait
+  std::uint64_t wait_ms_ = 0;                   // after give_up() at given_up_ms_, before the next try
+  std::uint64_t given_up_ms_ = 0;
+  std::uint64_t welcomed_ms_ = 0;
+  std::uint64_t fresh_ms_ = 0;
 };
 
 }  // namespace deltacast::runtime

@@ -242,7 +242,7 @@ def _on_term(signum, frame):
 
 def envelope():
     e = pb.Envelope()
-    e.protocol_version = 6  # runtime::kProtocolVersion
+    e.protocol_version = 7  # runtime::kProtocolVersion
     return e
 
 

@@ -405,6 +405,8 @@ struct RebuildOwner final : Reconstructor::Owner {
   void refetch(const Need& need) override { refetched.push_back(need); }
   void on_version_ready(const std::shared_ptr<const ModelVersion>& v) override { ready.push_back(v->version); }
   bool parent_in_newer_run() const override { return false; }
+  bool exposable = true;  // Node: a fresh timestamp statement of the run is held
+  bool may_expose(const RunId&) const override { return exposable; }
 };
 
 // A worker that is only a reconstructor over a cache the test fills.
@@ -464,6 +466,40 @@ TEST_CASE("the reconstructor exposes a version only once every chunk of it verif
   CHECK(w.r.current()->image == s.images[1]);
   CHECK(w.owner.ready == std::vector<std::uint64_t>{1, 2});
   CHECK(w.ctx.stats.images_allocated == 2);
+}
+
+TEST_CASE("the reconstructor withholds a verified or restored version until its run is known current", "[runtime][components]") {
+  FakeNet net;
+  Series s(3);
+  Rebuild w(net);
+  w.owner.exposable = false;
+  w.arrive(s.anchor(1));
+  CHECK(w.r.current() == nullptr);
+  CHECK(w.r.withholding());
+  CHECK(w.r.busy());
+  CHECK(w.ctx.stats.versions_withheld == 1);
+  w.r.release();  // still no statement: nothing changes
+  CHECK(w.r.current() == nullptr);
+  w.owner.exposable = true;
+  w.r.release();
+  REQUIRE(w.r.current());
+  CHECK(w.r.current()->image == s.images[0]);
+  CHECK(!w.r.withholding());
+  CHECK(w.owner.ready == std::vector<std::uint64_t>{1});
+
+  // A restored version waits the same way, and the next delta still applies to it.
+  Rebuild r(net);
+  r.owner.exposable = false;
+  REQUIRE(r.r.restore(r.held(s, 1, s.images[0])).is_ok());
+  CHECK(r.r.current() == nullptr);
+  CHECK(r.r.held_version() == 1);
+  r.arrive(s.delta(2));
+  CHECK(r.r.current() == nullptr);
+  r.owner.exposable = true;
+  r.r.release();
+  REQUIRE(r.r.current());
+  CHECK(r.r.current()->version == 2);
+  CHECK(r.r.current()->image == s.images[1]);
 }
 
 TEST_CASE("the reconstructor sizes a new image on the task runner before it decodes into it", "[runtime][components]") {

@@ -185,8 +185,9 @@ TEST_CASE("relays and workers trusting a key refuse versions a forged parent sig
   CHECK(w.current()->image == real.images[2]);
   CHECK(w.run() == kRunA);
   CHECK(seen.wrong == 0);
-  CHECK(w.stats().untrusted_manifests > 0);
-  CHECK(relay.stats().untrusted_manifests > 0);
+  // Refused at the forged parent's first word: its timestamp statement, or its manifest.
+  CHECK(w.stats().untrusted_manifests + w.stats().untrusted_timestamps > 0);
+  CHECK(relay.stats().untrusted_manifests + relay.stats().untrusted_timestamps > 0);
   CHECK(relay.run() == kRunA);
 }
 
@@ -520,4 +521,119 @@ TEST_CASE("the golden signed anchor verifies and signing the golden inputs repro
   Bytes again = container_prefix(ev->manifest);
   for (const auto& p : ev->payloads) again.insert(again.end(), p.begin(), p.end());
   CHECK(again == file);
+}
+
+// ---- freshness: timestamp statements ----------------------------------------------------------
+
+TEST_CASE("a fresh worker that trusts a key exposes nothing of a run whose statements are stale, and fails over",
+          "[runtime][trust][freshness]") {
+  Series a(3, 1), b(2, 2);
+  auto key = std::make_shared<const SigningKey>(make_signing_key());
+  FakeNet net;
+  net.clock.unix_start_us = kRunB.started_us;
+  // A relay that recorded run A (its origin long gone) replays it: its statements age.
+  Node& origin_a = net.add(origin_in(kRunA, key));
+  NodeConfig rc = relay_config("replayer", {"origin"});
+  net.add(rc);
+  net.run_for(1000);  // the relay is welcomed: it gets what is published from now on
+  publish_run(origin_a, a, 3);
+  REQUIRE(net.run_until([&] { return net.node("replayer").cache().newest_version() == 3; }));
+  net.kill("origin");
+  NodeConfig wc = worker_config("w", {"replayer", "origin-b"});
+  wc.trust_keys = {key->public_key};
+  wc.freshness_ms_max = 30000;
+  net.run_for(wc.freshness_ms_max + 5000);  // run A's last statement is now older than the bound
+  Node& origin_b = net.add(origin_in(kRunB, key, "origin-b"));
+  publish_run(origin_b, b, 2);
+  Node& w = net.add(wc);
+  Exposed seen;
+  seen.watch(w, {{kRunA, &a}, {kRunB, &b}});
+  REQUIRE(net.run_until([&] { return w.current_version() == 2; }));
+  CHECK(w.run() == kRunB);
+  CHECK(w.current()->image == b.images[1]);
+  CHECK(seen.wrong == 0);
+  for (const auto& [run, v] : seen.versions) CHECK(run == kRunB);
+  CHECK(w.stats().stale_parents > 0);
+}
+
+TEST_CASE("a worker exposes a replayed run only while a statement of it is younger than freshness_ms_max",
+          "[runtime][trust][freshness]") {
+  Series a(2, 1);
+  auto key = std::make_shared<const SigningKey>(make_signing_key());
+  FakeNet net;
+  net.clock.unix_start_us = kRunA.started_us;
+  Node& origin = net.add(origin_in(kRunA, key));
+  net.add(relay_config("relay", {"origin"}));
+  net.run_for(1000);
+  publish_run(origin, a, 2);
+  REQUIRE(net.run_until([&] { return net.node("relay").cache().newest_version() == 2; }));
+  net.kill("origin");  // the relay keeps run A and its last statement
+  NodeConfig wc = worker_config("w", {"relay"});
+  wc.trust_keys = {key->public_key};
+  wc.freshness_ms_max = 20000;
+  // Within the bound, run A is what the trainer last said it publishes: exposed.
+  Node& w = net.add(wc);
+  REQUIRE(net.run_until([&] { return w.current_version() == 2; }, 10000));
+  // Past it, a worker that joins exposes nothing, however long the relay serves.
+  net.run_for(wc.freshness_ms_max);
+  wc.node_id = "late";
+  Node& late = net.add(wc);
+  net.run_for(10000);
+  CHECK(late.current() == nullptr);
+  CHECK(late.stats().stale_parents > 0);
+  // It backs off: a few tries in that time, not one every 500 ms.
+  CHECK(late.stats().stale_parents <= 6);
+}
+
+TEST_CASE("a worker holding a run drops a parent that replays an older one of the same key, and fails over",
+          "[runtime][trust][freshness]") {
+  Series a(2, 1), b(3, 2);
+  auto key = std::make_shared<const SigningKey>(make_signing_key());
+  FakeNet net;
+  net.clock.unix_start_us = kRunB.started_us;
+  // The replayer is an origin of run A that still runs (a trainer left from the previous job
+  // signs with the same key): its statements are fresh, but of an older run.
+  Node& old = net.add(origin_in(kRunA, key, "old"));
+  publish_run(old, a, 2);
+  Node& origin = net.add(origin_in(kRunB, key));
+  publish_run(origin, b, 2);
+  NodeConfig wc = worker_config("w", {"origin", "old"});
+  wc.trust_keys = {key->public_key};
+  Node& w = net.add(wc);
+  Exposed seen;
+  seen.watch(w, {{kRunA, &a}, {kRunB, &b}});
+  REQUIRE(net.run_until([&] { return w.current_version() == 2; }));
+  net.cut("origin");  // the worker fails over to the replayer, which it must refuse
+  net.run_for(3000);
+  CHECK(w.stats().replays_refused > 0);
+  CHECK(w.run() == kRunB);
+  for (const auto& [run, v] : seen.versions) CHECK(run == kRunB);
+  // Back on the current run's origin once it answers again.
+  REQUIRE(origin.publish(b.delta(3)).is_ok());
+  REQUIRE(net.run_until([&] { return w.current_version() == 3; }, 120000));
+  CHECK(w.current()->image == b.images[2]);
+  CHECK(seen.wrong == 0);
+}
+
+TEST_CASE("a worker restored from disk exposes its version once a fresh statement of its run came", "[runtime][trust][freshness]") {
+  Series a(3, 1);
+  auto key = std::make_shared<const SigningKey>(make_signing_key());
+  FakeNet net;
+  net.clock.unix_start_us = kRunA.started_us;
+  Node& origin = net.add(origin_in(kRunA, key));
+  publish_run(origin, a, 2);
+  NodeConfig wc = worker_config("w", {"origin"});
+  wc.trust_keys = {key->public_key};
+  Node& first = net.add(wc);
+  REQUIRE(net.run_until([&] { return first.current_version() == 2; }));
+  auto saved = std::make_shared<ModelVersion>(*first.current());
+  net.kill("w");
+  wc.node_id = "w2";
+  Node& w = net.add(wc, false, saved);
+  CHECK(w.current() == nullptr);  // nothing says run A is still current yet
+  REQUIRE(net.run_until([&] { return w.current_version() == 2 && w.current() != nullptr; }));
+  CHECK(w.current()->image == a.images[1]);
+  REQUIRE(origin.publish(a.delta(3)).is_ok());
+  REQUIRE(net.run_until([&] { return w.current() && w.current()->version == 3; }));
+  CHECK(w.current()->image == a.images[2]);
 }

@@ -116,6 +116,17 @@ echo '{"id": "w", "parents": ["tcp://127.0.0.1:7100"], "limits": {"connections_m
 fails "an unknown limit in a config" 'unknown limit "connections_maxx"' "$dc" worker --config "$tmp/limits.json"
 echo '{"id": "w", "parents": ["tcp://127.0.0.1:7100"], "limits": {"image_bytes_max": "lots"}}' >"$tmp/limits.json"
 fails "a limit that is not a size" "image_bytes_max" "$dc" worker --config "$tmp/limits.json"
+# Values that would disable a node are refused at load, with the field named.
+for bad in '"message_bytes_max": 10' '"needs_per_s_max": 0' '"version_jump_max": 0' '"freshness_ms_max": 5' '"connections_max": 0'; do
+  echo "{\"id\": \"r\", \"listen\": \"tcp://127.0.0.1:7199\", \"parents\": [\"tcp://127.0.0.1:7100\"], \"limits\": {$bad}}" >"$tmp/limits.json"
+  field=$(echo "$bad" | cut -d'"' -f2)
+  fails "a limit that disables a node ($bad)" "config \"limits\": $field: .* is outside" "$dc" relay --config "$tmp/limits.json"
+done
+# A key file that others can read is refused; a signing key file given as a trust key only warned about.
+"$dc" keygen -o "$tmp/open.key" >/dev/null && chmod 0666 "$tmp/open.key"
+fails "a CURVE key file readable by others" "other users can reach it (mode 0666): chmod 600" "$dc" worker --id w --parent tcp://127.0.0.1:7100 --keys "$tmp/open.key" --parent-key "$(sed -n 's/.*"public_key": "\([^"]*\)".*/\1/p' "$tmp/open.key")"
+"$dc" keygen --sign -o "$tmp/open-sign.key" >/dev/null && chmod 0644 "$tmp/open-sign.key" && touch "$tmp/none.safetensors"
+fails "a signing key file readable by others" "other users can reach it (mode 0644)" "$dc" publish --listen tcp://127.0.0.1:7198 --sign-key "$tmp/open-sign.key" "$tmp/none.safetensors"
 echo '{"id": "w", "parents": ["tcp://127.0.0.1:7100"], "timing": {"parent_timeout_ms": 300}}' >"$tmp/timing.json"
 fails "a parent timeout within two heartbeats" "parent_timeout_ms (300) must be at least twice heartbeat_ms (250)" "$dc" worker --config "$tmp/timing.json"
 echo '{"id": "w", "parents": ["tcp://127.0.0.1:7100"], "timing": {"heartbeat": 100}}' >"$tmp/timing.json"

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "deltacast/runtime/trust.h"
 #include "deltacast/transport/wire.h"
 #include "deltacast.pb.h"
 #include "test_util.h"
@@ -102,6 +103,13 @@ struct GoldenFrame {
   SharedBytes part;
 };
 
+// 133 bytes in the place of a timestamp statement: the wire carries them as they are.
+SharedBytes statement() {
+  Bytes b(runtime::kTimestampBytes);
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<std::uint8_t>(i * 7 + 1);
+  return share(std::move(b));
+}
+
 std::vector<GoldenFrame> golden_messages() {
   const RunId run{1764547200000000, 0x0123456789abcdefull};
   const auto bytes = [](std::string s) { return share(Bytes(s.begin(), s.end())); };
@@ -123,6 +131,9 @@ std::vector<GoldenFrame> golden_messages() {
       {"ready-id-taken", Ready{"eu-west.w17", 0, 0, 0, "node id eu-west.w17 is held by another live process at relay-eu", {}, 0, {}, true},
        {}},
       {"heartbeat", Heartbeat{42, run}, sequenced},
+      // With the origin's timestamp statement (its 133 bytes are the node's to read).
+      {"heartbeat-timestamp", Heartbeat{42, run, statement()}, sequenced},
+      {"welcome-timestamp", Welcome{42, run, statement()}, sequenced},
       {"leave", Leave{"eu-west.w17", "stopped", true}, {}},
       {"stripe", std::nullopt, {0xfeedfacecafebeefull, 0, 0, 0}, 7},
       // A chunk whose 13 payload bytes travel in parts: the first 5 with the message, then a Part.
@@ -187,6 +198,19 @@ TEST_CASE("every message kind matches its golden frames, both ways", "[transport
     GoldenFrame again{kind, decoded->message, decoded->fields, decoded->stripe_index, decoded->part};
     if (expected.message) CHECK(message_name(*decoded->message) == message_name(*expected.message));
     CHECK(frame_line(kind, encode_golden(again)) == golden[i]);  // decoding loses nothing
+  }
+}
+
+TEST_CASE("a timestamp statement of any size but its own is refused on the wire", "[transport][wire]") {
+  for (const std::size_t size : {std::size_t{1}, runtime::kTimestampBytes - 1, runtime::kTimestampBytes + 1, std::size_t{1} << 20}) {
+    wire::Envelope env;
+    env.set_protocol_version(kProtocolVersion);
+    env.mutable_heartbeat()->set_newest_version(1);
+    env.mutable_heartbeat()->set_timestamp(std::string(size, 'x'));
+    const std::string header = env.SerializeAsString();
+    INFO(size);
+    auto decoded = transport::decode_frames(header.data(), header.size(), nullptr);
+    CHECK(decoded.status().code() == StatusCode::kCorruption);
   }
 }
 

@@ -1,4 +1,5 @@
 #include "deltacast/transport/host.h"
+#include "deltacast/transport/run_state.h"
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -151,12 +152,34 @@ struct NodeHost::Impl final : Clock, TaskRunner {
       spdlog::warn("{}: unauthenticated: no trust key, so any parent can hand this node versions the trainer never published (--trust-key)", id);
     if (node_config.expect_shards > 0 && node_config.shard_keys.empty())
       spdlog::warn("{}: unauthenticated: no shard keys, so any client that says it is a trainer shard can add to versions (--shard-key)", id);
+    if (!node_config.has_parents() && node_config.shard_count == 0 && node_config.sign_key && config.run_state_path.empty())
+      spdlog::warn("{}: no run state file: runs are ordered by this host's clock alone, so a clock behind the previous run's start "
+                   "leaves workers on that run (give the signing key as a file)", id);
     if ((!node_config.has_parents() || node_config.shard_count > 0) && !node_config.sign_key)
       spdlog::warn("{}: versions are not signed (--sign-key), so relays and workers cannot check that they come from this publisher", id);
   }
 
+  // An origin that signs starts its run after every earlier run of its key (run_state.h).
+  Status start_run() {
+    if (node_config.has_parents() || node_config.shard_count > 0 || !node_config.run.empty() || !node_config.sign_key ||
+        config.run_state_path.empty())
+      return Status::ok();
+    auto start = next_run_start(config.run_state_path, node_config.sign_key->public_key, unix_us());
+    if (!start.is_ok()) return start.status().with_context("starting a run");
+    node_config.run = start->run;
+    if (start->clock_behind_ms > 0) {
+      node_config.clock_behind_previous_run_ms = start->clock_behind_ms;
+      spdlog::warn("{}: this host's clock is {} s behind the start of the previous run of this key ({}): run {} starts just after "
+                   "it instead, so workers still move to it; fix the clock, or workers will refuse timestamp statements this old "
+                   "(freshness_ms_max)",
+                   node_config.node_id, start->clock_behind_ms / 1000, config.run_state_path, to_string(start->run));
+    }
+    return Status::ok();
+  }
+
   Status open() {
     DC_RETURN_IF_ERROR(check_parents(node_config));
+    DC_RETURN_IF_ERROR(start_run());
     uv_loop_init(&loop);
     loop_open = true;
     ctx = zmq_ctx_new();

@@ -1,5 +1,7 @@
 #include "deltacast/transport/node_config.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
@@ -11,13 +13,29 @@
 
 #include "deltacast/common/units.h"
 #include "deltacast/io/mapped_file.h"
+#include "deltacast/transport/run_state.h"
 #include "deltacast/transport/wire.h"
 
 namespace deltacast::transport {
 
 using json = nlohmann::json;
 
+namespace {
+
+// A file that holds a secret key must not be open to other users (as ssh does with its keys):
+// "the permissions" of `path` as a reason, or empty.
+std::string open_to_others(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || (st.st_mode & (S_IRWXG | S_IRWXO)) == 0) return "";
+  char mode[8];
+  std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+  return path + " holds a secret key and other users can reach it (mode " + mode + "): chmod 600 " + path;
+}
+
+}  // namespace
+
 Result<CurveKeys> read_key_file(const std::string& path) {
+  if (std::string why = open_to_others(path); !why.empty()) return Status::invalid_argument(why);
   DC_ASSIGN_OR_RETURN(Bytes b, read_file(path));
   json j = json::parse(b.begin(), b.end(), nullptr, false);
   if (j.is_discarded() || !j.is_object() || !j.contains("public_key") || !j.contains("secret_key") || !j["public_key"].is_string() ||
@@ -29,6 +47,7 @@ Result<CurveKeys> read_key_file(const std::string& path) {
 }
 
 Result<runtime::SigningKey> read_signing_key_file(const std::string& path) {
+  if (std::string why = open_to_others(path); !why.empty()) return Status::invalid_argument(why);
   DC_ASSIGN_OR_RETURN(Bytes b, read_file(path));
   json j = json::parse(b.begin(), b.end(), nullptr, false);
   if (j.is_discarded() || !j.is_object() || j.value("type", "") != "ed25519" || !j.contains("secret_key") || !j["secret_key"].is_string())
@@ -47,6 +66,9 @@ Result<runtime::PublicKey> read_public_key(const std::string& hex_or_path) {
     return Status::invalid_argument(hex_or_path + ": not a signing key file (deltacast keygen --sign writes one)");
   auto key = runtime::parse_public_key(j["public_key"].get<std::string>());
   if (!key.is_ok()) return key.status().with_context(hex_or_path);
+  // Only the public key is read, but the file has the secret one too.
+  if (std::string why = open_to_others(hex_or_path); !why.empty() && j.contains("secret_key"))
+    spdlog::warn("{} (or give the public key as its 64 hex digits)", why);
   return key;
 }
 
@@ -66,48 +88,64 @@ Status apply_limits(const json& limits, LoadedNode& out) {
   if (!limits.is_object()) return Status::invalid_argument("must be an object");
   runtime::NodeConfig& n = out.node;
   HostConfig& h = out.host;
-  auto bytes = [](std::uint64_t& field) {
-    return [&field](const json& v) -> Status {
+  // Each within a range that leaves the node working: a value outside it is refused with the
+  // field named, not taken to make a node that receives nothing or drops every peer.
+  const auto in_range = [](std::uint64_t v, std::uint64_t min, std::uint64_t max, bool size) -> Status {
+    if (v >= min && v <= max) return Status::ok();
+    const auto show = [size](std::uint64_t x) { return size ? format_bytes(static_cast<double>(x)) + " (" + std::to_string(x) + ")" : std::to_string(x); };
+    return Status::invalid_argument(show(v) + " is outside " + show(min) + " to " + show(max));
+  };
+  auto bytes = [&in_range](std::uint64_t& field, std::uint64_t min, std::uint64_t max) {
+    return [&field, min, max, &in_range](const json& v) -> Status {
+      std::uint64_t value = 0;
       if (v.is_number_unsigned()) {
-        field = v.get<std::uint64_t>();
-        return Status::ok();
+        value = v.get<std::uint64_t>();
+      } else {
+        if (!v.is_string()) return Status::invalid_argument("a size: \"64GB\" or a number of bytes");
+        DC_ASSIGN_OR_RETURN(value, parse_bytes(v.get<std::string>()));
       }
-      if (!v.is_string()) return Status::invalid_argument("a size: \"64GB\" or a number of bytes");
-      DC_ASSIGN_OR_RETURN(field, parse_bytes(v.get<std::string>()));
+      DC_RETURN_IF_ERROR(in_range(value, min, max, true));
+      field = value;
       return Status::ok();
     };
   };
-  auto count = [](auto& field) {
-    return [&field](const json& v) -> Status {
+  auto count = [&in_range](auto& field, std::uint64_t min, std::uint64_t max) {
+    return [&field, min, max, &in_range](const json& v) -> Status {
       if (!v.is_number_unsigned()) return Status::invalid_argument("a whole number");
+      DC_RETURN_IF_ERROR(in_range(v.get<std::uint64_t>(), min, max, false));
       field = static_cast<std::remove_reference_t<decltype(field)>>(v.get<std::uint64_t>());
       return Status::ok();
     };
   };
+  constexpr std::uint64_t KiB = 1024, MiB = KiB << 10, GiB = MiB << 10, TiB = GiB << 10;
+  constexpr std::uint64_t kSecondMs = 1000, kDayMs = 24 * 3600 * kSecondMs;
   const std::map<std::string, std::function<Status(const json&)>> setters = {
-      {"image_bytes_max", bytes(n.manifest_limits.image_bytes_max)},
-      {"tensors_max", count(n.manifest_limits.tensors_max)},
-      {"chunks_max", count(n.manifest_limits.chunks_max)},
-      {"version_jump_max", count(n.version_jump_max)},
-      {"versions_requested_max", count(n.versions_requested_max)},
-      {"needs_per_s_max", count(n.needs_per_s_max)},
-      {"resends_per_chunk_max", count(n.resends_per_chunk_max)},
-      {"anchor_interval_ms_min", count(n.anchor_interval_ms_min)},
-      {"ledger_workers_max", count(n.ledger_workers_max)},
-      {"run_clock_skew_ms_max", count(n.run_clock_skew_ms_max)},
-      {"check_bytes_in_flight_max", bytes(n.check_bytes_in_flight_max)},
-      {"message_bytes_max", bytes(h.message_bytes_max)},
-      {"child_message_bytes_max", bytes(h.child_message_bytes_max)},
-      {"child_queue_messages_max", count(h.child_queue_messages_max)},
-      {"handshake_timeout_ms", count(h.handshake_timeout_ms)},
-      {"connections_max", count(h.connections_max)},
-      {"hello_timeout_ms", count(h.hello_timeout_ms)},
-      {"reorder_bytes_max", bytes(h.reorder_bytes_max)},
-      {"reorder_timeout_ms", count(h.reorder_timeout_ms)},
-      {"stripe_part_bytes", bytes(h.stripe_part_bytes)},
-      {"metrics_clients_max", count(h.metrics_clients_max)},
-      {"metrics_timeout_ms", count(h.metrics_timeout_ms)},
-      {"metrics_response_bytes_max", bytes(h.metrics_response_bytes_max)},
+      {"image_bytes_max", bytes(n.manifest_limits.image_bytes_max, MiB, TiB << 10)},
+      {"tensors_max", count(n.manifest_limits.tensors_max, 1, kTensorsMax)},
+      {"chunks_max", count(n.manifest_limits.chunks_max, 1, kChunksMax)},
+      {"version_jump_max", count(n.version_jump_max, 1, std::uint64_t{1} << 40)},
+      {"versions_requested_max", count(n.versions_requested_max, 1, 4096)},
+      {"needs_per_s_max", count(n.needs_per_s_max, 1, 1'000'000)},
+      {"resends_per_chunk_max", count(n.resends_per_chunk_max, 1, 1000)},
+      {"anchor_interval_ms_min", count(n.anchor_interval_ms_min, 0, kDayMs)},
+      {"ledger_workers_max", count(n.ledger_workers_max, 1, 10'000'000)},
+      {"run_clock_skew_ms_max", count(n.run_clock_skew_ms_max, kSecondMs, kDayMs)},
+      {"freshness_ms_max", count(n.freshness_ms_max, kSecondMs, kDayMs)},
+      {"timestamp_interval_ms", count(n.timestamp_interval_ms, 10, 60 * kSecondMs)},
+      {"reconnect_backoff_ms_max", count(n.reconnect_backoff_ms_max, 500, kDayMs)},
+      {"check_bytes_in_flight_max", bytes(n.check_bytes_in_flight_max, MiB, TiB)},
+      {"message_bytes_max", bytes(h.message_bytes_max, MiB, 16 * GiB)},
+      {"child_message_bytes_max", bytes(h.child_message_bytes_max, 64 * KiB, 16 * GiB)},
+      {"child_queue_messages_max", count(h.child_queue_messages_max, 1, 65536)},
+      {"handshake_timeout_ms", count(h.handshake_timeout_ms, 100, kDayMs)},
+      {"connections_max", count(h.connections_max, 1, 1'000'000)},
+      {"hello_timeout_ms", count(h.hello_timeout_ms, 100, kDayMs)},
+      {"reorder_bytes_max", bytes(h.reorder_bytes_max, MiB, TiB)},
+      {"reorder_timeout_ms", count(h.reorder_timeout_ms, 100, kDayMs)},
+      {"stripe_part_bytes", bytes(h.stripe_part_bytes, 4 * KiB, GiB)},
+      {"metrics_clients_max", count(h.metrics_clients_max, 1, 4096)},
+      {"metrics_timeout_ms", count(h.metrics_timeout_ms, 100, kDayMs)},
+      {"metrics_response_bytes_max", bytes(h.metrics_response_bytes_max, 64 * KiB, 16 * GiB)},
   };
   for (auto it = limits.begin(); it != limits.end(); ++it) {
     auto setter = setters.find(it.key());
@@ -258,6 +296,7 @@ Result<LoadedNode> load_node(const NodeSettings& s, bool worker) {
   if (!o.sign_key_path.empty()) {
     DC_ASSIGN_OR_RETURN(runtime::SigningKey key, read_signing_key_file(o.sign_key_path));
     out.node.sign_key = std::make_shared<const runtime::SigningKey>(key);
+    out.host.run_state_path = run_state_path_for(o.sign_key_path);
   }
   for (const auto& k : o.trust_keys) {
     DC_ASSIGN_OR_RETURN(runtime::PublicKey key, read_public_key(k));

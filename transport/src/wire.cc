@@ -2,6 +2,7 @@
 
 #include "deltacast.pb.h"
 #include "deltacast/common/text.h"
+#include "deltacast/runtime/trust.h"
 
 namespace deltacast::transport {
 namespace {
@@ -19,6 +20,15 @@ void set_run(wire::RunId* out, const RunId& r) {
   out->set_nonce(r.nonce);
 }
 RunId get_run(const wire::RunId& r) { return {r.started_us(), r.nonce()}; }
+
+// A timestamp statement is exactly kTimestampBytes (the node reads its fields); empty: none.
+Result<SharedBytes> get_timestamp(const std::string& bytes) {
+  if (bytes.empty()) return SharedBytes{};
+  if (bytes.size() != runtime::kTimestampBytes)
+    return Status::corruption("a timestamp statement of " + std::to_string(bytes.size()) + " bytes (it has " +
+                              std::to_string(runtime::kTimestampBytes) + ")");
+  return share(Bytes(bytes.begin(), bytes.end()));
+}
 
 // Length of the UTF-8 sequence at s[i], 0 if it is not one or is a control character: text
 // that log lines, the ledger and metrics can carry as is.
@@ -96,6 +106,7 @@ Frames encode_message(const Message& message, const LinkFields& fields) {
         } else if constexpr (std::is_same_v<T, Welcome>) {
           env.mutable_welcome()->set_newest_version(m.newest_version);
           set_run(env.mutable_welcome()->mutable_run(), m.run);
+          if (m.timestamp) env.mutable_welcome()->set_timestamp(m.timestamp->data(), m.timestamp->size());
         } else if constexpr (std::is_same_v<T, Refuse>) {
           env.mutable_refuse()->set_reason(wire_text(m.reason, kReasonBytesMax));
           env.mutable_refuse()->set_id_taken(m.id_taken);
@@ -138,6 +149,7 @@ Frames encode_message(const Message& message, const LinkFields& fields) {
         } else if constexpr (std::is_same_v<T, Heartbeat>) {
           env.mutable_heartbeat()->set_newest_version(m.newest_version);
           set_run(env.mutable_heartbeat()->mutable_run(), m.run);
+          if (m.timestamp) env.mutable_heartbeat()->set_timestamp(m.timestamp->data(), m.timestamp->size());
         } else if constexpr (std::is_same_v<T, Leave>) {
           env.mutable_leave()->set_node_id(m.node_id);
           env.mutable_leave()->set_reason(wire_text(m.reason, kReasonBytesMax));
@@ -244,7 +256,10 @@ Result<Message> decode_body(wire::Envelope& env, SharedBytes payload) {
     return Status::unsupported("peer speaks protocol version " + std::to_string(env.protocol_version()) + ", this node " +
                                std::to_string(kProtocolVersion));
   switch (env.body_case()) {
-    case wire::Envelope::kWelcome: return Message{Welcome{env.welcome().newest_version(), get_run(env.welcome().run())}};
+    case wire::Envelope::kWelcome: {
+      DC_ASSIGN_OR_RETURN(SharedBytes ts, get_timestamp(env.welcome().timestamp()));
+      return Message{Welcome{env.welcome().newest_version(), get_run(env.welcome().run()), std::move(ts)}};
+    }
     case wire::Envelope::kRefuse:
       DC_RETURN_IF_ERROR(check_string(env.refuse().reason(), kReasonBytesMax, "refusal reason"));
       return Message{Refuse{env.refuse().reason(), env.refuse().id_taken()}};
@@ -273,7 +288,10 @@ Result<Message> decode_body(wire::Envelope& env, SharedBytes payload) {
         ready.model = ModelState{true, r.model_version(), get_run(r.model_run()), r.model_failed_version(), get_run(r.model_failed_run())};
       return Message{std::move(ready)};
     }
-    case wire::Envelope::kHeartbeat: return Message{Heartbeat{env.heartbeat().newest_version(), get_run(env.heartbeat().run())}};
+    case wire::Envelope::kHeartbeat: {
+      DC_ASSIGN_OR_RETURN(SharedBytes ts, get_timestamp(env.heartbeat().timestamp()));
+      return Message{Heartbeat{env.heartbeat().newest_version(), get_run(env.heartbeat().run()), std::move(ts)}};
+    }
     case wire::Envelope::kLeave:
       DC_RETURN_IF_ERROR(check_node_id(env.leave().node_id()));
       DC_RETURN_IF_ERROR(check_string(env.leave().reason(), kReasonBytesMax, "leave reason"));

@@ -21,8 +21,9 @@ namespace deltacast::runtime {
 // Hello, Welcome, Heartbeat and Ready. 5: Hello's tree and trees (a parent that ignored them
 // would send a multi-tree child every chunk on every link). 6: Hello's and Ready's instance, a
 // Refuse that says the id is taken, Ready's model state (a parent that ignored the instance would
-// admit two live workers under one id).
-inline constexpr std::uint32_t kProtocolVersion = 6;
+// admit two live workers under one id). 7: the timestamp statement in Welcome and Heartbeat (a
+// worker that trusts keys exposes nothing without it).
+inline constexpr std::uint32_t kProtocolVersion = 7;
 
 // Bounds on what a peer may send (docs/RELIABILITY.md): strings longer than these are refused.
 inline constexpr std::size_t kNodeIdBytesMax = 128;
@@ -104,6 +105,9 @@ struct Hello {
 struct Welcome {
   std::uint64_t newest_version = 0;
   RunId run;  // the run the parent serves; newest_version counts in it
+  // The newest timestamp statement the parent holds (runtime::Timestamp, kTimestampBytes), null
+  // for none: the origin's signed word that `run` is current.
+  SharedBytes timestamp;
 };
 // parent -> child: refused (protocol version, identity); the link is closed after it.
 struct Refuse {
@@ -174,6 +178,7 @@ struct Ready {
 struct Heartbeat {
   std::uint64_t newest_version = 0;
   RunId run;
+  SharedBytes timestamp;  // as in Welcome (parent -> child only)
 };
 // both ways, when a node stops on purpose: its children move to their next parent at once and
 // its parent drops it at once, neither waiting for a timeout. Relays pass a child's Leave up

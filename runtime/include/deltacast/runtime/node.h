@@ -25,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -131,6 +132,11 @@ class Node {
   // The run whose versions this node holds and serves (empty until it sees one). run() on the
   // loop thread; run_from_any_thread() anywhere.
   const RunId& run() const { return run_; }
+  // The age of the newest timestamp statement held, in ms of this node's clock (none held: empty).
+  std::optional<std::int64_t> timestamp_age_ms() const {
+    if (!timestamp_) return std::nullopt;
+    return statement_age_ms(*timestamp_);
+  }
   RunId run_from_any_thread() const;
   const NodeConfig& config() const { return config_; }
   const NodeStats& stats() const;
@@ -171,6 +177,8 @@ class Node {
   std::uint64_t anchor_floor() const;
   // The newest version the parent has that this node can use (0 when the parent is in another run).
   std::uint64_t usable_parent_newest() const;
+  // The upstream link whose parent `peer` is (null: not a parent).
+  UpstreamLink* link_of(PeerId peer);
   // To one parent: reports (Ready, a Leave passed up) go up one tree.
   void send_to_parent(const Message& m);
   // To every tree's parent: heartbeats, this node's own Leave.
@@ -184,6 +192,27 @@ class Node {
   void request_missing(bool force);
   // Asks for an anchor newer than `newer_than` (what the asker holds; it cannot use older ones).
   void request_anchor(std::uint64_t newer_than);
+
+  // ---- freshness (docs/RELIABILITY.md, "Freshness") ----
+  // This node checks signatures (it trusts keys, and is not a trainer shard or simulated).
+  bool verifying() const;
+  // A timestamp statement from a parent (Welcome, Heartbeat): checked, kept if newer than the
+  // one held, and a version waiting for it exposed. False if the parent was dropped for it (an
+  // older run than one this node knows: a replay).
+  bool on_timestamp(UpstreamLink& link, const SharedBytes& bytes);
+  // Origin: signs a statement of its run and newest version, as of now.
+  void issue_timestamp();
+  // Whether a version of `run` may be exposed: a statement of that run no older than
+  // freshness_ms_max is held (always, for a node that does not verify).
+  bool fresh_for(const RunId& run) const;
+  // The statement's age in ms on this node's clock (negative: from its future); 0 without a clock.
+  std::int64_t statement_age_ms(const Timestamp& t) const;
+  // A parent that gave no fresh statement for parent_timeout_ms since it welcomed this node is
+  // cut off from the origin, or replays: dropped, with back-off.
+  void check_parents_fresh(std::uint64_t now_ms);
+  // Drops a parent whose versions this node refuses (a replay, wrong key, stale): the link
+  // backs off before it tries again, and the node does not ask again for what it refused.
+  void refuse_parent(UpstreamLink& link, const std::string& why);
 
   // ---- versions from upstream ----
   // A manifest from upstream: bounds, signature, run. False if it is not to be used.
@@ -254,6 +283,18 @@ class Node {
   mutable std::mutex run_mu_;  // run_, for run_from_any_thread()
   RunId run_;         // the run of everything cached and held (config_.run at the origin)
   RunId parent_run_;  // the run the parent says it serves (a hint, never trusted for content)
+  // The newest timestamp statement held: issued here (origin) or from a parent (checked when
+  // verifying()), passed on to children in Welcome and Heartbeat.
+  std::optional<Timestamp> timestamp_;
+  SharedBytes timestamp_bytes_;
+  std::uint64_t timestamp_issued_ms_ = 0;  // origin: when it last signed one
+  // A version this node refused from upstream (wrong key, replay): not asked for again while
+  // the parent offers nothing newer in that run.
+  struct Refused {
+    RunId run;  // as the parent said
+    std::uint64_t version = 0;
+  };
+  std::optional<Refused> refused_;
   std::function<void(std::shared_ptr<const ModelVersion>)> on_ready_;
   std::function<void()> on_anchor_wanted_;
 };

@@ -114,6 +114,19 @@ struct NodeConfig {
   // A run that says it started later than this past the node's own clock is refused: one forged
   // manifest from the far future could otherwise hold a node that trusts no key in that run.
   std::uint64_t run_clock_skew_ms_max = 600000;
+  // Freshness (docs/RELIABILITY.md): a node that trusts keys exposes a version only while it
+  // holds a timestamp statement of that version's run issued no more than this long ago (or
+  // ahead) on its own clock; the origin signs one every timestamp_interval_ms. The bound is what
+  // a replayed run can gain: a run that stopped being current longer ago is refused. Clocks of
+  // origin and workers must agree to well within it.
+  std::uint64_t freshness_ms_max = 120000;
+  std::uint64_t timestamp_interval_ms = 1000;
+  // A parent dropped for what it sent (a replayed run, versions this node refuses, statements
+  // too old) is tried again after a back-off that doubles from 500 ms up to this.
+  std::uint64_t reconnect_backoff_ms_max = 60000;
+  // Origin: how far its clock was behind the start of the previous run signed by its key, in
+  // ms, when it started (transport/run_state.h); exported as a metric.
+  std::uint64_t clock_behind_previous_run_ms = 0;
   // A chunk of a signed version has its BLAKE2b digest checked on the TaskRunner, several at
   // once, before it is cached or forwarded. Past this many payload bytes waiting for a check, the
   // loop checks them itself (and reads nothing else meanwhile, so the network waits).
@@ -250,6 +263,10 @@ struct NodeStats {
   std::uint64_t peers_dropped = 0;         // peers disconnected for breaking a bound
   std::uint64_t untrusted_manifests = 0;   // manifests refused: unsigned, unknown signer, bad signature
   std::uint64_t stale_run_manifests = 0;   // manifests of an older run, ignored
+  std::uint64_t replays_refused = 0;       // signed manifests or statements of a run older than one known (parent dropped)
+  std::uint64_t untrusted_timestamps = 0;  // timestamp statements refused: malformed, unknown signer, bad signature
+  std::uint64_t stale_parents = 0;         // parents dropped for giving no fresh timestamp statement
+  std::uint64_t versions_withheld = 0;     // versions verified but held back until a fresh statement came
   std::uint64_t runs_seen = 0;             // runs this node moved to
 };
 

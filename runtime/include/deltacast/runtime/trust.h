@@ -46,8 +46,32 @@ Status verify_manifest(ByteSpan serialized, const Manifest& parsed, const std::v
 // chunk that differs. The manifest's signature is verify_manifest's to check.
 Status verify_payloads(const Manifest& signed_manifest, std::span<const ByteSpan> payloads);
 
-// A fresh run identity: the current wall-clock time and a random nonce.
+// A fresh run identity: the current wall-clock time and a random nonce. An origin that signs
+// starts its run with next_run_start() instead (transport/run_state.h), so that runs signed by
+// one key stay ordered when its host's clock goes back.
 RunId make_run_id();
+
+// A timestamp statement (docs/FORMAT.md, "Timestamp statement"; TUF's timestamp role): the
+// origin says, signed, that `run` is the run it publishes now and `newest_version` its newest
+// version, as of `issued_us` on its clock. The origin signs one every timestamp_interval_ms;
+// relays pass the newest on; a worker that trusts keys exposes a version only while it holds a
+// statement of that version's run no older than freshness_ms_max, so a replayed old run, a
+// stale relay or a shard of another run cannot hand it weights the trainer is not publishing.
+struct Timestamp {
+  RunId run;
+  std::uint64_t newest_version = 0;
+  std::uint64_t issued_us = 0;  // microseconds since the Unix epoch, the origin's clock
+  PublicKey signer{};
+  std::array<std::uint8_t, kSignatureBytes> signature{};
+};
+inline constexpr std::size_t kTimestampBytes = 133;
+// Signs `t` (setting signer and signature) and returns its 133 bytes.
+Bytes sign_timestamp(Timestamp& t, const SigningKey& key);
+// Reads a statement's fields; Corruption for anything but 133 bytes of format 1. Does not check
+// the signature.
+Result<Timestamp> parse_timestamp(ByteSpan bytes);
+// Checks that `bytes` (whose parse is `parsed`) is signed by one of `trusted`.
+Status verify_timestamp(ByteSpan bytes, const Timestamp& parsed, const std::vector<PublicKey>& trusted);
 
 }  // namespace deltacast::runtime
 

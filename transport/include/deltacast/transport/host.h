@@ -91,6 +91,9 @@ struct HostConfig {
   std::size_t metrics_clients_max = 16;                   // metrics connections open at once
   std::uint64_t metrics_timeout_ms = 5000;                // a metrics connection is closed after this long
   std::uint64_t metrics_response_bytes_max = 64ull << 20; // a larger report is refused (503)
+  // An origin that signs: the file its runs' starts are kept in (next_run_start), normally
+  // next to the signing key; empty: runs are ordered by this host's clock alone.
+  std::string run_state_path;
   // Fault injection for tests: sees every outgoing message and may alter it.
   std::function<void(runtime::Message&)> outgoing_filter;
 };

@@ -72,6 +72,9 @@ Result<transport::PublisherOptions> publisher_options(PublishOptions& o) {
     if (!cfg.node.parents.empty())
       return Status::invalid_argument("the publisher is the origin: it has no --parent (trainer shards use --shard I/N)");
     cfg.node.expect_shards = o.expect_shards;
+    if (!cfg.node.shard_keys.empty() && cfg.node.shard_keys.size() != o.expect_shards)
+      return Status::invalid_argument("--shard-key: give one per shard, in shard order (" + std::to_string(o.expect_shards) + " shards, " +
+                                      std::to_string(cfg.node.shard_keys.size()) + " keys): shard k's slices must be signed by key k");
   }
   if (o.expect_shards && (!o.files.empty() || !o.watch_dir.empty()))
     return Status::invalid_argument("an origin merging trainer shards publishes nothing itself: drop the checkpoints and --watch");
@@ -268,7 +271,7 @@ Command add_publish_command(CLI::App& app) {
   sub->add_option("--shard", o->shard, "Trainer shard I/N: send this slice of every version to the origin at --parent");
   sub->add_option("--expect-shards", o->expect_shards, "Origin: versions come as slices from N trainer shards; merge and broadcast them");
   sub->add_option("--shard-key", o->node.shard_keys,
-                  "Origin merging shards: accept only slices signed by this shard key (64 hex digits or a key file; repeat)")
+                  "Origin merging shards: shard k's slices must be signed by the k-th key given (64 hex digits or a key file; one per shard, in order)")
       ->allow_extra_args(false);
   add_node_options(sub, o->node, /*worker=*/false);
   return {sub, [o] { return run_publish(*o); }};

@@ -173,6 +173,7 @@ void ChildServer::on_hello(PeerId from, const Hello& hello) {
   Child& c = children_[from];
   c.node_id = hello.node_id;
   c.instance = hello.instance;
+  c.run = hello.run;
   c.role = hello.role;
   c.serves_children = hello.serves_children;
   c.tree = hello.tree;

@@ -43,6 +43,7 @@ class ChildServer {
   struct Child {
     std::string node_id;
     std::uint64_t instance = 0;  // Hello::instance
+    RunId run;                   // Hello::run: for a trainer shard, the run of its own process
     Role role = Role::kWorker;
     bool serves_children = false;  // may pass up Ready messages of nodes below it
     // The tree of a multi-tree fleet this link belongs to, of how many (Hello::tree).

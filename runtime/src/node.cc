@@ -219,7 +219,9 @@ Hello Node::make_hello(std::uint32_t tree, std::uint32_t trees) const {
       if (!k.anchor && v.complete()) have = std::max(have, k.version);
   }
   hello.have_version = have;
-  hello.run = run_;
+  // A trainer shard names its own process's run, so the origin tells a shard left from an
+  // earlier job from the one that replaced it.
+  hello.run = config_.shard_count > 0 ? config_.run : run_;
   // After a refusal, the parent sends nothing unasked (the anchor this node refused).
   hello.resume = !cache_.entries().empty() || refused_.has_value();
   return hello;
@@ -320,7 +322,12 @@ void Node::on_welcome(UpstreamLink& link, const Welcome& w) {
     if (auto held = rebuild_->current(); held && held->run == w.run) report_ready(*held);
   if (!on_timestamp(link, w.timestamp)) return;
   if (!on_parent_newest(link, w.newest_version, w.run)) return;
-  if (shard_out_) shard_out_->on_welcome(parent_newest_);
+  if (shard_out_)
+    shard_out_->on_welcome(parent_newest_, parent_run_, [this](const SharedBytes& sealed) -> SharedBytes {
+      auto parsed = parse_manifest(sealed->span(), config_.manifest_limits);
+      if (!parsed.is_ok()) return nullptr;  // it was ours: cannot happen
+      return seal_manifest(*parsed, {}, /*digests_known=*/true);
+    });
   request_missing(/*force=*/true);
   advance();
 }
@@ -782,7 +789,7 @@ void Node::handle_child(PeerId from, const Message& m) {
   else if (child->role == Role::kPublisher && shard_in_) {
     if (const auto* mm = std::get_if<ManifestMsg>(&m)) {
       const bool merged = mm->key.version <= cache_.newest_version() && cache_.find(mm->key);
-      if (Status st = shard_in_->on_manifest(from, *mm, merged); !st.is_ok()) drop_peer(from, st.message());
+      if (Status st = shard_in_->on_manifest(from, *mm, merged, child->run); !st.is_ok()) drop_peer(from, st.message());
     } else if (const auto* c = std::get_if<ChunkMsg>(&m)) {
       on_shard_chunk(from, *c);
     }
@@ -927,7 +934,8 @@ Status Node::publish(EncodedVersion&& ev) {
 Status Node::publish(Manifest m, std::vector<SharedBytes> payloads) { return publish_version(std::move(m), std::move(payloads), false); }
 
 SharedBytes Node::seal_manifest(Manifest& m, const std::vector<SharedBytes>& payloads, bool digests_known) const {
-  m.run = config_.shard_count > 0 ? config_.run : run_;
+  // A trainer shard's slice belongs to the run the origin welcomed it with.
+  m.run = config_.shard_count > 0 ? parent_run_ : run_;
   if (!config_.sign_key || config_.virtual_payloads) {
     m.is_signed = false;
     return share(serialize_manifest(m));
@@ -946,7 +954,7 @@ Status Node::publish_version(Manifest m, std::vector<SharedBytes> payloads, bool
     // A trainer shard: the slice goes up to the origin, which merges the slices.
     DC_RETURN_IF_ERROR(shard_out_->ready(parent_newest_));
     SharedBytes sealed = seal_manifest(m, payloads, digests_known);
-    shard_out_->publish(key, std::move(sealed), std::move(payloads));
+    shard_out_->publish(key, std::move(sealed), std::move(payloads), parent_run_);
     return Status::ok();
   }
   const std::uint64_t now = ctx_->now_ms();

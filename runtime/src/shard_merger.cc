@@ -6,26 +6,54 @@
 
 namespace deltacast::runtime {
 
-Status ShardMerger::on_manifest(PeerId from, const ManifestMsg& m, bool merged) {
+Status ShardMerger::on_manifest(PeerId from, const ManifestMsg& m, bool merged, const RunId& sender_run) {
   const NodeConfig& config = ctx_.config;
   if (m.shards != config.expect_shards || m.shard >= m.shards) {
     ctx_.set_error(to_string(m.key) + ": a slice numbered " + std::to_string(m.shard) + " of " + std::to_string(m.shards) +
                    ", this origin expects " + std::to_string(config.expect_shards));
     return Status::ok();
   }
-  peers_[m.shard] = from;
-  if (merged) return Status::ok();
+  const std::string slice = "slice " + std::to_string(m.shard) + " of " + to_string(m.key);
+  // A shard process older than one seen for this shard (a trainer left from an earlier job).
+  if (auto newest = shard_runs_.find(m.shard); newest != shard_runs_.end() && sender_run < newest->second) {
+    ctx_.stats.stale_slices++;
+    return Status::invalid_argument(slice + " comes from a process of run " + to_string(sender_run) + ", older than run " +
+                                    to_string(newest->second) + " of shard " + std::to_string(m.shard) +
+                                    " that sent before: a trainer shard left from an earlier job?");
+  }
   auto parsed = parse_manifest(m.manifest->span(), config.manifest_limits);
   if (!parsed.is_ok() || parsed->version != m.key.version) {
-    ctx_.set_error("slice " + std::to_string(m.shard) + " of " + to_string(m.key) + ": " + parsed.status().to_string());
+    ctx_.set_error(slice + ": " + parsed.status().to_string());
     return Status::ok();
   }
   if (!config.shard_keys.empty()) {
-    if (Status st = verify_manifest(m.manifest->span(), *parsed, config.shard_keys); !st.is_ok()) {
+    // Shard k's slices are signed by shard k's key (one key per shard, in shard order).
+    const std::vector<PublicKey> own{config.shard_keys[std::min<std::size_t>(m.shard, config.shard_keys.size() - 1)]};
+    if (Status st = verify_manifest(m.manifest->span(), *parsed, own); !st.is_ok()) {
       ctx_.stats.untrusted_manifests++;
-      return Status::invalid_argument("slice " + std::to_string(m.shard) + ": " + st.to_string());
+      return Status::invalid_argument(slice + " is not signed by shard " + std::to_string(m.shard) + "'s key: " + st.to_string());
     }
   }
+  if (parsed->run != ctx_.config.run) {
+    ctx_.stats.stale_slices++;
+    return Status::invalid_argument(slice + " belongs to run " + to_string(parsed->run) + ", this origin merges run " + to_string(ctx_.config.run) +
+                                    ": a replayed slice, or a shard that has not heard of this run");
+  }
+  if (auto& newest = shard_runs_[m.shard]; sender_run > newest) {
+    // A new process of this shard: what an older one sent and was not merged is not its.
+    if (!newest.empty()) {
+      ctx_.log(LogLevel::kInfo, "shard " + std::to_string(m.shard) + " restarted (run " + to_string(sender_run) +
+                                    "): dropping the unmerged slices of its run " + to_string(newest));
+      for (auto& [key, v] : versions_)
+        if (m.shard < v.slices.size() && v.slices[m.shard]) {
+          v.slices[m.shard].reset();
+          v.missing_chunks[m.shard] = 0;
+        }
+    }
+    newest = sender_run;
+  }
+  peers_[m.shard] = from;
+  if (merged) return Status::ok();
   Slices& s = versions_[m.key];
   s.progress_ms = ctx_.now_ms();
   if (s.slices.empty()) {
@@ -89,6 +117,10 @@ std::optional<ShardMerger::Merged> ShardMerger::merge(std::map<VersionKey, Slice
     ctx_.set_error(to_string(key) + ": " + merged.status().to_string());
     return std::nullopt;
   }
+  std::string from;
+  for (const auto& [shard, run] : shard_runs_) from += (from.empty() ? "" : ", ") + std::to_string(shard) + " (run " + to_string(run) + ")";
+  ctx_.log(LogLevel::kInfo, "merged " + to_string(key) + " of run " + to_string(ctx_.config.run) + " from shards " + from +
+                                (digests_known ? ", every slice signed by its shard's key" : ", unsigned slices"));
   return Merged{std::move(merged).value(), digests_known};
 }
 

@@ -1,8 +1,11 @@
 // The origin's side of a sharded publish: slices of each version arrive from the trainer shards
-// (checked against their manifests, and their signers when shard_keys are set), and once every
-// shard's slice is whole they are merged into one version for the origin to publish. A version
-// that stalls gets Need messages to the shards for what is missing. Unfinished versions are
-// bounded by cache_bytes_max, oldest dropped first.
+// (checked against their manifests, and with shard_keys set, signed by the key of the shard they
+// claim to be), and once every shard's slice is whole they are merged into one version for the
+// origin to publish. A slice belongs to the origin's run (the shard stamps the run the origin
+// welcomed it with) and comes from the newest process of its shard (Hello::run): a slice of
+// another run, or from a shard process older than one seen, is refused and its sender dropped.
+// A version that stalls gets Need messages to the shards for what is missing. Unfinished
+// versions are bounded by cache_bytes_max, oldest dropped first.
 #pragma once
 
 #include <map>
@@ -21,9 +24,11 @@ class ShardMerger {
     // Every slice was signed, so its chunks were checked against its digests on arrival.
     bool digests_known = false;
   };
-  // A slice's manifest. `merged`: the version is merged already (ignored). Returns an error, whose message says why,
-  // for which the shard is to be dropped (a signer not in shard_keys); other faults are logged.
-  Status on_manifest(PeerId from, const ManifestMsg& m, bool merged);
+  // A slice's manifest from a shard process of run `sender_run` (its Hello). `merged`: the
+  // version is merged already (ignored). Returns an error, whose message says why, for which the
+  // shard is to be dropped (a signer other than its shard's key, another run, an older process
+  // of its shard); other faults are logged.
+  Status on_manifest(PeerId from, const ManifestMsg& m, bool merged, const RunId& sender_run);
   // A slice's chunk; the merged version once this was the last part missing.
   std::optional<Merged> on_chunk(PeerId from, const ChunkMsg& m);
   // After need_after_ms without progress on a version, asks each connected shard for what is
@@ -46,6 +51,7 @@ class ShardMerger {
   NodeContext& ctx_;
   std::map<VersionKey, Slices> versions_;  // bounded by cache_bytes_max
   std::map<std::uint32_t, PeerId> peers_;  // the link each shard last sent on
+  std::map<std::uint32_t, RunId> shard_runs_;  // the newest process of each shard (Hello::run)
 };
 
 }  // namespace deltacast::runtime

@@ -12,8 +12,8 @@ Status ShardPublisher::ready(std::uint64_t merged) {
   return Status::ok();
 }
 
-void ShardPublisher::publish(const VersionKey& key, SharedBytes manifest, std::vector<SharedBytes> payloads) {
-  retained_.push_back(Slice{key, std::move(manifest), std::move(payloads)});
+void ShardPublisher::publish(const VersionKey& key, SharedBytes manifest, std::vector<SharedBytes> payloads, const RunId& run) {
+  retained_.push_back(Slice{key, std::move(manifest), std::move(payloads), run});
   queue(retained_.back(), nullptr);
   flush();
 }
@@ -28,8 +28,12 @@ void ShardPublisher::release(std::uint64_t merged) {
   }
 }
 
-void ShardPublisher::on_welcome(std::uint64_t merged) {
+void ShardPublisher::on_welcome(std::uint64_t merged, const RunId& run, const std::function<SharedBytes(const SharedBytes&)>& reseal) {
   release(merged);
+  for (auto& r : retained_) {
+    if (r.run == run) continue;
+    if (SharedBytes again = reseal(r.manifest)) r.manifest = std::move(again), r.run = run;
+  }
   outbox_.clear();
   for (const auto& r : retained_) queue(r, nullptr);
   flush();

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <deque>
+#include <functional>
 
 #include "upstream_link.h"
 
@@ -18,11 +19,12 @@ class ShardPublisher {
   // sent, or shard_slices_retained_max slices are not merged yet. `merged` is the newest
   // version the origin says it has.
   Status ready(std::uint64_t merged);
-  // Sends a slice (manifest sealed) and keeps it until merged.
-  void publish(const VersionKey& key, SharedBytes manifest, std::vector<SharedBytes> payloads);
-  // A new link to the origin: what was in flight on the old one may be lost, so every slice
-  // not merged goes again, whole (the origin ignores what it has).
-  void on_welcome(std::uint64_t merged);
+  // Sends a slice (manifest sealed in the origin's run `run`) and keeps it until merged.
+  void publish(const VersionKey& key, SharedBytes manifest, std::vector<SharedBytes> payloads, const RunId& run);
+  // A new link to the origin, in its run `run`: what was in flight on the old one may be lost,
+  // so every slice not merged goes again, whole (the origin ignores what it has). Slices sealed
+  // in another run (the origin restarted) are sealed again in this one by `reseal` first.
+  void on_welcome(std::uint64_t merged, const RunId& run, const std::function<SharedBytes(const SharedBytes&)>& reseal);
   // The origin's newest version (Heartbeat): slices it merged are let go.
   void release(std::uint64_t merged);
   // The origin asks for (part of) a slice again. Returns true if it asks for an anchor instead.
@@ -37,6 +39,7 @@ class ShardPublisher {
     VersionKey key;
     SharedBytes manifest;
     std::vector<SharedBytes> payloads;
+    RunId run;  // the origin's run the manifest is sealed in
   };
   void queue(const Slice& slice, const std::vector<std::uint32_t>* only);
 

@@ -922,14 +922,14 @@ def case_shard_injection(t):
                     s["tampered"])
     # Until the origin refused the rogue's slice (it encodes its checkpoint first: seconds on a
     # loaded host under the sanitizers), or a minute.
-    origin.wait_log(r"slice 0: .*manifest of v1 is signed by key", 60)
+    origin.wait_log(r"slice 0 of v1\S* is not signed by shard 0.s key: .*manifest of v1 is signed by key", 60)
     rogue.kill()
     t.expect(re.search(r"merged version", origin.log()) is None, "the origin merged a forged slice: " +
              "; ".join(re.findall(r"merged version[^\n]*", origin.log())))
-    t.expect(re.search(r"slice 0: .*manifest of v1 is not signed", origin.log()) is not None, "no refusal of the unsigned slice logged")
-    t.expect(re.search(r"slice 0: .*manifest of v1: the signature does not verify", origin.log()) is not None,
+    t.expect(re.search(r"slice 0 of v1\S* is not signed by shard 0.s key: .*manifest of v1 is not signed", origin.log()) is not None, "no refusal of the unsigned slice logged")
+    t.expect(re.search(r"slice 0 of v1\S* is not signed by shard 0.s key: .*manifest of v1: the signature does not verify", origin.log()) is not None,
              "no refusal of the badly signed slice logged")
-    t.expect(re.search(r"slice 0: .*manifest of v1 is signed by key", origin.log()) is not None,
+    t.expect(re.search(r"slice 0 of v1\S* is not signed by shard 0.s key: .*manifest of v1 is signed by key", origin.log()) is not None,
              "no refusal of the slice signed by another key logged")
     t.expect(not ready_lines(w), "the worker exposed a forged version: %s" % ready_lines(w))
     t.start("shard", "publish", "--shard", "0/1", "--parent", t.ep(0), "--sign-key", key, "--linger-ms", "20000", *s["ckpts"])

@@ -890,7 +890,7 @@ struct Shard {
   // What the origin says reaches the publisher as it would in the node.
   void handle() {
     for (const auto& m : up.from_parent) {
-      if (const auto* w = std::get_if<Welcome>(&m)) pub.on_welcome(w->newest_version);
+      if (const auto* w = std::get_if<Welcome>(&m)) pub.on_welcome(w->newest_version, w->run, [](const SharedBytes& b) { return b; });
       else if (const auto* n = std::get_if<Need>(&m)) pub.on_need(*n);
     }
     up.from_parent.clear();
@@ -899,7 +899,7 @@ struct Shard {
     DC_RETURN_IF_ERROR(pub.ready(0));
     EncodedVersion copy = ev;
     pub.publish({ev.manifest.version, ev.manifest.kind == VersionKind::kAnchor}, share(serialize_manifest(ev.manifest)),
-                share_payloads(copy.payloads));
+                share_payloads(copy.payloads), {});
     return Status::ok();
   }
 };
@@ -921,7 +921,7 @@ struct Origin {
   void receive(PeerId from, const Message& m) {
     links.insert(from);
     if (std::holds_alternative<Hello>(m)) transport.send(from, Welcome{0, {}});
-    if (const auto* mm = std::get_if<ManifestMsg>(&m)) REQUIRE(merger.on_manifest(from, *mm, false).is_ok());
+    if (const auto* mm = std::get_if<ManifestMsg>(&m)) REQUIRE(merger.on_manifest(from, *mm, false, {}).is_ok());
     if (const auto* c = std::get_if<ChunkMsg>(&m))
       if (auto v = merger.on_chunk(from, *c)) merged.push_back(std::move(*v));
   }

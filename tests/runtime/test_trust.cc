@@ -637,3 +637,118 @@ TEST_CASE("a worker restored from disk exposes its version once a fresh statemen
   REQUIRE(net.run_until([&] { return w.current() && w.current()->version == 3; }));
   CHECK(w.current()->image == a.images[2]);
 }
+
+// ---- shard slices bound to their shard and run ------------------------------------------------
+
+namespace {
+
+NodeConfig shard_in(const std::string& id, std::uint32_t index, std::uint32_t count, std::shared_ptr<const SigningKey> key, const RunId& own) {
+  NodeConfig c;
+  c.node_id = id;
+  c.parents = {"origin"};
+  c.shard_index = index;
+  c.shard_count = count;
+  c.sign_key = std::move(key);
+  c.run = own;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("an origin merges a slice only if its shard's own key signed it, in the run it merges", "[runtime][trust][shards]") {
+  Series s(2, 4);
+  auto k0 = std::make_shared<const SigningKey>(make_signing_key());
+  auto k1 = std::make_shared<const SigningKey>(make_signing_key());
+  auto origin_key = std::make_shared<const SigningKey>(make_signing_key());
+  FakeNet net;
+  NodeConfig oc = origin_in(kRunB, origin_key);
+  oc.expect_shards = 1;
+  oc.shard_keys = {k0->public_key};
+  Node& origin = net.add(oc);
+
+  // Shard 1's key is trusted for shard 1 only: a slice claiming shard 0 with it is refused.
+  oc.expect_shards = 2;
+  oc.shard_keys = {k0->public_key, k1->public_key};
+  oc.node_id = "origin2";
+  Node& origin2 = net.add(oc);
+  NodeConfig imp = shard_in("impostor", 0, 2, k1, RunId{5, 5});
+  imp.parents = {"origin2"};
+  Node& impostor = net.add(imp);
+  net.run_for(500);
+  REQUIRE(impostor.publish(s.anchor(1)).is_ok());
+  net.run_for(1000);
+  CHECK(origin2.stats().untrusted_manifests > 0);
+  CHECK(origin2.stats().peers_dropped > 0);
+
+  // A slice of the previous run, properly signed by shard 0, replayed: refused.
+  const EncodedVersion a1 = s.anchor(1);
+  Manifest old = a1.manifest;
+  old.run = kRunA;
+  std::vector<ByteSpan> spans(a1.payloads.begin(), a1.payloads.end());
+  SharedBytes replayed = share(sign_manifest(old, spans, *k0));
+  RogueChild replayer{std::make_unique<FakeTransport>(net, "replayer")};
+  replayer.link = replayer.transport->connect("origin");
+  Hello h;
+  h.node_id = "replayer";
+  h.role = Role::kPublisher;
+  REQUIRE(replayer.send(h));
+  net.run();
+  REQUIRE(replayer.send(ManifestMsg{{1, true}, replayed, 0, 0, 1}));
+  net.run_for(500);
+  CHECK(origin.stats().stale_slices == 1);
+  CHECK(origin.cache().newest_version() == 0);
+  CHECK(!replayer.send(ManifestMsg{{1, true}, replayed, 0, 0, 1}));  // dropped
+
+  // The real shard 0 of this run: merged, in the origin's run.
+  Node& trainer = net.add(shard_in("trainer-0", 0, 1, k0, RunId{7, 7}));
+  net.run_for(500);
+  REQUIRE(trainer.publish(s.anchor(1)).is_ok());
+  REQUIRE(net.run_until([&] { return origin.cache().newest_version() == 1; }));
+  CHECK(origin.cache().find({1, true})->manifest->run == kRunB);
+}
+
+TEST_CASE("a trainer shard left running from an earlier job cannot add to the new job's versions", "[runtime][trust][shards]") {
+  Series s(3, 4);
+  auto k0 = std::make_shared<const SigningKey>(make_signing_key());
+  FakeNet net;
+  NodeConfig oc = origin_in(kRunB, nullptr);
+  oc.expect_shards = 1;
+  oc.shard_keys = {k0->public_key};
+  Node& origin = net.add(oc);
+  Node& fresh = net.add(shard_in("trainer-0", 0, 1, k0, RunId{200, 2}));
+  net.run_for(500);
+  Node& stale = net.add(shard_in("trainer-0-old", 0, 1, k0, RunId{100, 1}));
+  net.run_for(500);
+  REQUIRE(fresh.publish(s.anchor(1)).is_ok());
+  REQUIRE(net.run_until([&] { return origin.cache().newest_version() == 1; }));
+  // The stale process publishes its own weights as version 2: refused, it is dropped.
+  Series other(3, 9);
+  REQUIRE(stale.publish(other.anchor(2)).is_ok());
+  net.run_for(1000);
+  CHECK(origin.stats().stale_slices > 0);
+  CHECK(origin.cache().newest_version() == 1);
+  REQUIRE(fresh.publish(s.delta(2)).is_ok());
+  REQUIRE(net.run_until([&] { return origin.cache().newest_version() == 2; }));
+  const CachedVersion* v2 = origin.cache().find({2, false});
+  REQUIRE(v2);
+  CHECK(v2->manifest->version_checksum == s.delta(2).manifest.version_checksum);
+}
+
+TEST_CASE("a trainer shard reseals its unmerged slices in the run of an origin that restarted", "[runtime][trust][shards]") {
+  Series s(2, 4);
+  auto k0 = std::make_shared<const SigningKey>(make_signing_key());
+  FakeNet net;
+  NodeConfig oc = origin_in(kRunA, nullptr);
+  oc.expect_shards = 1;
+  oc.shard_keys = {k0->public_key};
+  net.add(oc);
+  Node& trainer = net.add(shard_in("trainer-0", 0, 1, k0, RunId{7, 7}));
+  net.run_for(500);
+  net.kill("origin");  // the slice goes out to nobody
+  REQUIRE(trainer.publish(s.anchor(1)).is_ok());
+  oc.run = kRunB;
+  Node& origin = net.add(oc);
+  REQUIRE(net.run_until([&] { return origin.cache().newest_version() == 1; }));
+  CHECK(origin.cache().find({1, true})->manifest->run == kRunB);
+  CHECK(origin.stats().stale_slices == 0);
+}

@@ -138,7 +138,6 @@ struct NodeHost::Impl final : Clock, TaskRunner {
     struct sigaction old {};
     if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) std::signal(SIGPIPE, SIG_IGN);
     const std::string& id = node_config.node_id;
-    if (!node_config.has_parents() && node_config.shard_count == 0 && node_config.run.empty()) node_config.run = make_run_id();
     // This process's own number: a parent tells a second live process under the same id by it.
     while (node_config.instance == 0) node_config.instance = make_run_id().nonce;
     if (node_config.reconstruct) {
@@ -160,10 +159,15 @@ struct NodeHost::Impl final : Clock, TaskRunner {
   }
 
   // An origin that signs starts its run after every earlier run of its key (run_state.h).
+  // A trainer shard names its own process's run the same way (ShardMerger tells a shard left
+  // from an earlier job by it).
   Status start_run() {
-    if (node_config.has_parents() || node_config.shard_count > 0 || !node_config.run.empty() || !node_config.sign_key ||
-        config.run_state_path.empty())
+    const bool origin = !node_config.has_parents() && node_config.shard_count == 0, shard = node_config.shard_count > 0;
+    if ((!origin && !shard) || !node_config.run.empty()) return Status::ok();
+    if (!node_config.sign_key || config.run_state_path.empty()) {
+      node_config.run = make_run_id();
       return Status::ok();
+    }
     auto start = next_run_start(config.run_state_path, node_config.sign_key->public_key, unix_us());
     if (!start.is_ok()) return start.status().with_context("starting a run");
     node_config.run = start->run;

@@ -101,7 +101,8 @@ struct NodeConfig {
   // Relays and workers: forward and apply only versions whose manifest is signed by one of these
   // keys (empty: any, unauthenticated).
   std::vector<PublicKey> trust_keys;
-  // Origin merging trainer shards: accept only slices signed by one of these keys (empty: any).
+  // Origin merging trainer shards: shard k's slices must be signed by shard_keys[k], one key per
+  // shard in shard order (empty: any slices, unauthenticated).
   std::vector<PublicKey> shard_keys;
 
   // Bounds on what a peer can make this node do; a peer that breaks one is disconnected.
@@ -267,6 +268,7 @@ struct NodeStats {
   std::uint64_t untrusted_timestamps = 0;  // timestamp statements refused: malformed, unknown signer, bad signature
   std::uint64_t stale_parents = 0;         // parents dropped for giving no fresh timestamp statement
   std::uint64_t versions_withheld = 0;     // versions verified but held back until a fresh statement came
+  std::uint64_t stale_slices = 0;          // origin: shard slices of another run or an older shard process (sender dropped)
   std::uint64_t runs_seen = 0;             // runs this node moved to
 };
 

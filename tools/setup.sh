@@ -2,13 +2,14 @@
 # Installs the Debian 12 packages deltacast needs, only those that are missing.
 # Usage: tools/setup.sh [--test]   (--test adds what the test suite needs: clang for the fuzzers,
 # torch, libtorch's headers and pytest for the Python package, iproute2 and procps for the
-# emulated WAN, lintian for the Debian packages, prometheus for promtool)
+# emulated WAN, lintian for the Debian packages, prometheus for promtool, faketime for an origin
+# whose clock is behind)
 set -euo pipefail
 packages=(build-essential cmake pkg-config git libzstd-dev libxxhash-dev nlohmann-json3-dev libcli11-dev
   libuv1-dev libzmq3-dev libprotobuf-dev protobuf-compiler libspdlog-dev libsodium-dev
   python3 python3-dev pybind11-dev python3-numpy)
 if [ "${1:-}" = "--test" ]; then
-  packages+=(catch2 clang libclang-rt-14-dev python3-zmq python3-protobuf python3-torch libtorch-dev python3-pytest iproute2 procps lintian prometheus)
+  packages+=(catch2 clang libclang-rt-14-dev python3-zmq python3-protobuf python3-torch libtorch-dev python3-pytest iproute2 procps lintian prometheus faketime)
 fi
 missing=()
 for p in "${packages[@]}"; do

@@ -359,3 +359,32 @@ std::vector<std::pair<std::uint64_t, std::uint64_t>> plan_chunks(const std::vect
 }
 
 }  // namespace deltacast
+
+namespace deltacast {
+
+Result<ManifestSeal> read_manifest_seal(ByteSpan data) {
+  ByteReader r(data);
+  Manifest m;
+  ManifestLimits unbounded;
+  unbounded.image_bytes_max = UINT64_MAX;
+  DC_RETURN_IF_ERROR(read_header(r, unbounded, m));
+  ManifestSeal seal;
+  seal.version = m.version;
+  seal.is_signed = m.is_signed;
+  if (m.is_signed) {
+    if (data.size() < r.position() + kSignerKeyBytes + kSignatureBytes) return Status::corruption("manifest truncated");
+    const std::uint8_t* signer = data.data() + data.size() - kSignatureBytes - kSignerKeyBytes;
+    std::copy(signer, signer + kSignerKeyBytes, seal.signer.begin());
+  }
+  return seal;
+}
+
+std::uint64_t manifest_memory_bytes(const Manifest& m) {
+  std::uint64_t bytes = sizeof(Manifest) + m.chunks.capacity() * sizeof(ChunkEntry) + m.tensors.capacity() * sizeof(TensorInfo) +
+                        m.metadata.capacity() * sizeof(m.metadata[0]);
+  for (const auto& t : m.tensors) bytes += t.name.capacity() + t.shape.capacity() * sizeof(t.shape[0]);
+  for (const auto& [k, v] : m.metadata) bytes += k.capacity() + v.capacity();
+  return bytes;
+}
+
+}  // namespace deltacast

@@ -348,7 +348,7 @@ void Node::handle_parent(UpstreamLink& link, const Message& m) {
   } else if (const auto* manifest = std::get_if<ManifestMsg>(&m)) {
     on_manifest(link.parent(), *manifest);
   } else if (const auto* chunk = std::get_if<ChunkMsg>(&m)) {
-    on_chunk(*chunk);
+    on_chunk(link.parent(), *chunk);
   } else if (const auto* hb = std::get_if<Heartbeat>(&m)) {
     if (!on_timestamp(link, hb->timestamp)) return;
     if (on_parent_newest(link, hb->newest_version, hb->run) && shard_out_) shard_out_->release(parent_newest_);
@@ -534,6 +534,24 @@ void Node::refuse_parent(UpstreamLink& link, const std::string& why) {
 bool Node::admit_manifest(PeerId from, const ManifestMsg& m, std::shared_ptr<const Manifest>& parsed) {
   if (!m.manifest) return false;
   parsed = m.parsed;
+  UpstreamLink* link = link_of(from);
+  const bool check = !config_.trust_keys.empty() && !config_.virtual_payloads;
+  if (check && !parsed) {
+    // The signature first, from the header: a forged manifest of millions of chunks is refused
+    // before anything is parsed or sized from it.
+    auto seal = read_manifest_seal(m.manifest->span());
+    Status st = seal.is_ok() ? verify_manifest(m.manifest->span(), *seal, config_.trust_keys) : seal.status();
+    if (!st.is_ok()) {
+      ctx_->stats.untrusted_manifests++;
+      if (link) {
+        refused_ = Refused{link->said_run(), std::max(link->said_newest(), m.key.version)};
+        refuse_parent(*link, st.to_string() + " (is this node's trust key the publisher's?)");
+      } else {
+        drop_peer(from, st.to_string());
+      }
+      return false;
+    }
+  }
   if (!parsed) {
     auto p = parse_manifest(m.manifest->span(), config_.manifest_limits);
     if (!p.is_ok()) {
@@ -548,8 +566,7 @@ bool Node::admit_manifest(PeerId from, const ManifestMsg& m, std::shared_ptr<con
     ctx_->set_error("manifest of " + to_string(m.key) + ": " + st.to_string());
     return false;
   }
-  UpstreamLink* link = link_of(from);
-  if (!config_.trust_keys.empty() && !config_.virtual_payloads) {
+  if (check && m.parsed) {  // in-process transports hand the sender's parse over
     if (Status st = verify_manifest(m.manifest->span(), *parsed, config_.trust_keys); !st.is_ok()) {
       ctx_->stats.untrusted_manifests++;
       if (link) {
@@ -651,30 +668,31 @@ void Node::on_manifest(PeerId from, const ManifestMsg& m) {
 // Checks a chunk's xxh3 and BLAKE2b digest against the manifest it arrived for.
 class Node::CheckTask final : public Task {
  public:
-  CheckTask(Node& node, const ChunkMsg& m, std::shared_ptr<const Manifest> manifest)
-      : node_(&node), alive_(node.alive_), m_(m), manifest_(std::move(manifest)) {}
+  CheckTask(Node& node, PeerId from, const ChunkMsg& m, std::shared_ptr<const Manifest> manifest)
+      : node_(&node), alive_(node.alive_), from_(from), m_(m), manifest_(std::move(manifest)) {}
   void work() override {
     const ChunkEntry& e = manifest_->chunks[m_.index];
     ok_ = hash64(*m_.payload) == e.payload_hash && payload_digest(*m_.payload) == e.payload_digest;
   }
   void done() override {
-    if (*alive_) node_->on_chunk_checked(m_, manifest_, ok_);
+    if (*alive_) node_->on_chunk_checked(from_, m_, manifest_, ok_);
   }
 
  private:
   Node* node_;
   std::shared_ptr<bool> alive_;
+  PeerId from_;
   ChunkMsg m_;
   std::shared_ptr<const Manifest> manifest_;
   bool ok_ = false;
 };
 
-void Node::on_chunk(const ChunkMsg& m) {
+void Node::on_chunk(PeerId from, const ChunkMsg& m) {
   ctx_->stats.chunks_in++;
-  if (!check_off_loop(m)) accept_chunk(m, false);
+  if (!check_off_loop(from, m)) accept_chunk(from, m, false);
 }
 
-bool Node::check_off_loop(const ChunkMsg& m) {
+bool Node::check_off_loop(PeerId from, const ChunkMsg& m) {
   if (!tasks_ || config_.virtual_payloads || !m.payload) return false;
   const CachedVersion* v = cache_.find(m.key);
   // What is not a new chunk of the right size of a signed version, add_chunk deals with here.
@@ -683,19 +701,19 @@ bool Node::check_off_loop(const ChunkMsg& m) {
     return false;
   if (check_bytes_in_flight_ + m.payload->size() > config_.check_bytes_in_flight_max) return false;
   check_bytes_in_flight_ += m.payload->size();
-  tasks_->run(std::make_unique<CheckTask>(*this, m, v->manifest), TaskCost{.image_bytes = m.payload->size()});
+  tasks_->run(std::make_unique<CheckTask>(*this, from, m, v->manifest), TaskCost{.image_bytes = m.payload->size()});
   return true;
 }
 
-void Node::on_chunk_checked(const ChunkMsg& m, const std::shared_ptr<const Manifest>& manifest, bool ok) {
+void Node::on_chunk_checked(PeerId from, const ChunkMsg& m, const std::shared_ptr<const Manifest>& manifest, bool ok) {
   check_bytes_in_flight_ -= m.payload->size();
   const CachedVersion* v = cache_.find(m.key);
   if (!v || v->manifest != manifest) return;  // the version went, or another run's took its place
   // A chunk that failed is checked again here, so the error says which hash it failed.
-  accept_chunk(m, ok);
+  accept_chunk(from, m, ok);
 }
 
-void Node::accept_chunk(const ChunkMsg& m, bool hashes_checked) {
+void Node::accept_chunk(PeerId from, const ChunkMsg& m, bool hashes_checked) {
   const std::uint64_t now = ctx_->now_ms();
   auto r = cache_.add_chunk(m.key, m.index, m.payload, now, hashes_checked);
   if (!r.is_ok()) {
@@ -704,6 +722,13 @@ void Node::accept_chunk(const ChunkMsg& m, bool hashes_checked) {
       ctx_->stats.corrupt_chunks++;
       ctx_->stats.retransmit_requests++;
       ctx_->set_error(r.status().to_string());
+      // A parent whose chunks keep failing the manifest it sent (a tampering relay, a damaged
+      // cache) is left for another, instead of asked again without end.
+      if (UpstreamLink* link = link_of(from); link && link->chunk_failed() > config_.corrupt_chunks_per_parent_max) {
+        refuse_parent(*link, std::to_string(config_.corrupt_chunks_per_parent_max + 1) +
+                                 " chunks from it failed their checksums or digests (corrupt_chunks_per_parent_max)");
+        return;
+      }
       send_need(Need{m.key, {m.index}, false, /*again=*/true});
     }
     return;

@@ -77,17 +77,21 @@ Bytes sign_manifest(Manifest& m, std::span<const ByteSpan> payloads, const Signi
   return sign_manifest_with_digests(m, key);
 }
 
-Status verify_manifest(ByteSpan serialized, const Manifest& parsed, const std::vector<PublicKey>& trusted) {
-  if (!parsed.is_signed) return Status::corruption("manifest of v" + std::to_string(parsed.version) + " is not signed, and this node trusts only signed versions");
-  if (std::find(trusted.begin(), trusted.end(), parsed.signer) == trusted.end())
-    return Status::corruption("manifest of v" + std::to_string(parsed.version) + " is signed by key " + to_hex(parsed.signer) +
+Status verify_manifest(ByteSpan serialized, const ManifestSeal& seal, const std::vector<PublicKey>& trusted) {
+  if (!seal.is_signed) return Status::corruption("manifest of v" + std::to_string(seal.version) + " is not signed, and this node trusts only signed versions");
+  if (std::find(trusted.begin(), trusted.end(), seal.signer) == trusted.end())
+    return Status::corruption("manifest of v" + std::to_string(seal.version) + " is signed by key " + to_hex(seal.signer) +
                               ", which this node does not trust");
   ensure_sodium();
+  if (serialized.size() < kSignatureBytes + kSignerKeyBytes) return Status::corruption("manifest of v" + std::to_string(seal.version) + " truncated");
   const ByteSpan covered = manifest_signed_bytes(serialized);
-  if (serialized.size() < kSignatureBytes ||
-      crypto_sign_ed25519_verify_detached(serialized.data() + covered.size(), covered.data(), covered.size(), parsed.signer.data()) != 0)
-    return Status::corruption("manifest of v" + std::to_string(parsed.version) + ": the signature does not verify");
+  if (crypto_sign_ed25519_verify_detached(serialized.data() + covered.size(), covered.data(), covered.size(), seal.signer.data()) != 0)
+    return Status::corruption("manifest of v" + std::to_string(seal.version) + ": the signature does not verify");
   return Status::ok();
+}
+
+Status verify_manifest(ByteSpan serialized, const Manifest& parsed, const std::vector<PublicKey>& trusted) {
+  return verify_manifest(serialized, ManifestSeal{parsed.version, parsed.is_signed, parsed.signer}, trusted);
 }
 
 Status verify_payloads(const Manifest& m, std::span<const ByteSpan> payloads) {

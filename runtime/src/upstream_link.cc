@@ -32,6 +32,7 @@ void UpstreamLink::connect() {
     probe_ = 0;
   }
   parent_ = ctx_.transport.connect(endpoint());
+  chunks_failed_ = 0;
   welcomed_ = false;
   said_ = false;
   heard_ms_ = ctx_.now_ms();
@@ -76,6 +77,7 @@ bool UpstreamLink::on_probe_message(const Message& m) {
     left_parent_ms_ = ctx_.now_ms();
   }
   parent_ = probe;
+  chunks_failed_ = 0;
   index_ = 0;
   welcomed_ = false;
   said_ = false;

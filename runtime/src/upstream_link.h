@@ -39,6 +39,8 @@ class UpstreamLink {
   // wait.
   std::uint64_t back_off();
   void proven() { backoff_ms_ = kReconnectMinMs; }
+  // A chunk from the parent failed its checks: how many have, on this connection.
+  std::uint32_t chunk_failed() { return ++chunks_failed_; }
   // The parent gave a timestamp statement fresh enough to expose by / when it last did, or
   // when it welcomed this node if later.
   void fresh() { fresh_ms_ = ctx_.now_ms(); }
@@ -119,6 +121,7 @@ class UpstreamLink {
   std::uint64_t given_up_ms_ = 0;
   std::uint64_t welcomed_ms_ = 0;
   std::uint64_t fresh_ms_ = 0;
+  std::uint32_t chunks_failed_ = 0;  // on this connection
 };
 
 }  // namespace deltacast::runtime

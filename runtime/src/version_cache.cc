@@ -33,7 +33,8 @@ Result<CachedVersion*> VersionCache::add_manifest(const VersionKey& key, SharedB
   v.manifest_bytes = std::move(manifest);
   v.manifest = std::move(parsed);
   v.chunks.resize(v.manifest->chunks.size());
-  v.bytes = v.manifest_bytes->size();
+  // What the parsed manifest holds counts too: several times its bytes (4M chunks: 5x).
+  v.bytes = v.manifest_bytes->size() + manifest_memory_bytes(*v.manifest);
   v.last_activity_ms = now_ms;
   bytes_ += v.bytes;
   auto [it, inserted] = entries_.emplace(key, std::move(v));

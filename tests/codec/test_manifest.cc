@@ -122,3 +122,29 @@ TEST_CASE("manifest parser rejects inconsistent tables", "[codec][manifest]") {
     for (std::size_t len = 0; len < b.size(); ++len) CHECK_FALSE(parse_manifest(ByteSpan(b.data(), len)).is_ok());
   }
 }
+
+TEST_CASE("a manifest's seal is read from its header and its last bytes, without its tables", "[codec][manifest]") {
+  Manifest m = sample_manifest(VersionKind::kDelta);
+  auto seal = read_manifest_seal(serialize_manifest(m));
+  REQUIRE(seal.is_ok());
+  CHECK(seal->version == 7);
+  CHECK_FALSE(seal->is_signed);
+  m.is_signed = true;
+  for (std::size_t i = 0; i < m.signer.size(); ++i) m.signer[i] = static_cast<std::uint8_t>(i + 1);
+  Bytes b = serialize_manifest(m);
+  seal = read_manifest_seal(b);
+  REQUIRE(seal.is_ok());
+  CHECK(seal->is_signed);
+  CHECK(seal->signer == m.signer);
+  // The tables are not read: a chunk count beyond any bound does not matter to the seal.
+  CHECK(read_manifest_seal(ByteSpan(b.data(), 40)).status().code() == StatusCode::kCorruption);  // shorter than signer + signature
+  CHECK(read_manifest_seal(ByteSpan(b.data(), 10)).status().code() == StatusCode::kCorruption);  // header cut
+  b[0] ^= 1;
+  CHECK(read_manifest_seal(b).status().code() == StatusCode::kCorruption);
+  // What a parsed manifest takes in memory grows with its tables.
+  Manifest big = sample_manifest(VersionKind::kDelta);
+  const std::uint64_t small = manifest_memory_bytes(big);
+  big.chunks.resize(100000);
+  CHECK(manifest_memory_bytes(big) > small);
+  CHECK(manifest_memory_bytes(big) >= 100000 * sizeof(ChunkEntry));
+}

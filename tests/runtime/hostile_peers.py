@@ -29,6 +29,7 @@ Needs python3-zmq, python3-protobuf, protoc and libxxhash (all in tools/setup.sh
 import ctypes
 import fcntl
 import hashlib
+import json
 import os
 import re
 import resource
@@ -84,13 +85,13 @@ def _die_with_parent():
 class Proc:
     live = []
 
-    def __init__(self, name, args, logdir):
+    def __init__(self, name, args, logdir, env=None):
         self.name = name
         self.log_path = os.path.join(logdir, name + ".log")
         self.args = [str(a) for a in args]
         with open(self.log_path, "wb") as f:
             self.p = subprocess.Popen(self.args, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                      preexec_fn=_die_with_parent)
+                                      preexec_fn=_die_with_parent, env=env)
         self.pid = self.p.pid
         Proc.live.append(self)
 
@@ -242,7 +243,7 @@ def _on_term(signum, frame):
 
 def envelope():
     e = pb.Envelope()
-    e.protocol_version = 7  # runtime::kProtocolVersion
+    e.protocol_version = int(os.environ.get("HOSTILE_PROTOCOL", "7"))  # runtime::kProtocolVersion (another to probe an older build)
     return e
 
 
@@ -938,6 +939,113 @@ def case_shard_injection(t):
     check_versions(t, w, 4, s["expected"])
 
 
+def case_shard_replay(t):
+    """A client records a trainer shard's slice, properly signed by shard 0's key, in one run of the
+    origin (played here by a fake origin), and replays it to the origin's next run."""
+    s = shared()
+    key = os.path.join(t.dir, "shard.key")
+    pub = run_dc("keygen", "--sign", "-o", key).strip().split()[-1]
+    recorder = t.sock(zmq.ROUTER)
+    recorder.bind(t.ep(2))
+    old_run = (int(time.time() * 1e6) - 60_000_000, 0x0123456789ABCDEF)
+    t.start("shard-then", "publish", "--shard", "0/1", "--parent", t.ep(2), "--sign-key", key, "--linger-ms", "20000", s["ckpts"][0])
+    recorded, t0, last = [], time.time(), None
+    while time.time() - t0 < 60 and not (last and time.time() - last > 1.5):  # the whole slice, then quiet
+        if not recorder.poll(100):
+            continue
+        frames = recorder.recv_multipart()
+        body = parse_env(frames[1]).WhichOneof("body")
+        if body == "hello":
+            recorder.send_multipart([frames[0], m_welcome(0, old_run)])
+        elif body in ("manifest", "chunk"):
+            recorded.append(frames[1:])
+            last = time.time()
+        recorder.send_multipart([frames[0], m_heartbeat(0, old_run)])
+    t.require(recorded and parse_env(recorded[0][0]).WhichOneof("body") == "manifest", "the shard sent no slice to record")
+    origin = t.start("origin", "publish", "--listen", t.ep(0), "--expect-shards", "1", "--shard-key", pub)
+    t.require(wait_until(lambda: listening(t.port(0)), 20), "the origin did not start")
+    w = t.start("worker", "worker", "--id", "w1", "--parent", t.ep(0))
+    replayer = t.sock(zmq.DEALER)
+    replayer.connect(t.ep(0))
+    replayer.send(m_hello("trainer-0", role=2))
+    for frames in recorded:
+        replayer.send_multipart(frames)
+    refused = origin.wait_log(r"slice 0 of v1\S* belongs to run [0-9a-f-]+, this origin merges run", 10)
+    t.expect(refused is not None, "the origin did not refuse the replayed slice of another run")
+    t.expect(closed_by_peer_zmq(replayer, 3.0), "the origin kept the replaying client attached")
+    time.sleep(1.0)
+    t.expect(re.search(r"merged v", origin.log()) is None, "the origin merged the replayed slice: " +
+             "; ".join(re.findall(r"merged v[^\n]*", origin.log())))
+    t.expect(not ready_lines(w), "the worker exposed a replayed version: %s" % ready_lines(w))
+
+
+def closed_by_peer_zmq(sock, seconds):
+    """True once a DEALER's peer closed the connection (its monitor says so) within `seconds`."""
+    mon = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    try:
+        return mon.poll(int(seconds * 1000)) != 0
+    finally:
+        sock.disable_monitor()
+        mon.close(linger=0)
+
+
+def case_origin_clock_behind(t):
+    """The trainer restarts its origin on a host whose clock is a minute behind (faketime), after
+    a run that started seconds ago: the new run must still be newer, and say so."""
+    if not shutil.which("faketime"):
+        raise CaseFailed("faketime is not installed (tools/setup.sh --test installs it)")
+    s = shared()
+    key = os.path.join(t.dir, "sign.key")
+    pub = run_dc("keygen", "--sign", "-o", key).strip().split()[-1]
+    first = start_origin(t, extra=["--sign-key", key], files=s["ckpts"][:2])
+    w1 = t.start("w1", "worker", "--id", "w1", "--trust-key", pub, "--parent", t.ep(0))
+    t.require(w1.wait_log(r"version 2 ready", 30) is not None, "w1 did not get the first run's version 2")
+    first.kill()
+    behind = Proc("origin-behind", ["faketime", "-f", "-60s", DC, "publish", "--listen", t.ep(0), "--linger-ms", "600000",
+                                    "--sign-key", key, "--metrics", "127.0.0.1:%d" % t.port(1)] + s["ckpts"], t.dir,
+                  env=dict(os.environ, FAKETIME_DONT_FAKE_MONOTONIC="1"))
+    t.procs.append(behind)
+    t.require(wait_until(lambda: listening(t.port(0)), 20), "the origin on a slow clock did not start: " + behind.log()[-300:])
+    m = behind.wait_log(r"this host's clock is (\d+) s behind the start of the previous run", 10)
+    t.expect(m is not None and 40 <= int(m.group(1)) <= 70, "the origin did not log how far its clock is behind: " + behind.log()[-400:])
+    body, _, _ = metrics(t.port(1))
+    lag = metric(body, "deltacast_origin_clock_behind_seconds")
+    t.expect(lag is not None and lag >= 40, "deltacast_origin_clock_behind_seconds is %s" % lag)
+    # w1, on the first run's version 2, moves to the new run; a worker that joins gets it too.
+    t.expect(w1.wait_log(r"version 4 ready", 30) is not None, "w1 stayed on the old run: " + w1.log()[-400:])
+    w2 = t.start("w2", "worker", "--id", "w2", "--trust-key", pub, "--parent", t.ep(0))
+    t.expect(w2.wait_log(r"version 4 ready", 30) is not None, "a worker joining after the restart did not get the new run")
+    check_versions(t, w2, 4, s["expected"])
+
+
+def case_replayed_run(t):
+    """A relay that recorded a signed run keeps serving it after the trainer restarted (its origin is
+    gone): a fresh worker that trusts the key must not expose the old run once its statements are
+    older than freshness_ms_max, and must fail over to the current run's origin."""
+    s = shared()
+    key = os.path.join(t.dir, "sign.key")
+    pub = run_dc("keygen", "--sign", "-o", key).strip().split()[-1]
+    old = start_origin(t, port=1, extra=["--sign-key", key])
+    t.start("replayer", "relay", "--id", "replayer", "--listen", t.ep(2), "--parent", t.ep(1))
+    w0 = t.start("w0", "worker", "--id", "w0", "--trust-key", pub, "--parent", t.ep(2))
+    t.require(w0.wait_log(r"version 4 ready", 30) is not None, "the relay did not serve the old run")
+    w0.kill()
+    old.kill()
+    time.sleep(4.0)  # the old run's last statement is older than the worker's bound
+    start_origin(t, port=3, extra=["--sign-key", key], files=s["ckpts"][:2])
+    config = os.path.join(t.dir, "w.json")
+    with open(config, "w") as f:
+        json.dump({"id": "w", "parents": [t.ep(2), t.ep(3)], "trust_keys": [pub], "limits": {"freshness_ms_max": 3000}}, f)
+    w = t.start("w", "worker", "--config", config)
+    t.expect(w.wait_log(r"version 2 ready", 40) is not None, "the worker did not fail over to the current run: " + w.log()[-500:])
+    time.sleep(1.0)
+    got = ready_lines(w)
+    t.expect(all(v <= 2 for v, _ in got), "the worker exposed the replayed run: %s" % got)
+    check_versions(t, w, 2, s["expected"])
+    t.expect(re.search(r"gave no timestamp statement within freshness_ms_max", w.log()) is not None,
+             "the worker did not say why it left the replaying relay")
+
+
 def watched_worker(t, name, run):
     """A worker socket that said Hello to the origin, and a monitor that sees it disconnected."""
     w = t.sock(zmq.DEALER)
@@ -1375,6 +1483,9 @@ CASES = [
     ("refused-keeps-sending", case_refused_keeps_sending),
     ("metrics-early-close", case_metrics_early_close),
     ("plaintext-to-curve", case_plaintext_to_curve),
+    ("shard-replay", case_shard_replay),
+    ("origin-clock-behind", case_origin_clock_behind),
+    ("replayed-run", case_replayed_run),
 ]
 
 

@@ -752,3 +752,30 @@ TEST_CASE("a trainer shard reseals its unmerged slices in the run of an origin t
   CHECK(origin.cache().find({1, true})->manifest->run == kRunB);
   CHECK(origin.stats().stale_slices == 0);
 }
+
+TEST_CASE("a parent whose chunks keep failing their digests is dropped, and the worker fails over", "[runtime][trust]") {
+  Series s(3, 3);
+  auto key = std::make_shared<const SigningKey>(make_signing_key());
+  FakeNet net;
+  Node& origin = net.add(origin_in(kRunA, key));
+  net.add(relay_config("tamperer", {"origin"}));
+  NodeConfig wc = worker_config("w", {"tamperer", "origin"});
+  wc.trust_keys = {key->public_key};
+  Node& w = net.add(wc);
+  // The relay passes the signed manifest on untouched, and every chunk damaged.
+  net.filter = [&](const std::string& from, const std::string&, Message& m) {
+    auto* c = std::get_if<ChunkMsg>(&m);
+    if (from == "tamperer" && c) {
+      Bytes b(c->payload->data(), c->payload->data() + c->payload->size());
+      b[b.size() / 2] ^= 0x01;
+      c->payload = share(std::move(b));
+    }
+    return true;
+  };
+  publish_run(origin, s, 3);
+  REQUIRE(net.run_until([&] { return w.current_version() == 3; }));
+  CHECK(w.current()->image == s.images[2]);
+  CHECK(w.stats().corrupt_chunks > wc.corrupt_chunks_per_parent_max);
+  CHECK(w.stats().corrupt_chunks < 4 * (wc.corrupt_chunks_per_parent_max + 1));  // dropped, not asked again without end
+  CHECK(w.stats().peers_dropped > 0);
+}

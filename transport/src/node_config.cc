@@ -127,6 +127,7 @@ Status apply_limits(const json& limits, LoadedNode& out) {
       {"versions_requested_max", count(n.versions_requested_max, 1, 4096)},
       {"needs_per_s_max", count(n.needs_per_s_max, 1, 1'000'000)},
       {"resends_per_chunk_max", count(n.resends_per_chunk_max, 1, 1000)},
+      {"corrupt_chunks_per_parent_max", count(n.corrupt_chunks_per_parent_max, 1, 1'000'000)},
       {"anchor_interval_ms_min", count(n.anchor_interval_ms_min, 0, kDayMs)},
       {"ledger_workers_max", count(n.ledger_workers_max, 1, 10'000'000)},
       {"run_clock_skew_ms_max", count(n.run_clock_skew_ms_max, kSecondMs, kDayMs)},

@@ -115,6 +115,20 @@ Status check_manifest_limits(const Manifest& m, const ManifestLimits& limits);
 // The bytes a manifest's signature covers: all but the trailing signature.
 ByteSpan manifest_signed_bytes(ByteSpan serialized_signed_manifest);
 
+// What a manifest's fixed header says, read without the tables behind it: its version, whether
+// it is signed, and by whom (the key in the 32 bytes before the trailing signature). A node that
+// trusts keys checks the signature on this before it parses (and sizes anything from) the rest.
+struct ManifestSeal {
+  std::uint64_t version = 0;
+  bool is_signed = false;
+  std::array<std::uint8_t, kSignerKeyBytes> signer{};
+};
+Result<ManifestSeal> read_manifest_seal(ByteSpan data);
+
+// The memory a parsed manifest takes (its tables and strings), as caches count it: several
+// times its serialized size.
+std::uint64_t manifest_memory_bytes(const Manifest& m);
+
 // The segments of [offset, offset + length) given the tensor table: BF16 tensors become BF16
 // segments, other dtypes generic segments transposed by element size, bytes no tensor covers
 // generic with element size 1. Adjacent pieces of one kind merge.

@@ -221,12 +221,12 @@ class Node {
   void switch_run(const RunId& run);
   void drop_cache();
   void on_manifest(PeerId from, const ManifestMsg& m);
-  void on_chunk(const ChunkMsg& m);
+  void on_chunk(PeerId from, const ChunkMsg& m);
   // A chunk of a signed version goes to the TaskRunner for its hashes; false if it is checked
   // here instead (no runner, nothing to check, or check_bytes_in_flight_max reached).
-  bool check_off_loop(const ChunkMsg& m);
-  void on_chunk_checked(const ChunkMsg& m, const std::shared_ptr<const Manifest>& manifest, bool ok);
-  void accept_chunk(const ChunkMsg& m, bool hashes_checked);
+  bool check_off_loop(PeerId from, const ChunkMsg& m);
+  void on_chunk_checked(PeerId from, const ChunkMsg& m, const std::shared_ptr<const Manifest>& manifest, bool ok);
+  void accept_chunk(PeerId from, const ChunkMsg& m, bool hashes_checked);
   void advance();
   // Tells the origin's ledger, up tree 0, which version this worker holds.
   void report_ready(const ModelVersion& held);

@@ -112,6 +112,7 @@ struct NodeConfig {
   std::uint64_t anchor_interval_ms_min = 5000;  // origin: anchors made on request at most this often
   std::uint32_t needs_per_s_max = 200;          // Need messages a child may send per second (and burst)
   std::uint32_t resends_per_chunk_max = 4;      // chunks sent again per child, per version, per chunk of it
+  std::uint32_t corrupt_chunks_per_parent_max = 16;  // chunks failing their checks from one parent link before it is dropped
   // A run that says it started later than this past the node's own clock is refused: one forged
   // manifest from the far future could otherwise hold a node that trusts no key in that run.
   std::uint64_t run_clock_skew_ms_max = 600000;

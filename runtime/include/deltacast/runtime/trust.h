@@ -41,6 +41,8 @@ Bytes sign_manifest_with_digests(Manifest& manifest, const SigningKey& key);
 // Checks that `serialized` (whose parse is `parsed`) is signed by one of `trusted` and that the
 // signature holds. Corruption names what failed.
 Status verify_manifest(ByteSpan serialized, const Manifest& parsed, const std::vector<PublicKey>& trusted);
+// The same from the manifest's header alone (read_manifest_seal), before it is parsed.
+Status verify_manifest(ByteSpan serialized, const ManifestSeal& seal, const std::vector<PublicKey>& trusted);
 
 // Checks every payload of a signed manifest against its digest; Corruption names the first
 // chunk that differs. The manifest's signature is verify_manifest's to check.

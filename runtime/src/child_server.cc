@@ -174,6 +174,9 @@ void ChildServer::on_hello(PeerId from, const Hello& hello) {
   c.node_id = hello.node_id;
   c.instance = hello.instance;
   c.run = hello.run;
+  c.workers_max = !hello.serves_children ? 1
+                  : hello.workers_below_max == 0 ? config.child_workers_max
+                                                  : std::min(hello.workers_below_max, config.child_workers_max);
   c.role = hello.role;
   c.serves_children = hello.serves_children;
   c.tree = hello.tree;

@@ -44,6 +44,11 @@ class ChildServer {
     std::string node_id;
     std::uint64_t instance = 0;  // Hello::instance
     RunId run;                   // Hello::run: for a trainer shard, the run of its own process
+    // The workers below it it has reported for (itself included), at most `workers_max`: its
+    // share of the ledger; a Leave is taken only for these.
+    std::set<std::string> reported;
+    std::uint32_t workers_max = 1;
+    bool refused_reports = false;  // said once in the log
     Role role = Role::kWorker;
     bool serves_children = false;  // may pass up Ready messages of nodes below it
     // The tree of a multi-tree fleet this link belongs to, of how many (Hello::tree).

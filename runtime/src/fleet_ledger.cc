@@ -40,6 +40,20 @@ bool FleetLedger::record(const Report& r, std::uint64_t now_ms) {
   return true;
 }
 
+std::size_t FleetLedger::evict(std::uint64_t now_ms, std::uint64_t silent_ms_max) {
+  std::size_t gone = 0;
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    const std::uint64_t quiet = now_ms >= it->second.updated_ms ? now_ms - it->second.updated_ms : 0;
+    if ((it->second.left && quiet > kLeftKeptMs) || quiet > silent_ms_max) {
+      it = entries_.erase(it);
+      gone++;
+    } else {
+      ++it;
+    }
+  }
+  return gone;
+}
+
 void FleetLedger::mark_left(const std::string& node_id, std::uint64_t now_ms) {
   auto e = entries_.find(node_id);
   if (e == entries_.end()) return;

@@ -834,11 +834,23 @@ void Node::on_shard_chunk(PeerId from, const ChunkMsg& m) {
 }
 
 void Node::on_ready_message(PeerId from, const Ready& r) {
-  const ChildServer::Child& child = *children_->find(from);
+  ChildServer::Child& child = *children_->find(from);
   // A node reports for itself; only a node that relays passes up the reports of those below it.
   if (r.node_id != child.node_id && !child.serves_children) {
     drop_peer(from, "sent a Ready for node '" + r.node_id.substr(0, kNodeIdBytesMax) + "', not its own id " + child.node_id);
     return;
+  }
+  // ... and of at most its share of them: one child cannot fill the ledger for the others.
+  if (!child.reported.count(r.node_id)) {
+    if (child.reported.size() >= child.workers_max) {
+      ctx_->stats.reports_refused++;
+      if (!child.refused_reports)
+        ctx_->log(LogLevel::kWarn, "child " + child.node_id + " reports for more than its share of " + std::to_string(child.workers_max) +
+                                       " workers (child_workers_max): reports for others it has not reported before are ignored");
+      child.refused_reports = true;
+      return;
+    }
+    child.reported.insert(r.node_id);
   }
   if (has_parents()) send_to_parent(r);
   else record_ready(r);
@@ -867,12 +879,22 @@ void Node::record_ready(const Ready& r) {
   const bool again = entry != known.end() && entry->second.run == r.run && entry->second.version == r.version;
   auto pub = published_us_.find(r.version);
   const std::uint64_t ready_ms = again ? 0 : pub != published_us_.end() ? (ctx_->clock.now_us() - pub->second) / 1000 : r.publish_to_ready_ms;
-  ledger_.record({r.node_id, r.run, r.version, r.checksum, ready_ms, r.error, r.instance, r.model, r.id_taken}, ctx_->now_ms());
+  if (!ledger_.record({r.node_id, r.run, r.version, r.checksum, ready_ms, r.error, r.instance, r.model, r.id_taken}, ctx_->now_ms()) &&
+      ctx_->now_ms() - ledger_full_logged_ms_ >= kLedgerEvictEveryMs) {
+    ledger_full_logged_ms_ = ctx_->now_ms();
+    ctx_->log(LogLevel::kWarn, "the fleet ledger is full (ledger_workers_max " + std::to_string(config_.ledger_workers_max) + "): " +
+                                   r.node_id + " and other new workers are not recorded until entries of workers gone are evicted");
+  }
 }
 
 // A child leaving, or (passed up by a relay) a node further down: dropped here at once, and
 // marked in the origin's ledger.
 void Node::on_leave_message(PeerId from, const Leave& l) {
+  // Only for itself, or for a node below it that it has reported for.
+  if (const ChildServer::Child* child = children_->find(from); child && l.node_id != child->node_id && !child->reported.count(l.node_id)) {
+    ctx_->stats.reports_refused++;
+    return;
+  }
   children_->on_leave(from, l.node_id);
   if (l.moved) return;  // still in the fleet, under another parent
   if (has_parents()) send_to_parent(l);
@@ -914,6 +936,10 @@ void Node::tick() {
   if (rebuild_ && rebuild_->busy()) rebuild_->pump();  // in place: readers may have let go since
   if (scrubber_) scrubber_->tick(now, rebuild_->current());
   trim_history();
+  if (!has_parents() && now - ledger_evicted_ms_ >= kLedgerEvictEveryMs) {
+    ledger_evicted_ms_ = now;
+    ledger_.evict(now, config_.ledger_silent_ms_max);
+  }
   // Children waiting for an anchor keep the request alive upstream.
   if (auto anchor_after = children_->anchor_wanted()) request_anchor(*anchor_after);
   advance();

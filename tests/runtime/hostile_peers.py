@@ -20,6 +20,10 @@ something that fails if its protection is missing.
   refused-keeps-sending  a refused child that sends a bad message every 50 ms
   metrics-early-close    metrics clients that hang up at once, and one that never asks
   plaintext-to-curve     plaintext and unknown-key clients of a CURVE relay
+  shard-replay           a trainer shard's signed slice recorded in one run, replayed to the next
+  origin-clock-behind    an origin restarted on a clock a minute behind its previous run's start
+  replayed-run           a relay that keeps serving a signed run after the trainer restarted
+  ledger-fill            a child filling the ledger with made-up workers, and a Leave for another's id
 
 Usage: python3 hostile_peers.py path/to/deltacast [case...]
 Prints "PASS name" or "FAIL name: why" per case, then "N passed, M failed"; exits 1 on a failure.
@@ -1084,6 +1088,44 @@ def case_ready_for_other_id(t):
     t.expect(re.search(r"child a dropped: sent a Ready for node 'b'", origin.log()) is not None, "no log of dropping a")
 
 
+def case_ledger_fill(t):
+    """A child that says it relays reports for 15,000 made-up workers; another child sends Leave for
+    an honest worker's id."""
+    origin = published_origin(t)
+    run = origin_run(t)
+    honest = t.start("honest", "worker", "--id", "honest", "--parent", t.ep(0))
+    t.require(honest.wait_log(r"version 4 ready", 30) is not None, "the honest worker got nothing")
+    filler = t.sock(zmq.DEALER, SNDTIMEO=5000)
+    filler.connect(t.ep(0))
+    filler.send(m_hello("filler", role=0, serves=True))
+    drain(filler, 0.5)
+    sent = 0
+    for i in range(15000):
+        try:
+            filler.send(m_ready("made-up-%05d" % i, 0, error="x"))
+            sent += 1
+        except zmq.Again:
+            break
+        if i % 500 == 0:
+            drain(filler, 0.01)
+    leaver = t.sock(zmq.DEALER)
+    leaver.connect(t.ep(0))
+    leaver.send(m_hello("leaver", role=0, serves=True))
+    drain(leaver, 0.5)
+    leaver.send(m_leave("honest", "not mine to say"))
+    drain(leaver, 1.0)
+    body, took, status = metrics(t.port(1))
+    listed = len(re.findall(r'^deltacast_worker_version\{', body, re.M))
+    refused = metric(body, "deltacast_reports_refused_total")
+    t.note("%d reports sent; %d workers in the ledger, %s reports refused; /metrics %s, %d bytes in %.2f s" %
+           (sent, listed, refused, status, len(body), took))
+    t.expect(status.endswith("200 OK"), "/metrics answered " + status)
+    t.expect(listed <= 10001 + 1, "one child filled the ledger beyond its share: %d workers listed" % listed)
+    t.expect(refused is not None and refused >= 1, "no report was refused (deltacast_reports_refused_total %s)" % refused)
+    t.expect(re.search(r'deltacast_worker_left\{[^}]*worker="honest"', body) is None, "another child's Leave marked the honest worker as left")
+    t.expect(re.search(r'deltacast_worker_version\{[^}]*worker="honest"[^}]*\} 4', body) is not None, "the honest worker is not in the ledger at v4")
+
+
 def case_need_flood(t):
     """Hello, then a Need for every chunk of every version, again=true, every 50 ms for 10 s."""
     origin = published_origin(t)
@@ -1486,6 +1528,7 @@ CASES = [
     ("shard-replay", case_shard_replay),
     ("origin-clock-behind", case_origin_clock_behind),
     ("replayed-run", case_replayed_run),
+    ("ledger-fill", case_ledger_fill),
 ]
 
 

@@ -74,3 +74,19 @@ TEST_CASE("the fleet ledger names ids that two live processes claim, and what en
   CHECK(ledger.entries().at("fresh").model.failed_version == 1);
   CHECK(ledger.entries().at("fresh").last_error.find("did not verify") != std::string::npos);
 }
+
+TEST_CASE("the fleet ledger evicts workers gone longer than its bounds, making room for new ones", "[runtime][ledger]") {
+  FleetLedger ledger(2);
+  const RunId run{100, 1};
+  REQUIRE(ledger.record({"left", run, 1, 1, 1, ""}, 0));
+  REQUIRE(ledger.record({"silent", run, 1, 1, 1, ""}, 0));
+  CHECK_FALSE(ledger.record({"new", run, 1, 1, 1, ""}, 10));  // full
+  ledger.mark_left("left", 1000);
+  CHECK(ledger.evict(1000 + FleetLedger::kLeftKeptMs, 3'600'000) == 0);  // not yet
+  CHECK(ledger.evict(1001 + FleetLedger::kLeftKeptMs, 3'600'000) == 1);
+  CHECK(ledger.entries().count("left") == 0);
+  REQUIRE(ledger.record({"new", run, 1, 1, 1, ""}, 700'000));
+  CHECK(ledger.evict(3'600'001, 3'600'000) == 1);  // "silent" never reported again
+  CHECK(ledger.entries().count("silent") == 0);
+  CHECK(ledger.entries().count("new") == 1);
+}

@@ -108,10 +108,37 @@ struct NodeHost::Impl final : Clock, TaskRunner {
   // ---- metrics over HTTP --------------------------------------------------------------------
   std::optional<MetricsServer> metrics;
 
+  // The node's state is copied on the loop; the text is made on the thread pool, within the
+  // response bound, and handed back to the loop.
+  struct RenderWork {
+    uv_work_t req{};
+    runtime::MetricsSnapshot snapshot;
+    std::size_t bytes_max = 0;
+    std::string text;
+    MetricsServer::Done done;
+  };
+  void render_metrics(MetricsServer::Done done) {
+    auto* work = new RenderWork;
+    work->snapshot = runtime::snapshot_metrics(*node);
+    work->bytes_max = config.metrics_response_bytes_max;
+    work->done = std::move(done);
+    work->req.data = work;
+    uv_queue_work(
+        &loop, &work->req,
+        [](uv_work_t* req) {
+          auto* w = static_cast<RenderWork*>(req->data);
+          w->text = runtime::render_prometheus(w->snapshot, w->bytes_max);
+        },
+        [](uv_work_t* req, int) {
+          std::unique_ptr<RenderWork> w(static_cast<RenderWork*>(req->data));
+          w->done(std::move(w->text));
+        });
+  }
+
   Status open_metrics() {
     if (config.metrics_listen.empty()) return Status::ok();
     metrics.emplace(&loop, MetricsServer::Limits{config.metrics_clients_max, config.metrics_timeout_ms, config.metrics_response_bytes_max},
-                    [this] { return render_prometheus(*node); });
+                    [this](MetricsServer::Done done) { render_metrics(std::move(done)); });
     return metrics->open(config.metrics_listen);
   }
 

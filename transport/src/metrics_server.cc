@@ -20,6 +20,7 @@ void MetricsServer::close_client(Client* c) {
   if (c->closing) return;
   c->closing = true;
   c->server->clients_--;
+  c->server->waiting_.erase(c);
   uv_timer_stop(&c->deadline);
   auto closed = [](uv_handle_t* h) {
     auto* client = static_cast<Client*>(h->data);
@@ -31,9 +32,27 @@ void MetricsServer::close_client(Client* c) {
 
 void MetricsServer::respond(Client* c) {
   uv_read_stop(reinterpret_cast<uv_stream_t*>(&c->tcp));
-  const bool metrics = c->request.rfind("GET /metrics", 0) == 0;
-  std::string body = metrics ? render_() : "not found: try /metrics\n";
-  const char* status_line = metrics ? "HTTP/1.0 200 OK\r\n" : "HTTP/1.0 404 Not Found\r\n";
+  if (c->request.rfind("GET /metrics", 0) != 0) {
+    send(c, "not found: try /metrics\n", false);
+    return;
+  }
+  waiting_.insert(c);
+  if (rendering_) return;  // it gets the report being made
+  rendering_ = true;
+  render_([this, alive = alive_](std::string body) {
+    if (*alive) on_rendered(std::move(body));
+  });
+}
+
+void MetricsServer::on_rendered(std::string body) {
+  rendering_ = false;
+  std::set<Client*> clients;
+  clients.swap(waiting_);
+  for (Client* c : clients) send(c, body, true);
+}
+
+void MetricsServer::send(Client* c, std::string body, bool found) {
+  const char* status_line = found ? "HTTP/1.0 200 OK\r\n" : "HTTP/1.0 404 Not Found\r\n";
   if (body.size() > limits_.response_bytes_max) {
     body = "the report is larger than metrics_response_bytes_max (" + std::to_string(limits_.response_bytes_max) + " bytes)\n";
     status_line = "HTTP/1.0 503 Service Unavailable\r\n";

@@ -1,13 +1,16 @@
 // GET /metrics over HTTP/1.0 on a host's libuv loop (docs/RUNTIME.md, "Observability"): at most
 // clients_max connections at once, each closed after timeout_ms, requests of at most 8 KiB,
-// responses of at most response_bytes_max (else 503). Everything runs on the loop's thread,
-// render() included.
+// responses of at most response_bytes_max (else 503). The report is made by `render`, which
+// calls its `done` back on the loop once the text is ready (the host formats it on the thread
+// pool); requests that come while one is being made share it.
 #pragma once
 
 #include <uv.h>
 
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <set>
 #include <string>
 
 #include "deltacast/common/status.h"
@@ -23,7 +26,8 @@ class MetricsServer {
   };
   static constexpr std::size_t kRequestBytesMax = 8192;
 
-  MetricsServer(uv_loop_t* loop, Limits limits, std::function<std::string()> render)
+  using Done = std::function<void(std::string)>;
+  MetricsServer(uv_loop_t* loop, Limits limits, std::function<void(Done)> render)
       : loop_(loop), limits_(limits), render_(std::move(render)) {}
   MetricsServer(const MetricsServer&) = delete;
   MetricsServer& operator=(const MetricsServer&) = delete;
@@ -32,16 +36,22 @@ class MetricsServer {
   Status open(const std::string& listen);
   // Stops listening; connections in progress close at their deadline or when the loop closes.
   void close();
+  ~MetricsServer() { *alive_ = false; }
 
  private:
   struct Client;
   static void close_client(Client* c);
   void accept(uv_stream_t* server);
   void respond(Client* c);
+  void send(Client* c, std::string body, bool found);
+  void on_rendered(std::string body);
 
   uv_loop_t* loop_;
   Limits limits_;
-  std::function<std::string()> render_;
+  std::function<void(Done)> render_;
+  std::set<Client*> waiting_;  // for the report being made; at most clients_max
+  bool rendering_ = false;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
   uv_tcp_t tcp_{};
   bool open_ = false;
   std::size_t clients_ = 0;

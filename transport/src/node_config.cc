@@ -130,6 +130,8 @@ Status apply_limits(const json& limits, LoadedNode& out) {
       {"corrupt_chunks_per_parent_max", count(n.corrupt_chunks_per_parent_max, 1, 1'000'000)},
       {"anchor_interval_ms_min", count(n.anchor_interval_ms_min, 0, kDayMs)},
       {"ledger_workers_max", count(n.ledger_workers_max, 1, 10'000'000)},
+      {"ledger_silent_ms_max", count(n.ledger_silent_ms_max, 60 * kSecondMs, 30 * kDayMs)},
+      {"child_workers_max", count(n.child_workers_max, 1, 10'000'000)},
       {"run_clock_skew_ms_max", count(n.run_clock_skew_ms_max, kSecondMs, kDayMs)},
       {"freshness_ms_max", count(n.freshness_ms_max, kSecondMs, kDayMs)},
       {"timestamp_interval_ms", count(n.timestamp_interval_ms, 10, 60 * kSecondMs)},

@@ -103,6 +103,7 @@ Frames encode_message(const Message& message, const LinkFields& fields) {
             h->set_trees(m.trees);
           }
           h->set_instance(m.instance);
+          h->set_workers_below_max(m.workers_below_max);
         } else if constexpr (std::is_same_v<T, Welcome>) {
           env.mutable_welcome()->set_newest_version(m.newest_version);
           set_run(env.mutable_welcome()->mutable_run(), m.run);
@@ -247,6 +248,7 @@ Result<Message> decode_body(wire::Envelope& env, SharedBytes payload) {
     h.trees = std::max<std::uint32_t>(1, env.hello().trees());
     h.tree = env.hello().tree();
     h.instance = env.hello().instance();
+    h.workers_below_max = env.hello().workers_below_max();
     if (!valid_tree(h.tree, h.trees))
       return Status::corruption("tree " + std::to_string(h.tree) + " of " + std::to_string(h.trees) + " (at most " + std::to_string(kTreesMax) + " trees)");
     DC_RETURN_IF_ERROR(check_node_id(h.node_id));

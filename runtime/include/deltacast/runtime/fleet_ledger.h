@@ -1,6 +1,7 @@
 // The origin's fleet ledger: what each worker last reported (Ready, passed up the tree) and
 // whether it left on purpose. Bounded: at most entries_max workers (reports of others are
-// dropped) and error_bytes_max bytes of each one's last error. The Node checks a report against
+// dropped until entries are evicted: workers gone for longer than a bound) and error_bytes_max
+// bytes of each one's last error. The Node checks a report against
 // what it published before recording it.
 #pragma once
 // Exported from libdeltacast, as everything the installed headers declare.
@@ -53,6 +54,10 @@ class FleetLedger {
   bool record(const Report& r, std::uint64_t now_ms);
   // A worker that stopped on purpose; unknown workers are not added.
   void mark_left(const std::string& node_id, std::uint64_t now_ms);
+  // Evicts the entries of workers that left more than kLeftKeptMs ago, or that have not
+  // reported for silent_ms_max. Returns how many went.
+  std::size_t evict(std::uint64_t now_ms, std::uint64_t silent_ms_max);
+  static constexpr std::uint64_t kLeftKeptMs = 600000;
 
   const std::map<std::string, LedgerEntry>& entries() const { return entries_; }
 

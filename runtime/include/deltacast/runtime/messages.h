@@ -100,6 +100,9 @@ struct Hello {
   // The child process's own number, drawn when it starts (0: none given): two live processes
   // that claim one node id differ in it, a restarted one has a new one.
   std::uint64_t instance = 0;
+  // A child that relays: how many workers below it it may report for (0: as many as its parent
+  // allows a child, NodeConfig::child_workers_max). A child that does not relay reports for itself.
+  std::uint32_t workers_below_max = 0;
 };
 // parent -> child: accepted.
 struct Welcome {

@@ -295,6 +295,9 @@ class Node {
     std::uint64_t version = 0;
   };
   std::optional<Refused> refused_;
+  static constexpr std::uint64_t kLedgerEvictEveryMs = 10000;
+  std::uint64_t ledger_evicted_ms_ = 0;
+  std::uint64_t ledger_full_logged_ms_ = 0;
   std::function<void(std::shared_ptr<const ModelVersion>)> on_ready_;
   std::function<void()> on_anchor_wanted_;
 };

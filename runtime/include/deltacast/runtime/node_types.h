@@ -91,6 +91,12 @@ struct NodeConfig {
   bool virtual_payloads = false;
   std::size_t timings_versions_max = 64;    // per-version timings kept for metrics
   std::size_t ledger_workers_max = 100000;  // fleet ledger entries at the origin
+  // A ledger entry of a worker that left (Leave) is evicted after leave_linger; one that has not
+  // reported for this long, after it (ms).
+  std::uint64_t ledger_silent_ms_max = 6 * 3600 * 1000;
+  // Workers one child that relays may report for (Ready, Leave), at most: its share of the
+  // ledger, less if it declares less (Hello::workers_below_max). Relays say what they pass up.
+  std::uint32_t child_workers_max = 10000;
 
   // Trust (docs/RELIABILITY.md).
   // Origin: the run it publishes in (make_run_id() at start; empty: unnamed, format 1 manifests).
@@ -269,6 +275,7 @@ struct NodeStats {
   std::uint64_t untrusted_timestamps = 0;  // timestamp statements refused: malformed, unknown signer, bad signature
   std::uint64_t stale_parents = 0;         // parents dropped for giving no fresh timestamp statement
   std::uint64_t versions_withheld = 0;     // versions verified but held back until a fresh statement came
+  std::uint64_t reports_refused = 0;       // Ready or Leave for a node outside the sender's share or subtree, ignored
   std::uint64_t stale_slices = 0;          // origin: shard slices of another run or an older shard process (sender dropped)
   std::uint64_t runs_seen = 0;             // runs this node moved to
 };

@@ -89,6 +89,7 @@ void write_counters(Writer& w, const NodeStats& s) {
       {"deltacast_replays_refused_total", "Signed manifests or timestamp statements of a run older than one this node knows (the parent was dropped).", s.replays_refused},
       {"deltacast_untrusted_timestamps_total", "Timestamp statements refused: malformed, signed by a key not trusted, or a bad signature.", s.untrusted_timestamps},
       {"deltacast_stale_parents_total", "Parents dropped for giving no timestamp statement within freshness_ms_max.", s.stale_parents},
+      {"deltacast_save_failures_total", "Saves of a ready version to the state dir that failed (workers; retried, and at the next version).", s.save_failures},
       {"deltacast_reports_refused_total", "Ready or Leave messages for nodes outside the sender's share or subtree, ignored.", s.reports_refused},
       {"deltacast_stale_slices_total", "Shard slices of another run, or from a shard process older than one seen, refused (origin).", s.stale_slices},
       {"deltacast_versions_withheld_total", "Versions verified but held back until a fresh timestamp statement of their run came (workers).", s.versions_withheld},

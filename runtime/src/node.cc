@@ -113,6 +113,7 @@ bool Node::outbox_empty() const { return !shard_out_ || shard_out_->outbox_empty
 std::size_t Node::slices_retained() const { return shard_out_ ? shard_out_->retained() : 0; }
 void Node::set_on_log(std::function<void(LogLevel, const std::string&)> callback) { ctx_->on_log = std::move(callback); }
 const NodeStats& Node::stats() const { return ctx_->stats; }
+void Node::count_save_failure() { ctx_->stats.save_failures++; }
 bool Node::connected() const { return has_parents() && every_parent_welcomed(); }
 
 bool Node::any_parent_welcomed() const {

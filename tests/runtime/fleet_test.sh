@@ -7,6 +7,7 @@
 #   full-disk   a worker whose --out-dir (a tmpfs) is too small keeps serving, and saves once it
 #               has room
 #   corrupt     a relay that corrupts every 3rd chunk; the worker refetches, never applies
+#   disk-for-one  a state dir with room for one version: each save removes the oldest first
 #   slow        a stopped worker does not delay its siblings, and catches up when resumed
 #   auth        CURVE everywhere; a worker without an allowed key gets nothing
 #   c-abi       a worker embedded through the C ABI (tests/runtime/c_worker_test.c), signed
@@ -25,7 +26,7 @@ crelay=${2:?$usage}
 cworker=${3:?$usage}
 shift 3
 tests=("$@")
-[ ${#tests[@]} -gt 0 ] || tests=(steady relay-kill late-join restart full-disk corrupt slow auth c-abi watch shards fleet-init trees)
+[ ${#tests[@]} -gt 0 ] || tests=(steady relay-kill late-join restart full-disk disk-for-one corrupt slow auth c-abi watch shards fleet-init trees)
 tmp=$(mktemp -d)
 pids=()
 mounts=()  # tmpfs mounted by tests, under $tmp
@@ -222,6 +223,28 @@ test_full_disk() {
   [ -z "$left" ] || { echo "  temporary files left: $left"; ok=1; }
   umount -l "$disk" && mounts=()
   result full-disk $ok
+}
+
+test_disk_for_one() {
+  local ok=0 disk="$tmp/disk1" size
+  mkdir -p "$disk"
+  size=$(stat -c %s "${ckpts[0]}")
+  # Room for one version and its record, not two: each save makes room by removing the oldest.
+  if ! mount -t tmpfs -o size=$((size + size / 4)) tmpfs "$disk" 2>"$tmp/mount.err"; then
+    echo "  cannot mount a tmpfs on $disk (this test needs root): $(cat "$tmp/mount.err")"
+    result disk-for-one 1
+    return
+  fi
+  mounts+=("$disk")
+  start w1 "$dc" worker --id w1 --parent "$(ep 0)" --out-dir "$disk" --metrics "127.0.0.1:$((port_base + 1))"
+  start origin "$dc" publish --listen "$(ep 0)" --interval-ms 500 --linger-ms 30000 "${ckpts[@]}"
+  wait_for "$tmp/w1.log" "version $versions ready" 60 || { echo "  w1 did not reach version $versions"; ok=1; }
+  for _ in $(seq 100); do [ -f "$disk/w1-v$versions.json" ] && break; sleep 0.1; done
+  cmp -s "$disk/w1-v$versions.safetensors" "${ckpts[$((versions - 1))]}" || { echo "  version $versions was not saved: $(ls "$disk")"; ok=1; }
+  grep -q "removing the oldest saved version" "$tmp/w1.log" || { echo "  no room was made"; ok=1; }
+  check_worker "$tmp/w1.log" || ok=1
+  umount -l "$disk" && mounts=()
+  result disk-for-one $ok
 }
 
 test_corrupt() {

@@ -24,6 +24,7 @@ something that fails if its protection is missing.
   origin-clock-behind    an origin restarted on a clock a minute behind its previous run's start
   replayed-run           a relay that keeps serving a signed run after the trainer restarted
   ledger-fill            a child filling the ledger with made-up workers, and a Leave for another's id
+  many-partial-frames    120 connections that send most of an 8 MiB frame, stall and are closed
 
 Usage: python3 hostile_peers.py path/to/deltacast [case...]
 Prints "PASS name" or "FAIL name: why" per case, then "N passed, M failed"; exits 1 on a failure.
@@ -1341,6 +1342,40 @@ def case_partial_frames(t):
     t.expect(relay.alive(), "the relay died")
 
 
+def case_many_partial_frames(t):
+    """120 raw ZMTP connections that never say Hello, each sending 7 MiB of an 8 MiB frame and
+    stalling: once the relay closed them (hello_timeout_ms), their memory goes back to the system."""
+    config = os.path.join(t.dir, "relay.json")
+    with open(config, "w") as f:
+        json.dump({"id": "relay", "listen": t.ep(1), "parents": [t.ep(0)], "limits": {"hello_timeout_ms": 3000}}, f)
+    relay = t.start("relay", "relay", "--config", config)
+    t.require(wait_until(lambda: listening(t.port(1)), 20), "the relay did not start")
+    time.sleep(0.5)
+    rss0 = relay.rss()
+    block = b"\0" * (1 << 20)
+    socks, peak = [], rss0
+    for _ in range(120):
+        s = t.tcp(t.port(1))
+        zmtp_handshake(s)
+        s.settimeout(10)
+        try:
+            s.sendall(b"\x02" + struct.pack(">Q", (8 << 20) - 4096))
+            for _ in range(7):
+                s.sendall(block)
+        except (ConnectionResetError, BrokenPipeError, socket.timeout):
+            pass
+        socks.append(s)
+        peak = max(peak, relay.rss() or 0)
+    closed = wait_until(lambda: all(closed_by_peer(s) for s in socks), 20, step=0.5)
+    time.sleep(3.0)  # the host trims at most once a second
+    after = relay.rss() or 0
+    t.note("relay RSS %.0f MB at start, peak %.0f MB, %.0f MB after 120 stalled frames were closed" % (rss0 / 1e6, peak / 1e6, after / 1e6))
+    t.expect(closed, "the relay kept connections that never said Hello past hello_timeout_ms")
+    t.expect(peak > rss0 + (300 << 20), "the frames never took memory (peak %.0f MB): the case measures nothing" % (peak / 1e6))
+    t.expect(after < rss0 + (150 << 20), "the relay kept %.0f MB after the connections closed" % ((after - rss0) / 1e6))
+    t.expect(relay.alive(), "the relay died")
+
+
 def case_idle_connections(t):
     """300 TCP connections to a relay that never speak; a real worker joins meanwhile."""
     s = shared()
@@ -1529,6 +1564,7 @@ CASES = [
     ("origin-clock-behind", case_origin_clock_behind),
     ("replayed-run", case_replayed_run),
     ("ledger-fill", case_ledger_fill),
+    ("many-partial-frames", case_many_partial_frames),
 ]
 
 

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <optional>
 
+#include <malloc.h>
 #include <pthread.h>
 #include <unistd.h>
 
@@ -107,6 +108,22 @@ struct NodeHost::Impl final : Clock, TaskRunner {
 
   // ---- metrics over HTTP --------------------------------------------------------------------
   std::optional<MetricsServer> metrics;
+
+  // What closed connections held (ZeroMQ's buffers for frames they had begun: up to
+  // child_message_bytes_max each) goes back to the system: glibc keeps freed memory for reuse
+  // otherwise. At most once a second, on the thread pool (trimming a large heap takes a while).
+  std::uint64_t trimmed_closed = 0, trimmed_ms = 0;
+  bool trimming = false;
+  uv_work_t trim_req{};
+  void trim_heap(std::uint64_t now) {
+    if (trimming || links->connections_closed == trimmed_closed || now - trimmed_ms < 1000) return;
+    trimmed_closed = links->connections_closed;
+    trimmed_ms = now;
+    trimming = true;
+    trim_req.data = this;
+    uv_queue_work(
+        &loop, &trim_req, [](uv_work_t*) { malloc_trim(0); }, [](uv_work_t* req, int) { static_cast<Impl*>(req->data)->trimming = false; });
+  }
 
   // The node's state is copied on the loop; the text is made on the thread pool, within the
   // response bound, and handed back to the loop.
@@ -273,6 +290,7 @@ struct NodeHost::Impl final : Clock, TaskRunner {
           self->last_tick_ms = now;
           self->node->tick();
           self->links->close_idle_connections();
+          self->trim_heap(now);
           self->links->drain_all();
         },
         config.tick_ms, config.tick_ms);

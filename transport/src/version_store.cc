@@ -185,6 +185,13 @@ Result<Record> read_record(const std::string& model_path) {
 
 }  // namespace
 
+namespace {
+bool disk_full(const Status& st) {
+  const std::string& m = st.message();
+  return m.find("No space left") != std::string::npos || m.find("Disk quota exceeded") != std::string::npos;
+}
+}  // namespace
+
 Status VersionStore::save(const ModelVersion& version) const {
   std::error_code ec;
   fs::create_directories(dir_, ec);
@@ -194,8 +201,22 @@ Status VersionStore::save(const ModelVersion& version) const {
   // Past the page cache: a saved version is read again only after a restart, and filling the
   // cache with it costs a worker several times the CPU of the write itself
   // (docs/BENCHMARKS.md, "End to end").
-  DC_RETURN_IF_ERROR(write_safetensors(path, ModelLayout{version.tensors, version.metadata, version.image.size()}, version.image,
-                                       /*uncached=*/true));
+  // A disk that cannot hold the new version beside the kept ones makes room: the oldest saved
+  // versions of this run go first (they would be pruned after this save anyway, keep_versions
+  // newest staying), until the write fits or none is left.
+  Status written;
+  for (;;) {
+    written = write_safetensors(path, ModelLayout{version.tensors, version.metadata, version.image.size()}, version.image, /*uncached=*/true);
+    if (written.is_ok() || !disk_full(written)) break;
+    std::string oldest;
+    for (const auto& [number, file] : files())  // newest first
+      if (number != version.version) oldest = file;
+    if (oldest.empty()) break;
+    spdlog::warn("{}: no room for version {} in {}: removing the oldest saved version, {}", node_id_, version.version, dir_, oldest);
+    fs::remove(sidecar_of(oldest), ec);
+    fs::remove(oldest, ec);
+  }
+  DC_RETURN_IF_ERROR(written);
   nlohmann::json j = {{"version", version.version}, {"checksum", hex64(version.checksum)}, {"image_xxh3", hex64(hash64(version.image))}};
   if (!version.run.empty()) j["run"] = {{"started_us", version.run.started_us}, {"nonce", hex64(version.run.nonce)}};
   const std::string text = j.dump(2) + "\n";
@@ -279,6 +300,10 @@ void VersionSaver::retry_if_due(const std::shared_ptr<const ModelVersion>& curre
 
 void VersionSaver::try_save(const ModelVersion& v) {
   const Status st = store_.save(v);
+  if (!st.is_ok()) {
+    failures_++;
+    if (on_failure_) on_failure_();
+  }
   if (st.is_ok()) {
     if (!last_error_.empty()) spdlog::info("saving works again: version {} saved", v.version);
     last_error_.clear();

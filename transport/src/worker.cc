@@ -36,7 +36,8 @@ Result<std::unique_ptr<Worker>> Worker::start(WorkerOptions o) {
 // once nobody holds its image.
 void Worker::save_loop() {
   using Tag = NodeHost::VersionTag;
-  VersionSaver saver(*store_);
+  // Every failed save counts in the node's deltacast_save_failures_total.
+  VersionSaver saver(*store_, VersionSaver::save_retry_ms, [host = host_.get()] { host->post([host] { host->node().count_save_failure(); }); });
   std::optional<Tag> seen, saved;  // the newest version seen; the newest on disk
   if (resumed_) seen = saved = Tag::of(*resumed_);
   auto offer = [&](std::shared_ptr<const runtime::ModelVersion> v) {

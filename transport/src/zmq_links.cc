@@ -501,6 +501,7 @@ void ZmqLinks::note_connection(PeerId peer, int fd) {
 void ZmqLinks::close_connection(int fd, const std::string& why) {
   spdlog::warn("{}: closed connection {}: {}", node_config.node_id, fd, why);
   connections.erase(fd);
+  connections_closed++;
   ::shutdown(fd, SHUT_RDWR);
 }
 
@@ -535,6 +536,7 @@ void ZmqLinks::on_monitor_event(std::uint16_t event, std::int32_t value, const s
         // A child whose connection closed is gone now, not after child_timeout_ms.
         const PeerId peer = c->second.peer;
         connections.erase(c);
+        connections_closed++;
         if (peer != 0 && identity_of.count(peer)) {
           fd_of.erase(peer);
           forget_child(peer);
@@ -576,6 +578,7 @@ void ZmqLinks::close_idle_connections() {
     if (!c.said_hello && now - c.accepted_ms > config.hello_timeout_ms) idle.push_back(fd);
   for (int fd : idle) {
     connections.erase(fd);
+  connections_closed++;
     ::shutdown(fd, SHUT_RDWR);
     if (idle_closed++ % 1000 == 0)
       spdlog::warn("{}: closed a connection without a Hello within hello_timeout_ms ({} ms; {} so far)", node_config.node_id,

@@ -156,6 +156,11 @@ class ZmqLinks final : public runtime::Transport {
   std::uint64_t connections_refused = 0;
   std::uint64_t handshakes_failed = 0;
   std::uint64_t idle_closed = 0;
+ public:
+  // Connections to the listener that closed, ever (the host gives their memory back: trim_heap).
+  std::uint64_t connections_closed = 0;
+
+ private:
   std::uint64_t bad_messages = 0;
   std::map<runtime::PeerId, Socket> parents;
   std::map<std::string, runtime::PeerId> child_by_identity;

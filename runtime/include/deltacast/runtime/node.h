@@ -132,6 +132,8 @@ class Node {
   // The run whose versions this node holds and serves (empty until it sees one). run() on the
   // loop thread; run_from_any_thread() anywhere.
   const RunId& run() const { return run_; }
+  // A version this worker exposes could not be saved to disk (deltacast_save_failures_total).
+  void count_save_failure();
   // The age of the newest timestamp statement held, in ms of this node's clock (none held: empty).
   std::optional<std::int64_t> timestamp_age_ms() const {
     if (!timestamp_) return std::nullopt;

@@ -275,6 +275,7 @@ struct NodeStats {
   std::uint64_t untrusted_timestamps = 0;  // timestamp statements refused: malformed, unknown signer, bad signature
   std::uint64_t stale_parents = 0;         // parents dropped for giving no fresh timestamp statement
   std::uint64_t versions_withheld = 0;     // versions verified but held back until a fresh statement came
+  std::uint64_t save_failures = 0;         // workers with a state dir: versions that could not be saved
   std::uint64_t reports_refused = 0;       // Ready or Leave for a node outside the sender's share or subtree, ignored
   std::uint64_t stale_slices = 0;          // origin: shard slices of another run or an older shard process (sender dropped)
   std::uint64_t runs_seen = 0;             // runs this node moved to

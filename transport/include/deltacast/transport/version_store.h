@@ -15,6 +15,7 @@
 #pragma GCC visibility push(default)
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -81,7 +82,9 @@ class VersionStore {
 class VersionSaver {
  public:
   static constexpr std::chrono::milliseconds save_retry_ms{5000};
-  explicit VersionSaver(const VersionStore& store, std::chrono::milliseconds retry = save_retry_ms) : store_(store), retry_(retry) {}
+  // `on_failure`: called (on the saver's thread) after every save that failed.
+  explicit VersionSaver(const VersionStore& store, std::chrono::milliseconds retry = save_retry_ms, std::function<void()> on_failure = {})
+      : store_(store), retry_(retry), on_failure_(std::move(on_failure)) {}
   // Saves `v` now, in place of any older version not saved yet.
   void offer(std::shared_ptr<const runtime::ModelVersion> v);
   // Once `retry` has passed since the last failure, saves `current` (the worker's current
@@ -92,12 +95,15 @@ class VersionSaver {
   // The number of the version that is ready but not on disk (none when every one is), and why.
   const std::optional<std::uint64_t>& unsaved() const { return unsaved_; }
   const std::string& last_error() const { return last_error_; }
+  std::uint64_t failures() const { return failures_; }
 
  private:
   void try_save(const runtime::ModelVersion& v);
 
   const VersionStore& store_;
   std::chrono::milliseconds retry_;
+  std::function<void()> on_failure_;
+  std::uint64_t failures_ = 0;
   std::optional<std::uint64_t> unsaved_;
   RunId unsaved_run_;
   std::string last_error_;  // empty while saves work

@@ -166,6 +166,48 @@ void Node::send_to_parents(const Message& m) {
 }
 
 void Node::send_need(const Need& need) {
+  // At most upstream_needs_per_s_max a second go up, whatever the children ask: the rest wait,
+  // merged per version, so that children each within their own limit never make this node
+  // break its parent's (needs_per_s_max there).
+  refill_need_tokens();
+  if (need_tokens_ >= 1 && pending_needs_.empty()) {
+    need_tokens_ -= 1;
+    send_need_now(need);
+    return;
+  }
+  auto [it, added] = pending_needs_.try_emplace({need.key, need.want_anchor}, need);
+  if (added) return;
+  Need& p = it->second;
+  p.again = p.again || need.again;
+  if (p.chunks.empty() || need.chunks.empty()) {
+    p.chunks.clear();  // the whole version
+  } else {
+    p.chunks.insert(p.chunks.end(), need.chunks.begin(), need.chunks.end());
+    std::sort(p.chunks.begin(), p.chunks.end());
+    p.chunks.erase(std::unique(p.chunks.begin(), p.chunks.end()), p.chunks.end());
+    if (p.chunks.size() > kNeedChunksMax) p.chunks.clear();  // more than one Need may list: the whole version
+  }
+}
+
+void Node::refill_need_tokens() {
+  const std::uint64_t now = ctx_->now_ms();
+  const double per_s = std::max<std::uint32_t>(1, config_.upstream_needs_per_s_max);
+  need_tokens_ = need_tokens_ms_ == 0 ? per_s : std::min(per_s, need_tokens_ + static_cast<double>(now - need_tokens_ms_) * per_s / 1000.0);
+  need_tokens_ms_ = now;
+}
+
+void Node::flush_needs() {
+  if (pending_needs_.empty()) return;
+  refill_need_tokens();
+  while (need_tokens_ >= 1 && !pending_needs_.empty()) {
+    need_tokens_ -= 1;
+    Need n = std::move(pending_needs_.begin()->second);
+    pending_needs_.erase(pending_needs_.begin());
+    send_need_now(n);
+  }
+}
+
+void Node::send_need_now(const Need& need) {
   const std::size_t trees = upstreams_.size();
   if (trees == 1) {
     upstreams_.front()->send(need);
@@ -932,6 +974,7 @@ void Node::tick() {
   if (!has_parents() && (!timestamp_ || now - timestamp_issued_ms_ >= config_.timestamp_interval_ms)) issue_timestamp();
   check_parents_fresh(now);
   children_->tick(now);
+  flush_needs();
   request_missing(/*force=*/false);
   if (shard_in_) shard_in_->ask_for_missing(now, [this](PeerId peer) { return children_->is_child(peer); });
   if (rebuild_ && rebuild_->busy()) rebuild_->pump();  // in place: readers may have let go since

@@ -25,6 +25,7 @@ something that fails if its protection is missing.
   replayed-run           a relay that keeps serving a signed run after the trainer restarted
   ledger-fill            a child filling the ledger with made-up workers, and a Leave for another's id
   many-partial-frames    120 connections that send most of an 8 MiB frame, stall and are closed
+  relayed-need-flood     six children of a relay asking for missing versions, each within its limit
 
 Usage: python3 hostile_peers.py path/to/deltacast [case...]
 Prints "PASS name" or "FAIL name: why" per case, then "N passed, M failed"; exits 1 on a failure.
@@ -1166,6 +1167,44 @@ def case_need_flood(t):
     t.expect(origin.alive(), "the origin died")
 
 
+def case_relayed_need_flood(t):
+    """Six children of a relay each ask for versions the relay does not have, 150 Needs a second
+    (under the relay's own limit for each): the relay must not pass them on faster than its parent
+    takes from it."""
+    origin = published_origin(t)
+    relay = t.start("relay", "relay", "--id", "relay", "--listen", t.ep(2), "--parent", t.ep(0), "--metrics", "127.0.0.1:%d" % t.port(3))
+    honest = t.start("honest", "worker", "--id", "honest", "--parent", t.ep(2))
+    t.require(honest.wait_log(r"version 4 ready", 30) is not None, "the honest worker got nothing through the relay")
+    kids = []
+    for k in range(6):
+        c = t.sock(zmq.DEALER, SNDTIMEO=1000)
+        c.connect(t.ep(2))
+        c.send(m_hello("asker-%d" % k, role=1, have=4, resume=True))
+        kids.append(c)
+    for c in kids:
+        drain(c, 0.2)
+    needs, t0 = 0, time.time()
+    while time.time() - t0 < 8.0:
+        tick = time.time()
+        for k, c in enumerate(kids):
+            for j in range(15):  # 15 every 100 ms: 150 a second each
+                try:
+                    c.send(m_need(10 + (needs + j + k) % 200, False))
+                except zmq.Again:
+                    pass
+            needs += 15
+        for c in kids:
+            drain(c, 0.0)
+        time.sleep(max(0.0, 0.1 - (time.time() - tick)))
+    body, _, _ = metrics(t.port(3))
+    failovers = metric(body, "deltacast_parent_failovers_total")
+    t.note("%d Needs from 6 children in 8 s; the relay's parent failovers: %s" % (needs, failovers))
+    t.expect(re.search(r"child relay dropped: more than \d+ Need messages a second", origin.log()) is None,
+             "the origin dropped the relay for the Needs it passed on")
+    t.expect(failovers == 0, "the relay lost its parent %s times" % failovers)
+    t.expect(relay.alive() and origin.alive(), "a node died")
+
+
 def case_anchor_beyond_newest(t):
     """Children ask for an anchor newer than version 2^63 (and than newest + 1), over and over for 5 s."""
     origin = published_origin(t)
@@ -1565,6 +1604,7 @@ CASES = [
     ("replayed-run", case_replayed_run),
     ("ledger-fill", case_ledger_fill),
     ("many-partial-frames", case_many_partial_frames),
+    ("relayed-need-flood", case_relayed_need_flood),
 ]
 
 

@@ -126,6 +126,7 @@ Status apply_limits(const json& limits, LoadedNode& out) {
       {"version_jump_max", count(n.version_jump_max, 1, std::uint64_t{1} << 40)},
       {"versions_requested_max", count(n.versions_requested_max, 1, 4096)},
       {"needs_per_s_max", count(n.needs_per_s_max, 1, 1'000'000)},
+      {"upstream_needs_per_s_max", count(n.upstream_needs_per_s_max, 1, 1'000'000)},
       {"resends_per_chunk_max", count(n.resends_per_chunk_max, 1, 1000)},
       {"corrupt_chunks_per_parent_max", count(n.corrupt_chunks_per_parent_max, 1, 1'000'000)},
       {"anchor_interval_ms_min", count(n.anchor_interval_ms_min, 0, kDayMs)},

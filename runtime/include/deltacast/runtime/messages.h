@@ -35,6 +35,8 @@ inline bool valid_tree(std::uint32_t tree, std::uint32_t trees) {
   trees = std::max<std::uint32_t>(1, trees);
   return trees <= kTreesMax && tree < trees;
 }
+// Chunks one Need may list (a longer list is refused on the wire; ask for the whole version).
+inline constexpr std::size_t kNeedChunksMax = 1u << 20;
 // Parents of a node (or of one tree of it) in its config, most preferred first, at most.
 inline constexpr std::size_t kParentsMax = 16;
 // Node names: letters, digits, '.', '_' and '-', at most kNodeIdBytesMax, not "." or "..",

@@ -191,6 +191,11 @@ class Node {
   // A Need to the parents that serve it: the chunks it names each to its tree's parent, a whole
   // version or an anchor to every tree's (each sends its tree's chunks).
   void send_need(const Need& need);
+  void send_need_now(const Need& need);
+  // Needs waiting for the upstream rate (upstream_needs_per_s_max), merged per version: at most
+  // one per cached version and kind, each listing a version's chunks at most once.
+  void refill_need_tokens();
+  void flush_needs();
   void request_missing(bool force);
   // Asks for an anchor newer than `newer_than` (what the asker holds; it cannot use older ones).
   void request_anchor(std::uint64_t newer_than);
@@ -300,6 +305,9 @@ class Node {
   static constexpr std::uint64_t kLedgerEvictEveryMs = 10000;
   std::uint64_t ledger_evicted_ms_ = 0;
   std::uint64_t ledger_full_logged_ms_ = 0;
+  std::map<std::pair<VersionKey, bool>, Need> pending_needs_;
+  double need_tokens_ = 0;
+  std::uint64_t need_tokens_ms_ = 0;
   std::function<void(std::shared_ptr<const ModelVersion>)> on_ready_;
   std::function<void()> on_anchor_wanted_;
 };

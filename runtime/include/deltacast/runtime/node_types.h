@@ -117,6 +117,9 @@ struct NodeConfig {
   std::uint32_t versions_requested_max = 16;    // missing deltas asked for at once (the rest next time)
   std::uint64_t anchor_interval_ms_min = 5000;  // origin: anchors made on request at most this often
   std::uint32_t needs_per_s_max = 200;          // Need messages a child may send per second (and burst)
+  // Need messages this node sends its parent per second (and burst), its own and its children's
+  // merged: below the parent's needs_per_s_max, so the parent never drops it for them.
+  std::uint32_t upstream_needs_per_s_max = 100;
   std::uint32_t resends_per_chunk_max = 4;      // chunks sent again per child, per version, per chunk of it
   std::uint32_t corrupt_chunks_per_parent_max = 16;  // chunks failing their checks from one parent link before it is dropped
   // A run that says it started later than this past the node's own clock is refused: one forged

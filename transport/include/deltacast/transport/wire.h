@@ -14,7 +14,7 @@ namespace deltacast::transport {
 
 // Bounds a receiver applies before trusting a frame.
 inline constexpr std::size_t kHeaderBytesMax = 1u << 20;
-inline constexpr std::size_t kNeedChunksMax = 1u << 20;
+inline constexpr std::size_t kNeedChunksMax = runtime::kNeedChunksMax;
 inline constexpr std::uint32_t kShardsMax = 1u << 16;
 
 struct Frames {

@@ -187,9 +187,10 @@ void ChildServer::on_hello(PeerId from, const Hello& hello) {
   const Heartbeat hb = owner_.heartbeat();
   ctx_.send(from, Welcome{hb.newest_version, hb.run, hb.timestamp});
   if (!c.receives()) return;  // a trainer shard sends, it does not receive
-  // What a child holds of another run is of no use: it starts again from an anchor.
+  // What a child holds of another run is of no use: it starts again from an anchor. One that
+  // resumes holding no run (it refused what it was sent before) asks for what it wants.
   const bool same_run = hello.run == owner_.run();
-  if (!hello.resume || !same_run) serve_catch_up(from, c, same_run ? hello.have_version : 0, /*want_anchor=*/false, /*resend=*/false);
+  if (!hello.resume || (!same_run && !hello.run.empty())) serve_catch_up(from, c, same_run ? hello.have_version : 0, /*want_anchor=*/false, /*resend=*/false);
 }
 
 void ChildServer::serve_catch_up(PeerId peer, Child& c, std::uint64_t have, bool want_anchor, bool resend) {

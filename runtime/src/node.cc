@@ -422,9 +422,10 @@ void Node::request_anchor(std::uint64_t newer_than) {
     if (shard_in_) children_->to_publishers(Need{{newer_than, true}, {}, true});
   } else if (verifying() && !fresh_for(parent_run_ > run_ ? parent_run_ : run_)) {
     return;  // an anchor it could not expose: asked for once a fresh statement came
-  } else if (refused_ && refused_->run == parent_run_ && parent_newest_ <= refused_->version) {
-    return;  // what the parent offers was refused already: asked again once it has newer
   } else if (UpstreamLink* link = anchor_link()) {
+    // What this parent offers was refused already: asked again once it has something newer.
+    if (refused_ && refused_->endpoint == link->endpoint() && refused_->run == link->said_run() && link->said_newest() <= refused_->version)
+      return;
     // What the link carried is here or on its way (a first answer, or an anchor a parent sends
     // unasked, may be slow over a long, full link): the parent sends only what it has not sent
     // yet. Only once this node threw received versions away (a worker that dropped a damaged
@@ -518,7 +519,7 @@ bool Node::on_timestamp(UpstreamLink& link, const SharedBytes& bytes) {
   if (verifying()) {
     if (Status st = verify_timestamp(bytes->span(), *t, config_.trust_keys); !st.is_ok()) {
       ctx_->stats.untrusted_timestamps++;
-      refused_ = Refused{link.said_run(), link.said_newest()};
+      refused_ = Refused{link.endpoint(), link.said_run(), link.said_newest()};
       refuse_parent(link, st.to_string() + " (is this node's trust key the publisher's?)");
       return false;
     }
@@ -541,6 +542,7 @@ bool Node::on_timestamp(UpstreamLink& link, const SharedBytes& bytes) {
   if (age <= bound && -age <= bound) {
     link.fresh();
     if (t->run == run_) link.proven();
+    if (refused_ && refused_->endpoint == link.endpoint()) refused_.reset();  // it vouches for what it serves now
   }
   if (rebuild_ && rebuild_->withholding()) {
     rebuild_->release();
@@ -587,7 +589,7 @@ bool Node::admit_manifest(PeerId from, const ManifestMsg& m, std::shared_ptr<con
     if (!st.is_ok()) {
       ctx_->stats.untrusted_manifests++;
       if (link) {
-        refused_ = Refused{link->said_run(), std::max(link->said_newest(), m.key.version)};
+        refused_ = Refused{link->endpoint(), link->said_run(), std::max(link->said_newest(), m.key.version)};
         refuse_parent(*link, st.to_string() + " (is this node's trust key the publisher's?)");
       } else {
         drop_peer(from, st.to_string());
@@ -613,7 +615,7 @@ bool Node::admit_manifest(PeerId from, const ManifestMsg& m, std::shared_ptr<con
     if (Status st = verify_manifest(m.manifest->span(), *parsed, config_.trust_keys); !st.is_ok()) {
       ctx_->stats.untrusted_manifests++;
       if (link) {
-        refused_ = Refused{link->said_run(), std::max(link->said_newest(), m.key.version)};
+        refused_ = Refused{link->endpoint(), link->said_run(), std::max(link->said_newest(), m.key.version)};
         refuse_parent(*link, st.to_string() + " (is this node's trust key the publisher's?)");
       }
       return false;
@@ -639,7 +641,7 @@ bool Node::admit_manifest(PeerId from, const ManifestMsg& m, std::shared_ptr<con
                             std::to_string((parsed->run.started_us - now_us) / 1000000) +
                             " s in the future (run_clock_skew_ms_max): is this host's clock behind?";
     if (link) {
-      refused_ = Refused{link->said_run(), std::max(link->said_newest(), m.key.version)};
+      refused_ = Refused{link->endpoint(), link->said_run(), std::max(link->said_newest(), m.key.version)};
       refuse_parent(*link, why);
     } else {
       drop_peer(from, why);

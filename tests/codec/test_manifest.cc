@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include "deltacast/codec/backend.h"
 #include "deltacast/codec/hash.h"
 #include "deltacast/codec/manifest.h"
 #include "test_util.h"
@@ -147,4 +148,37 @@ TEST_CASE("a manifest's seal is read from its header and its last bytes, without
   big.chunks.resize(100000);
   CHECK(manifest_memory_bytes(big) > small);
   CHECK(manifest_memory_bytes(big) >= 100000 * sizeof(ChunkEntry));
+}
+
+TEST_CASE("the refusals docs/FORMAT.md promises: varints, flags and versions, stream parameters", "[codec][manifest][format]") {
+  // Overlong varints read; more than 64 bits do not.
+  for (const Bytes& ok : {Bytes{0x80, 0x00}, Bytes{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}}) {
+    ByteReader r(ok);
+    std::uint64_t v = 1;
+    CHECK(r.varint(v));
+  }
+  for (const Bytes& bad : {Bytes{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02}, Bytes(11, 0x80), Bytes{0x80}}) {
+    ByteReader r(bad);
+    std::uint64_t v = 0;
+    CHECK_FALSE(r.varint(v));
+  }
+  // Manifest format 5 and unknown flags: Unsupported (a newer writer), not Corruption.
+  Manifest m = sample_manifest(VersionKind::kDelta);
+  Bytes b = serialize_manifest(m);
+  Bytes newer = b;
+  newer[4] = 5;
+  CHECK(parse_manifest(newer).status().code() == StatusCode::kUnsupported);
+  Bytes flagged = b;
+  flagged[4 + 1 + 1 + 24 + 16] = 0x02;  // the flags byte after magic, format, kind, 3 u64 and the run
+  CHECK(parse_manifest(flagged).status().code() == StatusCode::kUnsupported);
+  // A stream's parameter byte is not read on raw streams: any value decodes.
+  Bytes stream{0 /*raw*/, 0x7f /*parameter*/, 3, 3, 'a', 'b', 'c'};
+  ByteReader r(stream);
+  auto ref = read_stream(r, 3);
+  REQUIRE(ref.is_ok());
+  CHECK(ref->raw_bytes == 3);
+  Bytes unknown = stream;
+  unknown[0] = 3;
+  ByteReader r2(unknown);
+  CHECK(read_stream(r2, 3).status().code() == StatusCode::kCorruption);
 }

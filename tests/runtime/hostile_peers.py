@@ -26,6 +26,7 @@ something that fails if its protection is missing.
   ledger-fill            a child filling the ledger with made-up workers, and a Leave for another's id
   many-partial-frames    120 connections that send most of an 8 MiB frame, stall and are closed
   relayed-need-flood     six children of a relay asking for missing versions, each within its limit
+  wrong-trust-key        a worker whose trust key is not the publisher's
 
 Usage: python3 hostile_peers.py path/to/deltacast [case...]
 Prints "PASS name" or "FAIL name: why" per case, then "N passed, M failed"; exits 1 on a failure.
@@ -1205,6 +1206,30 @@ def case_relayed_need_flood(t):
     t.expect(relay.alive() and origin.alive(), "a node died")
 
 
+def case_wrong_trust_key(t):
+    """A worker configured with the wrong trust key: it must back off, say what to fix, and not
+    take the anchor again and again."""
+    s = shared()
+    key = os.path.join(t.dir, "sign.key")
+    run_dc("keygen", "--sign", "-o", key)
+    wrong = run_dc("keygen", "--sign", "-o", os.path.join(t.dir, "wrong.key")).strip().split()[-1]
+    origin = start_origin(t, extra=["--sign-key", key, "--metrics", "127.0.0.1:%d" % t.port(1)])
+    t.require(origin.wait_log(r"published version 4", 30) is not None, "the origin did not publish")
+    body, _, _ = metrics(t.port(1))
+    out0, cache = metric(body, "deltacast_bytes_out_total") or 0, metric(body, "deltacast_cache_bytes") or 0
+    w = t.start("w", "worker", "--id", "w", "--trust-key", wrong, "--parent", t.ep(0))
+    time.sleep(20)
+    body, _, _ = metrics(t.port(1))
+    out = (metric(body, "deltacast_bytes_out_total") or 0) - out0
+    waits = [int(x) for x in re.findall(r"dropped, next try in (\d+) ms", w.log())]
+    t.note("origin sent %.1f MB in 20 s (its cache: %.1f MB); the worker's waits: %s" % (out / 1e6, cache / 1e6, waits))
+    t.expect(out < 2 * cache + (4 << 20), "the origin sent %.1f MB to a worker that refuses its versions" % (out / 1e6))
+    t.expect(len(waits) >= 3 and waits == sorted(waits) and waits[-1] > waits[0], "the worker did not back off: %s" % waits)
+    t.expect(len(waits) <= 8, "the worker retried %d times in 20 s" % len(waits))
+    t.expect(re.search(r"is this node's trust key the publisher's", w.log()) is not None, "the worker did not say what to fix")
+    t.expect(not ready_lines(w), "the worker exposed a version it does not trust")
+
+
 def case_anchor_beyond_newest(t):
     """Children ask for an anchor newer than version 2^63 (and than newest + 1), over and over for 5 s."""
     origin = published_origin(t)
@@ -1605,6 +1630,7 @@ CASES = [
     ("ledger-fill", case_ledger_fill),
     ("many-partial-frames", case_many_partial_frames),
     ("relayed-need-flood", case_relayed_need_flood),
+    ("wrong-trust-key", case_wrong_trust_key),
 ]
 
 

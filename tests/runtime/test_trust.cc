@@ -779,3 +779,39 @@ TEST_CASE("a parent whose chunks keep failing their digests is dropped, and the 
   CHECK(w.stats().corrupt_chunks < 4 * (wc.corrupt_chunks_per_parent_max + 1));  // dropped, not asked again without end
   CHECK(w.stats().peers_dropped > 0);
 }
+
+TEST_CASE("the timestamp statement of docs/FORMAT.md is signed and read byte for byte, and refused when wrong", "[runtime][trust][format]") {
+  auto key = parse_signing_key("0102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f20"
+                               "79b5562e8fe654f94078b112e8a98ba7901f853ae695bed7e0e3910bad049664");
+  REQUIRE(key.is_ok());
+  Timestamp t;
+  t.run = RunId{1764547200000000, 0x0123456789abcdefull};
+  t.newest_version = 42;
+  t.issued_us = 1764547260500000;
+  const Bytes bytes = sign_timestamp(t, *key);
+  CHECK(to_hex(bytes) ==
+        "444354530100a00ba9d8440600efcdab89674523012a0000000000000020c8a6"
+        "acd844060079b5562e8fe654f94078b112e8a98ba7901f853ae695bed7e0e391"
+        "0bad04966434236eb8814bb32ce2830d05e7b0e1116a10167beb8cebf2e89ea4"
+        "5767fffe12991adc74e5b6f9abbd645eece757268efc83ed5413ef31e9dad7b8"
+        "a9d343cc09");
+  auto back = parse_timestamp(bytes);
+  REQUIRE(back.is_ok());
+  CHECK(back->run == t.run);
+  CHECK(back->newest_version == 42);
+  CHECK(back->issued_us == t.issued_us);
+  CHECK(verify_timestamp(bytes, *back, {key->public_key}).is_ok());
+  CHECK(verify_timestamp(bytes, *back, {make_signing_key().public_key}).code() == StatusCode::kCorruption);  // untrusted signer
+  for (std::size_t i = 0; i < bytes.size(); ++i) {  // any byte changed: refused, by the parse or the signature
+    Bytes bad = bytes;
+    bad[i] ^= 0x01;
+    auto p = parse_timestamp(bad);
+    INFO(i);
+    CHECK((!p.is_ok() || !verify_timestamp(bad, *p, {key->public_key, p->signer}).is_ok()));
+  }
+  for (const std::size_t size : {std::size_t{0}, bytes.size() - 1, bytes.size() + 1})
+    CHECK(parse_timestamp(Bytes(size, 0x44)).status().code() == StatusCode::kCorruption);
+  Timestamp none = t;
+  none.run = {};
+  CHECK(parse_timestamp(sign_timestamp(none, *key)).status().code() == StatusCode::kCorruption);  // a run of (0, 0)
+}

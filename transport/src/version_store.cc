@@ -202,19 +202,27 @@ Status VersionStore::save(const ModelVersion& version) const {
   // cache with it costs a worker several times the CPU of the write itself
   // (docs/BENCHMARKS.md, "End to end").
   // A disk that cannot hold the new version beside the kept ones makes room: the oldest saved
-  // versions of this run go first (they would be pruned after this save anyway, keep_versions
-  // newest staying), until the write fits or none is left.
+  // versions go first, but only when removing them can make it fit (else they stay: the
+  // newest good version on disk is not given up for a save that fails anyway).
   Status written;
   for (;;) {
     written = write_safetensors(path, ModelLayout{version.tensors, version.metadata, version.image.size()}, version.image, /*uncached=*/true);
     if (written.is_ok() || !disk_full(written)) break;
-    std::string oldest;
-    for (const auto& [number, file] : files())  // newest first
-      if (number != version.version) oldest = file;
-    if (oldest.empty()) break;
-    spdlog::warn("{}: no room for version {} in {}: removing the oldest saved version, {}", node_id_, version.version, dir_, oldest);
-    fs::remove(sidecar_of(oldest), ec);
-    fs::remove(oldest, ec);
+    std::vector<std::string> older;  // newest first
+    std::uint64_t older_bytes = 0;
+    for (const auto& [number, file] : files()) {
+      if (number == version.version) continue;
+      older.push_back(file);
+      for (const std::string& f : {file, sidecar_of(file)})
+        if (const auto size = fs::file_size(f, ec); !ec) older_bytes += size;
+    }
+    ec.clear();
+    const fs::space_info space = fs::space(dir_, ec);
+    const std::uint64_t needed = version.image.size() + (std::uint64_t{1} << 20);  // the header and the record besides
+    if (older.empty() || ec || space.available + older_bytes < needed) break;
+    spdlog::warn("{}: no room for version {} in {}: removing the oldest saved version, {}", node_id_, version.version, dir_, older.back());
+    fs::remove(sidecar_of(older.back()), ec);
+    fs::remove(older.back(), ec);
   }
   DC_RETURN_IF_ERROR(written);
   nlohmann::json j = {{"version", version.version}, {"checksum", hex64(version.checksum)}, {"image_xxh3", hex64(hash64(version.image))}};

@@ -295,10 +295,11 @@ class Node {
   std::optional<Timestamp> timestamp_;
   SharedBytes timestamp_bytes_;
   std::uint64_t timestamp_issued_ms_ = 0;  // origin: when it last signed one
-  // A version this node refused from upstream (wrong key, replay): not asked for again while
-  // the parent offers nothing newer in that run.
+  // A version this node refused from upstream (wrong key, replay): not asked of that parent
+  // again while it offers nothing newer in that run.
   struct Refused {
-    RunId run;  // as the parent said
+    std::string endpoint;  // the parent that sent it
+    RunId run;             // as the parent said
     std::uint64_t version = 0;
   };
   std::optional<Refused> refused_;

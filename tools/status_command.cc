@@ -146,8 +146,12 @@ int run_status(const std::string& address) {
   std::string run = "?";
   if (auto it = m.find("deltacast_run"); it != m.end()) run = it->second.labels["run"];
   std::printf("\n  run %s", run.c_str());
-  std::printf("; untrusted manifests %.0f, old-run manifests %.0f, peers dropped %.0f", one("deltacast_untrusted_manifests_total"),
-              one("deltacast_stale_run_manifests_total"), one("deltacast_peers_dropped_total"));
+  std::printf("; untrusted manifests %.0f, old-run manifests %.0f, replays refused %.0f, stale parents %.0f, peers dropped %.0f",
+              one("deltacast_untrusted_manifests_total"), one("deltacast_stale_run_manifests_total"), one("deltacast_replays_refused_total"),
+              one("deltacast_stale_parents_total"), one("deltacast_peers_dropped_total"));
+  if (m.count("deltacast_timestamp_age_seconds")) std::printf(", newest timestamp statement %.1f s old", one("deltacast_timestamp_age_seconds"));
+  if (one("deltacast_origin_clock_behind_seconds") > 0)
+    std::printf("\n  this origin's clock was %.0f s behind its previous run's start when it started", one("deltacast_origin_clock_behind_seconds"));
   std::printf("\n  children %.0f, cache %.1f of %.1f MB\n", one("deltacast_children"), one("deltacast_cache_bytes") / 1e6,
               one("deltacast_cache_bytes_max") / 1e6);
   std::printf("  in %.1f MB, out %.1f MB; chunks in %.0f, forwarded %.0f, deferred (full queue) %.0f\n", one("deltacast_bytes_in_total") / 1e6,

@@ -8,6 +8,7 @@
 #               has room
 #   corrupt     a relay that corrupts every 3rd chunk; the worker refetches, never applies
 #   disk-for-one  a state dir with room for one version: each save removes the oldest first
+#   corrupt-failover  a signed worker whose first parent damages every chunk leaves it
 #   slow        a stopped worker does not delay its siblings, and catches up when resumed
 #   auth        CURVE everywhere; a worker without an allowed key gets nothing
 #   c-abi       a worker embedded through the C ABI (tests/runtime/c_worker_test.c), signed
@@ -26,7 +27,7 @@ crelay=${2:?$usage}
 cworker=${3:?$usage}
 shift 3
 tests=("$@")
-[ ${#tests[@]} -gt 0 ] || tests=(steady relay-kill late-join restart full-disk disk-for-one corrupt slow auth c-abi watch shards fleet-init trees)
+[ ${#tests[@]} -gt 0 ] || tests=(steady relay-kill late-join restart full-disk disk-for-one corrupt corrupt-failover slow auth c-abi watch shards fleet-init trees)
 tmp=$(mktemp -d)
 pids=()
 mounts=()  # tmpfs mounted by tests, under $tmp
@@ -257,6 +258,21 @@ test_corrupt() {
   grep -q "corrupted chunk" "$tmp/relay.log" || { echo "  the relay corrupted nothing"; ok=1; }
   grep -q "payload hash mismatch" "$tmp/origin.log" || { echo "  the ledger shows no rejected chunk"; ok=1; }
   result corrupt $ok
+}
+
+test_corrupt_failover() {
+  local ok=0 pub
+  # A relay that damages every chunk of signed versions: the worker must leave it for its
+  # second parent after corrupt_chunks_per_parent_max failures, not ask it again without end.
+  "$dc" keygen --sign -o "$tmp/cf-sign.key" >/dev/null
+  pub=$(sed -n 's/.*"public_key": "\([0-9a-f]*\)".*/\1/p' "$tmp/cf-sign.key")
+  start origin "$dc" publish --listen "$(ep 0)" --sign-key "$tmp/cf-sign.key" --linger-ms 60000 "${ckpts[@]}"
+  start relay "$crelay" bad-relay "$(ep 1)" "$(ep 0)" 1
+  start w1 "$dc" worker --id w1 --trust-key "$pub" --parent "$(ep 1)" --parent "$(ep 0)" --exit-after-version $versions
+  wait_for "$tmp/w1.log" "version $versions ready" 60 || { echo "  w1 did not reach version $versions"; ok=1; }
+  grep -q "failed their checksums or digests (corrupt_chunks_per_parent_max)" "$tmp/w1.log" || { echo "  w1 did not say why it left the relay"; ok=1; }
+  check_worker "$tmp/w1.log" || ok=1
+  result corrupt-failover $ok
 }
 
 test_slow() {

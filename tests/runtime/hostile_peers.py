@@ -27,6 +27,8 @@ something that fails if its protection is missing.
   many-partial-frames    120 connections that send most of an 8 MiB frame, stall and are closed
   relayed-need-flood     six children of a relay asking for missing versions, each within its limit
   wrong-trust-key        a worker whose trust key is not the publisher's
+  huge-forged-manifest   a million-chunk manifest signed in name by another key
+  metrics-scrapers       16 clients scraping an origin whose ledger holds 30,000 workers
 
 Usage: python3 hostile_peers.py path/to/deltacast [case...]
 Prints "PASS name" or "FAIL name: why" per case, then "N passed, M failed"; exits 1 on a failure.
@@ -47,6 +49,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 
@@ -1440,6 +1443,100 @@ def case_many_partial_frames(t):
     t.expect(relay.alive(), "the relay died")
 
 
+def case_huge_forged_manifest(t):
+    """A forged parent sends a worker that trusts a key a manifest of a million chunks, signed in name
+    by another key: refused from its header, before its tables are parsed (they end in a wrong
+    checksum, which a parser would report first)."""
+    s = shared()
+    key = os.path.join(t.dir, "sign.key")
+    pub = run_dc("keygen", "--sign", "-o", key).strip().split()[-1]
+    start_origin(t, port=1, extra=["--sign-key", key])
+    n = 1 << 20
+    content, payload = xxh3(b"content"), xxh3(b"payload")
+    digest = hashlib.blake2b(b"payload", digest_size=32).digest()
+    header = struct.pack("<IBBQQQQQB", 0x4D464344, 2, 1, 1, 0, n, int(time.time() * 1e6), 7, 1)
+    tables = varint(0) + varint(1) + string("w") + bytes([1]) + varint(1) + varint(n) + varint(0) + varint(n)
+    entry = varint(1) + varint(7) + struct.pack("<QQ", payload, content) + digest
+    checksum = xxh3(struct.pack("<Q", n) + struct.pack("<Q", content) * n) ^ 1  # wrong: only a parse finds out
+    manifest = header + tables + varint(n) + entry * n + struct.pack("<QQ", 0, checksum) + os.urandom(32) + os.urandom(64)
+    fake = t.sock(zmq.ROUTER)
+    fake.bind(t.ep(0))
+    w = t.start("worker", "worker", "--id", "w1", "--trust-key", pub, "--parent", t.ep(0), "--parent", t.ep(1))
+    t.require(wait_until(lambda: w.rss() is not None, 5), "the worker did not start")
+    time.sleep(0.5)
+    cpu0, rss0 = w.stat()
+    peak, served, t0 = rss0, 0, time.time()
+    while time.time() - t0 < 6.0:
+        if fake.poll(50):
+            frames = fake.recv_multipart()
+            if len(frames) >= 2 and parse_env(frames[1]).WhichOneof("body") == "hello":
+                fake.send_multipart([frames[0], m_welcome(1)])
+                fake.send_multipart([frames[0], m_manifest(1, True, published_us=int(time.time() * 1e6)), manifest])
+                served += 1
+        peak = max(peak, w.rss() or 0)
+    cpu = (w.cpu() or cpu0) - cpu0
+    t.note("a %.0f MB manifest of %d chunks served %d times: worker CPU %.2f s in 6 s, RSS %.0f MB at start, peak %.0f MB" %
+           (len(manifest) / 1e6, n, served, cpu, rss0 / 1e6, peak / 1e6))
+    t.require(served > 0, "the worker never said Hello to the forged parent")
+    t.expect(re.search(r"manifest of v1 is signed by key [0-9a-f]+, which this node does not trust", w.log()) is not None,
+             "the worker did not refuse the manifest for its signer (it parsed the tables first?)")
+    t.expect(re.search(r"manifest of v1/anchor: .*checksum", w.log()) is None, "the worker parsed the forged manifest's tables")
+    t.expect(cpu < 1.5, "the worker spent %.2f s of CPU on a forged manifest" % cpu)
+    t.expect(peak < rss0 + (400 << 20), "the forged manifest took the worker from %.0f to %.0f MB" % (rss0 / 1e6, peak / 1e6))
+    t.expect(w.wait_log(r"version 4 ready", 30) is not None, "the worker did not get version 4 from the real origin")
+    check_versions(t, w, 4, s["expected"])
+
+
+def case_metrics_scrapers(t):
+    """Three children that relay fill the ledger with 30,000 workers; 16 clients scrape /metrics
+    over and over for 8 s: the origin's loop must go on answering its children."""
+    origin = published_origin(t)
+    for k in range(3):
+        filler = t.sock(zmq.DEALER, SNDTIMEO=5000)
+        filler.connect(t.ep(0))
+        filler.send(m_hello("filler-%d" % k, role=0, serves=True))
+        drain(filler, 0.2)
+        for i in range(10000):
+            filler.send(m_ready("w-%d-%05d-%s" % (k, i, "x" * 60), 0, error="a last error of some length " * 3))
+            if i % 1000 == 0:
+                drain(filler, 0.01)
+    probe = t.sock(zmq.DEALER)
+    probe.connect(t.ep(0))
+    probe.send(m_hello("probe", role=1, have=4, resume=True, run=origin_run(t)))
+    drain(probe, 0.5)
+    body, took, _ = metrics(t.port(1), timeout=30)
+    stop, sizes = [False], []
+
+    def scrape():
+        while not stop[0]:
+            try:
+                b, _, _ = metrics(t.port(1), timeout=30)
+                sizes.append(len(b))
+            except OSError:
+                pass
+
+    threads = [threading.Thread(target=scrape) for _ in range(16)]
+    for th in threads:
+        th.start()
+    gaps, last, t0 = [], time.time(), time.time()
+    while time.time() - t0 < 8.0:
+        if probe.poll(100):
+            for f in [probe.recv_multipart()]:
+                if parse_env(f[0]).WhichOneof("body") == "heartbeat":
+                    now = time.time()
+                    gaps.append(now - last)
+                    last = now
+    stop[0] = True
+    for th in threads:
+        th.join()
+    worst = max(gaps) if gaps else None
+    t.note("ledger report %.1f MB in %.2f s; %d scrapes by 16 clients in 8 s; the origin's heartbeats to a child at most %.2f s apart" %
+           (len(body) / 1e6, took, len(sizes), worst or -1))
+    t.expect(worst is not None and worst < 1.0, "the origin's loop stalled: heartbeats %.2f s apart" % (worst or -1))
+    t.expect(re.search(r"the event loop stalled", origin.log()) is None, "the origin logged a stalled loop")
+    t.expect(origin.alive(), "the origin died")
+
+
 def case_idle_connections(t):
     """300 TCP connections to a relay that never speak; a real worker joins meanwhile."""
     s = shared()
@@ -1631,6 +1728,8 @@ CASES = [
     ("many-partial-frames", case_many_partial_frames),
     ("relayed-need-flood", case_relayed_need_flood),
     ("wrong-trust-key", case_wrong_trust_key),
+    ("huge-forged-manifest", case_huge_forged_manifest),
+    ("metrics-scrapers", case_metrics_scrapers),
 ]
 
 

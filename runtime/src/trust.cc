@@ -50,6 +50,16 @@ Result<SigningKey> parse_signing_key(const std::string& secret_hex) {
   DC_RETURN_IF_ERROR(parse_hex(secret_hex, k.secret, "an Ed25519 secret key"));
   ensure_sodium();
   crypto_sign_ed25519_sk_to_pk(k.public_key.data(), k.secret.data());
+  // The last 32 bytes are the public key of the seed in the first 32: a key whose halves
+  // disagree would sign with one key and name another.
+  std::array<std::uint8_t, 32> seed{};
+  PublicKey derived{};
+  std::array<std::uint8_t, 64> again{};
+  crypto_sign_ed25519_sk_to_seed(seed.data(), k.secret.data());
+  crypto_sign_ed25519_seed_keypair(derived.data(), again.data(), seed.data());
+  sodium_memzero(again.data(), again.size());
+  sodium_memzero(seed.data(), seed.size());
+  if (derived != k.public_key) return Status::invalid_argument("an Ed25519 secret key whose last 32 bytes are not the public key of its seed");
   return k;
 }
 
@@ -136,8 +146,8 @@ Result<Timestamp> parse_timestamp(ByteSpan bytes) {
   Timestamp t;
   ByteSpan signer, signature;
   if (!r.u32(magic) || magic != kTimestampMagic) return Status::corruption("not a timestamp statement (bad magic)");
-  if (!r.u8(format) || format != kTimestampFormat)
-    return Status::corruption("timestamp statement format " + std::to_string(format) + ", this build reads 1");
+  if (!r.u8(format)) return Status::corruption("timestamp statement truncated");
+  if (format != kTimestampFormat) return Status::unsupported("timestamp statement format " + std::to_string(format) + ", this build reads 1");
   if (!r.u64(t.run.started_us) || !r.u64(t.run.nonce) || !r.u64(t.newest_version) || !r.u64(t.issued_us) ||
       !r.bytes(t.signer.size(), signer) || !r.bytes(t.signature.size(), signature))
     return Status::corruption("timestamp statement truncated");

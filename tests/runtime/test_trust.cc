@@ -814,4 +814,12 @@ TEST_CASE("the timestamp statement of docs/FORMAT.md is signed and read byte for
   Timestamp none = t;
   none.run = {};
   CHECK(parse_timestamp(sign_timestamp(none, *key)).status().code() == StatusCode::kCorruption);  // a run of (0, 0)
+  Bytes newer = bytes;
+  newer[4] = 2;
+  CHECK(parse_timestamp(newer).status().code() == StatusCode::kUnsupported);  // a newer format: not damage
+  // A secret key whose second half is not its seed's public key is refused.
+  CHECK(parse_signing_key("0102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f20"
+                          "79b5562e8fe654f94078b112e8a98ba7901f853ae695bed7e0e3910bad049665")
+            .status()
+            .code() == StatusCode::kInvalidArgument);
 }

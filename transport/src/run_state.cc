@@ -32,7 +32,7 @@ std::string default_run_state_path(const runtime::PublicKey& key) {
   std::filesystem::path base;
   if (const char* state = std::getenv("XDG_STATE_HOME"); state && *state) base = state;
   else if (const char* home = std::getenv("HOME"); home && *home) base = std::filesystem::path(home) / ".local" / "state";
-  else base = "/tmp";
+  else return "";  // nowhere private: the caller must name one (a shared /tmp could be planted)
   return (base / "deltacast" / (runtime::to_hex(key) + ".run")).string();
 }
 

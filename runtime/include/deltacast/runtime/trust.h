@@ -28,6 +28,7 @@ SigningKey make_signing_key();
 // Hex text of keys, as key files and configs hold them (64 hex digits for a public key).
 std::string to_hex(std::span<const std::uint8_t> bytes);
 Result<PublicKey> parse_public_key(const std::string& hex);
+// InvalidArgument unless 128 hex digits whose last 32 bytes are the public key of the seed in the first.
 Result<SigningKey> parse_signing_key(const std::string& secret_hex);
 
 PayloadDigest payload_digest(ByteSpan payload);
@@ -69,8 +70,8 @@ struct Timestamp {
 inline constexpr std::size_t kTimestampBytes = 133;
 // Signs `t` (setting signer and signature) and returns its 133 bytes.
 Bytes sign_timestamp(Timestamp& t, const SigningKey& key);
-// Reads a statement's fields; Corruption for anything but 133 bytes of format 1. Does not check
-// the signature.
+// Reads a statement's fields; Unsupported for a format other than 1, Corruption for anything
+// else but 133 well-formed bytes. Does not check the signature.
 Result<Timestamp> parse_timestamp(ByteSpan bytes);
 // Checks that `bytes` (whose parse is `parsed`) is signed by one of `trusted`.
 Status verify_timestamp(ByteSpan bytes, const Timestamp& parsed, const std::vector<PublicKey>& trusted);

@@ -30,7 +30,8 @@ Result<RunStart> next_run_start(const std::string& path, const runtime::PublicKe
 // The run state file of a signing key file: "<key file>.run".
 std::string run_state_path_for(const std::string& key_file);
 // The run state file of a key given without a file (its hex text):
-// "$XDG_STATE_HOME/deltacast/<public key hex>.run", or under ~/.local/state without it.
+// "$XDG_STATE_HOME/deltacast/<public key hex>.run", or under ~/.local/state without it; empty
+// with neither variable set (no private place: the caller names one).
 std::string default_run_state_path(const runtime::PublicKey& key);
 
 }  // namespace deltacast::transport

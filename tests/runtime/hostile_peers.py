@@ -1013,7 +1013,9 @@ def case_origin_clock_behind(t):
     first.kill()
     behind = Proc("origin-behind", ["faketime", "-f", "-60s", DC, "publish", "--listen", t.ep(0), "--linger-ms", "600000",
                                     "--sign-key", key, "--metrics", "127.0.0.1:%d" % t.port(1)] + s["ckpts"], t.dir,
-                  env=dict(os.environ, FAKETIME_DONT_FAKE_MONOTONIC="1"))
+                  # An ASan build wants its runtime first; libfaketime's preload comes before it.
+                  env=dict(os.environ, FAKETIME_DONT_FAKE_MONOTONIC="1",
+                           ASAN_OPTIONS=":".join(filter(None, [os.environ.get("ASAN_OPTIONS"), "verify_asan_link_order=0"]))))
     t.procs.append(behind)
     t.require(wait_until(lambda: listening(t.port(0)), 20), "the origin on a slow clock did not start: " + behind.log()[-300:])
     m = behind.wait_log(r"this host's clock is (\d+) s behind the start of the previous run", 10)
@@ -1515,24 +1517,31 @@ def case_metrics_scrapers(t):
             except OSError:
                 pass
 
-    threads = [threading.Thread(target=scrape) for _ in range(16)]
-    for th in threads:
-        th.start()
-    gaps, last, t0 = [], time.time(), time.time()
-    while time.time() - t0 < 8.0:
-        if probe.poll(100):
-            for f in [probe.recv_multipart()]:
+    def heartbeat_gaps(seconds):
+        gaps, last, t0 = [], time.time(), time.time()
+        while time.time() - t0 < seconds:
+            if probe.poll(100):
+                f = probe.recv_multipart()
                 if parse_env(f[0]).WhichOneof("body") == "heartbeat":
                     now = time.time()
                     gaps.append(now - last)
                     last = now
+        return gaps
+
+    # What this host gives without scrapers (a sanitizer build, a loaded machine), first.
+    quiet = max(heartbeat_gaps(3.0) or [0.0])
+    threads = [threading.Thread(target=scrape) for _ in range(16)]
+    for th in threads:
+        th.start()
+    gaps = heartbeat_gaps(8.0)
     stop[0] = True
     for th in threads:
         th.join()
     worst = max(gaps) if gaps else None
-    t.note("ledger report %.1f MB in %.2f s; %d scrapes by 16 clients in 8 s; the origin's heartbeats to a child at most %.2f s apart" %
-           (len(body) / 1e6, took, len(sizes), worst or -1))
-    t.expect(worst is not None and worst < 1.0, "the origin's loop stalled: heartbeats %.2f s apart" % (worst or -1))
+    t.note("ledger report %.1f MB in %.2f s; %d scrapes by 16 clients in 8 s; the origin's heartbeats to a child at most %.2f s apart "
+           "(%.2f s without scrapers)" % (len(body) / 1e6, took, len(sizes), worst or -1, quiet))
+    t.expect(worst is not None and worst < quiet + 0.6, "the origin's loop stalled: heartbeats %.2f s apart (%.2f s without scrapers)" %
+             (worst or -1, quiet))
     t.expect(re.search(r"the event loop stalled", origin.log()) is None, "the origin logged a stalled loop")
     t.expect(origin.alive(), "the origin died")
 

@@ -9,7 +9,8 @@ struct MetricsServer::Client {
   uv_tcp_t tcp{};
   uv_timer_t deadline{};
   std::string request;
-  std::string response;
+  std::string response;                      // status line and headers
+  std::shared_ptr<const std::string> body;  // the report, shared with other clients
   uv_write_t write{};
   MetricsServer* server = nullptr;
   int open_handles = 2;
@@ -33,7 +34,11 @@ void MetricsServer::close_client(Client* c) {
 void MetricsServer::respond(Client* c) {
   uv_read_stop(reinterpret_cast<uv_stream_t*>(&c->tcp));
   if (c->request.rfind("GET /metrics", 0) != 0) {
-    send(c, "not found: try /metrics\n", false);
+    send(c, std::make_shared<const std::string>("not found: try /metrics\n"), false);
+    return;
+  }
+  if (report_ && uv_now(loop_) - report_ms_ < kReportReuseMs) {
+    send(c, report_, true);
     return;
   }
   waiting_.insert(c);
@@ -46,22 +51,28 @@ void MetricsServer::respond(Client* c) {
 
 void MetricsServer::on_rendered(std::string body) {
   rendering_ = false;
+  report_ = std::make_shared<const std::string>(std::move(body));
+  report_ms_ = uv_now(loop_);
   std::set<Client*> clients;
   clients.swap(waiting_);
-  for (Client* c : clients) send(c, body, true);
+  for (Client* c : clients) send(c, report_, true);
 }
 
-void MetricsServer::send(Client* c, std::string body, bool found) {
+void MetricsServer::send(Client* c, std::shared_ptr<const std::string> body, bool found) {
   const char* status_line = found ? "HTTP/1.0 200 OK\r\n" : "HTTP/1.0 404 Not Found\r\n";
-  if (body.size() > limits_.response_bytes_max) {
-    body = "the report is larger than metrics_response_bytes_max (" + std::to_string(limits_.response_bytes_max) + " bytes)\n";
+  if (body->size() > limits_.response_bytes_max) {
+    body = std::make_shared<const std::string>("the report is larger than metrics_response_bytes_max (" +
+                                                std::to_string(limits_.response_bytes_max) + " bytes)\n");
     status_line = "HTTP/1.0 503 Service Unavailable\r\n";
   }
-  c->response = std::string(status_line) + "Content-Type: text/plain; version=0.0.4\r\nContent-Length: " + std::to_string(body.size()) +
-                "\r\nConnection: close\r\n\r\n" + body;
-  uv_buf_t buf = uv_buf_init(c->response.data(), static_cast<unsigned>(c->response.size()));
+  // The report itself is shared by every client it goes to, held until its write is done.
+  c->response = std::string(status_line) + "Content-Type: text/plain; version=0.0.4\r\nContent-Length: " + std::to_string(body->size()) +
+                "\r\nConnection: close\r\n\r\n";
+  c->body = std::move(body);
+  uv_buf_t bufs[2] = {uv_buf_init(c->response.data(), static_cast<unsigned>(c->response.size())),
+                      uv_buf_init(const_cast<char*>(c->body->data()), static_cast<unsigned>(c->body->size()))};
   c->write.data = c;
-  uv_write(&c->write, reinterpret_cast<uv_stream_t*>(&c->tcp), &buf, 1, [](uv_write_t* w, int) { close_client(static_cast<Client*>(w->data)); });
+  uv_write(&c->write, reinterpret_cast<uv_stream_t*>(&c->tcp), bufs, 2, [](uv_write_t* w, int) { close_client(static_cast<Client*>(w->data)); });
 }
 
 void MetricsServer::accept(uv_stream_t* server) {

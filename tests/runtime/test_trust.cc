@@ -55,6 +55,18 @@ RogueChild attach(FakeNet& net, const std::string& name, const std::string& pare
   return c;
 }
 
+// A trainer shard publisher: slice `index` of `count`, signed by `key`, its own process run `own`.
+NodeConfig shard_in(const std::string& id, std::uint32_t index, std::uint32_t count, std::shared_ptr<const SigningKey> key, const RunId& own) {
+  NodeConfig c;
+  c.node_id = id;
+  c.parents = {"origin"};
+  c.shard_index = index;
+  c.shard_count = count;
+  c.sign_key = std::move(key);
+  c.run = own;
+  return c;
+}
+
 void publish_run(Node& origin, const Series& s, std::uint64_t up_to) {
   REQUIRE(origin.publish(s.anchor(1)).is_ok());
   for (std::uint64_t v = 2; v <= up_to; ++v) REQUIRE(origin.publish(s.delta(v)).is_ok());
@@ -280,15 +292,7 @@ TEST_CASE("an origin merging shards accepts only slices signed by its shard keys
   NodeConfig wc = worker_config("w", {"origin"});
   wc.trust_keys = {origin_key->public_key};
   Node& w = net.add(wc);
-  auto shard = [&](const std::string& id, std::shared_ptr<const SigningKey> key) -> Node& {
-    NodeConfig c;
-    c.node_id = id;
-    c.parents = {"origin"};
-    c.shard_index = 0;
-    c.shard_count = 1;
-    c.sign_key = std::move(key);
-    return net.add(c);
-  };
+  auto shard = [&](const std::string& id, std::shared_ptr<const SigningKey> key) -> Node& { return net.add(shard_in(id, 0, 1, std::move(key), {})); };
   Node& intruder = shard("intruder", intruder_key);
   net.run_for(500);
   REQUIRE(intruder.publish(s.anchor(1)).is_ok());
@@ -639,21 +643,6 @@ TEST_CASE("a worker restored from disk exposes its version once a fresh statemen
 }
 
 // ---- shard slices bound to their shard and run ------------------------------------------------
-
-namespace {
-
-NodeConfig shard_in(const std::string& id, std::uint32_t index, std::uint32_t count, std::shared_ptr<const SigningKey> key, const RunId& own) {
-  NodeConfig c;
-  c.node_id = id;
-  c.parents = {"origin"};
-  c.shard_index = index;
-  c.shard_count = count;
-  c.sign_key = std::move(key);
-  c.run = own;
-  return c;
-}
-
-}  // namespace
 
 TEST_CASE("an origin merges a slice only if its shard's own key signed it, in the run it merges", "[runtime][trust][shards]") {
   Series s(2, 4);

@@ -12,16 +12,33 @@ bool valid_node_id(const std::string& id) {
 std::string to_string(const VersionKey& key) { return "v" + std::to_string(key.version) + (key.anchor ? "/anchor" : ""); }
 
 const char* message_name(const Message& m) {
-  static constexpr const char* kNames[] = {"hello", "welcome", "refuse", "manifest", "chunk", "need", "ready", "heartbeat", "leave"};
-  return kNames[m.index()];
+  return visit_message(m, Overloaded{
+                              [](const Hello&) { return "hello"; },
+                              [](const Welcome&) { return "welcome"; },
+                              [](const Refuse&) { return "refuse"; },
+                              [](const ManifestMsg&) { return "manifest"; },
+                              [](const ChunkMsg&) { return "chunk"; },
+                              [](const Need&) { return "need"; },
+                              [](const Ready&) { return "ready"; },
+                              [](const Heartbeat&) { return "heartbeat"; },
+                              [](const Leave&) { return "leave"; },
+                          });
 }
 
 std::uint64_t message_bytes(const Message& m) {
   constexpr std::uint64_t kHeaderBytes = 64;
-  if (const auto* c = std::get_if<ChunkMsg>(&m)) return kHeaderBytes + (c->payload ? c->payload->size() : 0);
-  if (const auto* mm = std::get_if<ManifestMsg>(&m)) return kHeaderBytes + (mm->manifest ? mm->manifest->size() : 0);
-  if (const auto* n = std::get_if<Need>(&m)) return kHeaderBytes + 4 * n->chunks.size();
-  return kHeaderBytes;
+  using Bytes = std::uint64_t;
+  return visit_message(m, Overloaded{
+                              [](const ChunkMsg& c) -> Bytes { return kHeaderBytes + (c.payload ? c.payload->size() : 0); },
+                              [](const ManifestMsg& mm) -> Bytes { return kHeaderBytes + (mm.manifest ? mm.manifest->size() : 0); },
+                              [](const Need& n) -> Bytes { return kHeaderBytes + 4 * n.chunks.size(); },
+                              [](const Hello&) -> Bytes { return kHeaderBytes; },
+                              [](const Welcome&) -> Bytes { return kHeaderBytes; },
+                              [](const Refuse&) -> Bytes { return kHeaderBytes; },
+                              [](const Ready&) -> Bytes { return kHeaderBytes; },
+                              [](const Heartbeat&) -> Bytes { return kHeaderBytes; },
+                              [](const Leave&) -> Bytes { return kHeaderBytes; },
+                          });
 }
 
 }  // namespace deltacast::runtime

@@ -376,32 +376,39 @@ void Node::on_welcome(UpstreamLink& link, const Welcome& w) {
 }
 
 void Node::handle_parent(UpstreamLink& link, const Message& m) {
-  if (const auto* w = std::get_if<Welcome>(&m)) {
-    on_welcome(link, *w);
-  } else if (const auto* refuse = std::get_if<Refuse>(&m)) {
-    ctx_->set_error("parent " + link.endpoint() + " refused us: " + refuse->reason);
-    link.give_up();
-    if (refuse->id_taken) {
-      // No parent takes a node whose id another live process holds: stop asking.
-      ctx_->log(LogLevel::kError, ctx_->last_error());
-      for (const auto& l : upstreams_) l->give_up();
-      std::lock_guard lock(refusal_mu_);
-      refusal_ = ctx_->last_error();
-    }
-  } else if (const auto* manifest = std::get_if<ManifestMsg>(&m)) {
-    on_manifest(link.parent(), *manifest);
-  } else if (const auto* chunk = std::get_if<ChunkMsg>(&m)) {
-    on_chunk(link.parent(), *chunk);
-  } else if (const auto* hb = std::get_if<Heartbeat>(&m)) {
-    if (!on_timestamp(link, hb->timestamp)) return;
-    if (on_parent_newest(link, hb->newest_version, hb->run) && shard_out_) shard_out_->release(parent_newest_);
-  } else if (const auto* need = std::get_if<Need>(&m)) {
-    // The origin asks a trainer shard for an anchor, or for (part of) a slice again.
-    if (shard_out_ && shard_out_->on_need(*need) && on_anchor_wanted_) on_anchor_wanted_();
-  } else if (const auto* leave = std::get_if<Leave>(&m)) {
-    // The parent is going away: move to the next one now, keeping what is here.
-    ctx_->set_error("parent " + leave->node_id + " left: " + leave->reason);
-    link.next();
+  visit_message(m, Overloaded{
+                       [&](const Welcome& w) { on_welcome(link, w); },
+                       [&](const Refuse& refuse) { on_refuse(link, refuse); },
+                       [&](const ManifestMsg& manifest) { on_manifest(link.parent(), manifest); },
+                       [&](const ChunkMsg& chunk) { on_chunk(link.parent(), chunk); },
+                       [&](const Heartbeat& hb) {
+                         if (!on_timestamp(link, hb.timestamp)) return;
+                         if (on_parent_newest(link, hb.newest_version, hb.run) && shard_out_) shard_out_->release(parent_newest_);
+                       },
+                       [&](const Need& need) {
+                         // The origin asks a trainer shard for an anchor, or for (part of) a slice again.
+                         if (shard_out_ && shard_out_->on_need(need) && on_anchor_wanted_) on_anchor_wanted_();
+                       },
+                       [&](const Leave& leave) {
+                         // The parent is going away: move to the next one now, keeping what is here.
+                         ctx_->set_error("parent " + leave.node_id + " left: " + leave.reason);
+                         link.next();
+                       },
+                       // A child's messages: a parent has no cause to send them.
+                       [](const Hello&) {},
+                       [](const Ready&) {},
+                   });
+}
+
+void Node::on_refuse(UpstreamLink& link, const Refuse& refuse) {
+  ctx_->set_error("parent " + link.endpoint() + " refused us: " + refuse.reason);
+  link.give_up();
+  if (refuse.id_taken) {
+    // No parent takes a node whose id another live process holds: stop asking.
+    ctx_->log(LogLevel::kError, ctx_->last_error());
+    for (const auto& l : upstreams_) l->give_up();
+    std::lock_guard lock(refusal_mu_);
+    refusal_ = ctx_->last_error();
   }
 }
 
@@ -853,17 +860,26 @@ void Node::handle_child(PeerId from, const Message& m) {
   ChildServer::Child* child = children_->find(from);
   if (!child) return;  // not a child: it must say Hello first
   child->last_heard_ms = ctx_->now_ms();
-  if (const auto* leave = std::get_if<Leave>(&m)) on_leave_message(from, *leave);
-  else if (const auto* need = std::get_if<Need>(&m)) children_->on_need(from, *child, *need);
-  else if (const auto* ready = std::get_if<Ready>(&m)) on_ready_message(from, *ready);
-  else if (child->role == Role::kPublisher && shard_in_) {
-    if (const auto* mm = std::get_if<ManifestMsg>(&m)) {
-      const bool merged = mm->key.version <= cache_.newest_version() && cache_.find(mm->key);
-      if (Status st = shard_in_->on_manifest(from, *mm, merged, child->run); !st.is_ok()) drop_peer(from, st.message());
-    } else if (const auto* c = std::get_if<ChunkMsg>(&m)) {
-      on_shard_chunk(from, *c);
-    }
-  }
+  const bool from_shard = child->role == Role::kPublisher && shard_in_;
+  visit_message(m, Overloaded{
+                       [&](const Leave& leave) { on_leave_message(from, leave); },
+                       [&](const Need& need) { children_->on_need(from, *child, need); },
+                       [&](const Ready& ready) { on_ready_message(from, ready); },
+                       // A trainer shard's slice of a version.
+                       [&](const ManifestMsg& mm) {
+                         if (!from_shard) return;
+                         const bool merged = mm.key.version <= cache_.newest_version() && cache_.find(mm.key);
+                         if (Status st = shard_in_->on_manifest(from, mm, merged, child->run); !st.is_ok()) drop_peer(from, st.message());
+                       },
+                       [&](const ChunkMsg& c) {
+                         if (from_shard) on_shard_chunk(from, c);
+                       },
+                       // Hello went to the child server (on_message); the rest are a parent's messages.
+                       [](const Hello&) {},
+                       [](const Welcome&) {},
+                       [](const Refuse&) {},
+                       [](const Heartbeat&) {},
+                   });
 }
 
 void Node::on_shard_chunk(PeerId from, const ChunkMsg& m) {

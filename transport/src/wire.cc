@@ -75,6 +75,243 @@ Status check_node_id(const std::string& id) {
   return Status::ok();
 }
 
+// One specialisation per message type: its Envelope body, how it is written and read, and its
+// payload frame. A type of Message without one stops this file from compiling.
+template <class T>
+struct Body {
+  static_assert(sizeof(T) == 0, "deltacast: a message type has no wire body (transport/src/wire.cc)");
+};
+using NoPayload = std::nullptr_t;
+
+template <>
+struct Body<Hello> {
+  static constexpr auto kCase = wire::Envelope::kHello;
+  static constexpr NoPayload kPayload = nullptr;
+  static void encode(const Hello& m, const LinkFields& fields, wire::Envelope& env) {
+    env.set_protocol_version(m.protocol_version);
+    auto* h = env.mutable_hello();
+    h->set_node_id(m.node_id);
+    h->set_role(static_cast<std::uint32_t>(m.role));
+    h->set_have_version(m.have_version);
+    h->set_resume(m.resume);
+    set_run(h->mutable_run(), m.run);
+    h->set_serves_children(m.serves_children);
+    h->set_link(fields.link);
+    h->set_stripes(fields.stripes);
+    if (m.trees > 1) {
+      h->set_tree(m.tree);
+      h->set_trees(m.trees);
+    }
+    h->set_instance(m.instance);
+    h->set_workers_below_max(m.workers_below_max);
+  }
+  // Parsed whatever the peer's protocol version, carrying it, so the node can refuse the peer
+  // with a reason.
+  static Result<Hello> decode(wire::Envelope& env, SharedBytes) {
+    Hello h;
+    h.protocol_version = env.protocol_version();
+    h.node_id = env.hello().node_id();
+    if (env.hello().role() > static_cast<std::uint32_t>(Role::kPublisher)) return Status::corruption("unknown role");
+    h.role = static_cast<Role>(env.hello().role());
+    h.have_version = env.hello().have_version();
+    h.resume = env.hello().resume();
+    h.run = get_run(env.hello().run());
+    h.serves_children = env.hello().serves_children();
+    h.trees = std::max<std::uint32_t>(1, env.hello().trees());
+    h.tree = env.hello().tree();
+    h.instance = env.hello().instance();
+    h.workers_below_max = env.hello().workers_below_max();
+    if (!valid_tree(h.tree, h.trees))
+      return Status::corruption("tree " + std::to_string(h.tree) + " of " + std::to_string(h.trees) + " (at most " + std::to_string(kTreesMax) + " trees)");
+    DC_RETURN_IF_ERROR(check_node_id(h.node_id));
+    return h;
+  }
+};
+
+template <>
+struct Body<Welcome> {
+  static constexpr auto kCase = wire::Envelope::kWelcome;
+  static constexpr NoPayload kPayload = nullptr;
+  static void encode(const Welcome& m, const LinkFields&, wire::Envelope& env) {
+    env.mutable_welcome()->set_newest_version(m.newest_version);
+    set_run(env.mutable_welcome()->mutable_run(), m.run);
+    if (m.timestamp) env.mutable_welcome()->set_timestamp(m.timestamp->data(), m.timestamp->size());
+  }
+  static Result<Welcome> decode(wire::Envelope& env, SharedBytes) {
+    DC_ASSIGN_OR_RETURN(SharedBytes ts, get_timestamp(env.welcome().timestamp()));
+    return Welcome{env.welcome().newest_version(), get_run(env.welcome().run()), std::move(ts)};
+  }
+};
+
+template <>
+struct Body<Refuse> {
+  static constexpr auto kCase = wire::Envelope::kRefuse;
+  static constexpr NoPayload kPayload = nullptr;
+  static void encode(const Refuse& m, const LinkFields&, wire::Envelope& env) {
+    env.mutable_refuse()->set_reason(wire_text(m.reason, kReasonBytesMax));
+    env.mutable_refuse()->set_id_taken(m.id_taken);
+  }
+  static Result<Refuse> decode(wire::Envelope& env, SharedBytes) {
+    DC_RETURN_IF_ERROR(check_string(env.refuse().reason(), kReasonBytesMax, "refusal reason"));
+    return Refuse{env.refuse().reason(), env.refuse().id_taken()};
+  }
+};
+
+template <>
+struct Body<ManifestMsg> {
+  static constexpr auto kCase = wire::Envelope::kManifest;
+  static constexpr auto kPayload = &ManifestMsg::manifest;
+  static void encode(const ManifestMsg& m, const LinkFields&, wire::Envelope& env) {
+    auto* mm = env.mutable_manifest();
+    set_key(mm->mutable_key(), m.key);
+    mm->set_published_us(m.published_us);
+    mm->set_shard(m.shard);
+    mm->set_shards(m.shards);
+  }
+  static Result<ManifestMsg> decode(wire::Envelope& env, SharedBytes payload) {
+    const auto& mm = env.manifest();
+    if (mm.shards() > kShardsMax || (mm.shards() > 1 && mm.shard() >= mm.shards())) return Status::corruption("bad shard numbers");
+    return ManifestMsg{get_key(mm.key()), std::move(payload), mm.published_us(), mm.shard(), std::max<std::uint32_t>(1, mm.shards())};
+  }
+};
+
+template <>
+struct Body<ChunkMsg> {
+  static constexpr auto kCase = wire::Envelope::kChunk;
+  static constexpr auto kPayload = &ChunkMsg::payload;
+  static void encode(const ChunkMsg& m, const LinkFields&, wire::Envelope& env) {
+    auto* c = env.mutable_chunk();
+    set_key(c->mutable_key(), m.key);
+    c->set_index(m.index);
+    c->set_shard(m.shard);
+  }
+  static Result<ChunkMsg> decode(wire::Envelope& env, SharedBytes payload) {
+    return ChunkMsg{get_key(env.chunk().key()), env.chunk().index(), std::move(payload), env.chunk().shard()};
+  }
+};
+
+template <>
+struct Body<Need> {
+  static constexpr auto kCase = wire::Envelope::kNeed;
+  static constexpr NoPayload kPayload = nullptr;
+  static void encode(const Need& m, const LinkFields&, wire::Envelope& env) {
+    auto* n = env.mutable_need();
+    set_key(n->mutable_key(), m.key);
+    for (auto i : m.chunks) n->add_chunks(i);
+    n->set_want_anchor(m.want_anchor);
+    n->set_again(m.again);
+  }
+  static Result<Need> decode(wire::Envelope& env, SharedBytes) {
+    if (static_cast<std::size_t>(env.need().chunks_size()) > kNeedChunksMax) return Status::corruption("need lists too many chunks");
+    Need n;
+    n.key = get_key(env.need().key());
+    n.chunks.assign(env.need().chunks().begin(), env.need().chunks().end());
+    n.want_anchor = env.need().want_anchor();
+    n.again = env.need().again();
+    return n;
+  }
+};
+
+template <>
+struct Body<Ready> {
+  static constexpr auto kCase = wire::Envelope::kReady;
+  static constexpr NoPayload kPayload = nullptr;
+  static void encode(const Ready& m, const LinkFields&, wire::Envelope& env) {
+    auto* r = env.mutable_ready();
+    r->set_node_id(m.node_id);
+    r->set_version(m.version);
+    r->set_checksum(m.checksum);
+    r->set_publish_to_ready_ms(m.publish_to_ready_ms);
+    r->set_error(wire_text(m.error, kReasonBytesMax));
+    set_run(r->mutable_run(), m.run);
+    r->set_instance(m.instance);
+    r->set_id_taken(m.id_taken);
+    if (m.model.reported) {
+      r->set_model_reported(true);
+      r->set_model_version(m.model.version);
+      set_run(r->mutable_model_run(), m.model.run);
+      r->set_model_failed_version(m.model.failed_version);
+      set_run(r->mutable_model_failed_run(), m.model.failed_run);
+    }
+  }
+  static Result<Ready> decode(wire::Envelope& env, SharedBytes) {
+    const auto& r = env.ready();
+    DC_RETURN_IF_ERROR(check_node_id(r.node_id()));
+    DC_RETURN_IF_ERROR(check_string(r.error(), kReasonBytesMax, "error text"));
+    Ready ready{r.node_id(), r.version(), r.checksum(), r.publish_to_ready_ms(), r.error(), get_run(r.run()), r.instance(), {}, r.id_taken()};
+    if (r.model_reported())
+      ready.model = ModelState{true, r.model_version(), get_run(r.model_run()), r.model_failed_version(), get_run(r.model_failed_run())};
+    return ready;
+  }
+};
+
+template <>
+struct Body<Heartbeat> {
+  static constexpr auto kCase = wire::Envelope::kHeartbeat;
+  static constexpr NoPayload kPayload = nullptr;
+  static void encode(const Heartbeat& m, const LinkFields&, wire::Envelope& env) {
+    env.mutable_heartbeat()->set_newest_version(m.newest_version);
+    set_run(env.mutable_heartbeat()->mutable_run(), m.run);
+    if (m.timestamp) env.mutable_heartbeat()->set_timestamp(m.timestamp->data(), m.timestamp->size());
+  }
+  static Result<Heartbeat> decode(wire::Envelope& env, SharedBytes) {
+    DC_ASSIGN_OR_RETURN(SharedBytes ts, get_timestamp(env.heartbeat().timestamp()));
+    return Heartbeat{env.heartbeat().newest_version(), get_run(env.heartbeat().run()), std::move(ts)};
+  }
+};
+
+template <>
+struct Body<Leave> {
+  static constexpr auto kCase = wire::Envelope::kLeave;
+  static constexpr NoPayload kPayload = nullptr;
+  static void encode(const Leave& m, const LinkFields&, wire::Envelope& env) {
+    env.mutable_leave()->set_node_id(m.node_id);
+    env.mutable_leave()->set_reason(wire_text(m.reason, kReasonBytesMax));
+    env.mutable_leave()->set_moved(m.moved);
+  }
+  static Result<Leave> decode(wire::Envelope& env, SharedBytes) {
+    DC_RETURN_IF_ERROR(check_node_id(env.leave().node_id()));
+    DC_RETURN_IF_ERROR(check_string(env.leave().reason(), kReasonBytesMax, "leave reason"));
+    return Leave{env.leave().node_id(), env.leave().reason(), env.leave().moved()};
+  }
+};
+
+// The payload field of a message (a manifest's or a chunk's bytes), null for a type without one.
+template <class M>
+auto* payload_field(M& m) {
+  using T = std::remove_const_t<M>;
+  using Field = std::conditional_t<std::is_const_v<M>, const SharedBytes, SharedBytes>;
+  if constexpr (std::is_null_pointer_v<std::remove_const_t<decltype(Body<T>::kPayload)>>)
+    return static_cast<Field*>(nullptr);
+  else
+    return &(m.*Body<T>::kPayload);
+}
+
+// Whether messages with this body carry a payload frame.
+template <std::size_t I = 0>
+bool body_has_payload(wire::Envelope::BodyCase body) {
+  if constexpr (I == std::variant_size_v<Message>) {
+    return body == wire::Envelope::kPart;
+  } else {
+    using T = std::variant_alternative_t<I, Message>;
+    if (body == Body<T>::kCase) return !std::is_null_pointer_v<std::remove_const_t<decltype(Body<T>::kPayload)>>;
+    return body_has_payload<I + 1>(body);
+  }
+}
+
+// The message of the Envelope's body, through the Body of the type that has it.
+template <std::size_t I = 0>
+Result<Message> decode_body(wire::Envelope& env, SharedBytes payload) {
+  if constexpr (I == std::variant_size_v<Message>) {
+    return Status::corruption("message has no body");
+  } else {
+    using T = std::variant_alternative_t<I, Message>;
+    if (env.body_case() != Body<T>::kCase) return decode_body<I + 1>(env, std::move(payload));
+    DC_ASSIGN_OR_RETURN(T m, Body<T>::decode(env, std::move(payload)));
+    return Message{std::move(m)};
+  }
+}
+
 }  // namespace
 
 Frames encode_message(const Message& message, const LinkFields& fields) {
@@ -87,75 +324,8 @@ Frames encode_message(const Message& message, const LinkFields& fields) {
   std::visit(
       [&](const auto& m) {
         using T = std::decay_t<decltype(m)>;
-        if constexpr (std::is_same_v<T, Hello>) {
-          env.set_protocol_version(m.protocol_version);
-          auto* h = env.mutable_hello();
-          h->set_node_id(m.node_id);
-          h->set_role(static_cast<std::uint32_t>(m.role));
-          h->set_have_version(m.have_version);
-          h->set_resume(m.resume);
-          set_run(h->mutable_run(), m.run);
-          h->set_serves_children(m.serves_children);
-          h->set_link(fields.link);
-          h->set_stripes(fields.stripes);
-          if (m.trees > 1) {
-            h->set_tree(m.tree);
-            h->set_trees(m.trees);
-          }
-          h->set_instance(m.instance);
-          h->set_workers_below_max(m.workers_below_max);
-        } else if constexpr (std::is_same_v<T, Welcome>) {
-          env.mutable_welcome()->set_newest_version(m.newest_version);
-          set_run(env.mutable_welcome()->mutable_run(), m.run);
-          if (m.timestamp) env.mutable_welcome()->set_timestamp(m.timestamp->data(), m.timestamp->size());
-        } else if constexpr (std::is_same_v<T, Refuse>) {
-          env.mutable_refuse()->set_reason(wire_text(m.reason, kReasonBytesMax));
-          env.mutable_refuse()->set_id_taken(m.id_taken);
-        } else if constexpr (std::is_same_v<T, ManifestMsg>) {
-          auto* mm = env.mutable_manifest();
-          set_key(mm->mutable_key(), m.key);
-          mm->set_published_us(m.published_us);
-          mm->set_shard(m.shard);
-          mm->set_shards(m.shards);
-          f.payload = m.manifest;
-        } else if constexpr (std::is_same_v<T, ChunkMsg>) {
-          auto* c = env.mutable_chunk();
-          set_key(c->mutable_key(), m.key);
-          c->set_index(m.index);
-          c->set_shard(m.shard);
-          f.payload = m.payload;
-        } else if constexpr (std::is_same_v<T, Need>) {
-          auto* n = env.mutable_need();
-          set_key(n->mutable_key(), m.key);
-          for (auto i : m.chunks) n->add_chunks(i);
-          n->set_want_anchor(m.want_anchor);
-          n->set_again(m.again);
-        } else if constexpr (std::is_same_v<T, Ready>) {
-          auto* r = env.mutable_ready();
-          r->set_node_id(m.node_id);
-          r->set_version(m.version);
-          r->set_checksum(m.checksum);
-          r->set_publish_to_ready_ms(m.publish_to_ready_ms);
-          r->set_error(wire_text(m.error, kReasonBytesMax));
-          set_run(r->mutable_run(), m.run);
-          r->set_instance(m.instance);
-          r->set_id_taken(m.id_taken);
-          if (m.model.reported) {
-            r->set_model_reported(true);
-            r->set_model_version(m.model.version);
-            set_run(r->mutable_model_run(), m.model.run);
-            r->set_model_failed_version(m.model.failed_version);
-            set_run(r->mutable_model_failed_run(), m.model.failed_run);
-          }
-        } else if constexpr (std::is_same_v<T, Heartbeat>) {
-          env.mutable_heartbeat()->set_newest_version(m.newest_version);
-          set_run(env.mutable_heartbeat()->mutable_run(), m.run);
-          if (m.timestamp) env.mutable_heartbeat()->set_timestamp(m.timestamp->data(), m.timestamp->size());
-        } else if constexpr (std::is_same_v<T, Leave>) {
-          env.mutable_leave()->set_node_id(m.node_id);
-          env.mutable_leave()->set_reason(wire_text(m.reason, kReasonBytesMax));
-          env.mutable_leave()->set_moved(m.moved);
-        }
+        Body<T>::encode(m, fields, env);
+        if (const SharedBytes* payload = payload_field(m)) f.payload = *payload;
       },
       message);
   f.header = env.SerializeAsString();
@@ -178,9 +348,7 @@ class SliceBlob final : public runtime::Blob {
 }  // namespace
 
 const SharedBytes* payload_of(const Message& m) {
-  if (const auto* c = std::get_if<ChunkMsg>(&m)) return &c->payload;
-  if (const auto* mm = std::get_if<ManifestMsg>(&m)) return &mm->manifest;
-  return nullptr;
+  return std::visit([](const auto& msg) -> const SharedBytes* { return payload_field(msg); }, m);
 }
 
 std::size_t payload_bytes(const Message& m) {
@@ -189,15 +357,10 @@ std::size_t payload_bytes(const Message& m) {
 }
 
 bool set_payload(Message& m, SharedBytes payload) {
-  if (auto* c = std::get_if<ChunkMsg>(&m)) {
-    c->payload = std::move(payload);
-    return true;
-  }
-  if (auto* mm = std::get_if<ManifestMsg>(&m)) {
-    mm->manifest = std::move(payload);
-    return true;
-  }
-  return false;
+  SharedBytes* field = std::visit([](auto& msg) -> SharedBytes* { return payload_field(msg); }, m);
+  if (!field) return false;
+  *field = std::move(payload);
+  return true;
 }
 
 SharedBytes slice(const SharedBytes& whole, std::size_t offset, std::size_t bytes) { return std::make_shared<const SliceBlob>(whole, offset, bytes); }
@@ -232,84 +395,11 @@ Frames encode_stripe(std::uint64_t link, std::uint32_t index) {
   return Frames{env.SerializeAsString(), nullptr};
 }
 
-namespace {
-
-Result<Message> decode_body(wire::Envelope& env, SharedBytes payload) {
-  if (env.body_case() == wire::Envelope::kHello) {
-    Hello h;
-    h.protocol_version = env.protocol_version();
-    h.node_id = env.hello().node_id();
-    if (env.hello().role() > static_cast<std::uint32_t>(Role::kPublisher)) return Status::corruption("unknown role");
-    h.role = static_cast<Role>(env.hello().role());
-    h.have_version = env.hello().have_version();
-    h.resume = env.hello().resume();
-    h.run = get_run(env.hello().run());
-    h.serves_children = env.hello().serves_children();
-    h.trees = std::max<std::uint32_t>(1, env.hello().trees());
-    h.tree = env.hello().tree();
-    h.instance = env.hello().instance();
-    h.workers_below_max = env.hello().workers_below_max();
-    if (!valid_tree(h.tree, h.trees))
-      return Status::corruption("tree " + std::to_string(h.tree) + " of " + std::to_string(h.trees) + " (at most " + std::to_string(kTreesMax) + " trees)");
-    DC_RETURN_IF_ERROR(check_node_id(h.node_id));
-    return Message{h};
-  }
-  if (env.protocol_version() != kProtocolVersion)
-    return Status::unsupported("peer speaks protocol version " + std::to_string(env.protocol_version()) + ", this node " +
-                               std::to_string(kProtocolVersion));
-  switch (env.body_case()) {
-    case wire::Envelope::kWelcome: {
-      DC_ASSIGN_OR_RETURN(SharedBytes ts, get_timestamp(env.welcome().timestamp()));
-      return Message{Welcome{env.welcome().newest_version(), get_run(env.welcome().run()), std::move(ts)}};
-    }
-    case wire::Envelope::kRefuse:
-      DC_RETURN_IF_ERROR(check_string(env.refuse().reason(), kReasonBytesMax, "refusal reason"));
-      return Message{Refuse{env.refuse().reason(), env.refuse().id_taken()}};
-    case wire::Envelope::kManifest: {
-      const auto& mm = env.manifest();
-      if (mm.shards() > kShardsMax || (mm.shards() > 1 && mm.shard() >= mm.shards())) return Status::corruption("bad shard numbers");
-      return Message{ManifestMsg{get_key(mm.key()), std::move(payload), mm.published_us(), mm.shard(), std::max<std::uint32_t>(1, mm.shards())}};
-    }
-    case wire::Envelope::kChunk:
-      return Message{ChunkMsg{get_key(env.chunk().key()), env.chunk().index(), std::move(payload), env.chunk().shard()}};
-    case wire::Envelope::kNeed: {
-      if (static_cast<std::size_t>(env.need().chunks_size()) > kNeedChunksMax) return Status::corruption("need lists too many chunks");
-      Need n;
-      n.key = get_key(env.need().key());
-      n.chunks.assign(env.need().chunks().begin(), env.need().chunks().end());
-      n.want_anchor = env.need().want_anchor();
-      n.again = env.need().again();
-      return Message{std::move(n)};
-    }
-    case wire::Envelope::kReady: {
-      const auto& r = env.ready();
-      DC_RETURN_IF_ERROR(check_node_id(r.node_id()));
-      DC_RETURN_IF_ERROR(check_string(r.error(), kReasonBytesMax, "error text"));
-      Ready ready{r.node_id(), r.version(), r.checksum(), r.publish_to_ready_ms(), r.error(), get_run(r.run()), r.instance(), {}, r.id_taken()};
-      if (r.model_reported())
-        ready.model = ModelState{true, r.model_version(), get_run(r.model_run()), r.model_failed_version(), get_run(r.model_failed_run())};
-      return Message{std::move(ready)};
-    }
-    case wire::Envelope::kHeartbeat: {
-      DC_ASSIGN_OR_RETURN(SharedBytes ts, get_timestamp(env.heartbeat().timestamp()));
-      return Message{Heartbeat{env.heartbeat().newest_version(), get_run(env.heartbeat().run()), std::move(ts)}};
-    }
-    case wire::Envelope::kLeave:
-      DC_RETURN_IF_ERROR(check_node_id(env.leave().node_id()));
-      DC_RETURN_IF_ERROR(check_string(env.leave().reason(), kReasonBytesMax, "leave reason"));
-      return Message{Leave{env.leave().node_id(), env.leave().reason(), env.leave().moved()}};
-    default: return Status::corruption("message has no body");
-  }
-}
-
-}  // namespace
-
 Result<Decoded> decode_frames(const void* header, std::size_t header_bytes, SharedBytes payload) {
   if (header_bytes > kHeaderBytesMax) return Status::corruption("message header larger than " + std::to_string(kHeaderBytesMax) + " bytes");
   wire::Envelope env;
   if (!env.ParseFromArray(header, static_cast<int>(header_bytes))) return Status::corruption("message header is not a valid Envelope");
-  const bool has_payload =
-      env.body_case() == wire::Envelope::kManifest || env.body_case() == wire::Envelope::kChunk || env.body_case() == wire::Envelope::kPart;
+  const bool has_payload = body_has_payload(env.body_case());
   if (has_payload != static_cast<bool>(payload)) return Status::corruption("payload frame missing or unexpected");
   Decoded d;
   d.fields.stream = env.stream();
@@ -338,6 +428,9 @@ Result<Decoded> decode_frames(const void* header, std::size_t header_bytes, Shar
     if (d.fields.stripes > kStripesMax || (d.fields.stripes > 1 && d.fields.link == 0))
       return Status::corruption("Hello asks for more than " + std::to_string(kStripesMax) + " stripes, or stripes without a link");
   }
+  if (env.body_case() != wire::Envelope::kHello && env.protocol_version() != kProtocolVersion)
+    return Status::unsupported("peer speaks protocol version " + std::to_string(env.protocol_version()) + ", this node " +
+                               std::to_string(kProtocolVersion));
   auto m = decode_body(env, std::move(payload));
   if (!m.is_ok()) return m.status();
   d.message = std::move(m).value();

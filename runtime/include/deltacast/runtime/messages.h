@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
@@ -195,7 +196,46 @@ struct Leave {
   bool moved = false;
 };
 
-using Message = std::variant<Hello, Welcome, Refuse, ManifestMsg, ChunkMsg, Need, Ready, Heartbeat, Leave>;
+#ifdef DELTACAST_UNHANDLED_MESSAGE_TEST
+// Only in the negative compile test (tests/CMakeLists.txt, "unhandled message"): a message type
+// that nothing handles, which must stop every file that dispatches messages from compiling.
+struct UnhandledForTest {};
+#define DELTACAST_TEST_MESSAGE , UnhandledForTest
+#else
+#define DELTACAST_TEST_MESSAGE
+#endif
+using Message = std::variant<Hello, Welcome, Refuse, ManifestMsg, ChunkMsg, Need, Ready, Heartbeat, Leave DELTACAST_TEST_MESSAGE>;
+#undef DELTACAST_TEST_MESSAGE
+
+// Dispatch that cannot miss a message type. `visit_message(m, handler)` calls the handler's
+// overload for m's type. The handler must name every type of Message, and may not catch all (a
+// generic lambda, an `auto` parameter): so adding a type to Message stops every dispatch that
+// does not handle it from compiling, instead of it being dropped at run time.
+template <class... Fs>
+struct Overloaded : Fs... {
+  using Fs::operator()...;
+};
+template <class... Fs>
+Overloaded(Fs...) -> Overloaded<Fs...>;
+
+namespace detail {
+struct NotAMessage {};
+template <class Handler, class Arg, class Variant>
+struct HandlesAll;
+template <class Handler, class Arg, class... Ts>
+struct HandlesAll<Handler, Arg, std::variant<Ts...>>
+    : std::bool_constant<(std::is_invocable_v<Handler, std::conditional_t<std::is_const_v<Arg>, const Ts&, Ts&>> && ...)> {};
+}  // namespace detail
+
+template <class M, class Handler>
+decltype(auto) visit_message(M& message, Handler&& handler) {
+  static_assert(!std::is_invocable_v<Handler, const detail::NotAMessage&>,
+                "deltacast: a message handler must name each message type, not catch all");
+  constexpr bool kHandlesAll = detail::HandlesAll<Handler, M, std::remove_const_t<M>>::value;
+  static_assert(kHandlesAll, "deltacast: a message type has no handler");
+  if constexpr (kHandlesAll) return std::visit(std::forward<Handler>(handler), message);
+}
+
 const char* message_name(const Message& m);
 // Bytes a message occupies on a link (payloads and manifests; headers count as 64).
 std::uint64_t message_bytes(const Message& m);

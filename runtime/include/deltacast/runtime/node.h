@@ -164,6 +164,7 @@ class Node {
   // What the link of tree `tree` of `trees` says first.
   Hello make_hello(std::uint32_t tree, std::uint32_t trees) const;
   void handle_parent(UpstreamLink& link, const Message& m);
+  void on_refuse(UpstreamLink& link, const Refuse& refuse);
   void on_welcome(UpstreamLink& link, const Welcome& w);
   // A parent's newest version and run (Welcome, Heartbeat): bounded, and a newer run drops what
   // this node holds of the old one from its cache.

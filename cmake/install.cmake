@@ -1,7 +1,7 @@
 # What `cmake --install` puts under the prefix (docs/ARCHITECTURE.md, "Installed files"):
 #   bin/deltacast
 #   lib/<multiarch>/libdeltacast.so.0 (SONAME; the C ABI and the C++ API of the installed headers)
-#   include/deltacast/...           (the public headers of common, codec, io, runtime, transport)
+#   include/deltacast/...           (the public headers of common, codec, io, runtime, transport, embed)
 #   lib/<multiarch>/pkgconfig/deltacast.pc
 #   lib/<multiarch>/cmake/deltacast/ (find_package(deltacast): deltacast::deltacast)
 #   the Python package (python/CMakeLists.txt), the systemd units, the docs.
@@ -13,9 +13,9 @@ include(CMakePackageConfigHelpers)
 # with `#pragma GCC visibility push(default)`), the rest stays inside.
 # Their objects make the library; linking the archives too brings in their own dependencies
 # (ZeroMQ, libuv, Protobuf, libsodium, zstd, xxHash, spdlog), and nothing of the archives twice.
-set(DELTACAST_LIBRARY_LAYERS deltacast_transport deltacast_wire deltacast_wire_proto deltacast_runtime deltacast_io deltacast_codec
+set(DELTACAST_LIBRARY_LAYERS deltacast_embed deltacast_transport deltacast_wire deltacast_wire_proto deltacast_runtime deltacast_io deltacast_codec
     deltacast_common)
-add_library(deltacast_shared SHARED ${PROJECT_SOURCE_DIR}/transport/src/library.cc)
+add_library(deltacast_shared SHARED ${PROJECT_SOURCE_DIR}/embed/src/library.cc)
 foreach(layer ${DELTACAST_LIBRARY_LAYERS})
   target_sources(deltacast_shared PRIVATE $<TARGET_OBJECTS:${layer}>)
 endforeach()
@@ -31,7 +31,7 @@ target_link_options(deltacast_shared PRIVATE -Wl,--no-undefined -Wl,--as-needed)
 install(TARGETS deltacast RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT bin)
 install(TARGETS deltacast_shared EXPORT deltacast_targets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT lib NAMELINK_COMPONENT dev)
-foreach(layer common codec io runtime transport)
+foreach(layer common codec io runtime transport embed)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${layer}/include/deltacast DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT dev
           FILES_MATCHING PATTERN "*.h")
 endforeach()

@@ -21,8 +21,8 @@
 #include "deltacast/common/thread_pool.h"
 #include "deltacast/io/mapped_file.h"
 #include "deltacast/io/safetensors.h"
-#include "deltacast/transport/publisher.h"
-#include "deltacast/transport/worker.h"
+#include "deltacast/embed/publisher.h"
+#include "deltacast/embed/worker.h"
 #include "bench_series.h"
 #include "file_codec.h"
 #include "progress.h"
@@ -421,23 +421,23 @@ Result<std::vector<double>> publish_to_worker_runs(const BenchOptions& o, const 
   } restore{level};
   std::vector<double> secs;
   for (std::size_t r = 0; r < o.runs; ++r) {
-    transport::PublisherOptions po;
+    embed::PublisherOptions po;
     po.node.node_id = "origin";
     po.host.bind_endpoint = "tcp://127.0.0.1:*";
     po.encode.chunk_bytes = chunk_bytes;
     po.threads = 1;
-    DC_ASSIGN_OR_RETURN(auto pub, transport::Publisher::start(po));
-    transport::WorkerOptions wo;
+    DC_ASSIGN_OR_RETURN(auto pub, embed::Publisher::start(po));
+    embed::WorkerOptions wo;
     wo.node.node_id = "worker";
     wo.node.parents = {pub->host().bound_endpoint()};
     wo.node.in_place = in_place;
     wo.out_dir = dir + "/worker";
     wo.resume = false;
-    DC_ASSIGN_OR_RETURN(auto worker, transport::Worker::start(std::move(wo)));
-    const transport::VersionStore store(dir + "/worker", "worker");
+    DC_ASSIGN_OR_RETURN(auto worker, embed::Worker::start(std::move(wo)));
+    const embed::VersionStore store(dir + "/worker", "worker");
     for (std::size_t p = 0; p < files.size(); ++p) {
       const double t0 = process_cpu_s();
-      DC_ASSIGN_OR_RETURN(transport::Checkpoint next, transport::open_checkpoint(files[p]));
+      DC_ASSIGN_OR_RETURN(embed::Checkpoint next, embed::open_checkpoint(files[p]));
       DC_ASSIGN_OR_RETURN(const std::uint64_t version, pub->publish(std::move(next)));
       // Saved: its JSON record, written last (version_store.h).
       const std::string record = std::filesystem::path(store.path_of(version)).replace_extension(".json").string();

@@ -22,7 +22,7 @@
 #include "deltacast/runtime/trust.h"
 #include "deltacast/topology/plan.h"
 #include "deltacast/transport/host.h"
-#include "deltacast/transport/node_config.h"
+#include "deltacast/embed/node_config.h"
 
 namespace deltacast::tools {
 namespace {
@@ -258,7 +258,7 @@ Status run(const FleetInitOptions& o) {
   FleetFiles files{.plan = &plan, .worker_cache_size = o.worker_cache_size};
   if (!o.timing.empty()) {
     runtime::NodeConfig checked;
-    DC_RETURN_IF_ERROR(transport::apply_timing(o.timing, checked).with_context("--timing"));
+    DC_RETURN_IF_ERROR(embed::apply_timing(o.timing, checked).with_context("--timing"));
     files.timing = nlohmann::json::parse(o.timing);
   }
   DC_ASSIGN_OR_RETURN(files.listen, assign_endpoints(plan, endpoints, o.local_ports));

@@ -39,12 +39,12 @@ void add_node_options(CLI::App* sub, NodeOptions& o, bool worker) {
 }
 
 Result<LoadedNode> load_node_options(const NodeOptions& flags, bool worker) {
-  transport::NodeSettings s;  // file first, then flags on top
+  embed::NodeSettings s;  // file first, then flags on top
   if (!flags.config_path.empty()) {
-    DC_ASSIGN_OR_RETURN(s, transport::read_node_settings(flags.config_path));
+    DC_ASSIGN_OR_RETURN(s, embed::read_node_settings(flags.config_path));
   }
-  transport::overlay_node_settings(s, flags);
-  return transport::load_node(s, worker);
+  embed::overlay_node_settings(s, flags);
+  return embed::load_node(s, worker);
 }
 
 }  // namespace deltacast::tools

@@ -1,22 +1,22 @@
 // Node settings from command-line flags and an optional JSON config file (flags win); the file
-// and its checks are transport's (deltacast/transport/node_config.h, docs/RUNTIME.md).
+// and its checks are transport's (deltacast/embed/node_config.h, docs/RUNTIME.md).
 #pragma once
 
 #include <CLI/CLI.hpp>
 #include <string>
 #include <vector>
 
-#include "deltacast/transport/node_config.h"
+#include "deltacast/embed/node_config.h"
 
 namespace deltacast::tools {
 
-using transport::apply_log_level;
-using transport::LoadedNode;
-using transport::read_key_file;
-using transport::read_public_key;
-using transport::read_signing_key_file;
+using embed::apply_log_level;
+using embed::LoadedNode;
+using embed::read_key_file;
+using embed::read_public_key;
+using embed::read_signing_key_file;
 
-struct NodeOptions : transport::NodeSettings {
+struct NodeOptions : embed::NodeSettings {
   std::string config_path;
   // worker command
   std::string out_dir;

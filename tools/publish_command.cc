@@ -17,7 +17,7 @@
 #include "deltacast/io/mapped_file.h"
 #include "deltacast/runtime/trust.h"
 #include "deltacast/transport/host.h"
-#include "deltacast/transport/publisher.h"
+#include "deltacast/embed/publisher.h"
 #include "deltacast/common/units.h"
 #include "node_config.h"
 
@@ -46,16 +46,16 @@ struct PublishOptions {
   std::uint32_t expect_shards = 0;  // origin: merge versions from N trainer shards
 };
 
-std::atomic<transport::Publisher*> g_publisher{nullptr};
+std::atomic<embed::Publisher*> g_publisher{nullptr};
 
-void print_delivery(std::uint64_t version, const transport::Delivery& d, std::size_t wanted) {
+void print_delivery(std::uint64_t version, const embed::Delivery& d, std::size_t wanted) {
   std::printf("version %" PRIu64 ": ready on %zu/%zu workers, publish to ready: median %" PRIu64 " ms, slowest %" PRIu64 " ms\n", version,
               d.workers_ready, wanted, d.median_ms, d.max_ms);
   std::fflush(stdout);
 }
 
 // The publisher's options from the flags and the config file: an origin, or trainer shard I/N.
-Result<transport::PublisherOptions> publisher_options(PublishOptions& o) {
+Result<embed::PublisherOptions> publisher_options(PublishOptions& o) {
   const bool shard_mode = !o.shard.empty();
   std::uint32_t shard_index = 0, shard_count = 0;
   if (shard_mode && (std::sscanf(o.shard.c_str(), "%u/%u", &shard_index, &shard_count) != 2 || shard_count < 1 || shard_index >= shard_count))
@@ -80,18 +80,18 @@ Result<transport::PublisherOptions> publisher_options(PublishOptions& o) {
     return Status::invalid_argument("an origin merging trainer shards publishes nothing itself: drop the checkpoints and --watch");
   if (!o.expect_shards && o.files.empty() && o.watch_dir.empty()) return Status::invalid_argument("give checkpoints to publish, or --watch DIR");
   DC_ASSIGN_OR_RETURN(std::uint64_t chunk, parse_bytes(o.chunk_size));
-  transport::PublisherOptions po;
+  embed::PublisherOptions po;
   po.node = cfg.node;
   po.host = cfg.host;
   po.anchor_every = o.anchor_every;
   po.encode.chunk_bytes = chunk;
-  DC_RETURN_IF_ERROR(transport::set_delta_codec(po, o.v2 ? "v2" : o.codec, o.wan_rate, o.worker_cores, "--codec", "--wan-rate"));
+  DC_RETURN_IF_ERROR(embed::set_delta_codec(po, o.v2 ? "v2" : o.codec, o.wan_rate, o.worker_cores, "--codec", "--wan-rate"));
   po.threads = o.threads;
   return po;
 }
 
 // An origin merging trainer shards: reports each merged version (and its delivery) until stopped.
-int report_merged_versions(transport::Publisher& pub, const PublishOptions& o) {
+int report_merged_versions(embed::Publisher& pub, const PublishOptions& o) {
   std::uint64_t reported = 0;
   int rc = 0;
   while (!pub.interrupted()) {
@@ -99,7 +99,7 @@ int report_merged_versions(transport::Publisher& pub, const PublishOptions& o) {
       std::printf("merged version %" PRIu64 " from %u shards\n", reported + 1, o.expect_shards);
       std::fflush(stdout);
       if (o.wait_workers == 0) continue;
-      const transport::Delivery d = pub.wait_for_delivery(reported + 1, o.wait_workers, o.wait_timeout_ms);
+      const embed::Delivery d = pub.wait_for_delivery(reported + 1, o.wait_workers, o.wait_timeout_ms);
       print_delivery(reported + 1, d, o.wait_workers);
       if (d.workers_ready < o.wait_workers) rc = 1;
     }
@@ -110,7 +110,7 @@ int report_merged_versions(transport::Publisher& pub, const PublishOptions& o) {
 
 // The next checkpoint: the files given, in order, then what appears in the watched directory
 // (empty while nothing new has; nullopt when there is nothing more to publish).
-std::optional<std::string> next_checkpoint(const PublishOptions& o, std::size_t& next_file, std::optional<transport::CheckpointDirectory>& watched) {
+std::optional<std::string> next_checkpoint(const PublishOptions& o, std::size_t& next_file, std::optional<embed::CheckpointDirectory>& watched) {
   if (next_file < o.files.size()) {
     const std::string& path = o.files[next_file++];
     if (watched) watched->mark_taken(path);
@@ -133,8 +133,8 @@ void print_codec_choice(std::uint64_t version, const CodecDecision& d) {
 
 // Publishes every checkpoint (waiting for delivery if asked); answers anchor requests while the
 // watched directory has nothing new.
-int publish_checkpoints(transport::Publisher& pub, const PublishOptions& o) {
-  std::optional<transport::CheckpointDirectory> watched;
+int publish_checkpoints(embed::Publisher& pub, const PublishOptions& o) {
+  std::optional<embed::CheckpointDirectory> watched;
   if (!o.watch_dir.empty()) watched.emplace(o.watch_dir);
   std::size_t next_file = 0;
   while (!pub.interrupted()) {
@@ -145,7 +145,7 @@ int publish_checkpoints(transport::Publisher& pub, const PublishOptions& o) {
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
       continue;
     }
-    auto next = transport::open_checkpoint(*path);
+    auto next = embed::open_checkpoint(*path);
     if (!next.is_ok()) return fail(next.status().to_string());
     const auto t0 = std::chrono::steady_clock::now();
     auto version = pub.publish(std::move(next).value());
@@ -154,7 +154,7 @@ int publish_checkpoints(transport::Publisher& pub, const PublishOptions& o) {
     spdlog::info("published version {} from {} (encoded in {:.0f} ms)", *version, *path, encode_ms);
     if (o.codec == "auto" && !o.v2 && pub.last_codec()) print_codec_choice(*version, *pub.last_codec());
     if (o.wait_workers > 0 && o.shard.empty()) {
-      const transport::Delivery d = pub.wait_for_delivery(*version, o.wait_workers, o.wait_timeout_ms);
+      const embed::Delivery d = pub.wait_for_delivery(*version, o.wait_workers, o.wait_timeout_ms);
       print_delivery(*version, d, o.wait_workers);
       if (d.workers_ready < o.wait_workers)
         return fail("version " + std::to_string(*version) + " did not reach every worker within " + std::to_string(o.wait_timeout_ms) + " ms");
@@ -165,7 +165,7 @@ int publish_checkpoints(transport::Publisher& pub, const PublishOptions& o) {
 }
 
 // Keeps serving for a while (late workers, retransmits), then prints the fleet ledger.
-void linger_and_report(transport::Publisher& pub, const PublishOptions& o) {
+void linger_and_report(embed::Publisher& pub, const PublishOptions& o) {
   const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(o.linger_ms);
   while (!pub.interrupted() && std::chrono::steady_clock::now() < end) {
     if (Status st = pub.serve_anchor_request(); !st.is_ok()) spdlog::error("{}", st.to_string());
@@ -183,13 +183,13 @@ int run_publish(PublishOptions& o) {
   (void)apply_log_level(o.node.log_level);  // load_node_options checks it and applies the config file's
   auto po = publisher_options(o);
   if (!po.is_ok()) return fail(po.status().message());
-  const transport::PublisherOptions options = *po;
-  auto started = transport::Publisher::start(std::move(po).value());
+  const embed::PublisherOptions options = *po;
+  auto started = embed::Publisher::start(std::move(po).value());
   if (!started.is_ok()) return fail(started.status().to_string());
-  transport::Publisher& pub = **started;
+  embed::Publisher& pub = **started;
   g_publisher = &pub;
   auto on_signal = [](int) {
-    if (transport::Publisher* p = g_publisher.load()) p->interrupt();
+    if (embed::Publisher* p = g_publisher.load()) p->interrupt();
   };
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);

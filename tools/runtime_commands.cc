@@ -14,7 +14,7 @@
 #include "deltacast/common/thread_pool.h"
 #include "deltacast/io/safetensors.h"
 #include "deltacast/transport/host.h"
-#include "deltacast/transport/worker.h"
+#include "deltacast/embed/worker.h"
 #include "deltacast/common/units.h"
 #include "node_config.h"
 
@@ -89,7 +89,7 @@ int run_worker(const NodeOptions& o) {
   auto cfg = load_node_options(o, /*worker=*/true);
   if (!cfg.is_ok()) return fail(cfg.status().to_string());
   if (!cfg->node.has_parents()) return fail("a worker needs at least one --parent");
-  transport::WorkerOptions wo;
+  embed::WorkerOptions wo;
   wo.node = cfg->node;
   wo.host = cfg->host;
   wo.out_dir = o.out_dir;
@@ -97,7 +97,7 @@ int run_worker(const NodeOptions& o) {
   wo.resume = !o.no_resume;
   wo.on_version = [id = cfg->node.node_id](std::shared_ptr<const ModelVersion> v, const Node& node) { print_version_line(id, *v, node); };
   stop_on_signals(nullptr);
-  auto worker = transport::Worker::start(std::move(wo));
+  auto worker = embed::Worker::start(std::move(wo));
   if (!worker.is_ok()) return fail(worker.status().to_string());
   if (auto saved = (*worker)->resumed()) {
     std::printf("%s: resumed version %" PRIu64 ", checksum %016" PRIx64 "\n", cfg->node.node_id.c_str(), saved->version, saved->checksum);

@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "deltacast/transport/publisher.h"
-#include "deltacast/transport/worker.h"
+#include "deltacast/embed/publisher.h"
+#include "deltacast/embed/worker.h"
 
 namespace deltacast::python {
 
@@ -151,9 +151,9 @@ class Publisher {
   void close();
 
  private:
-  std::shared_ptr<transport::Publisher> live() const;
-  std::size_t known_workers(transport::Publisher& p);
-  std::shared_ptr<transport::Publisher> p_;
+  std::shared_ptr<embed::Publisher> live() const;
+  std::size_t known_workers(embed::Publisher& p);
+  std::shared_ptr<embed::Publisher> p_;
   std::mutex mu_;          // publish() and serving anchors both use the newest checkpoint
   std::mutex publish_mu_;  // one publish() at a time: images_ and the version order
   std::thread anchor_server_;
@@ -193,9 +193,9 @@ class Worker {
   // The current version once it is `version` of `run` or later in that run, or of a run after it
   // (empty `run`: whichever it is in); None after timeout_s.
   std::shared_ptr<Version> wait_for(const std::string& run, std::uint64_t version, double timeout_s);
-  // transport::Worker::hold_history_from (version 0: let go).
+  // embed::Worker::hold_history_from (version 0: let go).
   void hold_history_from(const std::string& run, std::uint64_t version);
-  // transport::Worker::report_model: the model holds `version` of `run` (0: none deltacast gave
+  // embed::Worker::report_model: the model holds `version` of `run` (0: none deltacast gave
   // it); its last update could not apply `failed_version` of `failed_run` (0: it applied).
   void report_model(const std::string& run, std::uint64_t version, const std::string& failed_run, std::uint64_t failed_version,
                     const std::string& error);
@@ -204,10 +204,10 @@ class Worker {
   std::string listening() const;
 
  private:
-  void start(transport::WorkerOptions o);
+  void start(embed::WorkerOptions o);
   // The worker, held by the caller while it waits: close() in another thread cannot free it.
-  std::shared_ptr<transport::Worker> live() const;
-  std::shared_ptr<transport::Worker> w_;
+  std::shared_ptr<embed::Worker> live() const;
+  std::shared_ptr<embed::Worker> w_;
   std::atomic<bool> closed_{false};
 };
 

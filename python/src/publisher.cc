@@ -10,8 +10,8 @@ namespace {
 
 constexpr std::uint64_t kAnchorServeMs = 50;  // how often the anchor server looks for requests
 
-transport::PublisherOptions publisher_options(const PublisherArgs& a) {
-  transport::PublisherOptions o;
+embed::PublisherOptions publisher_options(const PublisherArgs& a) {
+  embed::PublisherOptions o;
   o.node.node_id = a.id.empty() ? "origin" : a.id;
   if (!a.sign_key.empty()) {
     auto key = runtime::parse_signing_key(a.sign_key);
@@ -26,7 +26,7 @@ transport::PublisherOptions publisher_options(const PublisherArgs& a) {
   if (!a.allow_keys.empty() && !a.keys) throw Error("allow_keys needs keys: the publisher's own CURVE key pair");
   o.anchor_every = a.anchor_every;
   o.encode.chunk_bytes = a.chunk_bytes;
-  if (Status st = transport::set_delta_codec(o, a.codec, a.wan_rate, a.worker_cores, "codec", "wan_rate"); !st.is_ok())
+  if (Status st = embed::set_delta_codec(o, a.codec, a.wan_rate, a.worker_cores, "codec", "wan_rate"); !st.is_ok())
     throw Error(st.message());
   o.threads = a.threads;
   return o;
@@ -36,10 +36,10 @@ transport::PublisherOptions publisher_options(const PublisherArgs& a) {
 
 Publisher::Publisher(const PublisherArgs& args) {
   if (args.listen.empty()) throw Error("a publisher needs an endpoint to listen on, for relays and workers");
-  const transport::PublisherOptions options = publisher_options(args);
+  const embed::PublisherOptions options = publisher_options(args);
   auto p = [&] {
     py::gil_scoped_release release;
-    return transport::Publisher::start(options);
+    return embed::Publisher::start(options);
   }();
   if (!p.is_ok()) throw Error(p.status().to_string());
   p_ = std::move(p).value();
@@ -58,14 +58,14 @@ Publisher::Publisher(const PublisherArgs& args) {
 
 Publisher::~Publisher() { close(); }
 
-std::shared_ptr<transport::Publisher> Publisher::live() const {
+std::shared_ptr<embed::Publisher> Publisher::live() const {
   if (!p_ || stopping_) throw Error("the publisher is closed");
   return p_;
 }
 
 std::uint64_t Publisher::publish(const std::vector<TensorRef>& tensors) {
   const auto publisher = live();  // held while publishing: close() in another thread cannot free it
-  transport::Publisher& p = *publisher;
+  embed::Publisher& p = *publisher;
   // One publish at a time, whichever Python thread calls (the GIL is let go while it works).
   std::unique_lock turn(publish_mu_, std::defer_lock);
   {
@@ -86,7 +86,7 @@ std::uint64_t Publisher::publish(const std::vector<TensorRef>& tensors) {
   {
     py::gil_scoped_release release;
     std::lock_guard lock(mu_);
-    version = p.publish(transport::Checkpoint{std::move(layout), *image, image});
+    version = p.publish(embed::Checkpoint{std::move(layout), *image, image});
   }
   // The publisher holds the newest image as the next delta's base; keep one spare beside it.
   bool spare = false;
@@ -95,7 +95,7 @@ std::uint64_t Publisher::publish(const std::vector<TensorRef>& tensors) {
   return *version;
 }
 
-std::size_t Publisher::known_workers(transport::Publisher& p) {
+std::size_t Publisher::known_workers(embed::Publisher& p) {
   std::size_t n = 0;
   for (const auto& [id, e] : p.ledger()) n += e.left ? 0 : 1;
   return std::max<std::size_t>(n, 1);
@@ -103,9 +103,9 @@ std::size_t Publisher::known_workers(transport::Publisher& p) {
 
 py::tuple Publisher::wait_ready(std::uint64_t version, std::size_t workers, double timeout_s) {
   const auto publisher = live();
-  transport::Publisher& p = *publisher;
+  embed::Publisher& p = *publisher;
   if (version == 0 || version > p.version()) throw Error("version " + std::to_string(version) + " was not published");
-  transport::Delivery d;
+  embed::Delivery d;
   std::size_t wanted = workers;
   const bool reached = wait_sliced(timeout_s, [&](std::uint64_t ms) {
     if (stopping_) return true;
@@ -188,7 +188,7 @@ std::string Publisher::listening() { return live()->host().bound_endpoint(); }
 
 void Publisher::close() {
   stopping_ = true;
-  const std::shared_ptr<transport::Publisher> p = std::move(p_);  // callers in other threads keep their own reference
+  const std::shared_ptr<embed::Publisher> p = std::move(p_);  // callers in other threads keep their own reference
   if (!p) return;
   py::gil_scoped_release release;
   p->interrupt();  // a publish() waiting for room ends

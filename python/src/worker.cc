@@ -1,7 +1,7 @@
 #include <cstring>
 
 #include "native.h"
-#include "deltacast/transport/node_config.h"
+#include "deltacast/embed/node_config.h"
 #include "deltacast/transport/wire.h"
 #include "version_capsule.h"
 
@@ -90,8 +90,8 @@ py::object Version::capsule() const { return py::reinterpret_steal<py::object>(v
 
 namespace {
 
-transport::WorkerOptions worker_options(const WorkerArgs& a) {
-  transport::WorkerOptions o;
+embed::WorkerOptions worker_options(const WorkerArgs& a) {
+  embed::WorkerOptions o;
   o.node.node_id = a.id;
   o.node.parents = a.parents;
   o.node.tree_parents = a.trees;
@@ -112,7 +112,7 @@ transport::WorkerOptions worker_options(const WorkerArgs& a) {
   o.host.parent_server_keys = a.parent_keys;
   if (!a.tree_parent_keys.empty()) {
     // Tree by tree, in the order of NodeConfig::upstream_trees().
-    auto flat = transport::flatten_tree_keys(a.trees, a.tree_parent_keys);
+    auto flat = embed::flatten_tree_keys(a.trees, a.tree_parent_keys);
     if (!flat.is_ok() || !a.parent_keys.empty())
       throw py::value_error("tree_parent_keys needs one key per parent of trees, in the same shape (and no parent_keys)");
     o.host.parent_server_keys = std::move(flat).value();
@@ -130,9 +130,9 @@ Worker::Worker(const WorkerArgs& args) {
 }
 
 Worker::Worker(const std::string& config_path, const std::string& state_dir, std::size_t change_history, std::uint64_t change_history_bytes) {
-  auto loaded = transport::load_node_config(config_path, /*worker=*/true);
+  auto loaded = embed::load_node_config(config_path, /*worker=*/true);
   if (!loaded.is_ok()) throw Error(loaded.status().to_string());
-  transport::WorkerOptions o;
+  embed::WorkerOptions o;
   o.node = std::move(loaded->node);
   o.host = std::move(loaded->host);
   o.node.change_history_versions_max = change_history;
@@ -141,10 +141,10 @@ Worker::Worker(const std::string& config_path, const std::string& state_dir, std
   start(std::move(o));
 }
 
-void Worker::start(transport::WorkerOptions o) {
+void Worker::start(embed::WorkerOptions o) {
   auto w = [&] {
     py::gil_scoped_release release;
-    return transport::Worker::start(std::move(o));
+    return embed::Worker::start(std::move(o));
   }();
   if (!w.is_ok()) throw Error(w.status().to_string());
   w_ = std::move(w).value();
@@ -156,7 +156,7 @@ Worker::~Worker() {
   w_.reset();
 }
 
-std::shared_ptr<transport::Worker> Worker::live() const {
+std::shared_ptr<embed::Worker> Worker::live() const {
   if (!w_ || closed_) throw Error("the worker is closed");
   return w_;
 }
@@ -246,7 +246,7 @@ std::shared_ptr<Version> Worker::current() const {
 
 void Worker::close() {
   closed_ = true;
-  const std::shared_ptr<transport::Worker> w = std::move(w_);  // waits in other threads keep their own reference
+  const std::shared_ptr<embed::Worker> w = std::move(w_);  // waits in other threads keep their own reference
   if (!w) return;
   py::gil_scoped_release release;
   // With a state_dir, the version held is on disk when close() returns: a version that became

@@ -17,7 +17,7 @@ cmake --install "$build" --prefix "$prefix" >"$tmp/install.log" || { cat "$tmp/i
 libdir=$(dirname "$(find "$prefix" -name libdeltacast.so.0 | head -1)")
 [ -n "$libdir" ] && [ -d "$libdir" ] || fail "no libdeltacast.so.0 under $prefix"
 for f in "$prefix/bin/deltacast" "$libdir/libdeltacast.so" "$prefix/include/deltacast/c/worker.h" \
-         "$prefix/include/deltacast/transport/worker.h" "$libdir/pkgconfig/deltacast.pc" "$libdir/cmake/deltacast/deltacastConfig.cmake" \
+         "$prefix/include/deltacast/embed/worker.h" "$libdir/pkgconfig/deltacast.pc" "$libdir/cmake/deltacast/deltacastConfig.cmake" \
          "$prefix/lib/systemd/system/deltacast-relay@.service" "$prefix/lib/systemd/system/deltacast-worker@.service" \
          "$prefix/lib/sysusers.d/deltacast.conf" "$prefix/share/doc/deltacast/RUNTIME.md" \
          "$prefix/share/deltacast/monitoring/deltacast-dashboard.json" "$prefix/share/deltacast/monitoring/deltacast-alerts.yml"; do
@@ -29,8 +29,8 @@ echo "installed: bin, ${libdir#$prefix/}/libdeltacast.so.0 (SONAME $soname), hea
 
 # Exported: the C ABI and the public classes; hidden: internals and the Protobuf messages.
 nm -D -C --defined-only "$libdir/libdeltacast.so.0" >"$tmp/symbols"
-for want in dc_worker_start dc_library_version "deltacast::transport::Worker::start" "deltacast::transport::Publisher::" \
-            "deltacast::transport::NodeHost::" "deltacast::transport::load_node_config"; do
+for want in dc_worker_start dc_library_version "deltacast::embed::Worker::start" "deltacast::embed::Publisher::" \
+            "deltacast::transport::NodeHost::" "deltacast::embed::load_node_config"; do
   grep -qF "$want" "$tmp/symbols" || fail "libdeltacast does not export $want"
 done
 for hidden in "ChildServer" "Reconstructor" "deltacast::wire::"; do

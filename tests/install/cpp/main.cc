@@ -4,14 +4,14 @@
 #include <cstdio>
 #include <string>
 
-#include <deltacast/transport/worker.h>
+#include <deltacast/embed/worker.h>
 
 int main(int argc, char** argv) {
   if (argc != 3) return 2;
-  deltacast::transport::WorkerOptions o;
+  deltacast::embed::WorkerOptions o;
   o.node.node_id = "embed-cpp";
   o.node.parents = {argv[1]};
-  auto w = deltacast::transport::Worker::start(std::move(o));
+  auto w = deltacast::embed::Worker::start(std::move(o));
   if (!w.is_ok()) {
     std::fprintf(stderr, "start: %s\n", w.status().to_string().c_str());
     return 1;

@@ -24,7 +24,7 @@
 #include "deltacast/runtime/node.h"
 #include "deltacast/transport/host.h"
 
-namespace deltacast::transport {
+namespace deltacast::embed {
 
 class VersionStore {
  public:
@@ -49,7 +49,7 @@ class VersionStore {
   static Result<std::shared_ptr<runtime::ModelVersion>> load(const std::string& path);
   // Hands the newest good saved version to `host` (NodeHost::restore, before it starts),
   // logging the files skipped. Returns it, or null when there is none.
-  std::shared_ptr<const runtime::ModelVersion> resume(NodeHost& host) const;
+  std::shared_ptr<const runtime::ModelVersion> resume(transport::NodeHost& host) const;
 
   // Removes this node's saved versions of any other run, and all but the newest keep_versions
   // of `run` (save() does this after each save; a worker that moves to a new run does it at
@@ -111,6 +111,6 @@ class VersionSaver {
   std::optional<RunId> run_;
 };
 
-}  // namespace deltacast::transport
+}  // namespace deltacast::embed
 
 #pragma GCC visibility pop

@@ -1,4 +1,4 @@
-#include "deltacast/transport/node_config.h"
+#include "deltacast/embed/node_config.h"
 
 #include <sys/stat.h>
 
@@ -16,7 +16,7 @@
 #include "deltacast/transport/run_state.h"
 #include "deltacast/transport/wire.h"
 
-namespace deltacast::transport {
+namespace deltacast::embed {
 
 using json = nlohmann::json;
 
@@ -34,14 +34,14 @@ std::string open_to_others(const std::string& path) {
 
 }  // namespace
 
-Result<CurveKeys> read_key_file(const std::string& path) {
+Result<transport::CurveKeys> read_key_file(const std::string& path) {
   if (std::string why = open_to_others(path); !why.empty()) return Status::invalid_argument(why);
   DC_ASSIGN_OR_RETURN(Bytes b, read_file(path));
   json j = json::parse(b.begin(), b.end(), nullptr, false);
   if (j.is_discarded() || !j.is_object() || !j.contains("public_key") || !j.contains("secret_key") || !j["public_key"].is_string() ||
       !j["secret_key"].is_string())
     return Status::invalid_argument(path + ": not a deltacast key file (want {\"public_key\": ..., \"secret_key\": ...})");
-  CurveKeys k{j["public_key"], j["secret_key"]};
+  transport::CurveKeys k{j["public_key"], j["secret_key"]};
   if (k.public_key.size() != 40 || k.secret_key.size() != 40) return Status::invalid_argument(path + ": keys must be 40 Z85 characters");
   return k;
 }
@@ -87,7 +87,7 @@ namespace {
 Status apply_limits(const json& limits, LoadedNode& out) {
   if (!limits.is_object()) return Status::invalid_argument("must be an object");
   runtime::NodeConfig& n = out.node;
-  HostConfig& h = out.host;
+  transport::HostConfig& h = out.host;
   // Each within a range that leaves the node working: a value outside it is refused with the
   // field named, not taken to make a node that receives nothing or drops every peer.
   const auto in_range = [](std::uint64_t v, std::uint64_t min, std::uint64_t max, bool size) -> Status {
@@ -300,7 +300,7 @@ Result<LoadedNode> load_node(const NodeSettings& s, bool worker) {
   if (!o.sign_key_path.empty()) {
     DC_ASSIGN_OR_RETURN(runtime::SigningKey key, read_signing_key_file(o.sign_key_path));
     out.node.sign_key = std::make_shared<const runtime::SigningKey>(key);
-    out.host.run_state_path = run_state_path_for(o.sign_key_path);
+    out.host.run_state_path = transport::run_state_path_for(o.sign_key_path);
   }
   for (const auto& k : o.trust_keys) {
     DC_ASSIGN_OR_RETURN(runtime::PublicKey key, read_public_key(k));
@@ -327,8 +327,8 @@ Result<LoadedNode> load_node(const NodeSettings& s, bool worker) {
   out.node.serve_children = !worker || !o.listen.empty();
   if (!o.listen.empty()) DC_RETURN_IF_ERROR(check_endpoint(o.listen, "--listen", true));
   for (const auto& p : o.parents) DC_RETURN_IF_ERROR(check_endpoint(p, "--parent", false));
-  if (o.stripes > kStripesMax)
-    return Status::invalid_argument("stripes: 1 to " + std::to_string(kStripesMax) + ", not " + std::to_string(o.stripes));
+  if (o.stripes > transport::kStripesMax)
+    return Status::invalid_argument("stripes: 1 to " + std::to_string(transport::kStripesMax) + ", not " + std::to_string(o.stripes));
   out.host.stripes = o.stripes != 0 ? o.stripes : worker ? 1 : 8;
   if (o.congestion_control.size() > 15 || !std::all_of(o.congestion_control.begin(), o.congestion_control.end(), [](char c) {
         return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
@@ -365,4 +365,4 @@ Result<LoadedNode> load_node(const NodeSettings& s, bool worker) {
   return out;
 }
 
-}  // namespace deltacast::transport
+}  // namespace deltacast::embed

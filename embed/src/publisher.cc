@@ -1,4 +1,4 @@
-#include "deltacast/transport/publisher.h"
+#include "deltacast/embed/publisher.h"
 
 #include <algorithm>
 #include <chrono>
@@ -8,7 +8,7 @@
 #include "deltacast/io/safetensors.h"
 #include "deltacast/runtime/trust.h"
 
-namespace deltacast::transport {
+namespace deltacast::embed {
 
 namespace {
 // Whether the options make an origin or a trainer shard that can work; the reason if not.
@@ -59,7 +59,7 @@ Result<std::unique_ptr<Publisher>> Publisher::start(PublisherOptions o) {
   // highly repetitive data such as constant tensors).
   if (o.codec == DeltaCodec::kV2) o.encode.chunk.anchor_kinds = ChunkEncodeOptions::smallest().anchor_kinds;
   std::unique_ptr<Publisher> p(new Publisher(std::move(o)));
-  p->host_ = std::make_unique<NodeHost>(p->options_.node, p->options_.host);
+  p->host_ = std::make_unique<transport::NodeHost>(p->options_.node, p->options_.host);
   DC_RETURN_IF_ERROR(p->host_->start_thread());
   p->host_->call([q = p.get()] {
     q->host_->node().set_on_anchor_wanted([q] { q->anchor_wanted_ = true; });
@@ -186,4 +186,4 @@ std::string CheckpointDirectory::next() {
   return first;
 }
 
-}  // namespace deltacast::transport
+}  // namespace deltacast::embed

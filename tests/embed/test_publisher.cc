@@ -1,9 +1,9 @@
-// transport::Publisher, the class `deltacast publish` and Python share: its anchor policy, its
+// embed::Publisher, the class `deltacast publish` and Python share: its anchor policy, its
 // checks of the options, and a worker that receives what it publishes.
 #include <catch2/catch.hpp>
 
-#include "deltacast/transport/publisher.h"
-#include "deltacast/transport/worker.h"
+#include "deltacast/embed/publisher.h"
+#include "deltacast/embed/worker.h"
 #include "test_util.h"
 
 using namespace deltacast;
@@ -11,8 +11,8 @@ using namespace deltacast::runtime;
 
 namespace {
 
-transport::PublisherOptions origin_options() {
-  transport::PublisherOptions o;
+embed::PublisherOptions origin_options() {
+  embed::PublisherOptions o;
   o.node.node_id = "origin";
   o.host.bind_endpoint = "tcp://127.0.0.1:*";
   o.encode.chunk_bytes = 16 << 10;
@@ -20,7 +20,7 @@ transport::PublisherOptions origin_options() {
   return o;
 }
 
-transport::Checkpoint checkpoint(const ModelLayout& layout, Bytes image) {
+embed::Checkpoint checkpoint(const ModelLayout& layout, Bytes image) {
   auto owner = std::make_shared<const Bytes>(std::move(image));
   return {layout, ByteSpan(*owner), owner};
 }
@@ -38,9 +38,9 @@ TEST_CASE("a publisher sends anchors first, on a new layout and every anchor_eve
   }
   auto o = origin_options();
   o.anchor_every = 3;
-  auto started = transport::Publisher::start(o);
+  auto started = embed::Publisher::start(o);
   REQUIRE(started.is_ok());
-  transport::Publisher& pub = **started;
+  embed::Publisher& pub = **started;
   auto cached = [&](std::uint64_t v, bool anchor) {
     return pub.host().call([&] { return pub.host().node().cache().find({v, anchor}) != nullptr; });
   };
@@ -60,23 +60,23 @@ TEST_CASE("a publisher sends anchors first, on a new layout and every anchor_eve
   CHECK(pub.serve_anchor_request().is_ok());  // nobody asked: nothing to do
 
   // A worker that joins now gets the newest version, bit for bit.
-  transport::WorkerOptions wo;
+  embed::WorkerOptions wo;
   wo.node.node_id = "w";
   wo.node.parents = {pub.host().bound_endpoint()};
-  auto w = transport::Worker::start(std::move(wo));
+  auto w = embed::Worker::start(std::move(wo));
   REQUIRE(w.is_ok());
   auto got = (*w)->wait_for_version(4, 20000);
   REQUIRE(got);
   CHECK(got->tensors == other_layout.tensors);
-  const transport::Delivery d = pub.wait_for_delivery(4, 1, 20000);
+  const embed::Delivery d = pub.wait_for_delivery(4, 1, 20000);
   CHECK(d.workers_ready == 1);
   CHECK(pub.ledger().at("w").version == 4);
   REQUIRE((*w)->stop().is_ok());
 }
 
 TEST_CASE("a publisher's options that cannot work are refused with the reason", "[transport][publisher]") {
-  auto refused = [](transport::PublisherOptions o, const std::string& words) {
-    auto p = transport::Publisher::start(std::move(o));
+  auto refused = [](embed::PublisherOptions o, const std::string& words) {
+    auto p = embed::Publisher::start(std::move(o));
     REQUIRE(!p.is_ok());
     CHECK(p.status().code() == StatusCode::kInvalidArgument);
     INFO(p.status().to_string());
@@ -101,7 +101,7 @@ TEST_CASE("a publisher's options that cannot work are refused with the reason", 
   // An origin merging shards publishes nothing itself.
   o = origin_options();
   o.node.expect_shards = 2;
-  auto merger = transport::Publisher::start(o);
+  auto merger = embed::Publisher::start(o);
   REQUIRE(merger.is_ok());
   auto layout = test::make_layout({{DType::kBF16, 100}});
   CHECK(!(*merger)->publish(checkpoint(layout, Bytes(layout.image_size, 0))).is_ok());

@@ -14,13 +14,13 @@
 #include <thread>
 
 #include "deltacast/transport/host.h"
-#include "deltacast/transport/version_store.h"
+#include "deltacast/embed/version_store.h"
 
-namespace deltacast::transport {
+namespace deltacast::embed {
 
 struct WorkerOptions {
   runtime::NodeConfig node;  // node_id and parents required; reconstruct is set
-  HostConfig host;           // bind_endpoint set: it serves other workers too (peer to peer)
+  transport::HostConfig host;           // bind_endpoint set: it serves other workers too (peer to peer)
   // Each verified version is saved here (safetensors + a JSON record; docs/RUNTIME.md); empty:
   // nothing is saved. A save that fails (a full disk) is logged and retried, the worker goes on.
   std::string out_dir;
@@ -74,18 +74,18 @@ class Worker {
   }
   // The same after a version known by its run and number only: a caller that holds no version
   // between calls lets an in-place worker apply the next one.
-  std::shared_ptr<const runtime::ModelVersion> wait_for_newer(const std::optional<NodeHost::VersionTag>& after, std::uint64_t timeout_ms) {
+  std::shared_ptr<const runtime::ModelVersion> wait_for_newer(const std::optional<transport::NodeHost::VersionTag>& after, std::uint64_t timeout_ms) {
     return host_->wait_for_newer(after, timeout_ms);
   }
   // The version resumed from out_dir at start, or null.
   const std::shared_ptr<const runtime::ModelVersion>& resumed() const { return resumed_; }
-  NodeHost& host() { return *host_; }
+  transport::NodeHost& host() { return *host_; }
 
  private:
   Worker() = default;
   void save_loop();
 
-  std::unique_ptr<NodeHost> host_;
+  std::unique_ptr<transport::NodeHost> host_;
   std::optional<VersionStore> store_;
   std::shared_ptr<const runtime::ModelVersion> resumed_;
   std::thread saver_;
@@ -97,6 +97,6 @@ class Worker {
   std::string save_error_;
 };
 
-}  // namespace deltacast::transport
+}  // namespace deltacast::embed
 
 #pragma GCC visibility pop

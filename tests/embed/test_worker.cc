@@ -1,4 +1,4 @@
-// transport::Worker, the class the CLI worker, the C ABI and Python share: it saves what it
+// embed::Worker, the class the CLI worker, the C ABI and Python share: it saves what it
 // verifies, resumes from it after a restart, reports a version it could not save, and refuses
 // bad options with the option named.
 #include <catch2/catch.hpp>
@@ -7,7 +7,7 @@
 #include <fstream>
 #include <thread>
 
-#include "deltacast/transport/worker.h"
+#include "deltacast/embed/worker.h"
 #include "test_util.h"
 
 using namespace deltacast;
@@ -33,8 +33,8 @@ struct Origin {
   ~Origin() { host.stop(); }
 };
 
-transport::WorkerOptions options(const std::string& parent, const std::string& out_dir) {
-  transport::WorkerOptions o;
+embed::WorkerOptions options(const std::string& parent, const std::string& out_dir) {
+  embed::WorkerOptions o;
   o.node.node_id = "w";
   o.node.parents = {parent};
   o.out_dir = out_dir;
@@ -61,7 +61,7 @@ TEST_CASE("a worker saves what it verified and resumes from it after a restart",
       CHECK(node.config().node_id == "w");  // the worker's own node, on its loop thread
       announced++;
     };
-    auto w = transport::Worker::start(std::move(o));
+    auto w = embed::Worker::start(std::move(o));
     REQUIRE(w.is_ok());
     CHECK((*w)->resumed() == nullptr);
     auto got = (*w)->wait_for_version(2, 20000);
@@ -73,7 +73,7 @@ TEST_CASE("a worker saves what it verified and resumes from it after a restart",
   CHECK(announced >= 1);
   CHECK(std::filesystem::exists(dir.path / "w-v2.safetensors"));
   // Restarted: version 2 is there at once, from disk, before any parent answers.
-  auto again = transport::Worker::start(options("tcp://127.0.0.1:1", dir.path.string()));
+  auto again = embed::Worker::start(options("tcp://127.0.0.1:1", dir.path.string()));
   REQUIRE(again.is_ok());
   REQUIRE((*again)->resumed());
   CHECK((*again)->resumed()->version == 2);
@@ -103,7 +103,7 @@ TEST_CASE("an in-place worker that saves its versions goes on applying new ones"
   TempDir dir;
   auto o = options(origin.host.bound_endpoint(), dir.path.string());
   o.node.in_place = true;
-  auto w = transport::Worker::start(std::move(o));
+  auto w = embed::Worker::start(std::move(o));
   REQUIRE(w.is_ok());
   for (std::uint64_t v = 1; v <= 4; ++v) {
     if (v > 1) publish(v);
@@ -118,16 +118,16 @@ TEST_CASE("an in-place worker that saves its versions goes on applying new ones"
 }
 
 TEST_CASE("a worker's bad options are refused with the option named", "[transport][worker]") {
-  transport::WorkerOptions o = options("tcp://127.0.0.1:1", "");
+  embed::WorkerOptions o = options("tcp://127.0.0.1:1", "");
   o.node.parents.clear();
-  auto none = transport::Worker::start(o);
+  auto none = embed::Worker::start(o);
   REQUIRE(!none.is_ok());
   CHECK(none.status().code() == StatusCode::kInvalidArgument);
   CHECK(none.status().message().find("parent") != std::string::npos);
   TempDir dir;
   const auto file = dir.path / "a-file";
   std::ofstream(file) << "not a directory";
-  auto bad_dir = transport::Worker::start(options("tcp://127.0.0.1:1", file.string()));
+  auto bad_dir = embed::Worker::start(options("tcp://127.0.0.1:1", file.string()));
   REQUIRE(!bad_dir.is_ok());
   CHECK(bad_dir.status().to_string().find("out dir " + file.string()) != std::string::npos);
 }

@@ -15,13 +15,13 @@
 #include <fstream>
 
 #include "deltacast/io/mapped_file.h"
-#include "deltacast/transport/version_store.h"
+#include "deltacast/embed/version_store.h"
 #include "test_util.h"
 
 using namespace deltacast;
 using deltacast::runtime::ModelVersion;
-using deltacast::transport::VersionSaver;
-using deltacast::transport::VersionStore;
+using deltacast::embed::VersionSaver;
+using deltacast::embed::VersionStore;
 namespace fs = std::filesystem;
 
 namespace {

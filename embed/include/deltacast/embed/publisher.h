@@ -24,7 +24,7 @@
 #include "deltacast/common/thread_pool.h"
 #include "deltacast/transport/host.h"
 
-namespace deltacast::transport {
+namespace deltacast::embed {
 
 // A checkpoint to publish: its tensor table and image. `owner` keeps the image's bytes alive
 // (a mapped file, a buffer): the publisher holds it until the next checkpoint, which it
@@ -43,7 +43,7 @@ struct PublisherOptions {
   // shards send instead of publishing itself. A trainer shard: shard_index and shard_count
   // set, parents = {the origin}.
   runtime::NodeConfig node;
-  HostConfig host;
+  transport::HostConfig host;
   std::uint64_t anchor_every = 25;  // 1 to 10^6
   VersionEncodeOptions encode;      // chunk size, anchor codec; digests are added when node.sign_key is set
   std::size_t threads = 0;          // encoder threads; 0: one per core
@@ -106,7 +106,7 @@ class Publisher {
   std::uint64_t newest_version();
   RunId run();
   std::map<std::string, runtime::LedgerEntry> ledger();
-  NodeHost& host() { return *host_; }
+  transport::NodeHost& host() { return *host_; }
   void stop();
 
  private:
@@ -115,7 +115,7 @@ class Publisher {
   Status publish_anchor();
 
   PublisherOptions options_;
-  std::unique_ptr<NodeHost> host_;
+  std::unique_ptr<transport::NodeHost> host_;
   ThreadPool pool_;
   ChunkEncoderPool encoders_;  // one per pool thread, kept between versions
   std::optional<Checkpoint> prev_;
@@ -139,6 +139,6 @@ class CheckpointDirectory {
   std::set<std::string> taken_;
 };
 
-}  // namespace deltacast::transport
+}  // namespace deltacast::embed
 
 #pragma GCC visibility pop

@@ -9,13 +9,13 @@
 #include <vector>
 
 #include "deltacast/runtime/trust.h"
-#include "deltacast/transport/node_config.h"
-#include "deltacast/transport/worker.h"
+#include "deltacast/embed/node_config.h"
+#include "deltacast/embed/worker.h"
 
 using namespace deltacast;
 
 struct dc_worker {
-  std::unique_ptr<transport::Worker> worker;
+  std::unique_ptr<embed::Worker> worker;
 };
 
 struct dc_version {
@@ -76,12 +76,12 @@ Status parents_of(const dc_worker_options* o, runtime::NodeConfig& node) {
 }
 
 // The options as a WorkerOptions, or why they cannot be.
-Result<transport::WorkerOptions> options_of(const dc_worker_options* o) {
+Result<embed::WorkerOptions> options_of(const dc_worker_options* o) {
   if (!o) return Status::invalid_argument("node_id is required");
   const bool config = o->config_path && *o->config_path;
-  transport::WorkerOptions wo;
+  embed::WorkerOptions wo;
   if (config) {
-    DC_ASSIGN_OR_RETURN(transport::LoadedNode loaded, transport::load_node_config(o->config_path, /*worker=*/true));
+    DC_ASSIGN_OR_RETURN(embed::LoadedNode loaded, embed::load_node_config(o->config_path, /*worker=*/true));
     wo.node = std::move(loaded.node);
     wo.host = std::move(loaded.host);
   }
@@ -127,7 +127,7 @@ dc_worker* dc_worker_start(const dc_worker_options* o, char* err, size_t err_len
     set_err(err, err_len, options.status().message());
     return nullptr;
   }
-  auto w = transport::Worker::start(std::move(options).value());
+  auto w = embed::Worker::start(std::move(options).value());
   if (!w.is_ok()) {
     set_err(err, err_len, w.status().to_string());
     return nullptr;

@@ -12,7 +12,7 @@
 #include "deltacast/common/status.h"
 #include "deltacast/transport/host.h"
 
-namespace deltacast::transport {
+namespace deltacast::embed {
 
 // What a config file holds, as written: paths, endpoints and sizes still unchecked.
 struct NodeSettings {
@@ -43,7 +43,7 @@ struct NodeSettings {
 
 struct LoadedNode {
   runtime::NodeConfig node;
-  HostConfig host;
+  transport::HostConfig host;
 };
 
 // Reads a config file: a JSON object of known fields only.
@@ -65,7 +65,7 @@ Result<std::vector<std::string>> flatten_tree_keys(const std::vector<std::vector
                                                    const std::vector<std::vector<std::string>>& tree_parent_keys);
 
 // Reads a key file written by `deltacast keygen`.
-Result<CurveKeys> read_key_file(const std::string& path);
+Result<transport::CurveKeys> read_key_file(const std::string& path);
 // Reads a signing key file written by `deltacast keygen --sign`.
 Result<runtime::SigningKey> read_signing_key_file(const std::string& path);
 // A public signing key given as 64 hex digits or as the path of a key file.
@@ -73,6 +73,6 @@ Result<runtime::PublicKey> read_public_key(const std::string& hex_or_path);
 // Sets spdlog's level from trace, debug, info, warn, error, critical or off; anything else is an error.
 Status apply_log_level(const std::string& level);
 
-}  // namespace deltacast::transport
+}  // namespace deltacast::embed
 
 #pragma GCC visibility pop

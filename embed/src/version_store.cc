@@ -1,4 +1,4 @@
-#include "deltacast/transport/version_store.h"
+#include "deltacast/embed/version_store.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -20,7 +20,7 @@
 #include "deltacast/io/mapped_file.h"
 #include "deltacast/io/safetensors.h"
 
-namespace deltacast::transport {
+namespace deltacast::embed {
 
 namespace fs = std::filesystem;
 using runtime::ModelVersion;
@@ -275,7 +275,7 @@ Result<std::shared_ptr<ModelVersion>> VersionStore::load_newest(std::vector<std:
   return Status::not_found("no saved version of " + node_id_ + " in " + dir_);
 }
 
-std::shared_ptr<const ModelVersion> VersionStore::resume(NodeHost& host) const {
+std::shared_ptr<const ModelVersion> VersionStore::resume(transport::NodeHost& host) const {
   std::vector<std::string> skipped;
   auto saved = load_newest(&skipped);
   for (const auto& why : skipped) spdlog::warn("{}: not resuming from {}", node_id_, why);
@@ -332,4 +332,4 @@ void VersionSaver::try_save(const ModelVersion& v) {
   retry_at_ = std::chrono::steady_clock::now() + retry_;
 }
 
-}  // namespace deltacast::transport
+}  // namespace deltacast::embed

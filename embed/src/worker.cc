@@ -1,8 +1,8 @@
-#include "deltacast/transport/worker.h"
+#include "deltacast/embed/worker.h"
 
 #include <spdlog/spdlog.h>
 
-namespace deltacast::transport {
+namespace deltacast::embed {
 
 Result<std::unique_ptr<Worker>> Worker::start(WorkerOptions o) {
   if (o.node.node_id.empty()) return Status::invalid_argument("a worker needs a node id");
@@ -12,7 +12,7 @@ Result<std::unique_ptr<Worker>> Worker::start(WorkerOptions o) {
   o.node.serve_children = !o.host.bind_endpoint.empty();
   std::unique_ptr<Worker> w(new Worker);
   const std::string id = o.node.node_id;
-  w->host_ = std::make_unique<NodeHost>(std::move(o.node), std::move(o.host));
+  w->host_ = std::make_unique<transport::NodeHost>(std::move(o.node), std::move(o.host));
   if (!o.out_dir.empty()) {
     w->store_.emplace(o.out_dir, id, o.keep_versions);
     // A wrong out dir is reported now, not at the first version.
@@ -35,7 +35,7 @@ Result<std::unique_ptr<Worker>> Worker::start(WorkerOptions o) {
 // it holds no version, only run and number: an in-place worker applies the next version only
 // once nobody holds its image.
 void Worker::save_loop() {
-  using Tag = NodeHost::VersionTag;
+  using Tag = transport::NodeHost::VersionTag;
   // Every failed save counts in the node's deltacast_save_failures_total.
   VersionSaver saver(*store_, VersionSaver::save_retry_ms, [host = host_.get()] { host->post([host] { host->node().count_save_failure(); }); });
   std::optional<Tag> seen, saved;  // the newest version seen; the newest on disk
@@ -93,4 +93,4 @@ Worker::~Worker() {
   if (Status st = stop(); !st.is_ok()) spdlog::warn("stopping with {}", st.message());
 }
 
-}  // namespace deltacast::transport
+}  // namespace deltacast::embed

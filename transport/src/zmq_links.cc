@@ -495,7 +495,15 @@ void ZmqLinks::set_congestion_control(int fd) {
 void ZmqLinks::note_connection(PeerId peer, int fd) {
   if (fd < 0) return;
   fd_of[peer] = fd;
-  if (auto c = connections.find(fd); c != connections.end()) c->second.peer = peer;
+  // A message can come before the monitor's accept event: the connection is known from here on,
+  // so a close the node asks for before that event still happens.
+  auto c = connections.find(fd);
+  if (c == connections.end()) {
+    if (connections.size() >= config.connections_max) return;
+    c = connections.emplace(fd, Connection{clock.now_ms(), false, 0, {}, true}).first;
+    set_congestion_control(fd);
+  }
+  c->second.peer = peer;
 }
 
 void ZmqLinks::close_connection(int fd, const std::string& why) {
@@ -515,6 +523,10 @@ void ZmqLinks::on_monitor_event(std::uint16_t event, std::int32_t value, const s
           spdlog::warn("{}: refused a connection: {} open, the most this listener takes (connections_max; {} refused so far)",
                        node_config.node_id, connections.size(), connections_refused);
         ::shutdown(value, SHUT_RDWR);
+        return;
+      }
+      if (auto c = connections.find(value); c != connections.end() && c->second.before_accept) {
+        c->second.before_accept = false;  // already known from its messages, a close perhaps due
         return;
       }
       // A close still due for an earlier connection that had this descriptor is not this one's.

@@ -73,6 +73,9 @@ class ZmqLinks final : public runtime::Transport {
     bool said_hello = false;
     runtime::PeerId peer = 0;
     std::string stripe_identity;  // a striped child's extra connection: its ZeroMQ identity
+    // Learned from a message before the socket monitor reported it accepted (the monitor runs
+    // behind the traffic): its accept event is this connection's, not a new one's.
+    bool before_accept = false;
   };
   // A child that opened a striped link: its connections' identities by index (empty: not
   // there), the stream its messages are numbered in, and where the round robin stands.

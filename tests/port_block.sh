@@ -1,4 +1,4 @@
-# Sourced by the multi-process test scripts (tests/runtime/fleet_test.sh, tools/soak.sh):
+# Sourced by the multi-process test scripts (tests/runtime/fleet_test.sh, scripts/soak.sh):
 # claims a block of 200 loopback ports for this invocation and sets port_base.
 #
 # Blocks lie in 10000-29999, below the kernel's ephemeral range (32768 and up by default),

@@ -11,7 +11,7 @@
 #   corrupt-failover  a signed worker whose first parent damages every chunk leaves it
 #   slow        a stopped worker does not delay its siblings, and catches up when resumed
 #   auth        CURVE everywhere; a worker without an allowed key gets nothing
-#   c-abi       a worker embedded through the C ABI (tests/runtime/c_worker_test.c), signed
+#   c-abi       a worker embedded through the C ABI (tests/embed/c_worker_test.c), signed
 #               versions over CURVE, restarted on its state directory
 #   watch       the publisher watching a directory that checkpoints appear in
 #   shards      2 trainer shards publish their slices; the origin merges them

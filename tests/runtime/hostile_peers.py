@@ -32,7 +32,7 @@ something that fails if its protection is missing.
 
 Usage: python3 hostile_peers.py path/to/deltacast [case...]
 Prints "PASS name" or "FAIL name: why" per case, then "N passed, M failed"; exits 1 on a failure.
-Needs python3-zmq, python3-protobuf, protoc and libxxhash (all in tools/setup.sh --test).
+Needs python3-zmq, python3-protobuf, protoc and libxxhash (all in scripts/setup.sh --test).
 """
 
 import ctypes
@@ -60,7 +60,7 @@ except ImportError:
     # does not see them, the system's does.
     if os.path.realpath(sys.executable) != os.path.realpath("/usr/bin/python3") and os.access("/usr/bin/python3", os.X_OK):
         os.execv("/usr/bin/python3", ["/usr/bin/python3"] + sys.argv)
-    print("hostile_peers.py needs python3-zmq (tools/setup.sh --test installs it)", file=sys.stderr)
+    print("hostile_peers.py needs python3-zmq (scripts/setup.sh --test installs it)", file=sys.stderr)
     sys.exit(1)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -376,7 +376,7 @@ def xxh3(data):
             except OSError:
                 continue
         if _xxh is None:
-            raise RuntimeError("libxxhash not found (tools/setup.sh installs libxxhash-dev)")
+            raise RuntimeError("libxxhash not found (scripts/setup.sh installs libxxhash-dev)")
         _xxh.XXH3_64bits.restype = ctypes.c_uint64
         _xxh.XXH3_64bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
     data = bytes(data)
@@ -995,7 +995,7 @@ def case_origin_clock_behind(t):
     """The trainer restarts its origin on a host whose clock is a minute behind (faketime), after
     a run that started seconds ago: the new run must still be newer, and say so."""
     if not shutil.which("faketime"):
-        raise CaseFailed("faketime is not installed (tools/setup.sh --test installs it)")
+        raise CaseFailed("faketime is not installed (scripts/setup.sh --test installs it)")
     s = shared()
     key = os.path.join(t.dir, "sign.key")
     pub = run_dc("keygen", "--sign", "-o", key).strip().split()[-1]

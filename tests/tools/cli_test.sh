@@ -85,7 +85,7 @@ for mode in "" " --in-place"; do
 done
 ls -d "$tmp"/deltacast-bench-* >/dev/null 2>&1 && { failed=$((failed + 1)); echo "FAILED: bench --end-to-end left its directory"; }
 
-# The validation's decode-rate probe (tests/tools/decode_rate_main.cc): a rate, a barrier, a
+# The validation's decode-rate probe (tests/helpers/decode_rate_main.cc): a rate, a barrier, a
 # clear refusal of checkpoints that do not belong together.
 if [ -n "$decode_rate" ]; then
   a="$tmp/s/step-000000.safetensors" b="$tmp/s/step-000001.safetensors"

@@ -257,8 +257,9 @@ Status run(const FleetInitOptions& o) {
   for (const auto& w : plan.warnings) std::printf("plan: %s\n", w.c_str());
   FleetFiles files{.plan = &plan, .worker_cache_size = o.worker_cache_size};
   if (!o.timing.empty()) {
-    runtime::NodeConfig checked;
-    DC_RETURN_IF_ERROR(embed::apply_timing(o.timing, checked).with_context("--timing"));
+    DC_ASSIGN_OR_RETURN(embed::NodeSettings timing, embed::parse_node_settings("{\"timing\": " + o.timing + "}", "--timing"));
+    runtime::Timing checked;
+    DC_RETURN_IF_ERROR(embed::apply_timing(timing.timing, checked).with_context("--timing"));
     files.timing = nlohmann::json::parse(o.timing);
   }
   DC_ASSIGN_OR_RETURN(files.listen, assign_endpoints(plan, endpoints, o.local_ports));

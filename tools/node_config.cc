@@ -36,15 +36,22 @@ void add_node_options(CLI::App* sub, NodeOptions& o, bool worker) {
                   "Forward and apply only versions signed by this publisher key (64 hex digits or a key file; repeat)")
       ->allow_extra_args(false);
   sub->add_option("--log-level", o.log_level, "trace, debug, info (default), warn, error, critical, off");
+  sub->add_flag("--print-settings", o.print_settings,
+                "Print the node's settings (the config file's, the flags over them) as a config file holds them, once they check, and exit");
 }
 
-Result<LoadedNode> load_node_options(const NodeOptions& flags, bool worker) {
+Result<LoadedNode> load_node_options(const NodeOptions& flags, bool worker, bool* printed) {
   embed::NodeSettings s;  // file first, then flags on top
   if (!flags.config_path.empty()) {
     DC_ASSIGN_OR_RETURN(s, embed::read_node_settings(flags.config_path));
   }
   embed::overlay_node_settings(s, flags);
-  return embed::load_node(s, worker);
+  auto loaded = embed::load_node(s, worker);
+  if (loaded.is_ok() && flags.print_settings && printed) {
+    std::printf("%s\n", embed::node_settings_json(s).c_str());
+    *printed = true;
+  }
+  return loaded;
 }
 
 }  // namespace deltacast::tools

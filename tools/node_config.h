@@ -23,9 +23,12 @@ struct NodeOptions : embed::NodeSettings {
   std::size_t keep_versions = 2;          // files kept in out_dir
   bool no_resume = false;                 // ignore the versions saved in out_dir
   std::uint64_t exit_after_version = 0;
+  bool print_settings = false;            // print the settings (file and flags, checked) and exit
 };
 
 void add_node_options(CLI::App* sub, NodeOptions& o, bool worker);
-Result<LoadedNode> load_node_options(const NodeOptions& o, bool worker);
+// The config file's settings with the flags over them, checked; with --print-settings, printed
+// as a config file holds them (then `printed` is set and the command ends there).
+Result<LoadedNode> load_node_options(const NodeOptions& o, bool worker, bool* printed = nullptr);
 
 }  // namespace deltacast::tools

@@ -31,16 +31,16 @@ struct PublishOptions {
   NodeOptions node;
   std::vector<std::string> files;
   std::string watch_dir;
-  std::uint64_t anchor_every = 25;
+  std::uint64_t anchor_every = embed::PublisherOptions{}.anchor_every;
   std::uint64_t interval_ms = 0;
   std::uint64_t linger_ms = 2000;
   std::size_t wait_workers = 0;
   std::uint64_t wait_timeout_ms = 60000;
-  std::string chunk_size = "4MiB";
+  std::string chunk_size;        // empty: the encoder's default
   bool v2 = false;               // the older spelling of --codec v2
-  std::string codec = "v1";
-  std::string wan_rate = "10Gbit";
-  double worker_cores = 16;
+  std::string codec = std::string(to_string(embed::PublisherOptions{}.codec));
+  std::string wan_rate;          // empty: the default DeliveryModel's
+  double worker_cores = DeliveryModel{}.worker_cores;
   std::size_t threads = 0;
   std::string shard;            // "I/N": publish slice I of N to the origin (--parent)
   std::uint32_t expect_shards = 0;  // origin: merge versions from N trainer shards
@@ -55,13 +55,14 @@ void print_delivery(std::uint64_t version, const embed::Delivery& d, std::size_t
 }
 
 // The publisher's options from the flags and the config file: an origin, or trainer shard I/N.
-Result<embed::PublisherOptions> publisher_options(PublishOptions& o) {
+Result<embed::PublisherOptions> publisher_options(PublishOptions& o, bool* printed) {
   const bool shard_mode = !o.shard.empty();
   std::uint32_t shard_index = 0, shard_count = 0;
   if (shard_mode && (std::sscanf(o.shard.c_str(), "%u/%u", &shard_index, &shard_count) != 2 || shard_count < 1 || shard_index >= shard_count))
     return Status::invalid_argument("--shard wants I/N with I < N, e.g. 0/4; got '" + o.shard + "'");
   if (o.node.node_id.empty()) o.node.node_id = shard_mode ? "trainer-" + std::to_string(shard_index) : "origin";
-  DC_ASSIGN_OR_RETURN(LoadedNode cfg, load_node_options(o.node, /*worker=*/false));
+  DC_ASSIGN_OR_RETURN(LoadedNode cfg, load_node_options(o.node, /*worker=*/false, printed));
+  if (*printed) return embed::PublisherOptions{};
   if (shard_mode) {
     if (cfg.node.parents.empty()) return Status::invalid_argument("a trainer shard sends its slices to the origin: give --parent");
     if (o.expect_shards) return Status::invalid_argument("--shard and --expect-shards are for different processes");
@@ -79,12 +80,13 @@ Result<embed::PublisherOptions> publisher_options(PublishOptions& o) {
   if (o.expect_shards && (!o.files.empty() || !o.watch_dir.empty()))
     return Status::invalid_argument("an origin merging trainer shards publishes nothing itself: drop the checkpoints and --watch");
   if (!o.expect_shards && o.files.empty() && o.watch_dir.empty()) return Status::invalid_argument("give checkpoints to publish, or --watch DIR");
-  DC_ASSIGN_OR_RETURN(std::uint64_t chunk, parse_bytes(o.chunk_size));
   embed::PublisherOptions po;
+  if (!o.chunk_size.empty()) {
+    DC_ASSIGN_OR_RETURN(po.encode.chunk_bytes, parse_bytes(o.chunk_size));
+  }
   po.node = cfg.node;
   po.host = cfg.host;
   po.anchor_every = o.anchor_every;
-  po.encode.chunk_bytes = chunk;
   DC_RETURN_IF_ERROR(embed::set_delta_codec(po, o.v2 ? "v2" : o.codec, o.wan_rate, o.worker_cores, "--codec", "--wan-rate"));
   po.threads = o.threads;
   return po;
@@ -181,8 +183,10 @@ void linger_and_report(embed::Publisher& pub, const PublishOptions& o) {
 
 int run_publish(PublishOptions& o) {
   (void)apply_log_level(o.node.log_level);  // load_node_options checks it and applies the config file's
-  auto po = publisher_options(o);
+  bool printed = false;
+  auto po = publisher_options(o, &printed);
   if (!po.is_ok()) return fail(po.status().message());
+  if (printed) return 0;
   const embed::PublisherOptions options = *po;
   auto started = embed::Publisher::start(std::move(po).value());
   if (!started.is_ok()) return fail(started.status().to_string());
@@ -255,15 +259,16 @@ Command add_publish_command(CLI::App& app) {
   sub->add_option("--linger-ms", o->linger_ms, "Keep serving this long after the last version")->capture_default_str();
   sub->add_option("--wait-workers", o->wait_workers, "Wait until this many workers hold each version before the next, and report it");
   sub->add_option("--wait-timeout-ms", o->wait_timeout_ms, "Give up waiting for workers after this long")->capture_default_str();
-  sub->add_option("--chunk-size", o->chunk_size, "Chunk size")->capture_default_str();
+  sub->add_option("--chunk-size", o->chunk_size, "Chunk size (default " + format_bytes(static_cast<double>(kDefaultChunkBytes)) + ")");
   sub->add_option("--codec", o->codec,
                   "Delta codec: v1; v2 where smaller per chunk (about 30% fewer bytes, several times the worker CPU); auto: per "
                   "version, whichever workers hold sooner given --wan-rate and --worker-cores")
       ->capture_default_str()
       ->check(CLI::IsMember({"v1", "v2", "auto"}));
   sub->add_flag("--v2", o->v2, "Same as --codec v2")->excludes("--codec");
-  sub->add_option("--wan-rate", o->wan_rate, "--codec auto: the slowest WAN link a version crosses (e.g. 10Gbit, 1.2GB/s)")
-      ->capture_default_str();
+  sub->add_option("--wan-rate", o->wan_rate,
+                  "--codec auto: the slowest WAN link a version crosses (e.g. 10Gbit, 1.2GB/s; default " +
+                      format_bytes(DeliveryModel{}.wan_bytes_per_s) + "/s)");
   sub->add_option("--worker-cores", o->worker_cores, "--codec auto: cores a worker applies versions on")
       ->capture_default_str()
       ->check(CLI::Range(0.01, 1e6));

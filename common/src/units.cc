@@ -1,5 +1,7 @@
 #include "deltacast/common/units.h"
 
+#include <unistd.h>
+
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -64,6 +66,12 @@ Result<double> parse_rate(std::string_view text) {
   const double rate = value * it->second;
   if (!(rate > 0) || !std::isfinite(rate)) return Status::invalid_argument("rate '" + std::string(text) + "' must be positive");
   return rate;
+}
+
+std::uint64_t physical_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page_bytes = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page_bytes <= 0) return 0;
+  return static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page_bytes);
 }
 
 }  // namespace deltacast

@@ -39,13 +39,17 @@ Result<Checkpoint> open_checkpoint(const std::string& path) {
 
 Status set_delta_codec(PublisherOptions& o, std::string_view codec, std::string_view wan_rate, double worker_cores,
                        std::string_view codec_name, std::string_view wan_rate_name) {
-  auto c = parse_delta_codec(codec);
-  if (!c.is_ok()) return Status::invalid_argument(std::string(codec_name) + ": " + c.status().message());
-  auto wan = parse_rate(wan_rate);
-  if (!wan.is_ok()) return Status::invalid_argument(std::string(wan_rate_name) + ": " + wan.status().message());
-  o.codec = *c;
-  o.delivery.wan_bytes_per_s = *wan;
-  o.delivery.worker_cores = worker_cores;
+  if (!codec.empty()) {
+    auto c = parse_delta_codec(codec);
+    if (!c.is_ok()) return Status::invalid_argument(std::string(codec_name) + ": " + c.status().message());
+    o.codec = *c;
+  }
+  if (!wan_rate.empty()) {
+    auto wan = parse_rate(wan_rate);
+    if (!wan.is_ok()) return Status::invalid_argument(std::string(wan_rate_name) + ": " + wan.status().message());
+    o.delivery.wan_bytes_per_s = *wan;
+  }
+  if (worker_cores > 0) o.delivery.worker_cores = worker_cores;
   return Status::ok();
 }
 

@@ -49,72 +49,77 @@ Status strings_of(const char* const* items, std::size_t count, const char* what,
   return Status::ok();
 }
 
-// parents, split into trees by tree_parent_counts (when tree_count is not 0).
-Status parents_of(const dc_worker_options* o, runtime::NodeConfig& node) {
+// parents, split into trees by tree_parent_counts (when tree_count is not 0), into `s`; the
+// parents' CURVE keys in the same shape.
+Status parents_of(const dc_worker_options* o, const std::vector<std::string>& keys, embed::NodeSettings& s) {
   std::vector<std::string> parents;
   DC_RETURN_IF_ERROR(strings_of(o->parents, o->parent_count, "parents", parents));
   if (o->tree_count == 0) {
-    node.parents = std::move(parents);
-    node.tree_parents.clear();
+    s.parents = std::move(parents);
+    s.parent_keys = keys;
     return Status::ok();
   }
   if (!o->tree_parent_counts) return Status::invalid_argument("tree_parent_counts is NULL but tree_count is " + std::to_string(o->tree_count));
   if (o->tree_count > runtime::kTreesMax) return Status::invalid_argument("trees: 2 to " + std::to_string(runtime::kTreesMax));
   std::size_t at = 0;
-  node.tree_parents.clear();
   for (std::size_t t = 0; t < o->tree_count; ++t) {
     const std::size_t n = o->tree_parent_counts[t];
     if (n == 0 || n > parents.size() - at)
       return Status::invalid_argument("tree_parent_counts must be 1 or more each and sum to parent_count (" + std::to_string(parents.size()) + ")");
-    node.tree_parents.emplace_back(parents.begin() + static_cast<std::ptrdiff_t>(at), parents.begin() + static_cast<std::ptrdiff_t>(at + n));
+    const auto first = static_cast<std::ptrdiff_t>(at), last = static_cast<std::ptrdiff_t>(at + n);
+    s.trees.emplace_back(parents.begin() + first, parents.begin() + last);
+    if (!keys.empty()) s.tree_parent_keys.emplace_back(keys.begin() + first, keys.begin() + last);
     at += n;
   }
   if (at != parents.size())
     return Status::invalid_argument("tree_parent_counts must sum to parent_count (" + std::to_string(parents.size()) + "), not " + std::to_string(at));
-  node.parents.clear();
   return Status::ok();
+}
+
+// The options as node settings: the config file's, then settings_json over them, then the
+// fields of dc_worker_options that are set. The checks are load_node's, as for every front end.
+Result<embed::NodeSettings> settings_of(const dc_worker_options* o) {
+  if (!o) return Status::invalid_argument("the options are NULL (node_id is required)");
+  embed::NodeSettings s;
+  if (o->config_path && *o->config_path) {
+    DC_ASSIGN_OR_RETURN(s, embed::read_node_settings(o->config_path));
+  }
+  if (o->settings_json && *o->settings_json) {
+    DC_ASSIGN_OR_RETURN(embed::NodeSettings given, embed::parse_node_settings(o->settings_json, "settings_json"));
+    embed::overlay_node_settings(s, given);
+  }
+  embed::NodeSettings named;
+  if (o->node_id) named.node_id = o->node_id;
+  std::vector<std::string> keys;
+  if (o->curve_public_key || o->curve_secret_key || o->parent_server_key_count) {
+    if (!o->curve_public_key || !o->curve_secret_key)
+      return Status::invalid_argument("CURVE needs curve_public_key and curve_secret_key, both");
+    if (o->parent_server_key_count != o->parent_count)
+      return Status::invalid_argument("CURVE needs one parent_server_keys entry per parent (" + std::to_string(o->parent_count) + ")");
+    DC_RETURN_IF_ERROR(strings_of(o->parent_server_keys, o->parent_server_key_count, "parent_server_keys", keys));
+    named.curve = transport::CurveKeys{o->curve_public_key, o->curve_secret_key};
+  }
+  if (o->parent_count) DC_RETURN_IF_ERROR(parents_of(o, keys, named));
+  if (o->cache_bytes_max) named.cache_size = std::to_string(o->cache_bytes_max);
+  named.in_place = o->in_place != 0;
+  if (o->listen) named.listen = o->listen;
+  if (o->metrics) named.metrics = o->metrics;
+  DC_RETURN_IF_ERROR(strings_of(o->trust_keys, o->trust_key_count, "trust_keys", named.trust_keys));
+  embed::overlay_node_settings(s, named);
+  if (s.node_id.empty()) return Status::invalid_argument("node_id is required");
+  if (s.parents.empty() && s.trees.empty()) return Status::invalid_argument("at least one parent is required");
+  return s;
 }
 
 // The options as a WorkerOptions, or why they cannot be.
 Result<embed::WorkerOptions> options_of(const dc_worker_options* o) {
-  if (!o) return Status::invalid_argument("node_id is required");
-  const bool config = o->config_path && *o->config_path;
+  DC_ASSIGN_OR_RETURN(embed::NodeSettings s, settings_of(o));
+  DC_ASSIGN_OR_RETURN(embed::LoadedNode loaded, embed::load_node(s, /*worker=*/true));
   embed::WorkerOptions wo;
-  if (config) {
-    DC_ASSIGN_OR_RETURN(embed::LoadedNode loaded, embed::load_node_config(o->config_path, /*worker=*/true));
-    wo.node = std::move(loaded.node);
-    wo.host = std::move(loaded.host);
-  }
-  if (o->node_id && *o->node_id) wo.node.node_id = o->node_id;
-  if (wo.node.node_id.empty()) return Status::invalid_argument("node_id is required");
-  if (o->parent_count) DC_RETURN_IF_ERROR(parents_of(o, wo.node));
-  if (!wo.node.has_parents()) return Status::invalid_argument("at least one parent is required");
-  if (o->cache_bytes_max) wo.node.cache_bytes_max = o->cache_bytes_max;
-  if (o->in_place) wo.node.in_place = true;
-  if (o->listen && *o->listen) wo.host.bind_endpoint = o->listen;
-  if (o->metrics) wo.host.metrics_listen = o->metrics;
+  wo.node = std::move(loaded.node);
+  wo.host = std::move(loaded.host);
   if (o->state_dir && *o->state_dir) wo.out_dir = o->state_dir;
   wo.keep_versions = o->keep_versions ? o->keep_versions : 2;
-  std::vector<std::string> keys;
-  DC_RETURN_IF_ERROR(strings_of(o->trust_keys, o->trust_key_count, "trust_keys", keys));
-  if (!keys.empty()) wo.node.trust_keys.clear();
-  for (std::size_t i = 0; i < keys.size(); ++i) {
-    auto k = runtime::parse_public_key(keys[i]);
-    if (!k.is_ok()) return k.status().with_context("trust_keys[" + std::to_string(i) + "]");
-    wo.node.trust_keys.push_back(*k);
-  }
-  const bool curve = o->curve_public_key || o->curve_secret_key || o->parent_server_key_count;
-  if (curve) {
-    if (!o->curve_public_key || !o->curve_secret_key || std::strlen(o->curve_public_key) != 40 || std::strlen(o->curve_secret_key) != 40)
-      return Status::invalid_argument("CURVE needs curve_public_key and curve_secret_key, 40 Z85 characters each");
-    if (o->parent_server_key_count != o->parent_count)
-      return Status::invalid_argument("CURVE needs one parent_server_keys entry per parent (" + std::to_string(o->parent_count) + ")");
-    wo.host.parent_server_keys.clear();
-    DC_RETURN_IF_ERROR(strings_of(o->parent_server_keys, o->parent_server_key_count, "parent_server_keys", wo.host.parent_server_keys));
-    for (const auto& k : wo.host.parent_server_keys)
-      if (k.size() != 40) return Status::invalid_argument("parent_server_keys: each is 40 Z85 characters");
-    wo.host.curve = transport::CurveKeys{o->curve_public_key, o->curve_secret_key};
-  }
   return wo;
 }
 }  // namespace
@@ -133,6 +138,21 @@ dc_worker* dc_worker_start(const dc_worker_options* o, char* err, size_t err_len
     return nullptr;
   }
   return new dc_worker{std::move(w).value()};
+}
+
+long dc_worker_settings(const dc_worker_options* options, char* out, size_t out_len, char* err, size_t err_len) {
+  auto s = settings_of(options);
+  if (s.is_ok()) {
+    // Checked as dc_worker_start would check them.
+    if (auto loaded = embed::load_node(*s, /*worker=*/true); !loaded.is_ok()) s = loaded.status();
+  }
+  if (!s.is_ok()) {
+    set_err(err, err_len, s.status().message());
+    return -1;
+  }
+  const std::string json = embed::node_settings_json(*s);
+  if (out && out_len) std::snprintf(out, out_len, "%s", json.c_str());
+  return static_cast<long>(json.size());
 }
 
 void dc_worker_stop(dc_worker* worker) { delete worker; }

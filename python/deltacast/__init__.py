@@ -362,6 +362,34 @@ class Version:
         return differ
 
 
+# Versions of change history a Python worker keeps unless told otherwise: enough for
+# Version.patches across a few missed versions (docs/INTEGRATION.md).
+DEFAULT_CHANGE_HISTORY = 4
+
+
+def _settings_json(settings: Optional[dict]) -> str:
+    """``settings``, any fields of a node config file (docs/RUNTIME.md, "Config files"), as JSON."""
+    if settings is None:
+        return ""
+    if not isinstance(settings, dict):
+        raise TypeError("settings: a dict of config file fields, such as {'limits': {...}, 'timing': {...}}")
+    return json.dumps(settings)
+
+
+def _worker_args(id, parents=None, *, keys=None, parent_keys=None, trust_keys=None, state_dir=None, in_place=False,
+                 listen=None, metrics=None, change_history=DEFAULT_CHANGE_HISTORY, change_history_bytes=None, stripes=None,
+                 trees=None, tree_parent_keys=None, settings=None) -> dict:
+    """The keyword arguments of the native worker: None leaves a setting to ``settings`` or the
+    node's default."""
+    if isinstance(parents, str):
+        parents = [parents]
+    return dict(id=id, parents=list(parents or []), keys=keys, parent_keys=list(parent_keys or []),
+                trust_keys=list(trust_keys or []), state_dir=state_dir or "", in_place=bool(in_place), listen=listen or "",
+                metrics=metrics or "", change_history=change_history, change_history_bytes=change_history_bytes, stripes=stripes,
+                trees=[list(t) for t in trees or []], tree_parent_keys=[list(k) for k in tree_parent_keys or []],
+                settings=_settings_json(settings))
+
+
 class Worker:
     """A rollout process's worker: joins ``parents`` (endpoints, most preferred first).
 
@@ -374,30 +402,40 @@ class Worker:
     ``change_history_bytes``: at most this many bytes of it, also when ``hold_history_from`` asks
     for more (0: as many as the image). ``stripes``: TCP connections per parent link (1 to
     64), for a parent across a long link that one connection's window cannot fill
-    (docs/RUNTIME.md, "Striped links").
+    (docs/RUNTIME.md, "Striped links"). ``settings``: any other field of a node config file, as a
+    dict (``{"limits": {...}, "timing": {...}, "cache_size": "8GB", "scrub_rate": "64MB"}``;
+    docs/RUNTIME.md, "Config files"), under the named arguments; checked as the config file's.
     """
 
     def __init__(self, id: str, parents: Optional[list[str]] = None, *, keys=None, parent_keys=None, trust_keys=None,
-                 state_dir=None, in_place=False, listen=None, metrics=None, change_history=4, change_history_bytes=0,
-                 stripes=1, trees=None, tree_parent_keys=None):
-        if isinstance(parents, str):
-            parents = [parents]
-        self._setup(_native.Worker(id, list(parents or []), keys=keys, parent_keys=list(parent_keys or []),
-                                   trust_keys=list(trust_keys or []), state_dir=state_dir or "", in_place=in_place,
-                                   listen=listen or "", metrics=metrics or "", change_history=int(change_history),
-                                   change_history_bytes=int(change_history_bytes), stripes=int(stripes), trees=[list(t) for t in trees or []],
-                                   tree_parent_keys=[list(k) for k in tree_parent_keys or []]))
+                 state_dir=None, in_place=False, listen=None, metrics=None, change_history=DEFAULT_CHANGE_HISTORY,
+                 change_history_bytes=None, stripes=None, trees=None, tree_parent_keys=None, settings: Optional[dict] = None):
+        self._setup(_native.Worker(**_worker_args(id, parents, keys=keys, parent_keys=parent_keys, trust_keys=trust_keys,
+                                                  state_dir=state_dir, in_place=in_place, listen=listen, metrics=metrics,
+                                                  change_history=change_history, change_history_bytes=change_history_bytes,
+                                                  stripes=stripes, trees=trees, tree_parent_keys=tree_parent_keys, settings=settings)))
 
     @classmethod
-    def from_config(cls, path, *, state_dir=None, change_history=4, change_history_bytes=0) -> "Worker":
+    def from_config(cls, path, *, state_dir=None, change_history=DEFAULT_CHANGE_HISTORY, change_history_bytes=None,
+                    settings: Optional[dict] = None) -> "Worker":
         """A worker from a node config file, as ``deltacast worker --config`` reads it
         (docs/RUNTIME.md, "Config files"): the files ``deltacast fleet-init`` writes, with their
-        parents or trees, key files, trust keys, limits and ``in_place``, ``listen``, ``metrics``,
-        ``stripes`` and ``scrub_rate``. A config that does not check raises deltacast.Error."""
+        parents or trees, key files, trust keys, limits, timing and ``in_place``, ``listen``,
+        ``metrics``, ``stripes`` and ``scrub_rate``; ``settings`` over them. A config that does not
+        check raises deltacast.Error."""
         worker = cls.__new__(cls)
-        worker._setup(_native.Worker.from_config(str(path), state_dir=str(state_dir or ""), change_history=int(change_history),
-                                                 change_history_bytes=int(change_history_bytes)))
+        worker._setup(_native.Worker(config_path=str(path), state_dir=str(state_dir or ""), change_history=change_history,
+                                     change_history_bytes=change_history_bytes, settings=_settings_json(settings)))
         return worker
+
+    @staticmethod
+    def settings(id: str = "", parents: Optional[list[str]] = None, *, config_path=None, **kwargs) -> dict:
+        """The node settings a ``Worker`` with these arguments runs with, as a config file holds
+        them, checked as starting the worker checks them (deltacast.Error if they do not check)."""
+        args = _worker_args(id, parents, **kwargs)
+        if config_path:
+            args["config_path"] = str(config_path)
+        return json.loads(_native.Worker.settings(**args))
 
     def _setup(self, native) -> None:
         self._native = native
@@ -519,6 +557,20 @@ def _signing_key(sign_key: Optional[str]) -> str:
     return sign_key
 
 
+def _publisher_args(listen, *, keys=None, allow_keys=None, sign_key=None, anchor_every=None, codec=None, wan_rate=None,
+                    worker_cores=None, v2=False, chunk_bytes=None, threads=0, metrics=None, id=None, run_state=None,
+                    settings=None) -> dict:
+    """The keyword arguments of the native publisher: None leaves a setting to its default."""
+    if v2 and codec not in (None, "v1", "v2"):
+        raise ValueError("v2=True and codec=%r say different things" % (codec,))
+    if not run_state and sign_key and os.path.exists(sign_key):
+        run_state = sign_key + ".run"
+    return dict(id=id or "", listen=listen, keys=keys, allow_keys=list(allow_keys or []), sign_key=_signing_key(sign_key),
+                anchor_every=anchor_every, codec="v2" if v2 else (codec or ""), wan_rate=wan_rate or "",
+                worker_cores=float(worker_cores or 0), chunk_bytes=chunk_bytes, threads=int(threads), metrics=metrics or "",
+                run_state=run_state or "", settings=_settings_json(settings))
+
+
 class Publisher:
     """The origin inside a trainer: relays and workers connect to ``listen``.
 
@@ -534,18 +586,24 @@ class Publisher:
     ``run_state``: the file where the start of each run signed by ``sign_key`` is kept, so that a run
     always starts after the last one whatever this host's clock says (default: next to the key file,
     ``<key file>.run``, or for a key given as hex ``$XDG_STATE_HOME/deltacast/<public key>.run``).
+    ``settings``: any field of a node config file, as a dict (``{"limits": {...}, "timing": {...}}``;
+    docs/RUNTIME.md, "Config files"), under the named arguments.
     """
 
-    def __init__(self, listen: str, *, keys=None, allow_keys=None, sign_key=None, anchor_every: int = 25, codec: str = "v1",
-                 wan_rate: str = "10Gbit", worker_cores: float = 16, v2: bool = False, chunk_bytes: int = 4 << 20,
-                 threads: int = 0, metrics: Optional[str] = None, id: str = "origin", run_state: Optional[str] = None):
-        if v2 and codec not in ("v1", "v2"):
-            raise ValueError("v2=True and codec=%r say different things" % (codec,))
-        if not run_state and sign_key and os.path.exists(sign_key):
-            run_state = sign_key + ".run"
-        self._native = _native.Publisher(id, listen, keys, list(allow_keys or []), _signing_key(sign_key), int(anchor_every),
-                                         "v2" if v2 else str(codec), str(wan_rate), float(worker_cores), int(chunk_bytes),
-                                         int(threads), metrics or "", run_state or "")
+    def __init__(self, listen: str, *, keys=None, allow_keys=None, sign_key=None, anchor_every: Optional[int] = None,
+                 codec: Optional[str] = None, wan_rate: Optional[str] = None, worker_cores: Optional[float] = None, v2: bool = False,
+                 chunk_bytes: Optional[int] = None, threads: int = 0, metrics: Optional[str] = None, id: Optional[str] = None,
+                 run_state: Optional[str] = None, settings: Optional[dict] = None):
+        self._native = _native.Publisher(**_publisher_args(listen, keys=keys, allow_keys=allow_keys, sign_key=sign_key,
+                                                           anchor_every=anchor_every, codec=codec, wan_rate=wan_rate,
+                                                           worker_cores=worker_cores, v2=v2, chunk_bytes=chunk_bytes, threads=threads,
+                                                           metrics=metrics, id=id, run_state=run_state, settings=settings))
+
+    @staticmethod
+    def settings(listen: str = "", **kwargs) -> dict:
+        """The node settings a ``Publisher`` with these arguments runs with, as a config file holds
+        them, checked as starting the publisher checks them (deltacast.Error if they do not)."""
+        return json.loads(_native.Publisher.settings(**_publisher_args(listen, **kwargs)))
 
     def publish(self, named_tensors) -> int:
         """Publishes ``{name: tensor}`` (or (name, tensor) pairs, in image order) as the next version;

@@ -36,7 +36,7 @@ import threading
 import weakref
 from typing import Optional
 
-from . import Error, Request, Worker
+from . import DEFAULT_CHANGE_HISTORY, Error, Request, Worker
 from .engine import ModelUpdater, UpdateError, default_group, default_worker_id
 
 __all__ = ["REQUEST_TENSOR", "UpdateError", "configure", "load_weights", "request", "serialized_request", "shutdown"]
@@ -52,7 +52,7 @@ _updaters: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def configure(parents, *, worker_id: str = "", trust_keys=None, keys=None, parent_keys=None, state_dir: str = "",
-              change_history: int = 4, change_history_bytes: int = 0, timeout_s: float = 600.0, placement: bool = True) -> None:
+              change_history: int = DEFAULT_CHANGE_HISTORY, change_history_bytes: int = 0, timeout_s: float = 600.0, placement: bool = True) -> None:
     """Sets how this process joins the fleet (before the first update; else the environment is read)."""
     if isinstance(parents, str):
         parents = [parents]
@@ -71,7 +71,7 @@ def _from_environment() -> dict:
         raise Error("deltacast.sglang has no parents: call configure() or set DELTACAST_PARENTS")
     return dict(parents=parents, worker_id=os.environ.get("DELTACAST_WORKER_ID", ""),
                 trust_keys=[k for k in os.environ.get("DELTACAST_TRUST_KEYS", "").split(",") if k], keys=None, parent_keys=[],
-                state_dir=os.environ.get("DELTACAST_STATE_DIR", ""), change_history=4, change_history_bytes=0,
+                state_dir=os.environ.get("DELTACAST_STATE_DIR", ""), change_history=DEFAULT_CHANGE_HISTORY, change_history_bytes=0,
                 timeout_s=float(os.environ.get("DELTACAST_TIMEOUT_S", "600")), placement=True)
 
 

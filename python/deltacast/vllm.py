@@ -37,7 +37,7 @@ from vllm.config.weight_transfer import WeightTransferConfig
 from vllm.distributed.weight_transfer import base as _base
 from vllm.distributed.weight_transfer.base import WeightTransferEngine, WeightTransferInitInfo, WeightTransferUpdateInfo
 
-from . import Error, Publisher, Request, Worker
+from . import DEFAULT_CHANGE_HISTORY, Error, Publisher, Request, Worker
 from .engine import ModelUpdater, UpdateError, default_group, default_worker_id
 
 __all__ = ["DeltacastInitInfo", "DeltacastTrainerInitInfo", "DeltacastTrainerWeightTransferEngine", "DeltacastUpdateInfo",
@@ -58,7 +58,7 @@ class DeltacastInitInfo(WeightTransferInitInfo):
     keys: Optional[tuple[str, str]] = None
     parent_keys: list[str] = field(default_factory=list)
     state_dir: str = ""  # each rank uses <state_dir>/<its worker id>
-    change_history: int = 4
+    change_history: int = DEFAULT_CHANGE_HISTORY
     change_history_bytes: int = 0
     placement: bool = True  # in-place writes where the loader's own map says (False: changed tensors through load_weights)
 

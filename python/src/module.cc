@@ -22,18 +22,54 @@ std::vector<TensorRef> tensor_refs(const py::list& items) {
   return out;
 }
 
+// Keyword arguments into the args struct: each name once, an unknown one is a TypeError, and
+// None leaves a field unset.
+class Kwargs {
+ public:
+  explicit Kwargs(const py::kwargs& kw) : kw_(kw) {}
+  template <typename T>
+  Kwargs& get(const char* name, T& out) {
+    seen_.emplace_back(name);
+    if (kw_.contains(name) && !kw_[name].is_none()) out = kw_[name].cast<T>();
+    return *this;
+  }
+  void done() const {
+    for (const auto& item : kw_) {
+      const auto key = item.first.cast<std::string>();
+      if (std::find(seen_.begin(), seen_.end(), key) == seen_.end()) throw py::type_error("unexpected keyword argument '" + key + "'");
+    }
+  }
+
+ private:
+  const py::kwargs& kw_;
+  std::vector<std::string> seen_;
+};
+
+PublisherArgs publisher_args(const py::kwargs& kw) {
+  PublisherArgs a;
+  Kwargs k(kw);
+  k.get("id", a.id).get("listen", a.listen).get("keys", a.keys).get("allow_keys", a.allow_keys).get("sign_key", a.sign_key);
+  k.get("anchor_every", a.anchor_every).get("codec", a.codec).get("wan_rate", a.wan_rate).get("worker_cores", a.worker_cores);
+  k.get("chunk_bytes", a.chunk_bytes).get("threads", a.threads).get("metrics", a.metrics).get("run_state", a.run_state);
+  k.get("settings", a.settings).done();
+  return a;
+}
+
+WorkerArgs worker_args(const py::kwargs& kw) {
+  WorkerArgs a;
+  Kwargs k(kw);
+  k.get("id", a.id).get("parents", a.parents).get("keys", a.keys).get("parent_keys", a.parent_keys).get("trees", a.trees);
+  k.get("tree_parent_keys", a.tree_parent_keys).get("trust_keys", a.trust_keys).get("state_dir", a.state_dir).get("in_place", a.in_place);
+  k.get("listen", a.listen).get("metrics", a.metrics).get("change_history", a.change_history);
+  k.get("change_history_bytes", a.change_history_bytes).get("stripes", a.stripes).get("config_path", a.config_path);
+  k.get("settings", a.settings).done();
+  return a;
+}
+
 void bind_publisher(py::module_& m) {
   py::class_<Publisher>(m, "Publisher")
-      .def(py::init([](std::string id, std::string listen, std::optional<std::pair<std::string, std::string>> keys,
-                       std::vector<std::string> allow_keys, std::string sign_key, std::uint64_t anchor_every, std::string codec,
-                       std::string wan_rate, double worker_cores, std::uint64_t chunk_bytes, std::size_t threads, std::string metrics, std::string run_state) {
-             PublisherArgs a{std::move(id),       std::move(listen),   std::move(keys), std::move(allow_keys),
-                             std::move(sign_key), anchor_every,        std::move(codec), std::move(wan_rate),
-                             worker_cores,        chunk_bytes,         threads,          std::move(metrics), std::move(run_state)};
-             return std::make_unique<Publisher>(a);
-           }),
-           py::arg("id"), py::arg("listen"), py::arg("keys"), py::arg("allow_keys"), py::arg("sign_key"), py::arg("anchor_every"),
-           py::arg("codec"), py::arg("wan_rate"), py::arg("worker_cores"), py::arg("chunk_bytes"), py::arg("threads"), py::arg("metrics"), py::arg("run_state") = "")
+      .def(py::init([](const py::kwargs& kw) { return std::make_unique<Publisher>(publisher_args(kw)); }))
+      .def_static("settings", [](const py::kwargs& kw) { return deltacast::embed::node_settings_json(publisher_settings(publisher_args(kw))); })
       .def("publish", [](Publisher& p, const py::list& tensors) { return p.publish(tensor_refs(tensors)); })
       .def("wait_ready", &Publisher::wait_ready, py::arg("version"), py::arg("workers"), py::arg("timeout_s"))
       .def("ledger", &Publisher::ledger)
@@ -66,6 +102,7 @@ PYBIND11_MODULE(_native, m) {
   m.doc() = "deltacast native module: use the deltacast package instead";
   py::register_exception<Error>(m, "Error", PyExc_RuntimeError);
   deltacast::transport::log_to_stderr();  // a Python program's stdout is its own
+  m.def("setting_names", &deltacast::embed::node_setting_names, "The fields a node config file may hold (docs/RUNTIME.md).");
 
   py::class_<Version, std::shared_ptr<Version>>(m, "Version", py::buffer_protocol())
       .def_property_readonly("number", &Version::number)
@@ -85,39 +122,8 @@ PYBIND11_MODULE(_native, m) {
       .def_buffer([](const Version& v) { return v.buffer(); });
 
   py::class_<Worker>(m, "Worker")
-      .def(py::init([](std::string id, std::vector<std::string> parents, std::optional<std::pair<std::string, std::string>> keys,
-                       std::vector<std::string> parent_keys, std::vector<std::string> trust_keys, std::string state_dir, bool in_place,
-                       std::string listen, std::string metrics, std::size_t change_history, std::uint64_t change_history_bytes,
-                       std::uint32_t stripes, std::vector<std::vector<std::string>> trees,
-                       std::vector<std::vector<std::string>> tree_parent_keys) {
-             WorkerArgs a;
-             a.id = std::move(id);
-             a.parents = std::move(parents);
-             a.keys = std::move(keys);
-             a.parent_keys = std::move(parent_keys);
-             a.trees = std::move(trees);
-             a.tree_parent_keys = std::move(tree_parent_keys);
-             a.trust_keys = std::move(trust_keys);
-             a.state_dir = std::move(state_dir);
-             a.in_place = in_place;
-             a.listen = std::move(listen);
-             a.metrics = std::move(metrics);
-             a.change_history = change_history;
-             a.change_history_bytes = change_history_bytes;
-             a.stripes = stripes;
-             return std::make_unique<Worker>(a);
-           }),
-           py::arg("id"), py::arg("parents"), py::arg("keys") = py::none(), py::arg("parent_keys") = std::vector<std::string>{},
-           py::arg("trust_keys") = std::vector<std::string>{}, py::arg("state_dir") = "", py::arg("in_place") = false,
-           py::arg("listen") = "", py::arg("metrics") = "", py::arg("change_history") = 0, py::arg("change_history_bytes") = 0,
-           py::arg("stripes") = 1,
-           py::arg("trees") = std::vector<std::vector<std::string>>{}, py::arg("tree_parent_keys") = std::vector<std::vector<std::string>>{})
-      .def_static(
-          "from_config",
-          [](std::string path, std::string state_dir, std::size_t change_history, std::uint64_t change_history_bytes) {
-            return std::make_unique<Worker>(path, state_dir, change_history, change_history_bytes);
-          },
-          py::arg("path"), py::arg("state_dir") = "", py::arg("change_history") = 0, py::arg("change_history_bytes") = 0)
+      .def(py::init([](const py::kwargs& kw) { return std::make_unique<Worker>(worker_args(kw)); }))
+      .def_static("settings", [](const py::kwargs& kw) { return deltacast::embed::node_settings_json(worker_settings(worker_args(kw))); })
       .def("wait", &Worker::wait, py::arg("min_version"), py::arg("timeout_s"))
       .def("wait_newer", &Worker::wait_newer, py::arg("after"), py::arg("timeout_s"))
       .def("current", &Worker::current)

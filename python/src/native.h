@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "deltacast/embed/node_config.h"
 #include "deltacast/embed/publisher.h"
 #include "deltacast/embed/worker.h"
 
@@ -119,16 +120,19 @@ struct PublisherArgs {
   std::optional<std::pair<std::string, std::string>> keys;  // own CURVE pair (public, secret), Z85
   std::vector<std::string> allow_keys;                       // workers' and relays' CURVE public keys, Z85
   std::string sign_key;                                      // Ed25519 secret key (hex); empty: unsigned
-  std::uint64_t anchor_every = 25;
-  std::string codec = "v1";      // "v1", "v2" or "auto" (codec_choice.h)
-  std::string wan_rate = "10Gbit";  // auto: the slowest WAN link a version crosses
-  double worker_cores = 16;         // auto: cores a worker applies versions on
-  std::uint64_t chunk_bytes = 4u << 20;
+  std::optional<std::uint64_t> anchor_every;                 // unset: PublisherOptions' default
+  std::string codec;         // "v1", "v2" or "auto" (codec_choice.h); empty: PublisherOptions' default
+  std::string wan_rate;      // auto: the slowest WAN link a version crosses; empty: the default
+  double worker_cores = 0;   // auto: cores a worker applies versions on; 0: the default
+  std::optional<std::uint64_t> chunk_bytes;  // unset: VersionEncodeOptions' default
   std::size_t threads = 0;
   std::string metrics;
   // The file the runs of sign_key are kept in (transport/run_state.h); empty: the key's default.
   std::string run_state;
+  std::string settings;  // a JSON object of config file fields (limits, timing, ...)
 };
+// The node settings a Publisher with these arguments runs with (checked as starting checks them).
+embed::NodeSettings publisher_settings(const PublisherArgs& a);
 
 // The origin inside a trainer: publishes each checkpoint, answers anchor requests from a
 // thread of its own while the trainer trains, and reports the fleet ledger.
@@ -162,6 +166,15 @@ class Publisher {
   std::vector<std::shared_ptr<Bytes>> images_;
 };
 
+// A Result's value, or deltacast.Error with its message.
+template <typename T>
+T checked(Result<T> r) {
+  if (!r.is_ok()) throw Error(r.status().to_string());
+  return std::move(r).value();
+}
+
+// What Python's Worker passes: the fields of embed::NodeSettings it names, over a config file
+// and a settings object (JSON) holding any other; unset (empty, None) takes the settings'.
 struct WorkerArgs {
   std::string id;
   std::vector<std::string> parents;
@@ -169,21 +182,23 @@ struct WorkerArgs {
   std::vector<std::string> parent_keys;                      // one per parent, Z85
   std::vector<std::vector<std::string>> trees;               // NodeConfig::tree_parents, instead of parents
   std::vector<std::vector<std::string>> tree_parent_keys;    // one per parent of `trees`, same shape
-  std::vector<std::string> trust_keys;                        // Ed25519 publisher keys (hex)
+  std::vector<std::string> trust_keys;                        // Ed25519 publisher keys (hex or key files)
   std::string state_dir;
   bool in_place = false;
   std::string listen;
   std::string metrics;
-  std::size_t change_history = 0;  // NodeConfig::change_history_versions_max
-  std::uint64_t change_history_bytes = 0;  // NodeConfig::change_history_bytes_max
-  std::uint32_t stripes = 1;       // HostConfig::stripes: connections per parent link
+  std::optional<std::uint64_t> change_history;
+  std::optional<std::uint64_t> change_history_bytes;
+  std::optional<std::uint32_t> stripes;
+  std::string config_path;  // a node config file (docs/RUNTIME.md, "Config files")
+  std::string settings;     // a JSON object of config file fields, over the file's
 };
+// The settings a Worker with these arguments runs with (checked as starting checks them).
+embed::NodeSettings worker_settings(const WorkerArgs& a);
 
 class Worker {
  public:
   explicit Worker(const WorkerArgs& args);
-  // From a config file (docs/RUNTIME.md, "Config files"), as `deltacast worker --config` reads it.
-  Worker(const std::string& config_path, const std::string& state_dir, std::size_t change_history, std::uint64_t change_history_bytes);
   ~Worker();
   // A version >= min_version, waiting up to timeout_s (negative: no limit). Raises TimeoutError.
   std::shared_ptr<Version> wait(std::uint64_t min_version, double timeout_s);

@@ -10,22 +10,39 @@ namespace {
 
 constexpr std::uint64_t kAnchorServeMs = 50;  // how often the anchor server looks for requests
 
+}  // namespace
+
+embed::NodeSettings publisher_settings(const PublisherArgs& a) {
+  embed::NodeSettings s;
+  if (!a.settings.empty()) s = checked(embed::parse_node_settings(a.settings, "settings"));
+  embed::NodeSettings named;
+  named.node_id = a.id;
+  named.listen = a.listen;
+  named.metrics = a.metrics;
+  named.allow_keys = a.allow_keys;
+  if (a.keys) named.curve = transport::CurveKeys{a.keys->first, a.keys->second};
+  embed::overlay_node_settings(s, named);
+  if (s.node_id.empty()) s.node_id = "origin";
+  if (s.listen.empty()) throw Error("a publisher needs an endpoint to listen on, for relays and workers");
+  (void)checked(embed::load_node(s, /*worker=*/false));  // raises what starting would
+  return s;
+}
+
+namespace {
+
 embed::PublisherOptions publisher_options(const PublisherArgs& a) {
+  embed::LoadedNode loaded = checked(embed::load_node(publisher_settings(a), /*worker=*/false));
   embed::PublisherOptions o;
-  o.node.node_id = a.id.empty() ? "origin" : a.id;
+  o.node = std::move(loaded.node);
+  o.host = std::move(loaded.host);
   if (!a.sign_key.empty()) {
     auto key = runtime::parse_signing_key(a.sign_key);
     if (!key.is_ok()) throw Error("sign_key: " + key.status().to_string());
     o.node.sign_key = std::make_shared<const runtime::SigningKey>(*key);
     o.host.run_state_path = a.run_state.empty() ? transport::default_run_state_path(key->public_key) : a.run_state;
   }
-  o.host.bind_endpoint = a.listen;
-  o.host.metrics_listen = a.metrics;
-  if (a.keys) o.host.curve = transport::CurveKeys{a.keys->first, a.keys->second};
-  o.host.allowed_client_keys = a.allow_keys;
-  if (!a.allow_keys.empty() && !a.keys) throw Error("allow_keys needs keys: the publisher's own CURVE key pair");
-  o.anchor_every = a.anchor_every;
-  o.encode.chunk_bytes = a.chunk_bytes;
+  if (a.anchor_every) o.anchor_every = *a.anchor_every;
+  if (a.chunk_bytes) o.encode.chunk_bytes = *a.chunk_bytes;
   if (Status st = embed::set_delta_codec(o, a.codec, a.wan_rate, a.worker_cores, "codec", "wan_rate"); !st.is_ok())
     throw Error(st.message());
   o.threads = a.threads;
@@ -35,7 +52,6 @@ embed::PublisherOptions publisher_options(const PublisherArgs& a) {
 }  // namespace
 
 Publisher::Publisher(const PublisherArgs& args) {
-  if (args.listen.empty()) throw Error("a publisher needs an endpoint to listen on, for relays and workers");
   const embed::PublisherOptions options = publisher_options(args);
   auto p = [&] {
     py::gil_scoped_release release;

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "deltacast/common/thread_pool.h"
+#include "deltacast/common/units.h"
 #include "native.h"
 
 namespace deltacast::python {
@@ -110,8 +111,7 @@ std::shared_ptr<Version> decode_container(py::buffer container, const std::vecto
   // The container says how large the version is. Refuse more than this host's memory before
   // allocating, the bound a worker's NodeHost applies: zero-filling that much would get the
   // process killed rather than raise bad_alloc.
-  const long pages = sysconf(_SC_PHYS_PAGES), page_bytes = sysconf(_SC_PAGESIZE);
-  if (pages > 0 && page_bytes > 0 && m.image_size > static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page_bytes))
+  if (const std::uint64_t memory = physical_memory_bytes(); memory > 0 && m.image_size > memory)
     throw Error("version " + std::to_string(m.version) + " needs " + std::to_string(m.image_size) + " bytes, more than this host's memory");
   const bool delta = m.kind == VersionKind::kDelta;
   Bytes base_image;

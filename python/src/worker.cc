@@ -90,54 +90,40 @@ py::object Version::capsule() const { return py::reinterpret_steal<py::object>(v
 
 namespace {
 
-embed::WorkerOptions worker_options(const WorkerArgs& a) {
-  embed::WorkerOptions o;
-  o.node.node_id = a.id;
-  o.node.parents = a.parents;
-  o.node.tree_parents = a.trees;
-  o.node.in_place = a.in_place;
-  o.node.change_history_versions_max = a.change_history;
-  o.node.change_history_bytes_max = a.change_history_bytes;
-  if (a.stripes < 1 || a.stripes > transport::kStripesMax)
-    throw py::value_error("stripes must be 1 to " + std::to_string(transport::kStripesMax) + ", not " + std::to_string(a.stripes));
-  o.host.stripes = a.stripes;
-  for (const auto& hex : a.trust_keys) {
-    auto key = runtime::parse_public_key(hex);
-    if (!key.is_ok()) throw Error("trust key " + hex + ": " + key.status().to_string());
-    o.node.trust_keys.push_back(*key);
-  }
-  o.host.bind_endpoint = a.listen;
-  o.host.metrics_listen = a.metrics;
-  if (a.keys) o.host.curve = transport::CurveKeys{a.keys->first, a.keys->second};
-  o.host.parent_server_keys = a.parent_keys;
-  if (!a.tree_parent_keys.empty()) {
-    // Tree by tree, in the order of NodeConfig::upstream_trees().
-    auto flat = embed::flatten_tree_keys(a.trees, a.tree_parent_keys);
-    if (!flat.is_ok() || !a.parent_keys.empty())
-      throw py::value_error("tree_parent_keys needs one key per parent of trees, in the same shape (and no parent_keys)");
-    o.host.parent_server_keys = std::move(flat).value();
-  }
-  o.out_dir = a.state_dir;
-  return o;
-}
-
 }  // namespace
 
-Worker::Worker(const WorkerArgs& args) {
-  if (args.id.empty()) throw Error("a worker needs an id");
-  if (args.parents.empty() && args.trees.empty()) throw Error("a worker needs at least one parent endpoint");
-  start(worker_options(args));
+embed::NodeSettings worker_settings(const WorkerArgs& a) {
+  embed::NodeSettings s;
+  if (!a.config_path.empty()) s = checked(embed::read_node_settings(a.config_path));
+  if (!a.settings.empty()) embed::overlay_node_settings(s, checked(embed::parse_node_settings(a.settings, "settings")));
+  embed::NodeSettings named;
+  named.node_id = a.id;
+  named.parents = a.parents;
+  named.trees = a.trees;
+  named.parent_keys = a.parent_keys;
+  named.tree_parent_keys = a.tree_parent_keys;
+  named.trust_keys = a.trust_keys;
+  named.in_place = a.in_place;
+  named.listen = a.listen;
+  named.metrics = a.metrics;
+  named.change_history = a.change_history;
+  named.change_history_bytes = a.change_history_bytes;
+  named.stripes = a.stripes;
+  if (a.keys) named.curve = transport::CurveKeys{a.keys->first, a.keys->second};
+  embed::overlay_node_settings(s, named);
+  if (s.node_id.empty()) throw Error("a worker needs an id");
+  if (s.parents.empty() && s.trees.empty()) throw Error("a worker needs at least one parent endpoint");
+  (void)checked(embed::load_node(s, /*worker=*/true));  // raises what starting would
+  return s;
 }
 
-Worker::Worker(const std::string& config_path, const std::string& state_dir, std::size_t change_history, std::uint64_t change_history_bytes) {
-  auto loaded = embed::load_node_config(config_path, /*worker=*/true);
-  if (!loaded.is_ok()) throw Error(loaded.status().to_string());
+Worker::Worker(const WorkerArgs& args) {
+  const embed::NodeSettings s = worker_settings(args);
+  embed::LoadedNode loaded = checked(embed::load_node(s, /*worker=*/true));
   embed::WorkerOptions o;
-  o.node = std::move(loaded->node);
-  o.host = std::move(loaded->host);
-  o.node.change_history_versions_max = change_history;
-  o.node.change_history_bytes_max = change_history_bytes;
-  o.out_dir = state_dir;
+  o.node = std::move(loaded.node);
+  o.host = std::move(loaded.host);
+  o.out_dir = args.state_dir;
   start(std::move(o));
 }
 

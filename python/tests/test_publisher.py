@@ -304,5 +304,5 @@ def test_a_worker_striped_to_its_parent_gets_every_version_bit_for_bit():
             got = dict(w.wait(version, timeout=30).tensors())
             for name, t in named.items():
                 assert bits(got[name]) == bits(t), (version, name)
-    with pytest.raises(ValueError, match="stripes"):
+    with pytest.raises(deltacast.Error, match="stripes"):
         deltacast.Worker("w", ["tcp://127.0.0.1:9"], stripes=0)

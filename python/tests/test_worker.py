@@ -99,7 +99,7 @@ def test_a_worker_of_a_multi_tree_fleet_takes_one_link_per_tree(publisher, check
         deltacast.Worker("w", [publisher], trees=[[publisher], [publisher]])
     with pytest.raises(deltacast.Error, match="parents: at most 16"):
         deltacast.Worker("w", [publisher] * 17)
-    with pytest.raises(ValueError, match="same shape"):
+    with pytest.raises(deltacast.Error, match="same shape"):
         deltacast.Worker("w", trees=[[publisher], [publisher]], tree_parent_keys=[["k"]])
 
 

@@ -371,7 +371,7 @@ void ChildServer::prune(std::uint64_t now) {
   for (auto& [peer, c] : children_) {
     std::erase_if(c.sent, [&](const auto& s) { return !cache_.find(s.first); });
     std::erase_if(c.resent, [&](const auto& s) { return !cache_.find(s.first); });
-    std::erase_if(c.subscriptions, [&](const auto& s) { return now - s.second > ctx_.config.parent_timeout_ms && !cache_.find(s.first); });
+    std::erase_if(c.subscriptions, [&](const auto& s) { return now - s.second > ctx_.config.timing.parent_timeout_ms && !cache_.find(s.first); });
     for (auto it = c.backlog.begin(); it != c.backlog.end();) it = cache_.find(it->first) ? std::next(it) : c.backlog.erase(it);
   }
 }
@@ -382,7 +382,7 @@ void ChildServer::tick(std::uint64_t now) {
     if (!c.backlog.empty()) drain_backlog(peer, c);
   // Children that went silent are dropped (a restarted one says Hello again).
   for (auto it = children_.begin(); it != children_.end();) {
-    if (now - it->second.last_heard_ms > ctx_.config.child_timeout_ms) {
+    if (now - it->second.last_heard_ms > ctx_.config.timing.child_timeout_ms) {
       ctx_.transport.disconnect(it->first);
       it = children_.erase(it);
     } else {
@@ -393,7 +393,7 @@ void ChildServer::tick(std::uint64_t now) {
 
 std::uint64_t ChildServer::next_duty_ms(std::uint64_t due) const {
   if (!children_.empty()) due = std::min(due, pruned_ms_ + 1000);
-  for (const auto& [peer, c] : children_) due = std::min(due, c.last_heard_ms + ctx_.config.child_timeout_ms + 1);
+  for (const auto& [peer, c] : children_) due = std::min(due, c.last_heard_ms + ctx_.config.timing.child_timeout_ms + 1);
   return due;
 }
 

@@ -155,7 +155,7 @@ UpstreamLink* Node::anchor_link() {
   // Tree 0's link opening, or failing over, gets a parent timeout before another tree's parent
   // is asked: asked of both, each parent would send the anchor it holds. Two relays that feed
   // each other in different trees would ask each other, and the anchor would cross back.
-  if (!first.down_for(ctx_->now_ms(), config_.parent_timeout_ms)) return nullptr;
+  if (!first.down_for(ctx_->now_ms(), config_.timing.parent_timeout_ms)) return nullptr;
   for (const auto& link : upstreams_)
     if (link->welcomed()) return link.get();
   return nullptr;
@@ -414,7 +414,7 @@ void Node::on_refuse(UpstreamLink& link, const Refuse& refuse) {
 
 void Node::request_anchor(std::uint64_t newer_than) {
   const std::uint64_t now = ctx_->now_ms();
-  if (anchor_requested_ && now - anchor_requested_ms_ < config_.need_after_ms * 4) return;
+  if (anchor_requested_ && now - anchor_requested_ms_ < config_.timing.need_after_ms * 4) return;
   if (!has_parents()) {
     // Nothing newer than what the asker holds can be made, and anchors made on request are
     // bounded in time (tick() asks again for children still waiting).
@@ -450,11 +450,11 @@ void Node::request_anchor(std::uint64_t newer_than) {
 void Node::request_missing(bool force) {
   if (!any_parent_welcomed()) return;
   const std::uint64_t now = ctx_->now_ms();
-  if (!force && now - last_need_ms_ < config_.need_after_ms) return;
+  if (!force && now - last_need_ms_ < config_.timing.need_after_ms) return;
   last_need_ms_ = now;
   for (const auto& [key, v] : cache_.entries()) {
     if (v.complete()) continue;
-    if (!force && now - v.last_activity_ms < config_.need_after_ms) continue;
+    if (!force && now - v.last_activity_ms < config_.timing.need_after_ms) continue;
     // A worker needs only what it can still use; a relay completes everything it caches.
     if (config_.reconstruct && !config_.serve_children && key.version <= current_version()) continue;
     auto missing = v.missing();
@@ -561,7 +561,7 @@ bool Node::on_timestamp(UpstreamLink& link, const SharedBytes& bytes) {
 void Node::check_parents_fresh(std::uint64_t now) {
   if (!verifying()) return;
   for (const auto& link : upstreams_) {
-    if (!link->welcomed() || now - link->fresh_since_ms() <= config_.parent_timeout_ms) continue;
+    if (!link->welcomed() || now - link->fresh_since_ms() <= config_.timing.parent_timeout_ms) continue;
     ctx_->stats.stale_parents++;
     std::string newest = "none";
     if (timestamp_) {
@@ -982,7 +982,7 @@ void Node::tick() {
   if (shard_out_) shard_out_->flush();
   if (refusal().empty())
     for (const auto& link : upstreams_) link->tick(now);
-  if (now - last_heartbeat_ms_ >= config_.heartbeat_ms) {
+  if (now - last_heartbeat_ms_ >= config_.timing.heartbeat_ms) {
     last_heartbeat_ms_ = now;
     Heartbeat hb = heartbeat();
     children_->broadcast(hb);
@@ -1031,7 +1031,7 @@ bool Node::quiet() const {
 }
 
 std::uint64_t Node::next_duty_ms() const {
-  std::uint64_t due = last_heartbeat_ms_ + config_.heartbeat_ms;
+  std::uint64_t due = last_heartbeat_ms_ + config_.timing.heartbeat_ms;
   for (const auto& link : upstreams_) due = link->next_duty_ms(due);
   return children_->next_duty_ms(due);
 }

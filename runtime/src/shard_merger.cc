@@ -126,7 +126,7 @@ std::optional<ShardMerger::Merged> ShardMerger::merge(std::map<VersionKey, Slice
 
 void ShardMerger::ask_for_missing(std::uint64_t now_ms, const std::function<bool(PeerId)>& connected) {
   for (auto& [key, s] : versions_) {
-    if (now_ms - s.progress_ms < ctx_.config.need_after_ms) continue;
+    if (now_ms - s.progress_ms < ctx_.config.timing.need_after_ms) continue;
     s.progress_ms = now_ms;
     for (std::uint32_t k = 0; k < s.shards; ++k) {
       auto p = peers_.find(k);

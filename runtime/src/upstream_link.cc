@@ -104,7 +104,7 @@ bool UpstreamLink::on_peer_down(PeerId peer) {
 
 void UpstreamLink::tick(std::uint64_t now) {
   if (!configured()) return;
-  const bool replace = parent_ == 0 ? now - connected_ms_ >= kReconnectMinMs && now - given_up_ms_ >= wait_ms_ : now - heard_ms_ > ctx_.config.parent_timeout_ms;
+  const bool replace = parent_ == 0 ? now - connected_ms_ >= kReconnectMinMs && now - given_up_ms_ >= wait_ms_ : now - heard_ms_ > ctx_.config.timing.parent_timeout_ms;
   if (replace) {
     if (parent_ != 0) ctx_.set_error("parent " + endpoint() + " silent for " + std::to_string(now - heard_ms_) + " ms");
     next();
@@ -120,13 +120,13 @@ void UpstreamLink::tick(std::uint64_t now) {
 void UpstreamLink::probe_preferred(std::uint64_t now) {
   const NodeConfig& config = ctx_.config;
   const std::size_t n = parents_.size();
-  if (n < 2 || config.parent_return_ms == 0 || index_ % n == 0 || !welcomed()) return;
+  if (n < 2 || config.timing.parent_return_ms == 0 || index_ % n == 0 || !welcomed()) return;
   if (probe_ != 0) {
-    if (now - probe_ms_ <= config.parent_timeout_ms) return;
+    if (now - probe_ms_ <= config.timing.parent_timeout_ms) return;
     ctx_.transport.disconnect(probe_);  // no answer: try again later
     probe_ = 0;
   }
-  if (now - probe_ms_ < config.parent_return_ms) return;
+  if (now - probe_ms_ < config.timing.parent_return_ms) return;
   probe_ms_ = now;
   probe_ = ctx_.transport.connect(parents_[0]);
   ctx_.send(probe_, hello_());
@@ -135,9 +135,9 @@ void UpstreamLink::probe_preferred(std::uint64_t now) {
 std::uint64_t UpstreamLink::next_duty_ms(std::uint64_t due) const {
   if (!configured()) return due;
   const NodeConfig& config = ctx_.config;
-  due = std::min(due, heard_ms_ + config.parent_timeout_ms + 1);
+  due = std::min(due, heard_ms_ + config.timing.parent_timeout_ms + 1);
   const std::size_t n = parents_.size();
-  if (n > 1 && config.parent_return_ms > 0 && index_ % n != 0) due = std::min(due, probe_ms_ + config.parent_return_ms);
+  if (n > 1 && config.timing.parent_return_ms > 0 && index_ % n != 0) due = std::min(due, probe_ms_ + config.timing.parent_return_ms);
   if (left_parent_ != 0) due = std::min(due, left_parent_ms_ + kLeaveLingerMs);
   return due;
 }

@@ -138,14 +138,38 @@ Status parse_stripes(const json& s, StripesSpec& stripes) {
   return Status::ok();
 }
 
+// A node's "timing" and "limits", by the runtime's own tables and bounds (as config files).
+Status parse_timing(const json& t, runtime::Timing& timing) {
+  if (!t.is_object()) return field_error("scenario.run.timing", "want an object such as {\"parent_timeout_ms\": 10000}");
+  for (auto it = t.begin(); it != t.end(); ++it) {
+    if (!it.value().is_number_unsigned()) return field_error("scenario.run.timing." + it.key(), "want a whole number of milliseconds");
+    Status st = set_setting(runtime::timing_bounds(), timing, it.key(), it.value().get<std::uint64_t>());
+    if (!st.is_ok()) return field_error("scenario.run.timing", st.message());
+  }
+  if (Status st = runtime::check_timing(timing); !st.is_ok()) return field_error("scenario.run.timing", st.message());
+  return Status::ok();
+}
+
+Status parse_limits(const json& l, std::map<std::string, std::uint64_t>& limits) {
+  if (!l.is_object()) return field_error("scenario.run.limits", "want an object such as {\"needs_per_s_max\": 400}");
+  runtime::NodeConfig probe;
+  for (auto it = l.begin(); it != l.end(); ++it) {
+    if (!it.value().is_number_unsigned()) return field_error("scenario.run.limits." + it.key(), "want a whole number");
+    Status st = set_setting(runtime::node_limit_bounds(), probe, it.key(), it.value().get<std::uint64_t>());
+    if (!st.is_ok()) return field_error("scenario.run.limits", st.message());
+    limits[it.key()] = it.value().get<std::uint64_t>();
+  }
+  return Status::ok();
+}
+
 Status parse_run(const json& r, RunSpec& run) {
   DC_RETURN_IF_ERROR(check_fields(r, "scenario.run",
-                                  {"versions", "step_period_s", "anchor_every", "decode", "tick_ms", "settle_s", "relay_cache_versions", "parent_timeout_ms",
-                                   "heartbeat_ms", "cpu", "tcp", "stripes", "sparse_apply", "scrub", "scrub_hash", "trees"}));
+                                  {"versions", "step_period_s", "anchor_every", "decode", "tick_ms", "settle_s", "relay_cache_versions", "timing",
+                                   "limits", "cpu", "tcp", "stripes", "sparse_apply", "scrub", "scrub_hash", "trees"}));
   if (r.contains("trees") && !(r["trees"].is_string() && r["trees"].get<std::string>() == "auto"))
     DC_RETURN_IF_ERROR(number(r, "scenario.run", "trees", run.trees, 1, topology::kTreesMax));
-  DC_RETURN_IF_ERROR(number(r, "scenario.run", "heartbeat_ms", run.heartbeat_ms, 10, 1e6));
-  DC_RETURN_IF_ERROR(number(r, "scenario.run", "parent_timeout_ms", run.parent_timeout_ms, 100, 1e7));
+  if (r.contains("timing")) DC_RETURN_IF_ERROR(parse_timing(r["timing"], run.timing));
+  if (r.contains("limits")) DC_RETURN_IF_ERROR(parse_limits(r["limits"], run.limits));
   DC_RETURN_IF_ERROR(number(r, "scenario.run", "versions", run.versions, 1, 100000));
   DC_RETURN_IF_ERROR(number(r, "scenario.run", "step_period_s", run.step_period_s, 0.001, 1e6));
   DC_RETURN_IF_ERROR(number(r, "scenario.run", "anchor_every", run.anchor_every, 1, 1e6));
@@ -433,9 +457,8 @@ class ScenarioRun {
     c.node_id = id;
     c.cache_bytes_max = cache_bytes_;
     c.virtual_payloads = !vs_.real;
-    c.parent_timeout_ms = sc_.run.parent_timeout_ms;
-    c.heartbeat_ms = sc_.run.heartbeat_ms;
-    c.child_timeout_ms = std::max(c.child_timeout_ms, 5 * sc_.run.parent_timeout_ms);
+    c.timing = sc_.run.timing;
+    for (const auto& [name, value] : sc_.run.limits) (void)set_setting(runtime::node_limit_bounds(), c, name, value);  // checked when parsed
     c.scrub_bytes_per_s = static_cast<std::uint64_t>(sc_.run.scrub_bytes_per_s);
     return c;
   }

@@ -7,7 +7,11 @@
  * DC_PARENT_KEY (Z85): the links are CURVE. A worker over two trees (both from the same parent)
  * must get the version too. With DC_CONFIG: a worker started from that config file alone must
  * get it as well.
- * Usage: c_worker_test PARENT_ENDPOINT VERSION EXPECTED_CHECKSUM_HEX [STATE_DIR] */
+ * Usage: c_worker_test PARENT_ENDPOINT VERSION EXPECTED_CHECKSUM_HEX [STATE_DIR]
+ *    or: c_worker_test --settings NODE_ID PARENT SETTINGS_JSON
+ *        prints the settings dc_worker_settings makes of those options (empty: unset; or the
+ *        error, exit 1),
+ *        for python/tests/test_settings.py. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,7 +20,34 @@
 
 #include "deltacast/c/worker.h"
 
+/* The settings dc_worker_settings makes of a node id, one parent and settings_json. */
+static int print_settings(const char* node_id, const char* parent, const char* settings_json) {
+  const char* parents[] = {parent};
+  dc_worker_options o = {0};
+  if (*node_id) o.node_id = node_id;
+  if (*parent) {
+    o.parents = parents;
+    o.parent_count = 1;
+  }
+  o.settings_json = settings_json;
+  char err[512];
+  const long n = dc_worker_settings(&o, NULL, 0, err, sizeof err);
+  if (n < 0) {
+    printf("error: %s\n", err);
+    return 1;
+  }
+  char* out = malloc((size_t)n + 1);
+  if (!out || dc_worker_settings(&o, out, (size_t)n + 1, err, sizeof err) != n) {
+    fprintf(stderr, "dc_worker_settings gave another length the second time\n");
+    return 2;
+  }
+  printf("%s\n", out);
+  free(out);
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  if (argc == 5 && strcmp(argv[1], "--settings") == 0) return print_settings(argv[2], argv[3], argv[4]);
   if (argc != 4 && argc != 5) {
     fprintf(stderr, "usage: c_worker_test PARENT VERSION CHECKSUM [STATE_DIR]\n");
     return 2;

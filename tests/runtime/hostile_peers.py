@@ -984,7 +984,7 @@ def case_shard_replay(t):
         replayer.send_multipart(frames)
     refused = origin.wait_log(r"slice 0 of v1\S* belongs to run [0-9a-f-]+, this origin merges run", 10)
     t.expect(refused is not None, "the origin did not refuse the replayed slice of another run")
-    t.expect(mon.poll(3000) != 0, "the origin kept the replaying client attached")
+    t.expect(mon.poll(3000) != 0, "the origin kept the replaying client attached; its log: " + origin.log()[-800:])
     time.sleep(1.0)
     t.expect(re.search(r"merged v", origin.log()) is None, "the origin merged the replayed slice: " +
              "; ".join(re.findall(r"merged v[^\n]*", origin.log())))

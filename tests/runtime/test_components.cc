@@ -66,8 +66,8 @@ NodeConfig child_of(std::vector<std::string> parents) {
   NodeConfig c;
   c.node_id = "child";
   c.parents = std::move(parents);
-  c.parent_timeout_ms = 2000;
-  c.parent_return_ms = 3000;
+  c.timing.parent_timeout_ms = 2000;
+  c.timing.parent_return_ms = 3000;
   return c;
 }
 
@@ -964,7 +964,7 @@ TEST_CASE("slices from two shard publishers merge into one version; a lost chunk
   // One slice kept until merged: the next waits.
   CHECK(s1.pub.ready(0).code() == StatusCode::kResourceExhausted);
   // After need_after_ms without progress the origin asks shard 1 for its missing chunk.
-  net.clock.advance(origin.config.need_after_ms);
+  net.clock.advance(origin.config.timing.need_after_ms);
   origin.merger.ask_for_missing(net.clock.now_ms(), [&](PeerId p) { return origin.links.count(p) > 0; });
   net.run();
   s1.handle();

@@ -118,7 +118,7 @@ TEST_CASE("a worker on its fallback moves back to its preferred parent once it r
   REQUIRE(origin.publish(s.anchor(1)).is_ok());
   net.add(relay_config("relay", {"origin"}));
   NodeConfig wc = worker_config("w", {"relay", "origin"});
-  wc.parent_return_ms = 5000;
+  wc.timing.parent_return_ms = 5000;
   Node& w = net.add(wc);
   std::vector<std::uint64_t> seen;
   int bad = 0;
@@ -140,7 +140,7 @@ TEST_CASE("a worker on its fallback moves back to its preferred parent once it r
   INFO("relay children " << net.node("relay").child_count() << ", origin children " << origin.child_count() << ", w failovers "
        << w.stats().parent_failovers << ", w error " << w.last_error());
   REQUIRE(moved_back);
-  CHECK(net.clock.now_ms() - back_from <= wc.parent_return_ms + wc.parent_timeout_ms + 1000);
+  CHECK(net.clock.now_ms() - back_from <= wc.timing.parent_return_ms + wc.timing.parent_timeout_ms + 1000);
   CHECK_FALSE(origin.ledger().at("w").left);  // it moved, it did not leave the fleet
   REQUIRE(origin.publish(s.delta(4)).is_ok());
   REQUIRE(origin.publish(s.delta(5)).is_ok());
@@ -284,7 +284,7 @@ TEST_CASE("a child asking for versions that never come holds bounded state in it
   net.run();
   CHECK(origin.child_records() == Node::kSubscriptionsPerChildMax);
   // Not here within the parent timeout: forgotten (a real child would ask again).
-  net.run_for(origin_config().parent_timeout_ms + 1500);
+  net.run_for(origin_config().timing.parent_timeout_ms + 1500);
   CHECK(origin.child_count() == 1);
   CHECK(origin.child_records() == 0);
 }

@@ -252,7 +252,7 @@ namespace {
 // The last version's: with `versions` > 1, its connections have carried versions before.
 double slowest_with(const std::string& run_fields, const std::string& wan_extra = "", std::uint32_t versions = 1) {
   const Scenario sc = parse(scenario_json(R"({"parameters": 5e8, "chunks": 64})",
-                                          R"({"versions": )" + std::to_string(versions) + R"(, "step_period_s": 30, "decode": "100GB/s", "parent_timeout_ms": 20000)" +
+                                          R"({"versions": )" + std::to_string(versions) + R"(, "step_period_s": 30, "decode": "100GB/s", "timing": {"parent_timeout_ms": 20000, "child_timeout_ms": 100000})" +
                                               run_fields + "}",
                                           "[]", wan_extra));
   auto r = run_scenario(sc, RunOptions{});

@@ -132,7 +132,7 @@ fails "a parent timeout within two heartbeats" "parent_timeout_ms (300) must be 
 echo '{"id": "w", "parents": ["tcp://127.0.0.1:7100"], "timing": {"heartbeat": 100}}' >"$tmp/timing.json"
 fails "an unknown timing field" 'unknown field "heartbeat"' "$dc" worker --config "$tmp/timing.json"
 echo '{"id": "w", "parents": ["tcp://127.0.0.1:7100"], "timing": {"need_after_ms": 0}}' >"$tmp/timing.json"
-fails "a zero timing" "need_after_ms: 1 to 86400000 milliseconds" "$dc" worker --config "$tmp/timing.json"
+fails "a zero timing" "need_after_ms: 0 is outside 1 to 86400000" "$dc" worker --config "$tmp/timing.json"
 # A parent timeout from the config is the one the worker keeps: nobody answers on the port, and
 # the worker gives the parent up after 3 s, not the default 2 s.
 echo '{"id": "w", "parents": ["tcp://127.0.0.1:7109"], "timing": {"parent_timeout_ms": 3000, "heartbeat_ms": 500}}' >"$tmp/timing.json"

@@ -238,7 +238,7 @@ TEST_CASE("a node whose own loop stalls past the parent timeout keeps its parent
   NodeConfig rc;
   rc.node_id = "relay";
   rc.parents = {origin.bound_endpoint(), "tcp://127.0.0.1:1"};  // the fallback is nobody
-  rc.parent_timeout_ms = 1000;
+  rc.timing.parent_timeout_ms = 1000;
   transport::NodeHost relay(rc, transport::HostConfig{});
   REQUIRE(relay.start_thread().is_ok());
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);

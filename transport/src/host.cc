@@ -18,6 +18,7 @@
 
 #include <csignal>
 
+#include "deltacast/common/units.h"
 #include "deltacast/runtime/metrics.h"
 #include "metrics_server.h"
 #include "zmq_links.h"
@@ -186,10 +187,8 @@ struct NodeHost::Impl final : Clock, TaskRunner {
     while (node_config.instance == 0) node_config.instance = make_run_id().nonce;
     if (node_config.reconstruct) {
       // An image larger than this host's memory cannot be held: refused before allocating.
-      const long pages = sysconf(_SC_PHYS_PAGES), page_bytes = sysconf(_SC_PAGESIZE);
-      if (pages > 0 && page_bytes > 0)
-        node_config.manifest_limits.image_bytes_max =
-            std::min<std::uint64_t>(node_config.manifest_limits.image_bytes_max, static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page_bytes));
+      if (const std::uint64_t memory = physical_memory_bytes(); memory > 0)
+        node_config.manifest_limits.image_bytes_max = std::min(node_config.manifest_limits.image_bytes_max, memory);
     }
     if (node_config.has_parents() && node_config.shard_count == 0 && node_config.trust_keys.empty())
       spdlog::warn("{}: unauthenticated: no trust key, so any parent can hand this node versions the trainer never published (--trust-key)", id);
@@ -428,5 +427,25 @@ std::vector<std::uint64_t> NodeHost::stripe_messages_out() { return impl_->links
 std::uint64_t NodeHost::reorder_gaps_skipped() { return impl_->links ? impl_->links->reorder_gaps_skipped() : 0; }
 std::uint64_t NodeHost::parts_dropped() { return impl_->links ? impl_->links->parts_dropped() : 0; }
 
+
+std::span<const SettingBound<HostConfig>> host_limit_bounds() {
+  constexpr std::uint64_t KiB = 1024, MiB = KiB << 10, GiB = MiB << 10, TiB = GiB << 10;
+  constexpr std::uint64_t kDayMs = 24ull * 3600 * 1000;
+  static const SettingBound<HostConfig> bounds[] = {
+      DC_SETTING(HostConfig, "message_bytes_max", message_bytes_max, MiB, 16 * GiB, true),
+      DC_SETTING(HostConfig, "child_message_bytes_max", child_message_bytes_max, 64 * KiB, 16 * GiB, true),
+      DC_SETTING(HostConfig, "child_queue_messages_max", child_queue_messages_max, 1, 65536, false),
+      DC_SETTING(HostConfig, "handshake_timeout_ms", handshake_timeout_ms, 100, kDayMs, false),
+      DC_SETTING(HostConfig, "connections_max", connections_max, 1, 1'000'000, false),
+      DC_SETTING(HostConfig, "hello_timeout_ms", hello_timeout_ms, 100, kDayMs, false),
+      DC_SETTING(HostConfig, "reorder_bytes_max", reorder_bytes_max, MiB, TiB, true),
+      DC_SETTING(HostConfig, "reorder_timeout_ms", reorder_timeout_ms, 100, kDayMs, false),
+      DC_SETTING(HostConfig, "stripe_part_bytes", stripe_part_bytes, 4 * KiB, GiB, true),
+      DC_SETTING(HostConfig, "metrics_clients_max", metrics_clients_max, 1, 4096, false),
+      DC_SETTING(HostConfig, "metrics_timeout_ms", metrics_timeout_ms, 100, kDayMs, false),
+      DC_SETTING(HostConfig, "metrics_response_bytes_max", metrics_response_bytes_max, 64 * KiB, 16 * GiB, true),
+  };
+  return bounds;
+}
 
 }  // namespace deltacast::transport

@@ -16,6 +16,8 @@ namespace deltacast {
 Result<std::uint64_t> parse_bytes(const std::string& text);
 // "1.50 GB", "512 B" (decimal units).
 std::string format_bytes(double bytes);
+// This host's physical memory in bytes (0: unknown): the most an image held in memory can take.
+std::uint64_t physical_memory_bytes();
 // "10Gbit", "25 Gbit/s", "200Mbit", "1.5GB/s", "800MB/s" (decimal units) -> bytes per second;
 // refuses unknown units and rates that are not positive and finite.
 Result<double> parse_rate(std::string_view text);

@@ -69,6 +69,10 @@ typedef struct dc_worker_options {
      listen, metrics, cache_bytes_max, in_place, trust keys and the CURVE keys, where set here,
      replace the file's. */
   const char* config_path;
+  /* Any setting a config file holds, as a JSON object of its fields (docs/RUNTIME.md, "Config
+     files": limits, timing, stripes, cache_size, scrub_rate, change_history, ...), over
+     config_path's and under the fields above. */
+  const char* settings_json;
 } dc_worker_options;
 
 /* The version of libdeltacast this program runs with, e.g. "0.1.0". */
@@ -76,6 +80,12 @@ const char* dc_library_version(void);
 
 /* Starts a worker. Returns NULL on failure and writes the reason to err (if not NULL). */
 dc_worker* dc_worker_start(const dc_worker_options* options, char* err, size_t err_len);
+
+/* The settings the options amount to (config_path, settings_json and the fields above), as
+   the JSON object of a config file, checked as dc_worker_start checks them. Writes it to out
+   (truncated to out_len, NUL-terminated) and returns its length, or returns -1 and writes why
+   to err. */
+long dc_worker_settings(const dc_worker_options* options, char* out, size_t out_len, char* err, size_t err_len);
 
 /* Stops the worker and frees it. Views acquired from it remain valid until released. */
 void dc_worker_stop(dc_worker* worker);

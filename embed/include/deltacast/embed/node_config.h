@@ -1,12 +1,16 @@
-// A node's settings as a JSON config file gives them (docs/RUNTIME.md, "Config files"), checked
-// and turned into the NodeConfig and HostConfig a NodeHost or Worker runs with. Every front end
-// loads configs through here: the `deltacast` command (whose flags override the file), Python's
-// `Worker.from_config` and the C ABI's `dc_worker_options::config_path`.
+// A node's settings (docs/RUNTIME.md, "Config files"), checked and turned into the NodeConfig and
+// HostConfig a NodeHost, Worker or Publisher runs with. Every front end goes through here: the
+// `deltacast` command (whose flags override the file), Python's Worker and Publisher, and the C
+// ABI's dc_worker_options.
 #pragma once
 // Exported from libdeltacast, as everything the installed headers declare.
 #pragma GCC visibility push(default)
 
+#include <cstdint>
+#include <map>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "deltacast/common/status.h"
@@ -14,31 +18,44 @@
 
 namespace deltacast::embed {
 
-// What a config file holds, as written: paths, endpoints and sizes still unchecked.
+// A node's settings as its front end gives them: a config file, the `deltacast` flags, the C
+// ABI's dc_worker_options, Python's Worker and Publisher. Each fills this one struct, and
+// load_node checks it and turns it into the NodeConfig and HostConfig the node runs with, so
+// every front end reaches every setting with the same checks. Unset fields (empty, 0, false,
+// absent) take the node's defaults.
 struct NodeSettings {
-  std::string node_id;
+  std::string node_id;                    // "id"
   std::string listen;
   std::vector<std::string> parents;
-  std::string cache_size;
+  std::string cache_size;                 // "8GB" or bytes
   std::string queue_size;
-  std::string keys_path;                  // this node's CURVE key file (from deltacast keygen)
+  std::string keys_path;                  // "keys": this node's CURVE key file (from deltacast keygen)
   std::vector<std::string> parent_keys;   // parents' public keys, in parents' order
   // A multi-tree fleet's parents per tree (docs/RUNTIME.md, "Multi-tree fleets"), instead of
   // parents, and their keys in the same shape.
   std::vector<std::vector<std::string>> trees, tree_parent_keys;
   std::vector<std::string> allow_keys;    // children's public keys allowed to connect
   std::string metrics;                    // host:port for GET /metrics
-  std::string limits_json;                // the "limits" object, as JSON text
-  std::string timing_json;                // the "timing" object (heartbeats, timeouts), as JSON text
-  std::string sign_key_path;              // origin, trainer shards: Ed25519 key file (deltacast keygen --sign)
+  // "limits": bounds on what peers can make the node do, by name (runtime::node_limit_bounds,
+  // transport::host_limit_bounds), sizes in bytes.
+  std::map<std::string, std::uint64_t> limits;
+  // "timing": fields of runtime::Timing by name (heartbeats, timeouts).
+  std::map<std::string, std::uint64_t> timing;
+  std::string sign_key_path;              // "sign_key", origin and trainer shards: Ed25519 key file (deltacast keygen --sign)
   std::vector<std::string> trust_keys;    // relays, workers: publishers' public keys (hex, or key files)
   std::vector<std::string> shard_keys;    // origin merging shards: the shards' public keys
   std::string log_level;                  // empty: info
-  std::uint32_t stripes = 0;              // connections per parent link; 0: 8 for a relay, 1 for a worker
+  std::optional<std::uint32_t> stripes;   // connections per parent link, 1 to 64; unset: 8 for a relay, 1 for a worker
   std::string congestion_control;         // of the connections children open to this node; empty: the host's
   bool relay = false;                     // workers: also serve children (peer to peer)
   bool in_place = false;                  // workers: one image, readers paused during updates
   std::string scrub_rate;                 // workers: image bytes re-hashed a second, e.g. 256MB; 0: off
+  // Workers: versions, and bytes, of change history kept (runtime::NodeConfig::change_history_*).
+  std::optional<std::uint64_t> change_history, change_history_bytes;
+
+  // Not in files (a secret does not belong in a config): this node's CURVE key pair given
+  // inline by an embedding program, instead of keys_path.
+  std::optional<transport::CurveKeys> curve;
 };
 
 struct LoadedNode {
@@ -46,18 +63,24 @@ struct LoadedNode {
   transport::HostConfig host;
 };
 
-// Reads a config file: a JSON object of known fields only.
+// The names a config file may hold.
+std::vector<std::string> node_setting_names();
+// Parses a config file's JSON text (an object of known fields only); `where` names it in errors.
+Result<NodeSettings> parse_node_settings(std::string_view json_text, const std::string& where);
+// Reads a config file.
 Result<NodeSettings> read_node_settings(const std::string& path);
-// `over`'s fields that are set replace `base`'s (command-line flags over a file). Parents
-// given replace the file's trees.
+// The settings as a config file holds them (the fields that are set); parse_node_settings reads
+// it back to the same settings.
+std::string node_settings_json(const NodeSettings& s);
+// `over`'s fields that are set replace `base`'s (command-line flags over a file, an embedding
+// program's arguments over its settings). Parents given replace the file's trees.
 void overlay_node_settings(NodeSettings& base, const NodeSettings& over);
 // Checks the settings and reads the key files they name; applies log_level to spdlog.
 Result<LoadedNode> load_node(const NodeSettings& s, bool worker);
 // read_node_settings, then load_node.
 Result<LoadedNode> load_node_config(const std::string& path, bool worker);
-// Applies a config's "timing" object (JSON text: heartbeat_ms, parent_timeout_ms,
-// child_timeout_ms, need_after_ms, parent_return_ms) to `node`, checking each field.
-Status apply_timing(const std::string& timing_json, runtime::NodeConfig& node);
+// Sets the named fields of `timing` and checks the result (runtime::check_timing).
+Status apply_timing(const std::map<std::string, std::uint64_t>& fields, runtime::Timing& timing);
 
 // The parents' CURVE keys in the order of NodeConfig::upstream_trees(): one per parent of
 // `trees`, in the same shape. Empty `tree_parent_keys`: none.

@@ -44,7 +44,7 @@ struct PublisherOptions {
   // set, parents = {the origin}.
   runtime::NodeConfig node;
   transport::HostConfig host;
-  std::uint64_t anchor_every = 25;  // 1 to 10^6
+  std::uint64_t anchor_every = runtime::kAnchorEveryDefault;  // 1 to 10^6
   VersionEncodeOptions encode;      // chunk size, anchor codec; digests are added when node.sign_key is set
   std::size_t threads = 0;          // encoder threads; 0: one per core
   // The deltas' codec (it sets encode.chunk.delta_kinds): v1, v2 where smaller, or per version
@@ -54,7 +54,8 @@ struct PublisherOptions {
 };
 
 // Sets o.codec and o.delivery from a front end's text forms: `codec` "v1", "v2" or "auto", the
-// WAN rate as parse_rate reads it ("10Gbit", "1.2GB/s"), and the cores a worker applies on. An
+// WAN rate as parse_rate reads it ("10Gbit", "1.2GB/s"), and the cores a worker applies on;
+// empty (or cores not above 0) keeps o's. An
 // error starts with the name the front end gives the option (`codec_name`, `wan_rate_name`).
 Status set_delta_codec(PublisherOptions& o, std::string_view codec, std::string_view wan_rate, double worker_cores,
                        std::string_view codec_name, std::string_view wan_rate_name);

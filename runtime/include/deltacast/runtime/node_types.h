@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "deltacast/common/settings.h"
 #include "deltacast/codec/version.h"
 #include "deltacast/runtime/trust.h"
 
@@ -21,6 +22,33 @@ namespace deltacast::runtime {
 inline constexpr std::size_t kChildSubscriptionsMax = 256;
 // The highest NodeConfig::scrub_bytes_per_s: the scrub's budget arithmetic stays far from overflow.
 inline constexpr std::uint64_t kScrubBytesPerSMax = 1'000'000'000'000;
+
+// How often a node says it is alive, and how long the silence or the stall it waits out before
+// it gives a peer or a transfer up. Every parent and child of a fleet should agree: a child's
+// parent timeout must span several of its parents' heartbeats. Bounds: timing_bounds().
+struct Timing {
+  std::uint64_t heartbeat_ms = 250;
+  std::uint64_t parent_timeout_ms = 2000;   // silence after which a parent is given up
+  std::uint64_t child_timeout_ms = 10000;   // silence after which a child is dropped
+  std::uint64_t need_after_ms = 400;        // re-request missing chunks after this long without progress
+  // On a fallback parent: how often to try the first (preferred) parent again; the node moves
+  // back once it answers. 0: stay on the fallback until it fails.
+  std::uint64_t parent_return_ms = 30000;
+};
+// Each field of Timing with its bounds (1 ms to a day; parent_return_ms may be 0).
+std::span<const SettingBound<Timing>> timing_bounds();
+// Every field in its bounds, and a peer's timeout at least twice the heartbeat (a peer heard
+// from less often would be given up between two heartbeats).
+Status check_timing(const Timing& t);
+
+// Versions a trainer publishes between anchors (whole snapshots) unless told otherwise: the
+// publisher's and the simulator's default.
+inline constexpr std::uint32_t kAnchorEveryDefault = 25;
+
+struct NodeConfig;
+// The bounds on what peers can make a node do that a config file's "limits" may set
+// (docs/RELIABILITY.md, "Limits"), each within a range that leaves the node working.
+std::span<const SettingBound<NodeConfig>> node_limit_bounds();
 
 struct NodeConfig {
   std::string node_id;
@@ -42,13 +70,7 @@ struct NodeConfig {
   bool serve_children = false;
   bool reconstruct = false;
   std::uint64_t cache_bytes_max = 4ull << 30;
-  std::uint64_t heartbeat_ms = 250;
-  std::uint64_t parent_timeout_ms = 2000;   // silence after which a parent is given up
-  std::uint64_t child_timeout_ms = 10000;   // silence after which a child is dropped
-  std::uint64_t need_after_ms = 400;        // re-request missing chunks after this long without progress
-  // On a fallback parent: how often to try the first (preferred) parent again; the node moves
-  // back once it answers. 0: stay on the fallback until it fails.
-  std::uint64_t parent_return_ms = 30000;
+  Timing timing;
   std::uint32_t decode_inflight_max = 8;    // chunks decoding at once
   // Workers: apply each version into the one image instead of a second (staging) copy, for
   // hosts short of memory. Readers are paused meanwhile: see current().

@@ -4,10 +4,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "deltacast/runtime/node_types.h"
 #include "deltacast/sim/network.h"
 #include "deltacast/topology/fleet.h"
 
@@ -42,7 +44,7 @@ struct StripesSpec {
 struct RunSpec {
   std::uint32_t versions = 10;
   double step_period_s = 60;         // the trainer publishes a version this often
-  std::uint32_t anchor_every = 25;
+  std::uint32_t anchor_every = runtime::kAnchorEveryDefault;
   double decode_bytes_per_s = 100e9; // a worker's decode and apply rate, of image bytes (one core's, with cpu)
   // A delta applied sparsely (a worker holding the previous version's chunk states): this rate
   // of payload bytes, one core's (0: as a decode of the whole image, at `decode_bytes_per_s`).
@@ -53,10 +55,13 @@ struct RunSpec {
   std::uint64_t tick_ms = 50;
   double settle_s = 600;             // after the last version, how long the run may go on
   std::uint64_t relay_cache_versions = 4;  // caches hold about this many versions' payloads
-  // NodeConfig::parent_timeout_ms. Simulated chunks are coarse: on a wide fan-out (a star of a
-  // thousand workers) one can take seconds to reach each child, longer than production's 2 s.
-  std::uint64_t parent_timeout_ms = 2000;
-  std::uint64_t heartbeat_ms = 250;  // NodeConfig::heartbeat_ms
+  // Every node's timing ("timing", as in a node's config file, with the same bounds). Simulated
+  // chunks are coarse: on a wide fan-out (a star of a thousand workers) one can take seconds to
+  // reach each child, so the bundled 1T scenarios wait longer for a parent than production does.
+  runtime::Timing timing;
+  // Every node's limits ("limits": runtime::node_limit_bounds, as in a config file); unset: the
+  // node's defaults.
+  std::map<std::string, std::uint64_t> limits;
   TcpOptions tcp;                    // modelled if the scenario has a "tcp" section
   StripesSpec stripes;
   // Trees of the multi-tree strategy (topology::plan_trees): 1 to 8, or 0 for the planner's

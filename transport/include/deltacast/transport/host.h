@@ -20,6 +20,7 @@
 #include <future>
 #include <memory>
 #include <optional>
+#include <span>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -97,6 +98,9 @@ struct HostConfig {
   // Fault injection for tests: sees every outgoing message and may alter it.
   std::function<void(runtime::Message&)> outgoing_filter;
 };
+
+// The bounds of HostConfig that a config file's "limits" may set (docs/RELIABILITY.md, "Limits").
+std::span<const SettingBound<HostConfig>> host_limit_bounds();
 
 class NodeHost {
  public:

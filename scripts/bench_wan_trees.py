@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A real fleet on the emulated WAN with one tree and with several (docs/BENCHMARKS.md,
-"Multi-tree on the emulated WAN").
+"A multi-tree fleet on the emulated WAN").
 
 Three regions joined pairwise by WAN links of RATE and DELAY one way (tests/wan/fleet.py,
 RegionsFleet): us with the origin and a worker, eu and ap with a relay and WORKERS workers each.

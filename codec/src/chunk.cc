@@ -1,4 +1,5 @@
 #include "deltacast/codec/chunk.h"
+#include "deltacast/common/check.h"
 
 #include <algorithm>
 #include <cstring>
@@ -502,7 +503,7 @@ class SparseWriter {
   // `log` holds room for log_words_max(changes, range.size()) words; `patch`, when set,
   // receives the `changes` values written.
   SparseWriter(MutableByteSpan range, std::size_t changes, StateWordChange* log, ChunkPatch* patch)
-      : p_(range.data()), n_(range.size()), log_(log), patch_(patch) {
+      : p_(range.data()), n_(range.size()), log_(log), patch_(patch), log_max_(log_words_max(changes, range.size())), changes_(changes) {
     if (patch_) {
       patch_->at.resize(changes);
       patch_->values.resize(changes);
@@ -584,6 +585,8 @@ class SparseWriter {
   // The range's state hash, which was `held`, with every change written.
   [[gnu::always_inline]] std::uint64_t finish(std::uint64_t held) {
     flush();
+    // The payload's count of changes sized the log and the patch; more would have written past them.
+    DC_CHECK(logged_ <= log_max_ && count_ <= changes_, "a sparse apply wrote more changes than its payload declared");
     mix(logged_ - mixed_);
     if (patch_) {
       patch_->at.resize(count_);
@@ -628,6 +631,7 @@ class SparseWriter {
   std::uint32_t* patch_at_ = nullptr;
   std::uint16_t* patch_values_ = nullptr;
   std::size_t count_ = 0;
+  std::size_t log_max_, changes_;
 };
 
 // The changes a decoded delta writes: v1 and v2 BF16 changes, and generic bytes whose xor is

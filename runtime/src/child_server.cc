@@ -1,4 +1,5 @@
 #include "child_server.h"
+#include "deltacast/common/check.h"
 
 #include <algorithm>
 
@@ -19,6 +20,7 @@ void ChildServer::Child::subscribe(const VersionKey& key, std::uint64_t now_ms) 
   if (subscribed(key)) return;
   if (subscriptions.size() >= kChildSubscriptionsMax) subscriptions.erase(subscriptions.begin());
   subscriptions.emplace_back(key, now_ms);
+  DC_CHECK(subscriptions.size() <= kChildSubscriptionsMax, "a child's subscriptions past their bound");
 }
 
 bool ChildServer::Child::was_sent(const VersionKey& key, std::uint32_t index) const {
@@ -101,6 +103,7 @@ void ChildServer::drain_backlog(PeerId peer, Child& c) {
       if (!ctx_.send(peer, manifest_msg(*v))) return;
       b.manifest = false;
     }
+    DC_CHECK(b.chunks.empty() || *b.chunks.rbegin() < v->chunks.size() || !cache_.find(v->key), "a child's backlog names a chunk its version does not have");
     while (!b.chunks.empty()) {
       const std::uint32_t i = *b.chunks.begin();
       if (i < v->chunks.size() && v->chunks[i] && !send_chunk(peer, c, *v, i)) return;

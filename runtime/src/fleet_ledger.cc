@@ -1,10 +1,12 @@
 #include "deltacast/runtime/fleet_ledger.h"
+#include "deltacast/common/check.h"
 
 namespace deltacast::runtime {
 
 bool FleetLedger::record(const Report& r, std::uint64_t now_ms) {
   if (!entries_.count(r.node_id) && entries_.size() >= entries_max_) return false;
   LedgerEntry& e = entries_[r.node_id];
+  DC_CHECK(entries_.size() <= entries_max_, "the fleet ledger holds more workers than its bound");
   if (r.id_taken) {  // about the id, not from the process that holds it
     e.duplicates++;
     if (!r.error.empty()) e.last_error = r.error.substr(0, kErrorBytesMax);

@@ -1,4 +1,5 @@
 #include "deltacast/runtime/node.h"
+#include "deltacast/common/check.h"
 
 #include <algorithm>
 
@@ -842,6 +843,7 @@ std::string Node::refusal() const {
 }
 
 void Node::on_version_ready(const std::shared_ptr<const ModelVersion>& ready) {
+  DC_CHECK(ready && ready->version != 0, "version 0 (none) made ready");
   timings_[ready->version].ready_us = ctx_->clock.now_us();
   report_ready(*ready);
   // A worker that relays keeps versions for its children; one that does not drops them.
@@ -912,6 +914,7 @@ void Node::on_ready_message(PeerId from, const Ready& r) {
       return;
     }
     child.reported.insert(r.node_id);
+    DC_CHECK(child.reported.size() <= child.workers_max, "a child reports for more workers than its share");
   }
   if (has_parents()) send_to_parent(r);
   else record_ready(r);
@@ -1079,6 +1082,7 @@ Status Node::publish_version(Manifest m, std::vector<SharedBytes> payloads, bool
     return Status::ok();
   }
   SharedBytes sealed = seal_manifest(m, payloads, digests_known);
+  DC_CHECK(m.run == run_, "the origin sealed a version in another run than its own");
   auto r = cache_.add_manifest(key, std::move(sealed), now, std::make_shared<const Manifest>(std::move(m)));
   if (!r.is_ok()) return r.status();
   published_us_.emplace(key.version, now_us);  // an anchor made later keeps the version's first time

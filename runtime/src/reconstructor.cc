@@ -1,4 +1,5 @@
 #include "reconstructor.h"
+#include "deltacast/common/check.h"
 
 #include "deltacast/codec/hash.h"
 #include "changes.h"
@@ -350,6 +351,8 @@ void Reconstructor::on_decoded(std::uint64_t generation, std::uint32_t i, Decode
   if (!assembly_ || assembly_->generation != generation) return;
   Assembly& as = *assembly_;
   const Status& status = result.status;
+  DC_CHECK(as.inflight > 0 && i < as.state.size() && as.state[i] == Assembly::ChunkState::kDecoding,
+           "a decode finished for a chunk that was not decoding");
   as.inflight--;
   if (result.caught_up) {
     as.caught_up[i] = 1;
@@ -367,6 +370,7 @@ void Reconstructor::on_decoded(std::uint64_t generation, std::uint32_t i, Decode
     (as.sparse && !result.dense ? ctx_.stats.chunks_applied_sparse : ctx_.stats.chunks_applied_dense)++;
     as.state[i] = Assembly::ChunkState::kDone;
     as.done++;
+    DC_CHECK(as.done <= as.state.size(), "more chunks done than the version has");
   } else {
     ctx_.set_error(status.to_string());
     as.state[i] = Assembly::ChunkState::kWaiting;
@@ -396,7 +400,7 @@ void Reconstructor::on_decoded(std::uint64_t generation, std::uint32_t i, Decode
 
 // What decoding chunk i costs: its range, or applied sparsely its payload; a double-buffered
 // worker's spare first catches up by the live version's patch, which costs about half as much
-// again (docs/BENCHMARKS.md, "Worker CPU per version").
+// again (docs/BENCHMARKS.md, "A worker's CPU per version").
 TaskCost Reconstructor::cost_of(const Assembly& a, std::uint32_t i) const {
   const ChunkEntry& c = a.manifest->chunks[i];
   if (!a.sparse || decodes_whole(a, i)) return TaskCost{.image_bytes = c.length};
@@ -457,6 +461,11 @@ void Reconstructor::finish() {
     return;
   }
   std::unique_ptr<Assembly> a = std::move(assembly_);
+  // Exposed only whole: every chunk decoded and verified, none still decoding, the image the
+  // manifest's size (empty only for the simulator's virtual payloads).
+  DC_CHECK(a->done == a->state.size() && a->inflight == 0, "a version about to be exposed before every chunk verified");
+  DC_CHECK(a->staging->image.size() == a->manifest->image_size || (ctx_.config.virtual_payloads && a->staging->image.empty()),
+           "a version about to be exposed whose image is not the manifest's size");
   ModelVersion& image = *a->staging;
   image.version = a->key.version;
   image.base_version = a->key.anchor ? 0 : a->manifest->base_version;

@@ -1,4 +1,5 @@
 #include "upstream_link.h"
+#include "deltacast/common/check.h"
 
 namespace deltacast::runtime {
 
@@ -32,6 +33,7 @@ void UpstreamLink::connect() {
     probe_ = 0;
   }
   parent_ = ctx_.transport.connect(endpoint());
+  DC_CHECK(parent_ != 0 && probe_ == 0, "a parent link without a peer, or with a probe still open");
   chunks_failed_ = 0;
   welcomed_ = false;
   said_ = false;
@@ -58,6 +60,8 @@ std::uint64_t UpstreamLink::back_off() {
   give_up();
   wait_ms_ = backoff_ms_;
   backoff_ms_ = std::min(backoff_ms_ * 2, std::max(kReconnectMinMs, ctx_.config.reconnect_backoff_ms_max));
+  DC_CHECK(wait_ms_ >= kReconnectMinMs && backoff_ms_ <= std::max(kReconnectMinMs, ctx_.config.reconnect_backoff_ms_max) * 2,
+           "a reconnect back-off outside its bounds");
   return wait_ms_;
 }
 

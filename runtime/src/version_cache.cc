@@ -1,4 +1,5 @@
 #include "deltacast/runtime/version_cache.h"
+#include "deltacast/common/check.h"
 
 #include <algorithm>
 
@@ -56,6 +57,7 @@ Result<bool> VersionCache::add_chunk(const VersionKey& key, std::uint32_t index,
     return Status::corruption(to_string(key) + " chunk " + std::to_string(index) + ": payload does not match its signed digest");
   v->chunks[index] = std::move(payload);
   v->present++;
+  DC_CHECK(v->present <= v->chunks.size(), "a cached version holds more chunks than its manifest lists");
   if (v->complete()) incomplete_--;
   v->bytes += e.payload_bytes;
   v->last_activity_ms = now_ms;
@@ -66,6 +68,8 @@ Result<bool> VersionCache::add_chunk(const VersionKey& key, std::uint32_t index,
 void VersionCache::drop_chunk(const VersionKey& key, std::uint32_t index) {
   CachedVersion* v = find(key);
   if (!v || index >= v->chunks.size() || !v->chunks[index]) return;
+  DC_CHECK(v->present > 0 && bytes_ >= v->chunks[index]->size() && v->bytes >= v->chunks[index]->size(),
+           "the cache's byte count is below a chunk it holds");
   v->bytes -= v->chunks[index]->size();
   bytes_ -= v->chunks[index]->size();
   v->chunks[index].reset();
@@ -76,9 +80,13 @@ void VersionCache::drop_chunk(const VersionKey& key, std::uint32_t index) {
 void VersionCache::erase(const VersionKey& key) {
   auto it = entries_.find(key);
   if (it == entries_.end()) return;
+  DC_CHECK(bytes_ >= it->second.bytes, "the cache's byte count is below a version it holds");
   bytes_ -= it->second.bytes;
   if (last_found_ == &it->second) last_found_ = nullptr;
-  if (!it->second.complete()) incomplete_--;
+  if (!it->second.complete()) {
+    DC_CHECK(incomplete_ > 0, "the cache counts fewer incomplete versions than it holds");
+    incomplete_--;
+  }
   entries_.erase(it);
 }
 

@@ -77,7 +77,7 @@ struct NodeConfig {
   bool in_place = false;
   // Workers: re-hash the exposed image against its chunk state hashes at most this fast
   // (Scrubber), finding memory that changed outside of a delta; 0: never. The default scrubs a
-  // 2 TB image in about 2.3 hours for about 3% of a core (docs/BENCHMARKS.md).
+  // 2 TB image in about 2.3 hours for about 1% of a core (docs/BENCHMARKS.md).
   std::uint64_t scrub_bytes_per_s = 256ull << 20;
   // Workers, double-buffered: a delta chunk whose payload is more than this many thousandths of
   // its range is decoded whole from the live image into the spare one, instead of the spare

@@ -2,6 +2,7 @@
 #include "deltacast/common/check.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "child_server.h"
 #include "deltacast/codec/hash.h"
@@ -176,18 +177,30 @@ void Node::send_need(const Need& need) {
     send_need_now(need);
     return;
   }
-  auto [it, added] = pending_needs_.try_emplace({need.key, need.want_anchor}, need);
-  if (added) return;
-  Need& p = it->second;
-  p.again = p.again || need.again;
-  if (p.chunks.empty() || need.chunks.empty()) {
-    p.chunks.clear();  // the whole version
+  // Bounded: at most kPendingNeedsMax versions wait (a Need for another is dropped: its child
+  // asks again after need_after_ms), listing at most kNeedChunksMax chunks in all (past that, a
+  // Need asks for its whole version, which lists none).
+  auto it = pending_needs_.find({need.key, need.want_anchor});
+  if (it == pending_needs_.end()) {
+    if (pending_needs_.size() >= kPendingNeedsMax) return;
+    it = pending_needs_.emplace(std::pair{need.key, need.want_anchor}, need).first;
+    if (pending_need_chunks_ + need.chunks.size() > kNeedChunksMax) it->second.chunks.clear();
+    pending_need_chunks_ += it->second.chunks.size();
   } else {
-    p.chunks.insert(p.chunks.end(), need.chunks.begin(), need.chunks.end());
-    std::sort(p.chunks.begin(), p.chunks.end());
-    p.chunks.erase(std::unique(p.chunks.begin(), p.chunks.end()), p.chunks.end());
-    if (p.chunks.size() > kNeedChunksMax) p.chunks.clear();  // more than one Need may list: the whole version
+    Need& p = it->second;
+    const std::size_t before = p.chunks.size();
+    p.again = p.again || need.again;
+    if (p.chunks.empty() || need.chunks.empty()) {
+      p.chunks.clear();  // the whole version
+    } else {
+      p.chunks.insert(p.chunks.end(), need.chunks.begin(), need.chunks.end());
+      std::sort(p.chunks.begin(), p.chunks.end());
+      p.chunks.erase(std::unique(p.chunks.begin(), p.chunks.end()), p.chunks.end());
+      if (pending_need_chunks_ - before + p.chunks.size() > kNeedChunksMax) p.chunks.clear();
+    }
+    pending_need_chunks_ = pending_need_chunks_ - before + p.chunks.size();
   }
+  DC_CHECK(pending_needs_.size() <= kPendingNeedsMax && pending_need_chunks_ <= kNeedChunksMax, "needs waiting past their bounds");
 }
 
 void Node::refill_need_tokens() {
@@ -204,6 +217,8 @@ void Node::flush_needs() {
     need_tokens_ -= 1;
     Need n = std::move(pending_needs_.begin()->second);
     pending_needs_.erase(pending_needs_.begin());
+    DC_CHECK(pending_need_chunks_ >= n.chunks.size(), "needs waiting list fewer chunks than counted");
+    pending_need_chunks_ -= n.chunks.size();
     send_need_now(n);
   }
 }
@@ -525,7 +540,11 @@ bool Node::on_timestamp(UpstreamLink& link, const SharedBytes& bytes) {
     return false;
   }
   if (verifying()) {
-    if (Status st = verify_timestamp(bytes->span(), *t, config_.trust_keys); !st.is_ok()) {
+    // A parent sends the same statement with every heartbeat until the origin issues the next:
+    // the bytes this node already verified and keeps are not verified again.
+    const bool verified_before = timestamp_bytes_ && timestamp_bytes_->size() == bytes->size() &&
+                                 std::memcmp(timestamp_bytes_->data(), bytes->data(), bytes->size()) == 0;
+    if (Status st = verified_before ? Status::ok() : verify_timestamp(bytes->span(), *t, config_.trust_keys); !st.is_ok()) {
       ctx_->stats.untrusted_timestamps++;
       refused_ = Refused{link.endpoint(), link.said_run(), link.said_newest()};
       refuse_parent(link, st.to_string() + " (is this node's trust key the publisher's?)");

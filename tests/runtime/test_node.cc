@@ -1155,3 +1155,49 @@ TEST_CASE("a refusal for another reason moves a worker on to its next parent", "
   REQUIRE(net.run_until([&] { return !fallback.received<Hello>().empty(); }, 30'000));
   CHECK(w.refusal().empty());
 }
+
+TEST_CASE("a relay's Needs waiting for its upstream budget are bounded in versions and merged per version",
+          "[runtime][node][bounds]") {
+  FakeNet net;
+  // A scripted parent that says it has versions up to 5000 of one run, and records the Needs.
+  ScriptedPeer parent(net, "parent");
+  const RunId run = make_run_id();
+  parent.answer = [&](PeerId from, const Message& m) {
+    if (std::holds_alternative<Hello>(m)) parent.transport.send(from, Welcome{5000, run, nullptr});
+  };
+  NodeConfig rc = relay_config("relay", {"parent"});
+  rc.upstream_needs_per_s_max = 1;  // one Need a second goes up: the rest wait
+  rc.needs_per_s_max = 1'000'000;   // the child may ask as fast as it likes
+  net.add(rc);
+  net.run();
+  ScriptedPeer child(net, "child");
+  const PeerId link = child.transport.connect("relay");
+  Hello h;
+  h.node_id = "child";
+  h.role = Role::kRelay;
+  h.serves_children = true;
+  h.run = run;
+  child.transport.send(link, h);
+  net.run();
+  const std::size_t before = parent.received<Need>().size();
+  // 3000 versions asked for, each twice (chunk 0, then chunk 1): more versions than may wait.
+  for (std::uint64_t v = 2; v < 3002; ++v) child.transport.send(link, Need{{v, false}, {0}, false});
+  for (std::uint64_t v = 2; v < 3002; ++v) child.transport.send(link, Need{{v, false}, {1}, false});
+  net.run();
+  // Long enough for every Need that waits to go up at one a second.
+  net.run_for(3'500'000, 1000);
+  std::set<std::uint64_t> versions;
+  std::size_t for_children = 0;
+  for (const Need& n : parent.received<Need>()) {
+    if (n.key.version < 2 || n.key.version >= 3002) continue;  // the relay's own
+    for_children++;
+    versions.insert(n.key.version);
+    // Merged: a version that waited goes up once, with both chunks.
+    if (n.chunks.size() == 2) CHECK(n.chunks == std::vector<std::uint32_t>{0, 1});
+  }
+  CHECK(parent.received<Need>().size() > before);
+  CHECK(for_children == versions.size());  // each version once
+  // The first went up at once; of the rest, at most the bound waited.
+  CHECK(versions.size() <= 1 + 1024);
+  CHECK(versions.size() >= 1024);
+}

@@ -307,7 +307,11 @@ class Node {
   static constexpr std::uint64_t kLedgerEvictEveryMs = 10000;
   std::uint64_t ledger_evicted_ms_ = 0;
   std::uint64_t ledger_full_logged_ms_ = 0;
+  // Needs waiting for the upstream budget (upstream_needs_per_s_max), merged per version: at
+  // most kPendingNeedsMax versions, listing at most kNeedChunksMax chunks in all.
+  static constexpr std::size_t kPendingNeedsMax = 1024;
   std::map<std::pair<VersionKey, bool>, Need> pending_needs_;
+  std::size_t pending_need_chunks_ = 0;
   double need_tokens_ = 0;
   std::uint64_t need_tokens_ms_ = 0;
   std::function<void(std::shared_ptr<const ModelVersion>)> on_ready_;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "deltacast/codec/hash.h"
+#include "deltacast/common/check.h"
 
 namespace deltacast::runtime {
 
@@ -46,6 +47,11 @@ Status ShardMerger::on_manifest(PeerId from, const ManifestMsg& m, bool merged, 
                                     "): dropping the unmerged slices of its run " + to_string(newest));
       for (auto& [key, v] : versions_)
         if (m.shard < v.slices.size() && v.slices[m.shard]) {
+          // Its payloads leave the count that bound() holds to cache_bytes_max.
+          for (const Bytes& payload : v.slices[m.shard]->payloads) {
+            DC_CHECK(v.bytes >= payload.size(), "a version's unmerged slices hold more bytes than counted");
+            v.bytes -= payload.size();
+          }
           v.slices[m.shard].reset();
           v.missing_chunks[m.shard] = 0;
         }

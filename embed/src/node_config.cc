@@ -161,33 +161,34 @@ struct FieldIo {
   }
 };
 
-// Every field of a config file, once: its name and where it lives. `f(name, field)`.
-template <class Settings, class F>
-void for_each_setting(Settings& s, F&& f) {
-  f("id", s.node_id);
-  f("listen", s.listen);
-  f("parents", s.parents);
-  f("trees", s.trees);
-  f("cache_size", s.cache_size);
-  f("queue_size", s.queue_size);
-  f("keys", s.keys_path);
-  f("parent_keys", s.parent_keys);
-  f("tree_parent_keys", s.tree_parent_keys);
-  f("allow_keys", s.allow_keys);
-  f("metrics", s.metrics);
-  f("limits", s.limits);
-  f("timing", s.timing);
-  f("sign_key", s.sign_key_path);
-  f("trust_keys", s.trust_keys);
-  f("shard_keys", s.shard_keys);
-  f("log_level", s.log_level);
-  f("stripes", s.stripes);
-  f("congestion_control", s.congestion_control);
-  f("relay", s.relay);
-  f("in_place", s.in_place);
-  f("scrub_rate", s.scrub_rate);
-  f("change_history", s.change_history);
-  f("change_history_bytes", s.change_history_bytes);
+// Every field of a config file, once: its name and where it lives. `f(name, field, ...)`, the
+// field of each settings given.
+template <class F, class... Settings>
+void for_each_setting(F&& f, Settings&... s) {
+  f("id", s.node_id...);
+  f("listen", s.listen...);
+  f("parents", s.parents...);
+  f("trees", s.trees...);
+  f("cache_size", s.cache_size...);
+  f("queue_size", s.queue_size...);
+  f("keys", s.keys_path...);
+  f("parent_keys", s.parent_keys...);
+  f("tree_parent_keys", s.tree_parent_keys...);
+  f("allow_keys", s.allow_keys...);
+  f("metrics", s.metrics...);
+  f("limits", s.limits...);
+  f("timing", s.timing...);
+  f("sign_key", s.sign_key_path...);
+  f("trust_keys", s.trust_keys...);
+  f("shard_keys", s.shard_keys...);
+  f("log_level", s.log_level...);
+  f("stripes", s.stripes...);
+  f("congestion_control", s.congestion_control...);
+  f("relay", s.relay...);
+  f("in_place", s.in_place...);
+  f("scrub_rate", s.scrub_rate...);
+  f("change_history", s.change_history...);
+  f("change_history_bytes", s.change_history_bytes...);
 }
 
 Status read_field(const std::string& name, const json& v, std::map<std::string, std::uint64_t>& out) {
@@ -216,7 +217,7 @@ Status read_field(const std::string&, const json& v, T& out) {
 std::vector<std::string> node_setting_names() {
   std::vector<std::string> names;
   NodeSettings s;
-  for_each_setting(s, [&](const char* name, auto&) { names.emplace_back(name); });
+  for_each_setting([&](const char* name, auto&) { names.emplace_back(name); }, s);
   return names;
 }
 
@@ -228,10 +229,12 @@ Result<NodeSettings> parse_node_settings(std::string_view json_text, const std::
     if (std::find(names.begin(), names.end(), it.key()) == names.end()) return Status::invalid_argument(where + ": unknown field \"" + it.key() + "\"");
   NodeSettings o;
   Status status = Status::ok();
-  for_each_setting(o, [&](const char* name, auto& field) {
-    if (!status.is_ok() || !j.contains(name)) return;
-    status = read_field(name, j[name], field).with_context(std::string("config field \"") + name + "\"");
-  });
+  for_each_setting(
+      [&](const char* name, auto& field) {
+        if (!status.is_ok() || !j.contains(name)) return;
+        status = read_field(name, j[name], field).with_context(std::string("config field \"") + name + "\"");
+      },
+      o);
   if (!status.is_ok()) return status.with_context(where);
   return o;
 }
@@ -243,20 +246,16 @@ Result<NodeSettings> read_node_settings(const std::string& path) {
 
 std::string node_settings_json(const NodeSettings& s) {
   json j = json::object();
-  for_each_setting(s, [&](const char* name, const auto& field) {
-    if (FieldIo::is_set(field)) j[name] = FieldIo::write(field);
-  });
+  for_each_setting(
+      [&](const char* name, const auto& field) {
+        if (FieldIo::is_set(field)) j[name] = FieldIo::write(field);
+      },
+      s);
   return j.dump();
 }
 
 void overlay_node_settings(NodeSettings& o, const NodeSettings& flags) {
-  for_each_setting(o, [&](const char* name, auto& field) {
-    // The field of `flags` with the same name: the list visits both in the same order.
-    for_each_setting(flags, [&](const char* other, const auto& over) {
-      if constexpr (std::is_same_v<std::decay_t<decltype(field)>, std::decay_t<decltype(over)>>)
-        if (std::string_view(name) == other) FieldIo::overlay(field, over);
-    });
-  });
+  for_each_setting([](const char*, auto& field, const auto& over) { FieldIo::overlay(field, over); }, o, flags);
   // Parents given replace the file's trees, and trees its parents (both given: load_node refuses).
   if (!flags.parents.empty() && flags.trees.empty()) o.trees.clear(), o.tree_parent_keys = flags.tree_parent_keys;
   if (!flags.trees.empty() && flags.parents.empty()) o.parents.clear(), o.tree_parent_keys = flags.tree_parent_keys;

@@ -45,6 +45,12 @@ class Kwargs {
   std::vector<std::string> seen_;
 };
 
+// The settings as a config file holds them, once they check as starting would check them.
+std::string checked_json(const deltacast::embed::NodeSettings& s, bool worker) {
+  (void)checked(deltacast::embed::load_node(s, worker));
+  return deltacast::embed::node_settings_json(s);
+}
+
 PublisherArgs publisher_args(const py::kwargs& kw) {
   PublisherArgs a;
   Kwargs k(kw);
@@ -69,7 +75,7 @@ WorkerArgs worker_args(const py::kwargs& kw) {
 void bind_publisher(py::module_& m) {
   py::class_<Publisher>(m, "Publisher")
       .def(py::init([](const py::kwargs& kw) { return std::make_unique<Publisher>(publisher_args(kw)); }))
-      .def_static("settings", [](const py::kwargs& kw) { return deltacast::embed::node_settings_json(publisher_settings(publisher_args(kw))); })
+      .def_static("settings", [](const py::kwargs& kw) { return checked_json(publisher_settings(publisher_args(kw)), /*worker=*/false); })
       .def("publish", [](Publisher& p, const py::list& tensors) { return p.publish(tensor_refs(tensors)); })
       .def("wait_ready", &Publisher::wait_ready, py::arg("version"), py::arg("workers"), py::arg("timeout_s"))
       .def("ledger", &Publisher::ledger)
@@ -123,7 +129,7 @@ PYBIND11_MODULE(_native, m) {
 
   py::class_<Worker>(m, "Worker")
       .def(py::init([](const py::kwargs& kw) { return std::make_unique<Worker>(worker_args(kw)); }))
-      .def_static("settings", [](const py::kwargs& kw) { return deltacast::embed::node_settings_json(worker_settings(worker_args(kw))); })
+      .def_static("settings", [](const py::kwargs& kw) { return checked_json(worker_settings(worker_args(kw)), /*worker=*/true); })
       .def("wait", &Worker::wait, py::arg("min_version"), py::arg("timeout_s"))
       .def("wait_newer", &Worker::wait_newer, py::arg("after"), py::arg("timeout_s"))
       .def("current", &Worker::current)

@@ -131,7 +131,7 @@ struct PublisherArgs {
   std::string run_state;
   std::string settings;  // a JSON object of config file fields (limits, timing, ...)
 };
-// The node settings a Publisher with these arguments runs with (checked as starting checks them).
+// The node settings a Publisher with these arguments runs with (load_node checks them).
 embed::NodeSettings publisher_settings(const PublisherArgs& a);
 
 // The origin inside a trainer: publishes each checkpoint, answers anchor requests from a
@@ -193,7 +193,7 @@ struct WorkerArgs {
   std::string config_path;  // a node config file (docs/RUNTIME.md, "Config files")
   std::string settings;     // a JSON object of config file fields, over the file's
 };
-// The settings a Worker with these arguments runs with (checked as starting checks them).
+// The settings a Worker with these arguments runs with (load_node checks them).
 embed::NodeSettings worker_settings(const WorkerArgs& a);
 
 class Worker {

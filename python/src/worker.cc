@@ -113,13 +113,11 @@ embed::NodeSettings worker_settings(const WorkerArgs& a) {
   embed::overlay_node_settings(s, named);
   if (s.node_id.empty()) throw Error("a worker needs an id");
   if (s.parents.empty() && s.trees.empty()) throw Error("a worker needs at least one parent endpoint");
-  (void)checked(embed::load_node(s, /*worker=*/true));  // raises what starting would
   return s;
 }
 
 Worker::Worker(const WorkerArgs& args) {
-  const embed::NodeSettings s = worker_settings(args);
-  embed::LoadedNode loaded = checked(embed::load_node(s, /*worker=*/true));
+  embed::LoadedNode loaded = checked(embed::load_node(worker_settings(args), /*worker=*/true));
   embed::WorkerOptions o;
   o.node = std::move(loaded.node);
   o.host = std::move(loaded.host);

@@ -434,7 +434,7 @@ Result<std::vector<double>> publish_to_worker_runs(const BenchOptions& o, const 
     wo.out_dir = dir + "/worker";
     wo.resume = false;
     DC_ASSIGN_OR_RETURN(auto worker, embed::Worker::start(std::move(wo)));
-    const embed::VersionStore store(dir + "/worker", "worker");
+    const runtime::VersionStore store = transport::directory_version_store(dir + "/worker", "worker");
     for (std::size_t p = 0; p < files.size(); ++p) {
       const double t0 = process_cpu_s();
       DC_ASSIGN_OR_RETURN(embed::Checkpoint next, embed::open_checkpoint(files[p]));

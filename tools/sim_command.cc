@@ -20,6 +20,7 @@ struct SimOptions {
   bool ideal_links = false;   // the scenario's TCP section ignored
   bool dense_apply = false;   // the scenario's run.sparse_apply ignored
   bool by_version = false;
+  bool log_nodes = false;
   double window_bytes = 0;  // > 0: over the scenario's run.tcp.window_bytes
   std::string trees;        // non-empty: over the scenario's run.trees
   std::string congestion_control;  // non-empty: over the scenario's run.tcp.congestion_control
@@ -61,6 +62,7 @@ int run_sim(const SimOptions& o) {
       ro.compressed = compressed;
       ro.seed = o.seed;
       ro.encoded = &encoded;
+      ro.log_nodes = o.log_nodes;
       std::fprintf(stderr, "running %s%s (seed %llu) ...\n", sim::strategy_name(s), compressed ? "" : ", raw BF16", static_cast<unsigned long long>(o.seed));
       auto r = sim::run_scenario(*sc, ro);
       if (!r.is_ok()) return fail(r.status().to_string());
@@ -71,6 +73,10 @@ int run_sim(const SimOptions& o) {
       if (r->violations_total > r->violations.size())
         std::fprintf(stderr, "deltacast: ... and %llu more\n", static_cast<unsigned long long>(r->violations_total - r->violations.size()));
       for (const auto& e : r->node_errors) std::fprintf(stderr, "  node error: %s\n", e.c_str());
+      if (r->saves + r->save_failures + r->resumed + r->resumed_none > 0)
+        std::fprintf(stderr, "  workers' disks: %llu versions saved, %llu saves failed; restarts: %llu resumed from disk, %llu found nothing to resume\n",
+                     static_cast<unsigned long long>(r->saves), static_cast<unsigned long long>(r->save_failures),
+                     static_cast<unsigned long long>(r->resumed), static_cast<unsigned long long>(r->resumed_none));
       reports.push_back(std::move(r).value());
     }
   }
@@ -134,6 +140,7 @@ Command add_sim_command(CLI::App& app) {
   sub->add_option("--congestion-control", o->congestion_control, "reno, cubic or bbr, over the scenario's run.tcp.congestion_control")
       ->check(CLI::IsMember({"reno", "cubic", "bbr"}));
   sub->add_flag("--by-version", o->by_version, "Also print each version's median and slowest worker");
+  sub->add_flag("--log", o->log_nodes, "Print every node's log lines, with the simulated time, to stderr");
   sub->add_flag("--ideal-links", o->ideal_links, "Ignore the scenario's run.tcp: every connection as fast as its path");
   sub->add_flag("--dense-apply", o->dense_apply,
                 "Ignore the scenario's run.sparse_apply: every delta decoded over the whole image at run.decode, as workers did "

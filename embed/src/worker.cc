@@ -14,12 +14,15 @@ Result<std::unique_ptr<Worker>> Worker::start(WorkerOptions o) {
   const std::string id = o.node.node_id;
   w->host_ = std::make_unique<transport::NodeHost>(std::move(o.node), std::move(o.host));
   if (!o.out_dir.empty()) {
-    w->store_.emplace(o.out_dir, id, o.keep_versions);
+    w->store_.emplace(transport::directory_version_store(o.out_dir, id, o.keep_versions));
     // A wrong out dir is reported now, not at the first version.
     DC_RETURN_IF_ERROR(w->store_->prepare().with_context("out dir " + o.out_dir));
     // A restarted worker starts from the newest version it saved, and fetches only the deltas
     // after it (an anchor only if its parents no longer have them).
-    if (o.resume) w->resumed_ = w->store_->resume(*w->host_);
+    if (std::shared_ptr<runtime::ModelVersion> saved = o.resume ? w->store_->resume() : nullptr) {
+      w->resumed_ = saved;
+      w->host_->restore(std::move(saved));
+    }
   }
   if (o.on_version)
     w->host_->set_on_version([cb = std::move(o.on_version), host = w->host_.get()](std::shared_ptr<const runtime::ModelVersion> v) {
@@ -37,7 +40,9 @@ Result<std::unique_ptr<Worker>> Worker::start(WorkerOptions o) {
 void Worker::save_loop() {
   using Tag = transport::NodeHost::VersionTag;
   // Every failed save counts in the node's deltacast_save_failures_total.
-  VersionSaver saver(*store_, VersionSaver::save_retry_ms, [host = host_.get()] { host->post([host] { host->node().count_save_failure(); }); });
+  runtime::VersionSaver saver(
+      *store_, runtime::system_clock(), runtime::VersionSaver::kSaveRetryMsDefault,
+      [host = host_.get()] { host->post([host] { host->node().count_save_failure(); }); }, transport::log_to_spdlog);
   std::optional<Tag> seen, saved;  // the newest version seen; the newest on disk
   if (resumed_) seen = saved = Tag::of(*resumed_);
   auto offer = [&](std::shared_ptr<const runtime::ModelVersion> v) {

@@ -3,7 +3,6 @@
 #include <sodium.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdlib>
 
 namespace deltacast::runtime {
@@ -168,12 +167,10 @@ Status verify_timestamp(ByteSpan bytes, const Timestamp& t, const std::vector<Pu
   return Status::ok();
 }
 
-RunId make_run_id() {
-  ensure_sodium();
+RunId make_run_id(std::uint64_t unix_us, Random& random) {
   RunId r;
-  r.started_us = static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
-  randombytes_buf(&r.nonce, sizeof r.nonce);
+  r.started_us = unix_us;
+  r.nonce = random.nonzero_u64();
   return r;
 }
 

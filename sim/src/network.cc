@@ -210,7 +210,7 @@ struct Network::Impl {
     for (auto& q : work[n]) q.clear();
     schedule_cpu(ns.cpu);
   }
-  double cpu_us_for_bytes(std::uint64_t bytes) const { return static_cast<double>(bytes) * opt.net_ns_per_byte / 1e3; }
+  double cpu_us_for_bytes(int n, std::uint64_t bytes) const { return static_cast<double>(bytes) * opt.net_ns_per_byte / 1e3 * nodes[n].slowdown; }
 
   // Decoding. Without a CPU model, one chunk after another at the decode rate, so tasks finish
   // in the order they were given (a FIFO whose end is known at once: an event each, which
@@ -228,7 +228,7 @@ struct Network::Impl {
                           ? static_cast<double>(cost.sparse_payload_bytes) / o.sparse_payload_bytes_per_s
                           : static_cast<double>(cost.image_bytes) / o.decode_bytes_per_s;
       if (cost.hashed_bytes > 0 && o.hash_bytes_per_s > 0) cost_s += static_cast<double>(cost.hashed_bytes) / o.hash_bytes_per_s;
-      const double cost_us = cost_s * 1e6;
+      const double cost_us = cost_s * 1e6 * impl.nodes[self].slowdown;
       if (impl.opt.cores_per_host > 0) {
         Work w;
         w.left_us = cost_us;
@@ -264,6 +264,7 @@ struct Network::Impl {
     double ingress_delay_ms = 0;
     double wan_bytes_per_s = 0;      // Placement::wan_bytes_per_s
     double wan_out_free_us = 0, wan_in_free_us = 0;
+    double slowdown = 1;             // its CPU work takes this many times as long (a slow node)
     std::unique_ptr<runtime::Node> node;
     std::unique_ptr<SimTasks> tasks;
     std::unique_ptr<SimTransport> transport;
@@ -305,6 +306,7 @@ struct Network::Impl {
     double bytes_per_s = 0;
     double free_us = 0;
     bool cut = false;
+    LinkFault fault;  // messages dropped or put out of order (Network::set_link_fault)
   };
 
   // Messages on their way, each in a slot that its delivery event names with its link; slots
@@ -331,7 +333,11 @@ struct Network::Impl {
   };
   std::map<std::pair<std::string, std::string>, Route> routes;
 
-  Impl(Network& n, NetworkOptions o) : net(n), opt(o), rng(o.seed) {}
+  // Each process's instance number (runtime::NodeConfig::instance), drawn as a real host draws
+  // it, from a stream of its own so that the link model's draws stay as they were.
+  SeededRandom instances;
+
+  Impl(Network& n, NetworkOptions o) : net(n), opt(o), rng(o.seed), instances(o.seed ^ 0x9e3779b97f4a7c15ull) {}
 
   bool current(int i, std::uint64_t gen) const { return nodes[i].alive && nodes[i].generation == gen; }
 
@@ -363,12 +369,14 @@ struct Network::Impl {
     NodeState& h = nodes[i];
     h.generation++;
     h.alive = true;
+    h.config.instance = instances.nonzero_u64();  // a new process
     h.transport = std::make_unique<SimTransport>(*this, i);
     h.tasks = std::make_unique<SimTasks>(*this, i);
     h.node = std::make_unique<runtime::Node>(h.config, *h.transport, net.events_, h.tasks.get());
     h.node->set_on_ready([this, i](std::shared_ptr<const runtime::ModelVersion> v) {
       if (net.on_ready) net.on_ready(i, v);
     });
+    if (opt.on_log) h.node->set_on_log([this, i](runtime::LogLevel level, const std::string& what) { opt.on_log(i, level, what); });
     if (restored) (void)h.node->restore(std::move(restored));
   }
 
@@ -650,10 +658,20 @@ struct Network::Impl {
     net.stats_.messages++;
     const PathTiming t = path_timing(src, dst, l, size, now);
     double arrival = t.arrival_us, leaves = t.leaves_us;
-    const bool cut = t.cut;
+    bool cut = t.cut;
     if (!l.pending.empty()) leaves = std::max(leaves, l.pending.back().first);  // one queue, in order
     arrival = std::max(arrival, l.last_arrival_us);
     l.last_arrival_us = arrival;
+    // A faulty striped link: a connection that died with this message on it (the receiver's
+    // reorder buffer gave up the gap), or a message late behind the ones sent after it.
+    for (int p : l.pipes) {
+      const LinkFault& f = pipes[p].fault;
+      if (f.drop > 0 && std::uniform_real_distribution<double>(0, 1)(rng) < f.drop) {
+        cut = true;
+        net.stats_.messages_dropped_by_fault++;
+      }
+      if (f.reorder_ms > 0) arrival += std::uniform_real_distribution<double>(0, f.reorder_ms * 1e3)(rng);
+    }
     l.pending.emplace_back(leaves, size);
     l.queued += size;
     net.stats_.queue_bytes_high = std::max(net.stats_.queue_bytes_high, l.queued);
@@ -661,7 +679,7 @@ struct Network::Impl {
     *l.bytes_between += size;
     if (opt.cores_per_host > 0 && opt.net_ns_per_byte > 0) {
       Work w;
-      w.left_us = cpu_us_for_bytes(size);
+      w.left_us = cpu_us_for_bytes(self, size);
       add_work(self, kSend, std::move(w));
     }
     if (cut) {
@@ -698,7 +716,7 @@ struct Network::Impl {
     }
     if (opt.cores_per_host > 0 && opt.net_ns_per_byte > 0) {  // it reaches the node once the node's CPU has taken it in
       Work w;
-      w.left_us = cpu_us_for_bytes(runtime::message_bytes(m));
+      w.left_us = cpu_us_for_bytes(dl.to, runtime::message_bytes(m));
       w.deliver_from = peer;
       w.generation = gen;
       w.message = m;
@@ -731,14 +749,32 @@ struct Network::Impl {
     });
   }
 
+  // A process that dies: its host's kernel resets its connections, and each peer hears of it
+  // a one-way latency later (Node::on_peer_down), unless a partition is in the way.
   void crash(int i) {
     NodeState& h = nodes[i];
     if (!h.alive) return;
     h.alive = false;
     if (h.cpu >= 0) drop_work(i);
-    for (auto& l : links)
-      if (l.from == i || l.to == i) l.open = false;
+    for (std::size_t id = 1; id < links.size(); ++id) {
+      Link& l = links[id];
+      if (l.from != i && l.to != i) continue;
+      if (l.open && l.to == i && l.from != i && l.from >= 0) {
+        bool cut = false;
+        for (int p : l.pipes) cut |= pipes[p].cut;
+        if (!cut) notify_down(l.from, id, l.spec.latency_ms);
+      }
+      l.open = false;
+    }
     h.node.reset();
+  }
+  void notify_down(int n, PeerId peer, double latency_ms) {
+    const std::uint64_t gen = nodes[n].generation;
+    net.events_.after(static_cast<std::uint64_t>(latency_ms * 1e3), [this, n, peer, gen] {
+      if (!current(n, gen)) return;
+      nodes[n].node->on_peer_down(peer);
+      wake(n);
+    });
   }
 
   // The events that come by the million go to these, with a word each (no allocation).
@@ -837,6 +873,13 @@ std::optional<TcpOptions::Cc> cc_from_name(std::string_view name) {
   for (auto cc : {TcpOptions::Cc::kReno, TcpOptions::Cc::kCubic, TcpOptions::Cc::kBbr})
     if (name == cc_name(cc)) return cc;
   return std::nullopt;
+}
+
+void Network::set_slowdown(int i, double factor) { impl_->nodes.at(i).slowdown = factor; }
+
+void Network::set_link_fault(const std::string& a, const std::string& b, LinkFault fault) {
+  if (!fleet_.wan_between(a, b)) return;
+  for (const auto& dir : {std::make_pair(a, b), std::make_pair(b, a)}) impl_->pipes[impl_->pipe(dir)].fault = fault;
 }
 
 void Network::set_partition(const std::string& a, const std::string& b, bool cut) {

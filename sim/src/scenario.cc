@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -14,6 +15,7 @@
 
 #include "deltacast/codec/hash.h"
 #include "deltacast/codec/version.h"
+#include "deltacast/runtime/version_store.h"
 #include "deltacast/common/executor.h"
 #include "deltacast/sim/network.h"
 #include "deltacast/topology/flow.h"
@@ -34,6 +36,20 @@ const char* strategy_name(Strategy s) {
     case Strategy::kStoreAndForward: return "store-and-forward relay tree";
     case Strategy::kStar: return "star";
     case Strategy::kObjectStore: return "object-store pull";
+  }
+  return "?";
+}
+
+const char* disk_fault_name(FaultSpec::DiskFault f) {
+  switch (f) {
+    case FaultSpec::DiskFault::kFull:
+      return "full";
+    case FaultSpec::DiskFault::kSlow:
+      return "slow";
+    case FaultSpec::DiskFault::kTorn:
+      return "torn";
+    case FaultSpec::DiskFault::kCorruptRead:
+      return "corrupt_read";
   }
   return "?";
 }
@@ -162,10 +178,24 @@ Status parse_limits(const json& l, std::map<std::string, std::uint64_t>& limits)
   return Status::ok();
 }
 
+Status parse_disk(const json& d, DiskSpec& disk) {
+  const std::string where = "scenario.run.disk";
+  DC_RETURN_IF_ERROR(check_fields(d, where, {"write", "capacity", "keep_versions"}));
+  DC_RETURN_IF_ERROR(rate(d, where, "write", disk.write_bytes_per_s));
+  DC_RETURN_IF_ERROR(number(d, where, "keep_versions", disk.keep_versions, 1, 1000));
+  if (d.contains("capacity")) {
+    if (!d["capacity"].is_string()) return field_error(where + ".capacity", "want a size such as \"1TB\"");
+    auto b = parse_bytes(d["capacity"].get<std::string>());
+    if (!b.is_ok()) return field_error(where + ".capacity", b.status().message());
+    disk.capacity_bytes = *b;
+  }
+  return Status::ok();
+}
+
 Status parse_run(const json& r, RunSpec& run) {
   DC_RETURN_IF_ERROR(check_fields(r, "scenario.run",
                                   {"versions", "step_period_s", "anchor_every", "decode", "tick_ms", "settle_s", "relay_cache_versions", "timing",
-                                   "limits", "cpu", "tcp", "stripes", "sparse_apply", "scrub", "scrub_hash", "trees"}));
+                                   "limits", "cpu", "tcp", "stripes", "sparse_apply", "scrub", "scrub_hash", "trees", "disk"}));
   if (r.contains("trees") && !(r["trees"].is_string() && r["trees"].get<std::string>() == "auto"))
     DC_RETURN_IF_ERROR(number(r, "scenario.run", "trees", run.trees, 1, topology::kTreesMax));
   if (r.contains("timing")) DC_RETURN_IF_ERROR(parse_timing(r["timing"], run.timing));
@@ -183,6 +213,7 @@ Status parse_run(const json& r, RunSpec& run) {
   if (r.contains("cpu")) DC_RETURN_IF_ERROR(parse_cpu(r["cpu"], run.cpu));
   if (r.contains("tcp")) DC_RETURN_IF_ERROR(parse_tcp(r["tcp"], run.tcp));
   if (r.contains("stripes")) DC_RETURN_IF_ERROR(parse_stripes(r["stripes"], run.stripes));
+  if (r.contains("disk")) DC_RETURN_IF_ERROR(parse_disk(r["disk"], run.disk));
   return Status::ok();
 }
 
@@ -198,23 +229,67 @@ Status parse_object_store(const json& o, ObjectStoreSpec& store) {
 }
 
 Result<FaultSpec> parse_fault(const json& f, const std::string& where, const topology::FleetSpec& fleet) {
-  DC_RETURN_IF_ERROR(check_fields(f, where, {"at_s", "for_s", "crash", "partition"}));
+  DC_RETURN_IF_ERROR(check_fields(f, where, {"at_s", "for_s", "crash", "partition", "slow", "disk", "link", "during_save", "factor", "fault", "drop", "reorder_ms"}));
   FaultSpec fs;
   DC_RETURN_IF_ERROR(number(f, where, "at_s", fs.at_s, 0, 1e7));
   DC_RETURN_IF_ERROR(number(f, where, "for_s", fs.for_s, 0, 1e7));
-  if (f.contains("crash") == f.contains("partition")) return field_error(where, "want one of \"crash\" (a node id) or \"partition\" (two regions)");
-  if (f.contains("crash")) {
-    if (!f["crash"].is_string()) return field_error(where + ".crash", "want a node id such as \"us-west.relay-0\"");
-    fs.kind = FaultSpec::Kind::kCrash;
-    fs.node = f["crash"].get<std::string>();
-    return fs;
+  const int kinds = f.contains("crash") + f.contains("partition") + f.contains("slow") + f.contains("disk") + f.contains("link");
+  if (kinds != 1)
+    return field_error(where, "want one of \"crash\", \"slow\" or \"disk\" (a node id), or \"partition\" or \"link\" (two regions)");
+  // Which fields go with which kind.
+  auto only_with = [&](const char* field, bool allowed, const char* kind) -> Status {
+    if (f.contains(field) && !allowed) return field_error(where + "." + field, std::string("goes only with ") + kind);
+    return Status::ok();
+  };
+  DC_RETURN_IF_ERROR(only_with("during_save", f.contains("crash"), "\"crash\""));
+  DC_RETURN_IF_ERROR(only_with("factor", f.contains("slow") || f.contains("disk"), "\"slow\" or a \"disk\" fault \"slow\""));
+  DC_RETURN_IF_ERROR(only_with("fault", f.contains("disk"), "\"disk\""));
+  DC_RETURN_IF_ERROR(only_with("drop", f.contains("link"), "\"link\""));
+  DC_RETURN_IF_ERROR(only_with("reorder_ms", f.contains("link"), "\"link\""));
+  for (const char* kind : {"crash", "slow", "disk"}) {
+    if (!f.contains(kind)) continue;
+    if (!f[kind].is_string()) return field_error(where + "." + kind, "want a node id such as \"us-west.relay-0\"");
+    fs.node = f[kind].get<std::string>();
   }
-  const json& p = f["partition"];
-  if (!p.is_array() || p.size() != 2 || !p[0].is_string() || !p[1].is_string() || !fleet.wan_between(p[0].get<std::string>(), p[1].get<std::string>()))
-    return field_error(where + ".partition", "want two regions with a WAN link between them");
-  fs.kind = FaultSpec::Kind::kPartition;
-  fs.a = p[0].get<std::string>();
-  fs.b = p[1].get<std::string>();
+  for (const char* kind : {"partition", "link"}) {
+    if (!f.contains(kind)) continue;
+    const json& p = f[kind];
+    if (!p.is_array() || p.size() != 2 || !p[0].is_string() || !p[1].is_string() || !fleet.wan_between(p[0].get<std::string>(), p[1].get<std::string>()))
+      return field_error(where + "." + kind, "want two regions with a WAN link between them");
+    fs.a = p[0].get<std::string>();
+    fs.b = p[1].get<std::string>();
+  }
+  if (f.contains("crash")) {
+    fs.kind = FaultSpec::Kind::kCrash;
+    if (f.contains("during_save")) {
+      if (!f["during_save"].is_boolean()) return field_error(where + ".during_save", "want true or false");
+      fs.during_save = f["during_save"].get<bool>();
+    }
+  } else if (f.contains("partition")) {
+    fs.kind = FaultSpec::Kind::kPartition;
+  } else if (f.contains("slow")) {
+    fs.kind = FaultSpec::Kind::kSlow;
+    if (!f.contains("factor")) return field_error(where + ".factor", "required: how many times slower the node's work is");
+    DC_RETURN_IF_ERROR(number(f, where, "factor", fs.factor, 1, 1e6));
+  } else if (f.contains("disk")) {
+    fs.kind = FaultSpec::Kind::kDisk;
+    const std::string names = "\"full\", \"slow\", \"torn\" or \"corrupt_read\"";
+    if (!f.contains("fault") || !f["fault"].is_string()) return field_error(where + ".fault", "want one of " + names);
+    const std::string name = f["fault"].get<std::string>();
+    bool known = false;
+    for (auto k : {FaultSpec::DiskFault::kFull, FaultSpec::DiskFault::kSlow, FaultSpec::DiskFault::kTorn, FaultSpec::DiskFault::kCorruptRead})
+      if (name == disk_fault_name(k)) fs.disk_fault = k, known = true;
+    if (!known) return field_error(where + ".fault", "'" + name + "' is not a disk fault: want one of " + names);
+    if (fs.disk_fault == FaultSpec::DiskFault::kSlow && !f.contains("factor"))
+      return field_error(where + ".factor", "required: how many times slower the disk writes");
+    if (fs.disk_fault != FaultSpec::DiskFault::kSlow && f.contains("factor")) return field_error(where + ".factor", "goes only with the fault \"slow\"");
+    DC_RETURN_IF_ERROR(number(f, where, "factor", fs.factor, 1, 1e6));
+  } else {
+    fs.kind = FaultSpec::Kind::kLink;
+    if (!f.contains("drop") && !f.contains("reorder_ms")) return field_error(where, "a \"link\" fault wants \"drop\" (a probability), \"reorder_ms\" or both");
+    DC_RETURN_IF_ERROR(number(f, where, "drop", fs.link.drop, 0, 1));
+    DC_RETURN_IF_ERROR(number(f, where, "reorder_ms", fs.link.reorder_ms, 0, 1e6));
+  }
   return fs;
 }
 
@@ -395,6 +470,7 @@ class ScenarioRun {
     make_network();
     DC_RETURN_IF_ERROR(o_.strategy == Strategy::kObjectStore ? add_object_store_fleet() : add_planned_fleet());
     rep_.workers = workers_.size();
+    DC_RETURN_IF_ERROR(make_disks());
     schedule_publishing();
     watch_ready();
     DC_RETURN_IF_ERROR(schedule_faults());
@@ -445,8 +521,15 @@ class ScenarioRun {
     no.cores_per_host = sc_.run.cpu.cores;
     no.net_ns_per_byte = sc_.run.cpu.net_ns_per_byte;
     no.tcp = sc_.run.tcp;
+    if (o_.log_nodes)
+      no.on_log = [this](int i, runtime::LogLevel level, const std::string& what) {
+        std::fprintf(stderr, "%10.3f s %-5s %s: %s\n", static_cast<double>(net_->events().now_us()) / 1e6,
+                     level == runtime::LogLevel::kError ? "error" : level == runtime::LogLevel::kWarn ? "warn" : "info", net_->config(i).node_id.c_str(),
+                     what.c_str());
+      };
     // Per-peer queues hold as many chunks as production's 256 MiB holds 4 MiB chunks.
     no.queue_bytes_max = std::max<std::uint64_t>(256ull << 20, static_cast<std::uint64_t>(64 * chunk_bytes));
+    net_options_ = no;
     net_.emplace(sc_.fleet, no);
     cache_bytes_ = static_cast<std::uint64_t>(anchor_bytes_ + static_cast<double>(sc_.run.relay_cache_versions) * delta_bytes_) + (1 << 20);
     initial_ = held_version(vs_, 1);
@@ -607,28 +690,160 @@ class ScenarioRun {
       if (v->version >= kFirst && publish_us_.count(v->version))
         ready_.emplace(std::make_pair(i, v->version),
                        (static_cast<double>(net_->events().now_us()) - static_cast<double>(publish_us_.at(v->version))) / 1e6);
+      if (auto d = disks_.find(i); d != disks_.end()) {
+        d->second.current = v;
+        d->second.saver->offer(v);
+        if (!d->second.saver->unsaved()) rep_.saves++;
+      }
     };
   }
 
-  // A restarted worker comes back with the version it had saved; a relay with nothing.
+  // Workers' disks (real payloads only: a disk holds bytes): each starts with the version the
+  // worker starts from saved, as a worker that ran before would have it.
+  struct WorkerDisk {
+    std::shared_ptr<SimDisk> disk;
+    std::optional<runtime::VersionStore> store;
+    std::unique_ptr<runtime::VersionSaver> saver;
+    std::shared_ptr<const ModelVersion> current;  // its newest ready version
+  };
+  Status make_disks() {
+    if (!vs_.real) return Status::ok();
+    const DiskSpec& spec = sc_.run.disk;
+    for (int w : workers_) {
+      WorkerDisk& d = disks_[w];
+      d.disk = std::make_shared<SimDisk>(net_->config(w).node_id, net_->events(), o_.seed * 1000003 + static_cast<std::uint64_t>(w),
+                                         spec.write_bytes_per_s, spec.capacity_bytes);
+      DC_RETURN_IF_ERROR(open_store(w, d));
+      d.current = initial_;
+      if (Status st = d.store->save(*initial_); !st.is_ok()) return st.with_context("saving version 1 on " + d.disk->where());
+    }
+    return Status::ok();
+  }
+  // A process's own store and saver over its disk.
+  Status open_store(int w, WorkerDisk& d) {
+    runtime::LogFn log;
+    if (o_.log_nodes) log = [this, w](runtime::LogLevel level, const std::string& what) { net_options_.on_log(w, level, what); };
+    d.store.emplace(d.disk, net_->config(w).node_id, sc_.run.disk.keep_versions, log);
+    d.saver = std::make_unique<runtime::VersionSaver>(*d.store, net_->events(), runtime::VersionSaver::kSaveRetryMsDefault,
+                                                      [this] { rep_.save_failures++; }, log);
+    return d.store->prepare();
+  }
+  // Saves that failed are tried again, as a worker's saver thread does.
+  void retry_saves() {
+    for (auto& [w, d] : disks_)
+      if (net_->alive(w) && d.saver->unsaved()) {
+        d.saver->retry_if_due(d.current);
+        if (!d.saver->unsaved()) rep_.saves++;
+      }
+  }
+
+  void crash(int i) {
+    net_->crash(i);
+    if (auto d = disks_.find(i); d != disks_.end()) {
+      d->second.disk->crash();
+      d->second.saver.reset();
+      d->second.current = nullptr;
+    }
+  }
+
+  // A restarted worker resumes from what its disk kept: the newest version saved whole and
+  // read back intact. Anything older is something lost; anything not published, a wrong version.
+  void restart(int i) {
+    if (!net_->config(i).reconstruct) return net_->restart(i, nullptr);
+    auto d = disks_.find(i);
+    if (d == disks_.end()) return net_->restart(i, held_version(vs_, held_[i]));  // virtual payloads: a perfect disk
+    WorkerDisk& wd = d->second;
+    const std::string& id = net_->config(i).node_id;
+    if (Status st = open_store(i, wd); !st.is_ok()) violation(id + ": its store did not open after a restart: " + st.to_string());
+    for (const runtime::StoredFile& f : wd.disk->list())
+      if (f.name.find(".tmp.") != std::string::npos) violation(id + ": a temporary file survived the restart: " + f.name);
+    std::uint64_t newest_intact = 0;
+    const std::vector<std::string> intact = wd.disk->durable_intact();
+    auto has = [&](const std::string& name) { return std::find(intact.begin(), intact.end(), name) != intact.end(); };
+    for (const auto& [v, name] : wd.store->files())
+      if (has(name) && has(name.substr(0, name.size() - std::strlen(".safetensors")) + ".json")) newest_intact = std::max(newest_intact, v);
+    std::shared_ptr<ModelVersion> resumed = wd.store->resume();
+    const std::uint64_t got = resumed ? resumed->version : 0;
+    if (resumed && (!vs_.image_hash.count(got) || hash64(resumed->image) != vs_.image_hash.at(got)))
+      violation(id + " resumed from version " + std::to_string(got) + " with wrong contents");
+    // A read corrupted now may send it to an older version; that is a read fault, not a loss.
+    if (got < newest_intact && !wd.disk->corrupt_reads())
+      violation(id + " resumed from version " + std::to_string(got) + " though version " + std::to_string(newest_intact) + " was saved intact");
+    (resumed ? rep_.resumed : rep_.resumed_none)++;
+    held_[i] = got;
+    wd.current = resumed;
+    net_->restart(i, std::move(resumed));
+  }
+
+  // For `for_s` from `at`, then undone (for_s 0: to the end).
+  void for_a_while(const FaultSpec& f, std::function<void()> on, std::function<void()> off) {
+    net_->events().at(static_cast<std::uint64_t>(f.at_s * 1e6), [this, f, on = std::move(on), off = std::move(off)] {
+      on();
+      if (f.for_s > 0) net_->events().after(static_cast<std::uint64_t>(f.for_s * 1e6), off);
+    });
+  }
+
+  // A crash at a save's midpoint: between the write of a file and its rename.
+  void crash_during_save(int i, const FaultSpec& f) {
+    const auto d = disks_.find(i);
+    const auto pending = d->second.disk->write_pending();
+    if (!pending || !net_->alive(i)) {  // no save under way: look again in a millisecond
+      if (net_->events().now_us() < end_us_) net_->events().after(1000, [this, i, f] { crash_during_save(i, f); });
+      return;
+    }
+    const std::uint64_t mid = pending->first + (pending->second - pending->first) / 2;
+    net_->events().at(std::max(mid, net_->events().now_us()), [this, i, f] {
+      crash(i);
+      if (f.for_s > 0) net_->events().after(static_cast<std::uint64_t>(f.for_s * 1e6), [this, i] { restart(i); });
+    });
+  }
+
   Status schedule_faults() {
     Network& net = *net_;
-    for (const auto& f : sc_.faults) {
-      const auto at = static_cast<std::uint64_t>(f.at_s * 1e6);
-      if (f.kind == FaultSpec::Kind::kCrash) {
-        const int i = net.find(f.node);
-        if (i < 0) return Status::invalid_argument("fault: no node " + f.node + " in the " + strategy_name(o_.strategy) + " plan");
-        net.events().at(at, [this, i, f] {
-          net_->crash(i);
-          if (f.for_s > 0)
-            net_->events().after(static_cast<std::uint64_t>(f.for_s * 1e6),
-                                 [this, i] { net_->restart(i, net_->config(i).reconstruct ? held_version(vs_, held_[i]) : nullptr); });
-        });
-      } else {
-        net.events().at(at, [&net, f] {
-          net.set_partition(f.a, f.b, true);
-          if (f.for_s > 0) net.events().after(static_cast<std::uint64_t>(f.for_s * 1e6), [&net, f] { net.set_partition(f.a, f.b, false); });
-        });
+    for (const FaultSpec& f : sc_.faults) {
+      int i = -1;
+      if (!f.node.empty() && (i = net.find(f.node)) < 0)
+        return Status::invalid_argument("fault: no node " + f.node + " in the " + strategy_name(o_.strategy) + " plan");
+      const bool has_disk = disks_.count(i) > 0;
+      if ((f.kind == FaultSpec::Kind::kDisk || f.during_save) && !has_disk)
+        return Status::invalid_argument("fault: " + f.node + " has no disk: disks are a worker's, with real payloads (model.real_bytes)");
+      switch (f.kind) {
+        case FaultSpec::Kind::kCrash:
+          if (f.during_save) {
+            net.events().at(static_cast<std::uint64_t>(f.at_s * 1e6), [this, i, f] { crash_during_save(i, f); });
+            break;
+          }
+          net.events().at(static_cast<std::uint64_t>(f.at_s * 1e6), [this, i, f] {
+            crash(i);
+            if (f.for_s > 0) net_->events().after(static_cast<std::uint64_t>(f.for_s * 1e6), [this, i] { restart(i); });
+          });
+          break;
+        case FaultSpec::Kind::kPartition:
+          for_a_while(f, [&net, f] { net.set_partition(f.a, f.b, true); }, [&net, f] { net.set_partition(f.a, f.b, false); });
+          break;
+        case FaultSpec::Kind::kLink:
+          for_a_while(f, [&net, f] { net.set_link_fault(f.a, f.b, f.link); }, [&net, f] { net.set_link_fault(f.a, f.b, LinkFault{}); });
+          break;
+        case FaultSpec::Kind::kSlow:
+          for_a_while(f, [&net, i, f] { net.set_slowdown(i, f.factor); }, [&net, i] { net.set_slowdown(i, 1); });
+          break;
+        case FaultSpec::Kind::kDisk: {
+          SimDisk& disk = *disks_.at(i).disk;
+          auto set = [&disk, f](bool on) {
+            switch (f.disk_fault) {
+              case FaultSpec::DiskFault::kFull:
+                return disk.set_full(on);
+              case FaultSpec::DiskFault::kSlow:
+                return disk.set_slowdown(on ? f.factor : 1);
+              case FaultSpec::DiskFault::kTorn:
+                return disk.set_torn_writes(on);
+              case FaultSpec::DiskFault::kCorruptRead:
+                return disk.set_corrupt_reads(on);
+            }
+          };
+          for_a_while(f, [set] { set(true); }, [set] { set(false); });
+          break;
+        }
       }
     }
     return Status::ok();
@@ -664,10 +879,13 @@ class ScenarioRun {
       if (newest_ < last_) return false;
       for (int w : workers_)
         if (net_->alive(w) && held_[w] < last_) return false;
+      for (const auto& [w, d] : disks_)
+        if (net_->alive(w) && d.saver->unsaved()) return false;
       return true;
     };
     for (std::uint64_t t = kStartUs; t <= end_us_; t += 1'000'000) {
       net_->events().run_until(t);
+      retry_saves();
       if (done()) break;
     }
   }
@@ -689,6 +907,9 @@ class ScenarioRun {
       if (net.alive(w) && held_[w] < last_)
         violation(net.config(w).node_id + " is live but holds version " + std::to_string(held_[w]) + ", not " + std::to_string(last_));
     if (!net.stats().queue_bound_held) violation("a per-peer send queue went past its bound");
+    for (const auto& [w, d] : disks_)
+      if (net.alive(w) && d.saver->unsaved())
+        violation(net.config(w).node_id + ": version " + std::to_string(*d.saver->unsaved()) + " is ready but was never saved: " + d.saver->last_error());
     for (std::size_t i = 0; i < net.size() && rep_.node_errors.size() < 10; ++i) {
       const int n = static_cast<int>(i);
       if (!net.alive(n) || net.node(n).last_error().empty()) continue;
@@ -754,6 +975,8 @@ class ScenarioRun {
   double period_us_ = 0, sample_us_ = 0;
   std::uint64_t end_us_ = 0;
   std::map<int, std::uint64_t> held_;  // worker -> version it exposes
+  std::map<int, WorkerDisk> disks_;    // workers' disks, with real payloads
+  NetworkOptions net_options_;
   std::map<std::pair<int, std::uint64_t>, double> ready_;
 };
 

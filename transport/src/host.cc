@@ -38,7 +38,7 @@ using namespace deltacast::runtime;
 
 // The host's loop: libuv runs the ZeroMQ links (zmq_links.h), the node's ticks, its decode work
 // (the TaskRunner: libuv's thread pool), the metrics server, and what other threads post.
-struct NodeHost::Impl final : Clock, TaskRunner {
+struct NodeHost::Impl final : TaskRunner {
   NodeConfig node_config;
   HostConfig config;
   uv_loop_t loop{};
@@ -66,20 +66,8 @@ struct NodeHost::Impl final : Clock, TaskRunner {
 
   Impl(NodeConfig nc, HostConfig hc) : node_config(std::move(nc)), config(std::move(hc)) {}
 
-  // ---- Clock, TaskRunner ------------------------------------------------------------------
-  // CLOCK_MONOTONIC: one time line for every process on this machine.
-  std::uint64_t now_us() const override {
-    return static_cast<std::uint64_t>(
-        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
-  }
-  std::uint64_t unix_us() const override {
-    return static_cast<std::uint64_t>(
-        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
-  }
-  std::uint64_t now_ms() const override {
-    return static_cast<std::uint64_t>(
-        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
-  }
+  // ---- TaskRunner (the clock is system_clock(): CLOCK_MONOTONIC, one time line for every
+  // process on this machine) ----
 
   struct Work {
     uv_work_t req{};
@@ -184,7 +172,7 @@ struct NodeHost::Impl final : Clock, TaskRunner {
     if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) std::signal(SIGPIPE, SIG_IGN);
     const std::string& id = node_config.node_id;
     // This process's own number: a parent tells a second live process under the same id by it.
-    while (node_config.instance == 0) node_config.instance = make_run_id().nonce;
+    node_config.instance = system_random().nonzero_u64();
     if (node_config.reconstruct) {
       // An image larger than this host's memory cannot be held: refused before allocating.
       if (const std::uint64_t memory = physical_memory_bytes(); memory > 0)
@@ -208,10 +196,10 @@ struct NodeHost::Impl final : Clock, TaskRunner {
     const bool origin = !node_config.has_parents() && node_config.shard_count == 0, shard = node_config.shard_count > 0;
     if ((!origin && !shard) || !node_config.run.empty()) return Status::ok();
     if (!node_config.sign_key || config.run_state_path.empty()) {
-      node_config.run = make_run_id();
+      node_config.run = make_run_id(system_clock().unix_us(), system_random());
       return Status::ok();
     }
-    auto start = next_run_start(config.run_state_path, node_config.sign_key->public_key, unix_us());
+    auto start = next_run_start(config.run_state_path, node_config.sign_key->public_key, system_clock().unix_us());
     if (!start.is_ok()) return start.status().with_context("starting a run");
     node_config.run = start->run;
     if (start->clock_behind_ms > 0) {
@@ -231,8 +219,8 @@ struct NodeHost::Impl final : Clock, TaskRunner {
     loop_open = true;
     ctx = zmq_ctx_new();
     apply_defaults();
-    links.emplace(&loop, ctx, node_config, config, *this, stopping);
-    node = std::make_unique<Node>(node_config, *links, *this, this);
+    links.emplace(&loop, ctx, node_config, config, system_clock(), stopping);
+    node = std::make_unique<Node>(node_config, *links, system_clock(), this);
     links->attach(node.get());
     node->set_on_log([this](LogLevel level, const std::string& message) {
       const auto l = level == LogLevel::kError ? spdlog::level::err : level == LogLevel::kWarn ? spdlog::level::warn : spdlog::level::info;

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <random>
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -29,12 +28,7 @@ void close_poll(uv_poll_t* poll) {
 std::string zmq_error(const std::string& what) { return what + ": " + zmq_strerror(zmq_errno()); }
 
 // A link or stream number: random, never 0 (which means none on the wire).
-std::uint64_t nonzero_random64() {
-  std::random_device random;
-  std::uint64_t n = 0;
-  while (n == 0) n = (static_cast<std::uint64_t>(random()) << 32) ^ random();
-  return n;
-}
+std::uint64_t nonzero_random64() { return runtime::system_random().nonzero_u64(); }
 
 // What a message held for reordering costs beyond its frames (the map node, the Message).
 constexpr std::uint64_t kHeldMessageOverheadBytes = 256;

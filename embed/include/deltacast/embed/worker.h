@@ -14,7 +14,8 @@
 #include <thread>
 
 #include "deltacast/transport/host.h"
-#include "deltacast/embed/version_store.h"
+#include "deltacast/runtime/version_store.h"
+#include "deltacast/transport/directory_storage.h"
 
 namespace deltacast::embed {
 
@@ -86,7 +87,7 @@ class Worker {
   void save_loop();
 
   std::unique_ptr<transport::NodeHost> host_;
-  std::optional<VersionStore> store_;
+  std::optional<runtime::VersionStore> store_;
   std::shared_ptr<const runtime::ModelVersion> resumed_;
   std::thread saver_;
   std::atomic<bool> stopping_{false};

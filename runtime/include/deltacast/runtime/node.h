@@ -42,6 +42,8 @@ namespace deltacast::runtime {
 #pragma GCC visibility push(hidden)
 class NodeContext;
 class UpstreamLink;
+class Upstreams;
+class Freshness;
 class ChildServer;
 class Reconstructor;
 class Scrubber;
@@ -135,10 +137,7 @@ class Node {
   // A version this worker exposes could not be saved to disk (deltacast_save_failures_total).
   void count_save_failure();
   // The age of the newest timestamp statement held, in ms of this node's clock (none held: empty).
-  std::optional<std::int64_t> timestamp_age_ms() const {
-    if (!timestamp_) return std::nullopt;
-    return statement_age_ms(*timestamp_);
-  }
+  std::optional<std::int64_t> timestamp_age_ms() const;
   RunId run_from_any_thread() const;
   const NodeConfig& config() const { return config_; }
   const NodeStats& stats() const;
@@ -171,8 +170,6 @@ class Node {
   // Returns false if the parent was dropped for it.
   bool on_parent_newest(UpstreamLink& link, std::uint64_t newest, const RunId& run);
   bool has_parents() const { return config_.has_parents(); }
-  bool any_parent_welcomed() const;
-  bool every_parent_welcomed() const;
   // What Welcome and Heartbeat say: the newest version and its run. A node whose parent serves a
   // newer run passes that on, so its children ask for the new run's anchor at once.
   Heartbeat heartbeat() const;
@@ -180,41 +177,15 @@ class Node {
   std::uint64_t anchor_floor() const;
   // The newest version the parent has that this node can use (0 when the parent is in another run).
   std::uint64_t usable_parent_newest() const;
-  // The upstream link whose parent `peer` is (null: not a parent).
-  UpstreamLink* link_of(PeerId peer);
-  // To one parent: reports (Ready, a Leave passed up) go up one tree.
-  void send_to_parent(const Message& m);
-  // To every tree's parent: heartbeats, this node's own Leave.
-  void send_to_parents(const Message& m);
-  // The link anchors are asked over: tree 0's, or once it has been down for a parent timeout,
-  // the first that is up. Null while there is none, or while tree 0's is only opening.
-  UpstreamLink* anchor_link();
-  // A Need to the parents that serve it: the chunks it names each to its tree's parent, a whole
-  // version or an anchor to every tree's (each sends its tree's chunks).
-  void send_need(const Need& need);
-  void send_need_now(const Need& need);
-  // Needs waiting for the upstream rate (upstream_needs_per_s_max), merged per version: at most
-  // one per cached version and kind, each listing a version's chunks at most once.
-  void refill_need_tokens();
-  void flush_needs();
   void request_missing(bool force);
   // Asks for an anchor newer than `newer_than` (what the asker holds; it cannot use older ones).
   void request_anchor(std::uint64_t newer_than);
 
-  // ---- freshness (docs/RELIABILITY.md, "Freshness") ----
-  // This node checks signatures (it trusts keys, and is not a trainer shard or simulated).
-  bool verifying() const;
+  // ---- freshness (docs/RELIABILITY.md, "Freshness"; the statements in fresh_) ----
   // A timestamp statement from a parent (Welcome, Heartbeat): checked, kept if newer than the
-  // one held, and a version waiting for it exposed. False if the parent was dropped for it (an
-  // older run than one this node knows: a replay).
+  // one held, and a version waiting for it exposed. False if the parent was dropped for it
+  // (malformed, untrusted, or a run older than one this node knows: a replay).
   bool on_timestamp(UpstreamLink& link, const SharedBytes& bytes);
-  // Origin: signs a statement of its run and newest version, as of now.
-  void issue_timestamp();
-  // Whether a version of `run` may be exposed: a statement of that run no older than
-  // freshness_ms_max is held (always, for a node that does not verify).
-  bool fresh_for(const RunId& run) const;
-  // The statement's age in ms on this node's clock (negative: from its future); 0 without a clock.
-  std::int64_t statement_age_ms(const Timestamp& t) const;
   // A parent that gave no fresh statement for parent_timeout_ms since it welcomed this node is
   // cut off from the origin, or replays: dropped, with back-off.
   void check_parents_fresh(std::uint64_t now_ms);
@@ -262,7 +233,10 @@ class Node {
   TaskRunner* tasks_;
   VersionCache cache_;
   std::unique_ptr<Hooks> hooks_;
-  std::vector<std::unique_ptr<UpstreamLink>> upstreams_;  // one per tree (NodeConfig::tree_parents)
+  // The newest timestamp statement held: issued here (origin) or from a parent, passed on to
+  // children in Welcome and Heartbeat.
+  std::unique_ptr<Freshness> fresh_;
+  std::unique_ptr<Upstreams> upstreams_;  // one link per tree (NodeConfig::tree_parents)
   std::unique_ptr<ChildServer> children_;
   std::unique_ptr<Reconstructor> rebuild_;     // workers
   std::unique_ptr<Scrubber> scrubber_;         // workers
@@ -273,6 +247,9 @@ class Node {
   std::uint64_t parent_newest_ = 0;
   std::uint64_t last_heartbeat_ms_ = 0;
   std::uint64_t last_need_ms_ = 0;
+  // Incomplete versions whose missing chunks were asked for, and their last activity then
+  // (request_missing: asked again with nothing arrived since, they were lost).
+  std::map<VersionKey, std::uint64_t> missing_asked_;
   std::uint64_t anchor_requested_ms_ = 0;
   bool anchor_requested_ = false;
   UpstreamLink* anchor_asked_ = nullptr;  // the link the last anchor request went up
@@ -291,11 +268,6 @@ class Node {
   mutable std::mutex run_mu_;  // run_, for run_from_any_thread()
   RunId run_;         // the run of everything cached and held (config_.run at the origin)
   RunId parent_run_;  // the run the parent says it serves (a hint, never trusted for content)
-  // The newest timestamp statement held: issued here (origin) or from a parent (checked when
-  // verifying()), passed on to children in Welcome and Heartbeat.
-  std::optional<Timestamp> timestamp_;
-  SharedBytes timestamp_bytes_;
-  std::uint64_t timestamp_issued_ms_ = 0;  // origin: when it last signed one
   // A version this node refused from upstream (wrong key, replay): not asked of that parent
   // again while it offers nothing newer in that run.
   struct Refused {
@@ -307,13 +279,6 @@ class Node {
   static constexpr std::uint64_t kLedgerEvictEveryMs = 10000;
   std::uint64_t ledger_evicted_ms_ = 0;
   std::uint64_t ledger_full_logged_ms_ = 0;
-  // Needs waiting for the upstream budget (upstream_needs_per_s_max), merged per version: at
-  // most kPendingNeedsMax versions, listing at most kNeedChunksMax chunks in all.
-  static constexpr std::size_t kPendingNeedsMax = 1024;
-  std::map<std::pair<VersionKey, bool>, Need> pending_needs_;
-  std::size_t pending_need_chunks_ = 0;
-  double need_tokens_ = 0;
-  std::uint64_t need_tokens_ms_ = 0;
   std::function<void(std::shared_ptr<const ModelVersion>)> on_ready_;
   std::function<void()> on_anchor_wanted_;
 };

@@ -13,6 +13,7 @@
 
 #include "deltacast/codec/manifest.h"
 #include "deltacast/common/status.h"
+#include "deltacast/runtime/interfaces.h"
 
 namespace deltacast::runtime {
 
@@ -49,10 +50,11 @@ Status verify_manifest(ByteSpan serialized, const ManifestSeal& seal, const std:
 // chunk that differs. The manifest's signature is verify_manifest's to check.
 Status verify_payloads(const Manifest& signed_manifest, std::span<const ByteSpan> payloads);
 
-// A fresh run identity: the current wall-clock time and a random nonce. An origin that signs
-// starts its run with next_run_start() instead (transport/run_state.h), so that runs signed by
-// one key stay ordered when its host's clock goes back.
-RunId make_run_id();
+// A fresh run identity: a start time (microseconds since the Unix epoch, the wall clock's now)
+// and a nonce drawn from `random`. An origin that signs takes its start time from
+// next_run_start() instead (transport/run_state.h), so that runs signed by one key stay ordered
+// when its host's clock goes back.
+RunId make_run_id(std::uint64_t unix_us, Random& random);
 
 // A timestamp statement (docs/FORMAT.md, "Timestamp statement"; TUF's timestamp role): the
 // origin says, signed, that `run` is the run it publishes now and `newest_version` its newest

@@ -18,7 +18,11 @@
 //     loss response by the congestion control, and a window that decays after idle (loss is
 //     then drawn per round of a window, as the connection sends it);
 //   - a partitioned WAN link drops what crosses it (the connection breaks; the runtime asks
-//     again or fails over); a crashed node loses its state and its links.
+//     again or fails over); a crashed node loses its state and its links, and its peers hear
+//     of it a one-way latency later (its host resets its connections);
+//   - a faulty WAN link (set_link_fault) drops messages without breaking the connection and
+//     delays others past the ones sent after them: what a striped link's receiver passes on
+//     when one of its connections died with messages on it and the reorder buffer gave up.
 // CPU: every node runs on a host, its own unless it shares one (Network::add's `host`: several
 // rollout processes on one machine, or a whole testbed on one). A node's work goes in three
 // queues, each done in order: decoding (cost_bytes / decode rate, one chunk after another),
@@ -44,6 +48,7 @@
 #include <vector>
 
 #include "deltacast/runtime/node.h"
+#include "deltacast/sim/disk.h"
 #include "deltacast/topology/fleet.h"
 
 namespace deltacast::sim {
@@ -147,7 +152,16 @@ struct NetworkOptions {
   // A node with nothing in progress (Node::quiet) is not ticked until its next timed duty
   // (heartbeat, timeout): the same behaviour, far fewer events in a large idle fleet.
   bool skip_quiet_ticks = true;
+  // Every node's log lines (node index, level, text), at the simulated time they are written;
+  // empty: not kept.
+  std::function<void(int, runtime::LogLevel, const std::string&)> on_log;
   TcpOptions tcp;
+};
+
+// What a faulty WAN link does to each message crossing it (Network::set_link_fault).
+struct LinkFault {
+  double drop = 0;        // the probability that it never arrives (its link stays up)
+  double reorder_ms = 0;  // an extra delay, uniform up to this, that may put it behind later ones
 };
 
 // How a node runs, beyond its config (Network::add).
@@ -186,7 +200,9 @@ class Network {
   std::size_t size() const;
   bool alive(int i) const;
 
-  // The node stops: its state is gone, its links close; peers notice by their timeouts.
+  // The node's process dies: its state is gone, its links close, and its peers hear of it a
+  // one-way latency later. A restart is a new process (a new NodeConfig::instance, drawn from
+  // the seeded stream).
   void crash(int i);
   // Call after acting on a node from outside the network (publish): it ticks again soon if
   // that gave it work.
@@ -195,6 +211,11 @@ class Network {
   void restart(int i, std::shared_ptr<runtime::ModelVersion> restored = nullptr);
   // Cuts (or heals) the WAN link between two regions: what crosses it meanwhile is lost.
   void set_partition(const std::string& a, const std::string& b, bool cut);
+  // Makes the WAN link between two regions faulty (LinkFault{} heals it).
+  void set_link_fault(const std::string& a, const std::string& b, LinkFault fault);
+  // The node's CPU work (decoding, taking messages in) takes `factor` times as long: an
+  // overloaded or throttled host. 1 is its normal speed.
+  void set_slowdown(int i, double factor);
 
   EventQueue& events() { return events_; }
   const topology::FleetSpec& fleet() const { return fleet_; }
@@ -206,6 +227,7 @@ class Network {
     std::uint64_t messages = 0;
     std::uint64_t messages_refused_full_queue = 0;
     std::uint64_t messages_lost = 0;            // to partitions and closed links
+    std::uint64_t messages_dropped_by_fault = 0;  // dropped by a faulty link (set_link_fault)
     std::uint64_t retransmissions = 0;          // messages that paid a round trip for loss
     std::uint64_t window_reductions = 0;        // loss events a congestion control answered
     std::uint64_t idle_restarts = 0;            // connections that went back toward slow start after idle

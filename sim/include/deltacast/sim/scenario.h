@@ -41,6 +41,14 @@ struct StripesSpec {
   std::uint32_t worker = 1;
 };
 
+// A worker's disk (SimDisk), with real payloads only (model.real_bytes): the versions it
+// saves, and what it resumes from when restarted.
+struct DiskSpec {
+  double write_bytes_per_s = 2e9;
+  std::uint64_t capacity_bytes = std::uint64_t{1} << 40;
+  std::size_t keep_versions = 2;
+};
+
 struct RunSpec {
   std::uint32_t versions = 10;
   double step_period_s = 60;         // the trainer publishes a version this often
@@ -67,6 +75,7 @@ struct RunSpec {
   // Trees of the multi-tree strategy (topology::plan_trees): 1 to 8, or 0 for the planner's
   // choice ("auto").
   std::uint32_t trees = 0;
+  DiskSpec disk;  // "disk": {"write": "2GB/s", "capacity": "1TB", "keep_versions": 2}
 };
 
 struct ObjectStoreSpec {
@@ -76,12 +85,23 @@ struct ObjectStoreSpec {
 };
 
 struct FaultSpec {
-  enum class Kind { kCrash, kPartition } kind = Kind::kCrash;
+  enum class Kind {
+    kCrash,      // the node's process dies; restarted for_s later (0: never)
+    kPartition,  // the WAN link between regions a and b drops everything, healed for_s later
+    kSlow,       // the node's CPU work takes `factor` times as long, for for_s (0: to the end)
+    kDisk,       // the node's disk has `disk_fault`, for for_s (0: to the end)
+    kLink,       // the WAN link between a and b drops and reorders messages (LinkFault), for for_s
+  } kind = Kind::kCrash;
+  enum class DiskFault { kFull, kSlow, kTorn, kCorruptRead } disk_fault = DiskFault::kFull;
   double at_s = 0;
-  double for_s = 0;      // crash: restart after this long (0: never); partition: heal after
-  std::string node;      // crash: a node id of the plan ("us-west.relay-0")
-  std::string a, b;      // partition: two regions
+  double for_s = 0;
+  std::string node;      // crash, slow, disk: a node id of the plan ("us-west.relay-0")
+  std::string a, b;      // partition, link: two regions
+  double factor = 1;     // slow, disk slow
+  LinkFault link;        // link
+  bool during_save = false;  // crash: at the middle of the node's first save at or after at_s
 };
+const char* disk_fault_name(FaultSpec::DiskFault f);
 
 struct Scenario {
   std::string name;
@@ -127,6 +147,7 @@ struct RunOptions {
   std::uint64_t seed = 1;
   double staleness_sample_s = 0;  // 0: step_period / 20
   EncodedVersionCache* encoded = nullptr;  // null: real payloads are encoded for this run alone
+  bool log_nodes = false;   // every node's log lines to stderr, with the simulated time
 };
 
 inline constexpr std::size_t kViolationsMax = 20;
@@ -161,6 +182,9 @@ struct Report {
   std::vector<std::string> violations;  // invariants that failed, at most kViolationsMax
   std::uint64_t violations_total = 0;
   std::vector<std::string> node_errors; // distinct last errors of live nodes at the end, at most 10
+  // Workers' disks (real payloads): versions saved, saves that failed, restarts that resumed
+  // from a saved version, and those that found none to resume from.
+  std::uint64_t saves = 0, save_failures = 0, resumed = 0, resumed_none = 0;
   std::uint64_t events = 0;
   double wall_s = 0;
 };

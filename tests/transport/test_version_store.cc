@@ -1,4 +1,5 @@
-// The versions a worker keeps on disk: round trip, pruning, damaged or foreign files skipped
+// The versions a worker keeps in a directory (runtime::VersionStore over
+// transport::DirectoryStorage): round trip, pruning, damaged or foreign files skipped
 // in favour of an older good one, and saves on a disk that fills up (a real tmpfs, mounted by
 // the test: the tests run as root).
 #include <catch2/catch.hpp>
@@ -15,13 +16,15 @@
 #include <fstream>
 
 #include "deltacast/io/mapped_file.h"
-#include "deltacast/embed/version_store.h"
+#include "deltacast/runtime/version_store.h"
+#include "deltacast/transport/directory_storage.h"
 #include "test_util.h"
 
 using namespace deltacast;
 using deltacast::runtime::ModelVersion;
-using deltacast::embed::VersionSaver;
-using deltacast::embed::VersionStore;
+using deltacast::runtime::VersionSaver;
+using deltacast::runtime::VersionStore;
+using deltacast::transport::directory_version_store;
 namespace fs = std::filesystem;
 
 namespace {
@@ -89,7 +92,7 @@ void touch(const fs::path& path) { std::ofstream(path) << "partial"; }
 
 TEST_CASE("a worker's saved versions load back bit-exact, and only the newest are kept", "[transport][store]") {
   TempDir dir;
-  VersionStore store(dir.path.string(), "w1", 2);
+  VersionStore store = directory_version_store(dir.path.string(), "w1", 2);
   for (std::uint64_t v = 1; v <= 3; ++v) REQUIRE(store.save(version(v)).is_ok());
   auto files = store.files();
   REQUIRE(files.size() == 2);
@@ -125,13 +128,13 @@ TEST_CASE("a worker's saved versions load back bit-exact, and only the newest ar
   CHECK((*got)->run == next_run.run);
   CHECK((*got)->image == next_run.image);
   // Another node's files in the same directory are not ours.
-  VersionStore other(dir.path.string(), "w2", 2);
+  VersionStore other = directory_version_store(dir.path.string(), "w2", 2);
   CHECK(other.load_newest().status().code() == StatusCode::kNotFound);
 }
 
 TEST_CASE("a damaged or incomplete saved version is skipped for an older good one", "[transport][store]") {
   TempDir dir;
-  VersionStore store(dir.path.string(), "w", 3);
+  VersionStore store = directory_version_store(dir.path.string(), "w", 3);
   for (std::uint64_t v = 1; v <= 3; ++v) REQUIRE(store.save(version(v)).is_ok());
   std::vector<std::string> skipped;
 
@@ -170,7 +173,7 @@ TEST_CASE("a damaged or incomplete saved version is skipped for an older good on
 TEST_CASE("a save that does not fit on the disk fails cleanly and keeps the older version", "[transport][store][disk]") {
   TempDir dir;
   TmpfsMount disk(dir.path / "disk", "size=1m");
-  VersionStore store(disk.dir.string(), "w", 2);
+  VersionStore store = directory_version_store(disk.dir.string(), "w", 2);
   REQUIRE(store.prepare().is_ok());
   REQUIRE(store.save(version(1)).is_ok());
   const std::vector<std::string> saved = {".w.lock", "w-v1.json", "w-v1.safetensors"};
@@ -179,7 +182,7 @@ TEST_CASE("a save that does not fit on the disk fails cleanly and keeps the olde
   SECTION("the model file does not fit") {
     const Status st = store.save(version(2, 1u << 20));  // 2 MiB on a 1 MiB disk
     INFO(st.to_string());
-    CHECK(st.code() == StatusCode::kIOError);
+    CHECK(st.code() == StatusCode::kResourceExhausted);
     CHECK(st.message().find("No space left") != std::string::npos);
     CHECK(st.message().find("w-v2.safetensors") != std::string::npos);
   }
@@ -188,7 +191,7 @@ TEST_CASE("a save that does not fit on the disk fails cleanly and keeps the olde
     const std::uint64_t header_bytes_max = 256, f32_bytes = 17 * 4;
     const Status st = store.save(version(2, (free_bytes(disk.dir) - 2048 - header_bytes_max - f32_bytes) / 2));
     INFO(st.to_string());
-    CHECK(st.code() == StatusCode::kIOError);
+    CHECK(st.code() == StatusCode::kResourceExhausted);
     CHECK(st.message().find("No space left") != std::string::npos);
     CHECK(st.message().find("w-v2.json") != std::string::npos);
   }
@@ -219,7 +222,7 @@ TEST_CASE("a mapped output file that does not fit fails when created, not with S
 
 TEST_CASE("prepare removes this node's temporary files of earlier runs and nothing else", "[transport][store]") {
   TempDir dir;
-  VersionStore store(dir.path.string(), "w1", 2);
+  VersionStore store = directory_version_store(dir.path.string(), "w1", 2);
   REQUIRE(store.save(version(1)).is_ok());
   for (const char* name : {"w1-v2.safetensors.tmp.4242", "w1-v2.json.tmp.4242", "w1-v17.safetensors.tmp.1"}) touch(dir.path / name);
   // Other nodes' files (one whose id extends ours) and anything else stay.
@@ -235,19 +238,19 @@ TEST_CASE("prepare removes this node's temporary files of earlier runs and nothi
 
 TEST_CASE("a node's saved versions are locked by the one live worker that uses them", "[transport][store]") {
   TempDir dir;
-  auto first = std::make_unique<VersionStore>(dir.path.string(), "w1", 2);
+  auto first = std::make_unique<VersionStore>(directory_version_store(dir.path.string(), "w1", 2));
   REQUIRE(first->prepare().is_ok());
   REQUIRE(first->save(version(1)).is_ok());
   // A second worker under the same id and directory is refused, naming the holder, and removes
   // nothing of the first's.
   touch(dir.path / "w1-v2.safetensors.tmp.4242");  // the first's save in progress
-  VersionStore second(dir.path.string(), "w1", 2);
+  VersionStore second = directory_version_store(dir.path.string(), "w1", 2);
   const Status st = second.prepare();
   CHECK(st.code() == StatusCode::kResourceExhausted);
-  CHECK(st.message().find("in use by another live worker as w1 (pid " + std::to_string(::getpid()) + ")") != std::string::npos);
+  CHECK(st.message().find("in use by another live worker (pid " + std::to_string(::getpid()) + ", holding .w1.lock)") != std::string::npos);
   CHECK(std::filesystem::exists(dir.path / "w1-v2.safetensors.tmp.4242"));
   // Another node's files in the same directory have a lock of their own.
-  VersionStore other(dir.path.string(), "w2", 2);
+  VersionStore other = directory_version_store(dir.path.string(), "w2", 2);
   CHECK(other.prepare().is_ok());
   // Once the first lets go (it stopped, or its process died), the directory is free.
   first.reset();
@@ -259,18 +262,18 @@ TEST_CASE("a node's saved versions are locked by the one live worker that uses t
 TEST_CASE("prepare creates a missing directory and refuses one it cannot use", "[transport][store][disk]") {
   TempDir dir;
   const fs::path nested = dir.path / "a" / "b";
-  CHECK(VersionStore(nested.string(), "w").prepare().is_ok());
+  CHECK(directory_version_store(nested.string(), "w").prepare().is_ok());
   CHECK(fs::is_directory(nested));
 
   touch(dir.path / "file");
-  const Status not_dir = VersionStore((dir.path / "file").string(), "w").prepare();
+  const Status not_dir = directory_version_store((dir.path / "file").string(), "w").prepare();
   INFO(not_dir.to_string());
   CHECK_FALSE(not_dir.is_ok());
   CHECK(not_dir.message() == (dir.path / "file").string() + " is not a directory");
 
   // Root ignores permission bits; a read-only mount refuses it too.
   TmpfsMount read_only(dir.path / "ro", "size=1m", MS_RDONLY);
-  const Status ro = VersionStore(read_only.dir.string(), "w").prepare();
+  const Status ro = directory_version_store(read_only.dir.string(), "w").prepare();
   INFO(ro.to_string());
   CHECK(ro.message() == "cannot write in " + read_only.dir.string() + ": Read-only file system");
 }
@@ -278,8 +281,8 @@ TEST_CASE("prepare creates a missing directory and refuses one it cannot use", "
 TEST_CASE("a saver that could not save tries again with the current version once there is room", "[transport][store][disk]") {
   TempDir dir;
   TmpfsMount disk(dir.path / "disk", "size=1m");
-  VersionStore store(disk.dir.string(), "w", 2);
-  VersionSaver saver(store, std::chrono::milliseconds(0));
+  VersionStore store = directory_version_store(disk.dir.string(), "w", 2);
+  VersionSaver saver(store, runtime::system_clock(), /*retry_ms=*/0);
   std::vector<std::shared_ptr<const ModelVersion>> versions;
   for (std::uint64_t v = 1; v <= 3; ++v) versions.push_back(std::make_shared<ModelVersion>(version(v, 1u << 20)));  // 2 MiB each
   for (std::uint64_t v = 1; v <= 2; ++v) {

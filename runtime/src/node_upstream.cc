@@ -1,0 +1,288 @@
+// A Node's side of its parents: what it says first, Welcome, Refuse, what a parent's newest
+// version and run mean here, asking for anchors and missing chunks, and the freshness of what
+// parents send (timestamp statements; stale and replaying parents refused with back-off).
+#include "deltacast/runtime/node.h"
+
+#include <algorithm>
+#include "deltacast/common/check.h"
+#include "freshness.h"
+#include "child_server.h"
+#include "reconstructor.h"
+#include "shard_merger.h"
+#include "shard_publisher.h"
+#include "upstream_link.h"
+#include "upstreams.h"
+
+namespace deltacast::runtime {
+
+// ---- upstream -------------------------------------------------------------------------------
+
+Hello Node::make_hello(std::uint32_t tree, std::uint32_t trees) const {
+  Hello hello;
+  hello.tree = tree;
+  hello.trees = trees;
+  hello.node_id = config_.node_id;
+  hello.instance = config_.instance;
+  hello.role = config_.shard_count > 0 ? Role::kPublisher : config_.reconstruct ? Role::kWorker : Role::kRelay;
+  hello.serves_children = config_.serve_children;
+  // A relay has nothing exposed; it reports the newest version it holds completely so the
+  // parent does not resend it.
+  std::uint64_t have = current_version();
+  if (!config_.reconstruct) {
+    for (const auto& [k, v] : cache_.entries())
+      if (!k.anchor && v.complete()) have = std::max(have, k.version);
+  }
+  hello.have_version = have;
+  // A trainer shard names its own process's run, so the origin tells a shard left from an
+  // earlier job from the one that replaced it.
+  hello.run = config_.shard_count > 0 ? config_.run : run_;
+  // After a refusal, the parent sends nothing unasked (the anchor this node refused).
+  hello.resume = !cache_.entries().empty() || refused_.has_value();
+  return hello;
+}
+
+std::uint64_t Node::usable_parent_newest() const { return parent_run_ == run_ ? parent_newest_ : 0; }
+
+std::uint64_t Node::anchor_floor() const {
+  if (parent_run_ > run_) return 0;
+  return rebuild_ ? rebuild_->anchor_floor() : current_version();
+}
+
+Heartbeat Node::heartbeat() const {
+  if (parent_run_ > run_) return {parent_newest_, parent_run_, fresh_->held_bytes()};
+  return {newest_known_version(), run_, fresh_->held_bytes()};
+}
+
+bool Node::on_parent_newest(UpstreamLink& link, std::uint64_t newest, const RunId& run) {
+  const std::uint64_t known = run == run_ ? std::max(newest_known_version(), current_version()) : 0;
+  if (newest > known && newest - known > config_.version_jump_max) {
+    drop_peer(link.parent(), "it claims version " + std::to_string(newest) + ", more than " +
+                                       std::to_string(config_.version_jump_max) + " (version_jump_max) past v" + std::to_string(known));
+    return false;
+  }
+  // With several trees, the node goes by the newest run any parent serves, and the newest
+  // version of it they have.
+  link.said(newest, run);
+  RunId best;
+  std::uint64_t best_newest = 0;
+  bool any = false;
+  for (const auto& l : *upstreams_) {
+    if (!l->has_said()) continue;
+    if (!any || l->said_run() > best) best = l->said_run(), best_newest = l->said_newest();
+    else if (l->said_run() == best) best_newest = std::max(best_newest, l->said_newest());
+    any = true;
+  }
+  if (best == parent_run_) {
+    parent_newest_ = std::max(parent_newest_, best_newest);
+    return true;
+  }
+  parent_run_ = best;
+  parent_newest_ = best_newest;
+  if (!run_.empty() && best > run_) {
+    // A newer run began upstream (said, not yet signed): nothing of the old run is served from
+    // here any more. What this node exposes changes only with a verified manifest of the new run.
+    ctx_->log(LogLevel::kInfo,
+              "parent serves run " + to_string(best) + ", newer than run " + to_string(run_) + ": dropping the cached versions of the old run");
+    drop_cache();
+  }
+  return true;
+}
+
+void Node::on_welcome(UpstreamLink& link, const Welcome& w) {
+  link.welcome();
+  link.records_fresh_at(discards_);  // a new connection: the parent has sent nothing over it
+  // An anchor asked for over another link is still coming: asked again, the parent would send
+  // all of it again. Asked over this link before it failed over, it is asked again.
+  if (anchor_asked_ == nullptr || anchor_asked_ == &link) anchor_requested_ = false;
+  // A worker that holds nothing said Hello without `resume`: the parent of its tree 0 starts it
+  // from an anchor unasked, so asking for one now would have it sent twice.
+  if (rebuild_ && &link == &upstreams_->first() && current_version() == 0 && cache_.entries().empty()) {
+    anchor_requested_ = true;
+    anchor_requested_ms_ = ctx_->now_ms();
+  }
+  // A worker that holds a version of the parent's run (resumed from disk after a restart, or
+  // moved to another parent) reports it: the origin's ledger learns it is back, and no longer
+  // counts it as left or behind until its next version.
+  if (rebuild_ && &link == &upstreams_->first())
+    if (auto held = rebuild_->current(); held && held->run == w.run) report_ready(*held);
+  if (!on_timestamp(link, w.timestamp)) return;
+  if (!on_parent_newest(link, w.newest_version, w.run)) return;
+  if (shard_out_)
+    shard_out_->on_welcome(parent_newest_, parent_run_, [this](const SharedBytes& sealed) -> SharedBytes {
+      auto parsed = parse_manifest(sealed->span(), config_.manifest_limits);
+      if (!parsed.is_ok()) return nullptr;  // it was ours: cannot happen
+      return seal_manifest(*parsed, {}, /*digests_known=*/true);
+    });
+  request_missing(/*force=*/true);
+  advance();
+}
+
+void Node::handle_parent(UpstreamLink& link, const Message& m) {
+  visit_message(m, Overloaded{
+                       [&](const Welcome& w) { on_welcome(link, w); },
+                       [&](const Refuse& refuse) { on_refuse(link, refuse); },
+                       [&](const ManifestMsg& manifest) { on_manifest(link.parent(), manifest); },
+                       [&](const ChunkMsg& chunk) { on_chunk(link.parent(), chunk); },
+                       [&](const Heartbeat& hb) {
+                         if (!on_timestamp(link, hb.timestamp)) return;
+                         if (on_parent_newest(link, hb.newest_version, hb.run) && shard_out_) shard_out_->release(parent_newest_);
+                       },
+                       [&](const Need& need) {
+                         // The origin asks a trainer shard for an anchor, or for (part of) a slice again.
+                         if (shard_out_ && shard_out_->on_need(need) && on_anchor_wanted_) on_anchor_wanted_();
+                       },
+                       [&](const Leave& leave) {
+                         // The parent is going away: move to the next one now, keeping what is here.
+                         ctx_->set_error("parent " + leave.node_id + " left: " + leave.reason);
+                         link.next();
+                       },
+                       // A child's messages: a parent has no cause to send them.
+                       [](const Hello&) {},
+                       [](const Ready&) {},
+                   });
+}
+
+void Node::on_refuse(UpstreamLink& link, const Refuse& refuse) {
+  ctx_->set_error("parent " + link.endpoint() + " refused us: " + refuse.reason);
+  link.give_up();
+  if (refuse.id_taken) {
+    // No parent takes a node whose id another live process holds: stop asking.
+    ctx_->log(LogLevel::kError, ctx_->last_error());
+    for (const auto& l : *upstreams_) l->give_up();
+    std::lock_guard lock(refusal_mu_);
+    refusal_ = ctx_->last_error();
+  }
+}
+
+void Node::request_anchor(std::uint64_t newer_than) {
+  const std::uint64_t now = ctx_->now_ms();
+  if (anchor_requested_ && now - anchor_requested_ms_ < config_.timing.need_after_ms * 4) return;
+  if (!has_parents()) {
+    // Nothing newer than what the asker holds can be made, and anchors made on request are
+    // bounded in time (tick() asks again for children still waiting).
+    if (!shard_in_ && newer_than > 0 && newer_than >= cache_.newest_version()) return;
+    if (anchor_made_ && now - anchor_made_ms_ < config_.anchor_interval_ms_min) return;
+    if (on_anchor_wanted_ || shard_in_) {
+      anchor_made_ = true;
+      anchor_made_ms_ = now;
+    }
+    if (on_anchor_wanted_) on_anchor_wanted_();
+    // Versions made of trainer shards' slices: each shard sends an anchor of its slice.
+    if (shard_in_) children_->to_publishers(Need{{newer_than, true}, {}, true});
+  } else if (fresh_->verifying() && !fresh_->fresh_for(parent_run_ > run_ ? parent_run_ : run_)) {
+    return;  // an anchor it could not expose: asked for once a fresh statement came
+  } else if (UpstreamLink* link = upstreams_->anchor_link()) {
+    // What this parent offers was refused already: asked again once it has something newer.
+    if (refused_ && refused_->endpoint == link->endpoint() && refused_->run == link->said_run() && link->said_newest() <= refused_->version)
+      return;
+    // What the link carried is here or on its way (a first answer, or an anchor a parent sends
+    // unasked, may be slow over a long, full link): the parent sends only what it has not sent
+    // yet. Only once this node threw received versions away (a worker that dropped a damaged
+    // image, a cache that evicted) does the request set `again`, and the parent sends all.
+    upstreams_->send_need(Need{{newer_than, true}, {}, true, /*again=*/link->records_stale(discards_)});
+    link->records_fresh_at(discards_);
+    anchor_asked_ = link;
+  } else {
+    return;  // asked again once a parent welcomes us
+  }
+  anchor_requested_ = true;
+  anchor_requested_ms_ = now;
+}
+
+void Node::request_missing(bool force) {
+  if (!upstreams_->any_welcomed()) return;
+  const std::uint64_t now = ctx_->now_ms();
+  if (!force && now - last_need_ms_ < config_.timing.need_after_ms) return;
+  last_need_ms_ = now;
+  // Chunks asked for already, of a version nothing has arrived of since, were lost on the way
+  // (a striped link whose receiver gave up a gap drops messages without closing): they are
+  // asked for with `again`, so that the parent sends them again (at most
+  // resends_per_chunk_max times) though it handed them to this link before.
+  std::map<VersionKey, std::uint64_t> asked;
+  for (const auto& [key, v] : cache_.entries()) {
+    if (v.complete()) continue;
+    const auto before = missing_asked_.find(key);
+    if (before != missing_asked_.end()) asked.emplace(key, before->second);
+    if (!force && now - v.last_activity_ms < config_.timing.need_after_ms) continue;
+    // A worker needs only what it can still use; a relay completes everything it caches.
+    if (config_.reconstruct && !config_.serve_children && key.version <= current_version()) continue;
+    auto missing = v.missing();
+    ctx_->stats.retransmit_requests += missing.size();
+    const bool lost = before != missing_asked_.end() && before->second == v.last_activity_ms;
+    asked[key] = v.last_activity_ms;
+    upstreams_->send_need(Need{key, std::move(missing), false, /*again=*/lost});
+  }
+  missing_asked_ = std::move(asked);  // only versions cached and incomplete: bounded by the cache
+  // Versions the parent has and we have not even seen the manifest of: a worker needs every
+  // delta after its current version, a relay the ones after the newest it caches.
+  // At most versions_requested_max at a time: the rest follow as these arrive.
+  const bool need_anchor = rebuild_ && rebuild_->need_anchor();
+  std::uint64_t from = 0;
+  if (rebuild_ && !need_anchor) from = current_version();
+  else if (!rebuild_ && cache_.newest_version() > 0) from = cache_.newest_version();
+  const std::uint64_t parent_newest = usable_parent_newest();
+  if (from > 0 && parent_newest > from) {
+    const std::uint64_t to = from + std::min<std::uint64_t>(parent_newest - from, config_.versions_requested_max);
+    for (std::uint64_t v = from + 1; v <= to; ++v)
+      if (!cache_.find({v, false})) upstreams_->send_need(Need{{v, false}, {}, false});
+  }
+  const bool parent_in_newer_run = parent_run_ > run_;
+  if (need_anchor || (rebuild_ && !rebuild_->busy() && (parent_in_newer_run || (current_version() == 0 && parent_newest > 0))))
+    request_anchor(anchor_floor());
+}
+
+// ---- freshness ------------------------------------------------------------------------------
+
+bool Node::on_timestamp(UpstreamLink& link, const SharedBytes& bytes) {
+  if (!bytes) return true;
+  const Freshness::Taken taken = fresh_->take(bytes, run_);
+  using Verdict = Freshness::Taken::Verdict;
+  switch (taken.verdict) {
+    case Verdict::kKept:
+      break;
+    case Verdict::kMalformed:
+      ctx_->stats.untrusted_timestamps++;
+      drop_peer(link.parent(), taken.why);
+      return false;
+    case Verdict::kUntrusted:
+      ctx_->stats.untrusted_timestamps++;
+      refused_ = Refused{link.endpoint(), link.said_run(), link.said_newest()};
+      refuse_parent(link, taken.why);
+      return false;
+    case Verdict::kReplay:
+      ctx_->stats.replays_refused++;
+      refuse_parent(link, taken.why);
+      return false;
+  }
+  if (!fresh_->verifying()) return true;
+  if (taken.fresh) {
+    link.fresh();
+    if (taken.statement->run == run_) link.proven();
+    if (refused_ && refused_->endpoint == link.endpoint()) refused_.reset();  // it vouches for what it serves now
+  }
+  if (rebuild_ && rebuild_->withholding()) {
+    rebuild_->release();
+    advance();
+  }
+  return true;
+}
+
+void Node::check_parents_fresh(std::uint64_t now) {
+  if (!fresh_->verifying()) return;
+  for (const auto& link : *upstreams_) {
+    if (!link->welcomed() || now - link->fresh_since_ms() <= config_.timing.parent_timeout_ms) continue;
+    ctx_->stats.stale_parents++;
+    refuse_parent(*link, "it gave no timestamp statement within freshness_ms_max (" + std::to_string(config_.freshness_ms_max / 1000) +
+                             " s) of this host's clock for " + std::to_string(now - link->fresh_since_ms()) + " ms (the newest: " +
+                             fresh_->held_age() + "): it is cut off from the origin or replays an old run, or this host's clock or the origin's is off");
+  }
+}
+
+void Node::refuse_parent(UpstreamLink& link, const std::string& why) {
+  ctx_->stats.peers_dropped++;
+  const std::string endpoint = link.endpoint();
+  const std::uint64_t wait_ms = link.back_off();
+  ctx_->set_error("parent " + endpoint + " dropped, next try in " + std::to_string(wait_ms) + " ms: " + why);
+}
+
+}  // namespace deltacast::runtime

@@ -1,5 +1,7 @@
 #include "deltacast/sim/network.h"
 
+#include "tcp.h"
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -273,13 +275,7 @@ struct Network::Impl {
     std::shared_ptr<runtime::ModelVersion> restore_at_start;  // for a waiting node
   };
   // One TCP connection's sending side (TcpOptions).
-  struct Tcp {
-    double cwnd = 0;  // bytes; 0 until first used
-    double ssthresh = std::numeric_limits<double>::infinity();
-    double free_us = 0;  // when what it was given is all sent
-    double full_us = 0;  // when it last had a window's worth or more to send
-    double cubic_w_max = 0, cubic_epoch_us = 0;  // the window at the last loss, and when
-  };
+  using Tcp = TcpConnection;
   struct Link {
     // What a delivery or a send reads, together.
     int from = 0, to = -1;
@@ -337,7 +333,10 @@ struct Network::Impl {
   // it, from a stream of its own so that the link model's draws stay as they were.
   SeededRandom instances;
 
-  Impl(Network& n, NetworkOptions o) : net(n), opt(o), rng(o.seed), instances(o.seed ^ 0x9e3779b97f4a7c15ull) {}
+  TcpModel tcp;
+
+  Impl(Network& n, NetworkOptions o)
+      : net(n), opt(o), rng(o.seed), instances(o.seed ^ 0x9e3779b97f4a7c15ull), tcp(opt.tcp, opt.packet_bytes, rng, n.stats_) {}
 
   bool current(int i, std::uint64_t gen) const { return nodes[i].alive && nodes[i].generation == gen; }
 
@@ -458,92 +457,6 @@ struct Network::Impl {
     if (Link* r = link(l->reverse)) r->open = false;
   }
 
-  // TCP (TcpOptions): a connection's window, grown and cut by its congestion control.
-  struct TcpPass {
-    double start_us = 0, end_us = 0;  // when the connection began and finished sending it
-    bool lost = false;                 // a packet of it was lost (and retransmitted)
-  };
-  void tcp_grow(Tcp& c, double acked, double window, double t_us) {
-    const TcpOptions& o = opt.tcp;
-    const double mss = opt.packet_bytes;
-    if (o.congestion_control == TcpOptions::Cc::kBbr) {
-      c.cwnd += acked * 1.885;  // startup: 2/ln 2 the delivery rate each round trip
-    } else if (c.cwnd < c.ssthresh) {
-      c.cwnd = std::min(c.cwnd + acked, std::max(c.ssthresh, c.cwnd));  // slow start: doubles each round trip
-    } else if (o.congestion_control == TcpOptions::Cc::kReno) {
-      c.cwnd += mss * acked / window;  // a packet per round trip
-    } else {
-      // CUBIC (RFC 8312): W(t) = C (t - K)^3 + W_max in packets, C = 0.4, beta = 0.7; never
-      // slower than Reno would be.
-      const double w_max = c.cubic_w_max / mss;
-      const double k = std::cbrt(w_max * (1 - 0.7) / 0.4);
-      const double t = (t_us - c.cubic_epoch_us) / 1e6 - k;
-      const double target = (0.4 * t * t * t + w_max) * mss;
-      c.cwnd = std::max(c.cwnd + mss * acked / window, std::min(target, 1.5 * c.cwnd));
-    }
-    c.cwnd = std::min(c.cwnd, std::max(o.window_bytes, mss));  // past the window it would not grow
-  }
-  void tcp_loss(Tcp& c, double t_us) {
-    const double floor_bytes = 2.0 * opt.packet_bytes;
-    switch (opt.tcp.congestion_control) {
-      case TcpOptions::Cc::kReno:
-        c.cwnd = c.ssthresh = std::max(c.cwnd / 2, floor_bytes);
-        break;
-      case TcpOptions::Cc::kCubic:
-        c.cubic_w_max = c.cwnd;
-        c.cubic_epoch_us = t_us;
-        c.cwnd = c.ssthresh = std::max(0.7 * c.cwnd, floor_bytes);
-        break;
-      case TcpOptions::Cc::kBbr:
-        return;  // BBR (v1) holds its rate through random loss
-    }
-    net.stats_.window_reductions++;
-  }
-  // Sends `bytes` on connection c once what it was given before is sent: rounds of a round trip
-  // each carrying its window, the window growing and shrinking as its congestion control does.
-  TcpPass tcp_send(Tcp& c, double bytes, double now, double rtt_us, double loss) {
-    const TcpOptions& o = opt.tcp;
-    const double mss = opt.packet_bytes;
-    const double window_max = std::max(o.window_bytes, mss);
-    const double initial = std::min(window_max, o.initial_window_packets * mss);
-    TcpPass pass;
-    double t = std::max(now, c.free_us);
-    pass.start_us = t;
-    if (c.cwnd == 0) {
-      c.cwnd = initial;
-      c.full_us = t;
-    }
-    // Not filled for a retransmission timeout or more: the window halves per timeout, down to
-    // the initial one, and slow start takes it back to where it was (Linux's
-    // tcp_cwnd_restart and tcp_cwnd_application_limited).
-    const double rto_us = rtt_us + o.rto_min_ms * 1e3;
-    if (o.slow_start_after_idle && o.congestion_control != TcpOptions::Cc::kBbr && t - c.full_us >= rto_us && c.cwnd > initial) {
-      c.ssthresh = std::max(c.ssthresh, 0.75 * c.cwnd);
-      c.cwnd = std::max(initial, c.cwnd / std::exp2(std::min(64.0, std::floor((t - c.full_us) / rto_us))));
-      net.stats_.idle_restarts++;
-    }
-    const bool backlog = now < c.free_us || bytes >= std::min(c.cwnd, window_max);
-    double left = bytes;
-    while (left > 0) {
-      const double window = std::min(c.cwnd, window_max);
-      if (loss == 0 && window >= window_max) {  // steady: the rest at the window's rate
-        t += rtt_us * left / window;
-        break;
-      }
-      const double sent = std::min(left, window);
-      if (loss > 0 && std::uniform_real_distribution<double>(0, 1)(rng) < 1 - std::pow(1 - loss, std::ceil(sent / mss))) {
-        pass.lost = true;
-        tcp_loss(c, t);
-      }
-      t += rtt_us * sent / window;
-      left -= sent;
-      tcp_grow(c, sent, window, t);
-    }
-    c.free_us = pass.end_us = t;
-    if (backlog) c.full_us = t;
-    return pass;
-  }
-
   // The connection a link's next message (or part) goes on: the next in turn, unless another is
   // further ahead (the runtime deals them in turn, passing over a connection whose queue is full).
   Tcp& next_connection(Link& l) {
@@ -613,7 +526,7 @@ struct Network::Impl {
       const double part = l.connections > 1 ? opt.tcp.stripe_part_bytes : bytes;
       double start_us = std::numeric_limits<double>::infinity(), end_us = 0;
       for (double sent = 0; sent < bytes; sent += part) {
-        const TcpPass pass = tcp_send(next_connection(l), std::min(part, bytes - sent), now, rtt_us, l.spec.loss);
+        const TcpPass pass = tcp.send(next_connection(l), std::min(part, bytes - sent), now, rtt_us, l.spec.loss);
         start_us = std::min(start_us, pass.start_us);
         end_us = std::max(end_us, pass.end_us);
         lost |= pass.lost;

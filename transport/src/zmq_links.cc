@@ -25,11 +25,6 @@ void close_poll(uv_poll_t* poll) {
   uv_close(reinterpret_cast<uv_handle_t*>(poll), [](uv_handle_t* h) { delete reinterpret_cast<uv_poll_t*>(h); });
 }
 
-std::string zmq_error(const std::string& what) { return what + ": " + zmq_strerror(zmq_errno()); }
-
-// A link or stream number: random, never 0 (which means none on the wire).
-std::uint64_t nonzero_random64() { return runtime::system_random().nonzero_u64(); }
-
 // What a message held for reordering costs beyond its frames (the map node, the Message).
 constexpr std::uint64_t kHeldMessageOverheadBytes = 256;
 
@@ -169,7 +164,7 @@ PeerId ZmqLinks::connect(const std::string& endpoint) {
   // payloads in parts, and this node hears from it between parts.
   if (primary.zsock) {
     StripedParent sp(config);
-    sp.link = nonzero_random64();
+    sp.link = system_random().nonzero_u64();  // random, never 0 (none on the wire)
     sp.connected_ms = clock.now_ms();
     sp.extra.resize(std::min(config.stripes, kStripesMax) - 1);
     sp.announced_ms.assign(sp.extra.size(), 0);
@@ -308,36 +303,6 @@ void ZmqLinks::flush(PeerId peer) {
   }
 }
 
-// Sends a striped child's message on the next of its connections, in turn, that has room:
-// EAGAIN when none has; EHOSTUNREACH when its primary connection is gone (an extra one that
-// is gone is dropped from the turn).
-int ZmqLinks::send_striped(StripedChild& c, const Frames& f) {
-  const std::size_t n = c.identities.size();
-  for (std::size_t tried = 0; tried < n; ++tried) {
-    const std::size_t k = c.next_stripe;
-    c.next_stripe = (c.next_stripe + 1) % n;
-    if (c.identities[k].empty()) continue;
-    const int err = send_frames(router.zsock, &c.identities[k], f);
-    if (err == 0) {
-      count_stripe_out(k);
-      return 0;
-    }
-    if (err == EHOSTUNREACH) {
-      if (k == 0) return err;
-      stripe_owner.erase(c.identities[k]);
-      c.identities[k].clear();
-    } else if (err != EAGAIN) {
-      return err;
-    }
-  }
-  return EAGAIN;
-}
-
-void ZmqLinks::count_stripe_out(std::size_t index) {
-  if (stripe_messages_out_.size() <= index) stripe_messages_out_.resize(index + 1);
-  ++stripe_messages_out_[index];
-}
-
 void ZmqLinks::flush_all() {
   std::vector<PeerId> ids;
   for (auto& [id, q] : queues)
@@ -421,220 +386,6 @@ void ZmqLinks::dispatch(PeerId from, Result<Decoded> d, zmq_msg_t* header, bool 
   node_->on_message(from, m);
 }
 
-// A striped child: its first connection is `peer`; the others announce themselves with `link`.
-void ZmqLinks::register_striped_child(PeerId peer, const LinkFields& fields, zmq_msg_t* header) {
-  // The same link said Hello again on a new connection: the old one's extras belong to it no more.
-  if (auto old = child_by_link.find(fields.link); old != child_by_link.end() && old->second != peer) drop_striped_child(old->second);
-  StripedChild c;
-  c.link = fields.link;
-  if (const char* user = zmq_msg_gets(header, "User-Id")) c.user_id = user;
-  c.identities.resize(fields.stripes);
-  c.identities[0] = identity_of[peer];
-  c.stream = nonzero_random64();
-  striped_children[peer] = std::move(c);
-  child_by_link[fields.link] = peer;
-}
-
-// An extra connection of a striped child says which link it belongs to. It is taken when the
-// link's first connection said Hello with as many stripes and the same CURVE key; anything
-// else is dropped (it says so again, and a parent that has the link by then takes it).
-void ZmqLinks::on_stripe_announcement(const std::string& identity, const Decoded& d, zmq_msg_t* header) {
-  auto owner = child_by_link.find(d.fields.link);
-  if (owner == child_by_link.end()) return;
-  auto sc = striped_children.find(owner->second);
-  if (sc == striped_children.end() || d.stripe_index >= sc->second.identities.size()) return;
-  StripedChild& c = sc->second;
-  const char* user = zmq_msg_gets(header, "User-Id");
-  if ((user ? std::string(user) : std::string()) != c.user_id) {
-    bad_messages++;
-    return;
-  }
-  std::string& slot = c.identities[d.stripe_index];
-  if (slot != identity) {
-    if (!slot.empty()) stripe_owner.erase(slot);
-    slot = identity;
-    stripe_owner[identity] = owner->second;
-  }
-  const int fd = zmq_msg_get(header, ZMQ_SRCFD);
-  if (auto conn = connections.find(fd); conn != connections.end()) {
-    conn->second.said_hello = true;
-    conn->second.stripe_identity = identity;
-  }
-}
-
-// ---- connections to the listener ---------------------------------------------------------
-Status ZmqLinks::open_monitor() {
-  const std::string endpoint = "inproc://deltacast-monitor-" + std::to_string(reinterpret_cast<std::uintptr_t>(this));
-  const int events = ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CLOSED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
-                     ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
-  if (zmq_socket_monitor(router.zsock, endpoint.c_str(), events) != 0) return Status::io_error(zmq_error("socket monitor"));
-  monitor.zsock = zmq_socket(ctx, ZMQ_PAIR);
-  if (!monitor.zsock || zmq_connect(monitor.zsock, endpoint.c_str()) != 0 || !watch(monitor))
-    return Status::io_error(zmq_error("socket monitor"));
-  return Status::ok();
-}
-
-void ZmqLinks::set_congestion_control(int fd) {
-  const std::string& cc = config.congestion_control;
-  if (cc.empty() || congestion_control_failed_) return;
-  if (::setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, cc.data(), static_cast<socklen_t>(cc.size())) != 0) {
-    congestion_control_failed_ = true;
-    spdlog::warn("{}: cannot use the {} congestion control ({}): the host's default stays; it must be loaded and in "
-                 "net.ipv4.tcp_allowed_congestion_control",
-                 node_config.node_id, cc, std::strerror(errno));
-  }
-}
-
-// The descriptor a child's messages come on (ZMQ_SRCFD): what closing that child closes.
-void ZmqLinks::note_connection(PeerId peer, int fd) {
-  if (fd < 0) return;
-  fd_of[peer] = fd;
-  // A message can come before the monitor's accept event: the connection is known from here on,
-  // so a close the node asks for before that event still happens.
-  auto c = connections.find(fd);
-  if (c == connections.end()) {
-    if (connections.size() >= config.connections_max) return;
-    c = connections.emplace(fd, Connection{clock.now_ms(), false, 0, {}, true}).first;
-    set_congestion_control(fd);
-  }
-  c->second.peer = peer;
-}
-
-void ZmqLinks::close_connection(int fd, const std::string& why) {
-  spdlog::warn("{}: closed connection {}: {}", node_config.node_id, fd, why);
-  connections.erase(fd);
-  connections_closed++;
-  ::shutdown(fd, SHUT_RDWR);
-}
-
-void ZmqLinks::on_monitor_event(std::uint16_t event, std::int32_t value, const std::string& address) {
-  const std::uint64_t now = clock.now_ms();
-  switch (event) {
-    case ZMQ_EVENT_ACCEPTED:
-      if (connections.size() >= config.connections_max) {
-        // Logged once per thousand, so a flood does not flood the log too.
-        if (connections_refused++ % 1000 == 0)
-          spdlog::warn("{}: refused a connection: {} open, the most this listener takes (connections_max; {} refused so far)",
-                       node_config.node_id, connections.size(), connections_refused);
-        ::shutdown(value, SHUT_RDWR);
-        return;
-      }
-      if (auto c = connections.find(value); c != connections.end() && c->second.before_accept) {
-        c->second.before_accept = false;  // already known from its messages, a close perhaps due
-        return;
-      }
-      // A close still due for an earlier connection that had this descriptor is not this one's.
-      std::erase_if(shutdowns_due, [&](const ShutdownDue& d) { return d.fd == value; });
-      connections[value] = Connection{now, false, 0, {}};
-      set_congestion_control(value);
-      return;
-    case ZMQ_EVENT_DISCONNECTED:
-    case ZMQ_EVENT_CLOSED:
-      std::erase_if(shutdowns_due, [&](const ShutdownDue& d) { return d.fd == value; });
-      if (auto c = connections.find(value); c != connections.end()) {
-        // An extra connection of a striped child leaves the turn; the child stays.
-        if (auto owner = stripe_owner.find(c->second.stripe_identity); owner != stripe_owner.end()) {
-          if (auto sc = striped_children.find(owner->second); sc != striped_children.end())
-            for (std::size_t k = 1; k < sc->second.identities.size(); ++k)
-              if (sc->second.identities[k] == owner->first) sc->second.identities[k].clear();
-          stripe_owner.erase(owner);
-        }
-        // A child whose connection closed is gone now, not after child_timeout_ms.
-        const PeerId peer = c->second.peer;
-        connections.erase(c);
-        connections_closed++;
-        if (peer != 0 && identity_of.count(peer)) {
-          fd_of.erase(peer);
-          forget_child(peer);
-          node_->on_peer_down(peer);
-        }
-      }
-      return;
-    default:
-      // The refusals ZAP does not see: a plaintext peer, a wrong server key, a broken handshake.
-      if (handshakes_failed++ % 1000 != 0) return;  // once per thousand: a flood does not flood the log
-      spdlog::warn("{}: refused a peer at {}: {}", node_config.node_id, address,
-                   event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH       ? "authentication failed"
-                   : event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ? "handshake protocol error (plaintext, or another security mechanism)"
-                                                                  : "handshake failed");
-  }
-}
-
-void ZmqLinks::drain_monitor() {
-  while (readable(monitor.zsock)) {
-    zmq_msg_t parts[kFramesMax];
-    bool too_many;
-    const int n = receive(monitor.zsock, parts, too_many);
-    if (n == 2 && zmq_msg_size(&parts[0]) == 6) {
-      std::uint16_t event;
-      std::int32_t value;
-      std::memcpy(&event, zmq_msg_data(&parts[0]), 2);
-      std::memcpy(&value, static_cast<const char*>(zmq_msg_data(&parts[0])) + 2, 4);
-      on_monitor_event(event, value, std::string(static_cast<const char*>(zmq_msg_data(&parts[1])), zmq_msg_size(&parts[1])));
-    }
-    for (int i = 0; i < n; ++i) zmq_msg_close(&parts[i]);
-  }
-}
-
-// Connections that never said Hello, and those the node let go of, are closed.
-void ZmqLinks::close_idle_connections() {
-  const std::uint64_t now = clock.now_ms();
-  std::vector<int> idle;
-  for (const auto& [fd, c] : connections)
-    if (!c.said_hello && now - c.accepted_ms > config.hello_timeout_ms) idle.push_back(fd);
-  for (int fd : idle) {
-    connections.erase(fd);
-  connections_closed++;
-    ::shutdown(fd, SHUT_RDWR);
-    if (idle_closed++ % 1000 == 0)
-      spdlog::warn("{}: closed a connection without a Hello within hello_timeout_ms ({} ms; {} so far)", node_config.node_id,
-                   config.hello_timeout_ms, idle_closed);
-  }
-  std::erase_if(shutdowns_due, [&](const ShutdownDue& due) {
-    if (now < due.when_ms) return false;
-    if (connections.count(due.fd)) close_connection(due.fd, "the node let go of this child");
-    return true;
-  });
-  announce_stripes();
-  std::vector<std::pair<PeerId, std::uint64_t>> expired;  // (parent, gaps skipped before)
-  for (auto& [id, sp] : striped_parents) {
-    if (sp.order.held() == 0) continue;
-    expired.emplace_back(id, sp.order.gaps_skipped());
-  }
-  for (const auto& [id, skipped] : expired) {
-    auto sp = striped_parents.find(id);  // delivering may have let an earlier parent go
-    if (sp == striped_parents.end()) continue;
-    std::vector<Piece> ready;
-    sp->second.order.expire(now, ready);
-    deliver_in_order(id, skipped, std::move(ready));
-  }
-}
-
-// Hands the node what a striped link's Reorder released, and says so when it gave up on a gap.
-// Messages whose payload came in parts are put together first.
-void ZmqLinks::deliver_in_order(PeerId parent, std::uint64_t gaps_before, std::vector<Piece> ready) {
-  auto sp = striped_parents.find(parent);
-  if (sp == striped_parents.end()) return;
-  if (sp->second.order.gaps_skipped() != gaps_before) {
-    reorder_gaps_skipped_ += sp->second.order.gaps_skipped() - gaps_before;
-    spdlog::warn("{}: gave up waiting for messages of the striped link to parent {} (a connection closed with them, or "
-                 "reorder_timeout_ms / reorder_bytes_max passed); the node asks again for what it misses",
-                 node_config.node_id, parent);
-  }
-  std::vector<Message> messages;
-  const std::uint64_t dropped_before = sp->second.parts.dropped();
-  for (Piece& piece : ready)
-    if (auto m = sp->second.parts.add(std::move(piece))) messages.push_back(std::move(*m));
-  if (const std::uint64_t dropped = sp->second.parts.dropped() - dropped_before; dropped > 0) {
-    parts_dropped_ += dropped;
-    spdlog::warn("{}: dropped {} message(s) of the striped link to parent {} whose payload parts did not all come; the node "
-                 "asks again for what it misses",
-                 node_config.node_id, dropped, parent);
-  }
-  for (const Message& m : messages)
-    if (parents.count(parent)) node_->on_message(parent, m);
-}
-
 void ZmqLinks::forget_child(PeerId peer) {
   if (auto it = identity_of.find(peer); it != identity_of.end()) {
     child_by_identity.erase(it->second);
@@ -642,15 +393,6 @@ void ZmqLinks::forget_child(PeerId peer) {
   }
   drop_striped_child(peer);
   queues.erase(peer);
-}
-
-// Forgets a striped child's link: its extra connections' identities and its link number.
-void ZmqLinks::drop_striped_child(PeerId peer) {
-  auto sc = striped_children.find(peer);
-  if (sc == striped_children.end()) return;
-  for (std::size_t k = 1; k < sc->second.identities.size(); ++k) stripe_owner.erase(sc->second.identities[k]);
-  if (auto l = child_by_link.find(sc->second.link); l != child_by_link.end() && l->second == peer) child_by_link.erase(l);
-  striped_children.erase(sc);
 }
 
 void ZmqLinks::drain_router() {
@@ -699,20 +441,6 @@ void ZmqLinks::drain_parent(PeerId id) {
     auto sp = striped_parents.find(id);
     if (sp == striped_parents.end() || k >= sp->second.extra.size()) return;
     drain_parent_socket(id, sp->second.extra[k].zsock);
-  }
-}
-
-// Every striped link's extra connections say which link they belong to: every 100 ms for the
-// first 3 s, then every stripe_announce_ms. A send refused (not connected yet) is tried on the
-// next tick.
-void ZmqLinks::announce_stripes() {
-  const std::uint64_t now = clock.now_ms();
-  for (auto& [id, sp] : striped_parents) {
-    const std::uint64_t every = now - sp.connected_ms < 3000 ? 100 : config.stripe_announce_ms;
-    for (std::size_t k = 0; k < sp.extra.size(); ++k) {
-      if (!sp.extra[k].zsock || (sp.announced_ms[k] != 0 && now - sp.announced_ms[k] < every)) continue;
-      if (send_frames(sp.extra[k].zsock, nullptr, encode_stripe(sp.link, static_cast<std::uint32_t>(k + 1))) == 0) sp.announced_ms[k] = now;
-    }
   }
 }
 

@@ -22,6 +22,9 @@
 
 namespace deltacast::transport {
 
+// "what: " and ZeroMQ's words for the last error.
+inline std::string zmq_error(const std::string& what) { return what + ": " + zmq_strerror(zmq_errno()); }
+
 class ZmqLinks final : public runtime::Transport {
  public:
   // `stopping`: set by another thread when the host stops; nothing more is read once it is.

@@ -1,5 +1,7 @@
 #include "freshness.h"
 
+#include "deltacast/common/check.h"
+
 #include <algorithm>
 #include <cstring>
 
@@ -78,6 +80,7 @@ Freshness::Taken Freshness::take(const SharedBytes& bytes, const RunId& known_ru
     held_ = *t;
     held_bytes_ = bytes;
   }
+  DC_CHECK(!verifying() || held_->run >= t->run, "a node that checks statements holds one older than one it took");
   out.fresh = verifying() && within_bound(*t);
   out.statement = *t;
   return out;

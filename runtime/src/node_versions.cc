@@ -107,6 +107,7 @@ void Node::switch_run(const RunId& run) {
   // The old run's version is not what the trainer publishes now: readers get nothing until the
   // new run's anchor has verified.
   if (rebuild_) rebuild_->forget();
+  DC_CHECK(cache_.entries().empty() && current_version() == 0 && !current(), "a node that moved to a new run kept a version of the old one");
 }
 
 void Node::drop_cache() {

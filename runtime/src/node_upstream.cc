@@ -194,25 +194,20 @@ void Node::request_missing(bool force) {
   const std::uint64_t now = ctx_->now_ms();
   if (!force && now - last_need_ms_ < config_.timing.need_after_ms) return;
   last_need_ms_ = now;
-  // Chunks asked for already, of a version nothing has arrived of since, were lost on the way
-  // (a striped link whose receiver gave up a gap drops messages without closing): they are
-  // asked for with `again`, so that the parent sends them again (at most
-  // resends_per_chunk_max times) though it handed them to this link before.
-  std::map<VersionKey, std::uint64_t> asked;
+  // After the transport lost messages of a parent's link without closing it, the chunks it
+  // lost are asked for with `again`: the parent handed them to the link and would not send
+  // them again otherwise.
+  const bool again = lost_from_parent_;
+  lost_from_parent_ = false;
   for (const auto& [key, v] : cache_.entries()) {
     if (v.complete()) continue;
-    const auto before = missing_asked_.find(key);
-    if (before != missing_asked_.end()) asked.emplace(key, before->second);
     if (!force && now - v.last_activity_ms < config_.timing.need_after_ms) continue;
     // A worker needs only what it can still use; a relay completes everything it caches.
     if (config_.reconstruct && !config_.serve_children && key.version <= current_version()) continue;
     auto missing = v.missing();
     ctx_->stats.retransmit_requests += missing.size();
-    const bool lost = before != missing_asked_.end() && before->second == v.last_activity_ms;
-    asked[key] = v.last_activity_ms;
-    upstreams_->send_need(Need{key, std::move(missing), false, /*again=*/lost});
+    upstreams_->send_need(Need{key, std::move(missing), false, again});
   }
-  missing_asked_ = std::move(asked);  // only versions cached and incomplete: bounded by the cache
   // Versions the parent has and we have not even seen the manifest of: a worker needs every
   // delta after its current version, a relay the ones after the newest it caches.
   // At most versions_requested_max at a time: the rest follow as these arrive.
@@ -229,6 +224,12 @@ void Node::request_missing(bool force) {
   const bool parent_in_newer_run = parent_run_ > run_;
   if (need_anchor || (rebuild_ && !rebuild_->busy() && (parent_in_newer_run || (current_version() == 0 && parent_newest > 0))))
     request_anchor(anchor_floor());
+}
+
+void Node::on_messages_lost(PeerId from) {
+  if (!upstreams_->link_of(from)) return;  // a child's: it asks again for what it misses
+  lost_from_parent_ = true;
+  request_missing(/*force=*/true);
 }
 
 // ---- freshness ------------------------------------------------------------------------------

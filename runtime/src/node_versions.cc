@@ -218,6 +218,11 @@ void Node::accept_chunk(PeerId from, const ChunkMsg& m, bool hashes_checked) {
         return;
       }
       upstreams_->send_need(Need{m.key, {m.index}, false, /*again=*/true});
+    } else if (r.status().code() == StatusCode::kNotFound && upstreams_->link_of(from)) {
+      // A chunk before its manifest: a striped link released it past a gap it gave up (the
+      // manifest comes late, or never). The parent handed it to the link; asked for again
+      // without `again`, it would not send it twice.
+      lost_from_parent_ = true;
     }
     return;
   }

@@ -571,7 +571,7 @@ struct Network::Impl {
     net.stats_.messages++;
     const PathTiming t = path_timing(src, dst, l, size, now);
     double arrival = t.arrival_us, leaves = t.leaves_us;
-    bool cut = t.cut;
+    bool cut = t.cut, dropped = false;
     if (!l.pending.empty()) leaves = std::max(leaves, l.pending.back().first);  // one queue, in order
     arrival = std::max(arrival, l.last_arrival_us);
     l.last_arrival_us = arrival;
@@ -580,7 +580,7 @@ struct Network::Impl {
     for (int p : l.pipes) {
       const LinkFault& f = pipes[p].fault;
       if (f.drop > 0 && std::uniform_real_distribution<double>(0, 1)(rng) < f.drop) {
-        cut = true;
+        cut = dropped = true;
         net.stats_.messages_dropped_by_fault++;
       }
       if (f.reorder_ms > 0) arrival += std::uniform_real_distribution<double>(0, f.reorder_ms * 1e3)(rng);
@@ -597,7 +597,19 @@ struct Network::Impl {
     }
     if (cut) {
       net.stats_.messages_lost++;
-      return true;  // accepted, never delivered: the connection broke under it
+      // Dropped by a faulty link that stays up: the receiver's transport gives the gap up once
+      // its reorder timeout has passed, and says so (Node::on_messages_lost).
+      if (dropped) {
+        const int to = l.to;
+        const PeerId at_receiver = l.reverse;
+        const std::uint64_t gen = dst.generation;
+        net.events_.at(static_cast<std::uint64_t>(std::ceil(arrival)) + LinkFault::kGapTimeoutMs * 1000, [this, to, at_receiver, gen] {
+          if (!current(to, gen)) return;
+          nodes[to].node->on_messages_lost(at_receiver);
+          wake(to);
+        });
+      }
+      return true;  // accepted, never delivered: the connection broke under it, or a faulty link dropped it
     }
     std::uint32_t slot = static_cast<std::uint32_t>(flights.size());
     if (free_flights.empty()) {

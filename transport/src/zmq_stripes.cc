@@ -104,8 +104,10 @@ void ZmqLinks::deliver_in_order(PeerId parent, std::uint64_t gaps_before, std::v
                  "asks again for what it misses",
                  node_config.node_id, dropped, parent);
   }
+  const bool lost = sp->second.order.gaps_skipped() != gaps_before || sp->second.parts.dropped() != dropped_before;
   for (const Message& m : messages)
     if (parents.count(parent)) node_->on_message(parent, m);
+  if (lost && parents.count(parent)) node_->on_messages_lost(parent);
 }
 
 // Forgets a striped child's link: its extra connections' identities and its link number.

@@ -145,9 +145,9 @@ struct ChunkMsg {
 // want_anchor, the newest anchor and the deltas after it.
 // A parent does not send a chunk again that it already handed to the link to this child (it is
 // on its way: TCP delivers it or the connection breaks, and a new connection starts afresh),
-// unless `again` says the copy that came was damaged, or that it never came (asked for once
-// already, with nothing of its version arrived since: a striped link whose receiver gave up a
-// gap drops messages without closing). With want_anchor, `again` says the child
+// unless `again` says the copy that came was damaged, or that it never came (the child's
+// transport gave up a gap of a striped link, which loses messages without closing:
+// Node::on_messages_lost). With want_anchor, `again` says the child
 // threw away versions the link carried (a dropped image, an eviction); without it (a request
 // repeated while the answer is on its way, or sent while an unasked anchor crosses), only what
 // was not sent yet goes.

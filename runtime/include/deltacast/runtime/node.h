@@ -81,6 +81,11 @@ class Node {
   // do not count as their silence (what came before still does), and a busy node does not
   // leave a parent that is fine. Call before tick().
   void on_loop_stalled(std::uint64_t stalled_ms);
+  // The transport gave up messages `from` sent without closing the link (a striped link whose
+  // reorder buffer skipped a gap, or a message whose parts did not all come). From a parent:
+  // the missing chunks of every incomplete version are asked for again at once, with
+  // Need::again, since the parent handed them to the link and would not send them twice.
+  void on_messages_lost(PeerId from);
   // For drivers that tick sparsely (the simulator, with thousands of idle nodes): true when
   // tick() has only timed duties left (heartbeats, timeouts, trying the preferred parent),
   // nothing in progress; next_duty_ms() says when the first of those is due. A driver may
@@ -247,9 +252,9 @@ class Node {
   std::uint64_t parent_newest_ = 0;
   std::uint64_t last_heartbeat_ms_ = 0;
   std::uint64_t last_need_ms_ = 0;
-  // Incomplete versions whose missing chunks were asked for, and their last activity then
-  // (request_missing: asked again with nothing arrived since, they were lost).
-  std::map<VersionKey, std::uint64_t> missing_asked_;
+  // The transport lost messages of a parent's link (on_messages_lost): the next request for
+  // missing chunks says `again`.
+  bool lost_from_parent_ = false;
   std::uint64_t anchor_requested_ms_ = 0;
   bool anchor_requested_ = false;
   UpstreamLink* anchor_asked_ = nullptr;  // the link the last anchor request went up

@@ -22,7 +22,8 @@
 //     of it a one-way latency later (its host resets its connections);
 //   - a faulty WAN link (set_link_fault) drops messages without breaking the connection and
 //     delays others past the ones sent after them: what a striped link's receiver passes on
-//     when one of its connections died with messages on it and the reorder buffer gave up.
+//     when one of its connections died with messages on it and the reorder buffer gave up;
+//     the receiver is told of each drop a reorder timeout later (Node::on_messages_lost).
 // CPU: every node runs on a host, its own unless it shares one (Network::add's `host`: several
 // rollout processes on one machine, or a whole testbed on one). A node's work goes in three
 // queues, each done in order: decoding (cost_bytes / decode rate, one chunk after another),
@@ -162,6 +163,10 @@ struct NetworkOptions {
 struct LinkFault {
   double drop = 0;        // the probability that it never arrives (its link stays up)
   double reorder_ms = 0;  // an extra delay, uniform up to this, that may put it behind later ones
+  // A dropped message's receiver is told (Node::on_messages_lost) this long after it would
+  // have arrived: transport::HostConfig::reorder_timeout_ms's default, after which a striped
+  // link gives a gap up.
+  static constexpr std::uint64_t kGapTimeoutMs = 10000;
 };
 
 // How a node runs, beyond its config (Network::add).

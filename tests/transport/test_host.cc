@@ -206,8 +206,12 @@ TEST_CASE("a striped link spreads a version over its connections and delivers it
   auto got = worker.wait_for_version(1, 20000);
   REQUIRE(got);
   CHECK(got->image == v1);
-  // Once every extra connection announced itself (every 100 ms at first), a version uses them all.
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // Once every extra connection announced itself (every 100 ms at first), a version uses them
+  // all. The origin deals its heartbeats to the connections it knows: wait until it knows four
+  // (a fixed wait was too short under the thread sanitizer on a loaded machine).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (origin.call([&] { return origin.stripe_messages_out().size(); }) < 4 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   const auto before = origin.call([&] { return origin.stripe_messages_out(); });
   REQUIRE(origin.call([&] { return origin.node().publish(*encode_version(layout, 2, 1, v1, v2, opt, ex)); }).is_ok());
   got = worker.wait_for_version(2, 20000);

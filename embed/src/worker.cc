@@ -1,4 +1,5 @@
 #include "deltacast/embed/worker.h"
+#include "deltacast/transport/system.h"
 
 #include <spdlog/spdlog.h>
 
@@ -41,7 +42,7 @@ void Worker::save_loop() {
   using Tag = transport::NodeHost::VersionTag;
   // Every failed save counts in the node's deltacast_save_failures_total.
   runtime::VersionSaver saver(
-      *store_, runtime::system_clock(), runtime::VersionSaver::kSaveRetryMsDefault,
+      *store_, transport::system_clock(), runtime::VersionSaver::kSaveRetryMsDefault,
       [host = host_.get()] { host->post([host] { host->node().count_save_failure(); }); }, transport::log_to_spdlog);
   std::optional<Tag> seen, saved;  // the newest version seen; the newest on disk
   if (resumed_) seen = saved = Tag::of(*resumed_);

@@ -77,10 +77,12 @@ std::string VersionStore::name_of(std::uint64_t version) const { return node_id_
 
 std::string VersionStore::path_of(std::uint64_t version) const { return storage_->where() + "/" + name_of(version); }
 
-std::vector<std::pair<std::uint64_t, std::string>> VersionStore::files() const {
+std::vector<std::pair<std::uint64_t, std::string>> VersionStore::files() const { return files_in(storage_->list()); }
+
+std::vector<std::pair<std::uint64_t, std::string>> VersionStore::files_in(const std::vector<StoredFile>& listed) const {
   std::vector<std::pair<std::uint64_t, std::string>> out;
   const std::string prefix = node_id_ + "-v";
-  for (const StoredFile& f : storage_->list()) {
+  for (const StoredFile& f : listed) {
     const std::string& name = f.name;
     if (name.size() <= prefix.size() + kModelSuffix.size() || name.compare(0, prefix.size(), prefix) != 0 ||
         name.compare(name.size() - kModelSuffix.size(), kModelSuffix.size(), kModelSuffix) != 0)
@@ -142,7 +144,7 @@ Status VersionStore::save(const ModelVersion& version) const {
         if (f.name == n) return f.bytes;
       return 0;
     };
-    for (const auto& [number, file] : files()) {
+    for (const auto& [number, file] : files_in(listed)) {
       if (number == version.version) continue;
       older.push_back(file);
       older_bytes += size_of(file) + size_of(record_of(file));

@@ -1161,7 +1161,7 @@ TEST_CASE("a relay's Needs waiting for its upstream budget are bounded in versio
   FakeNet net;
   // A scripted parent that says it has versions up to 5000 of one run, and records the Needs.
   ScriptedPeer parent(net, "parent");
-  const RunId run = make_run_id(1'700'000'000'000'000, system_random());
+  const RunId run{1'700'000'000'000'000, 0x5eed5eed5eed5eedull};
   parent.answer = [&](PeerId from, const Message& m) {
     if (std::holds_alternative<Hello>(m)) parent.transport.send(from, Welcome{5000, run, nullptr});
   };

@@ -18,6 +18,7 @@
 #include "deltacast/io/mapped_file.h"
 #include "deltacast/runtime/version_store.h"
 #include "deltacast/transport/directory_storage.h"
+#include "deltacast/transport/system.h"
 #include "test_util.h"
 
 using namespace deltacast;
@@ -282,7 +283,7 @@ TEST_CASE("a saver that could not save tries again with the current version once
   TempDir dir;
   TmpfsMount disk(dir.path / "disk", "size=1m");
   VersionStore store = directory_version_store(disk.dir.string(), "w", 2);
-  VersionSaver saver(store, runtime::system_clock(), /*retry_ms=*/0);
+  VersionSaver saver(store, transport::system_clock(), /*retry_ms=*/0);
   std::vector<std::shared_ptr<const ModelVersion>> versions;
   for (std::uint64_t v = 1; v <= 3; ++v) versions.push_back(std::make_shared<ModelVersion>(version(v, 1u << 20)));  // 2 MiB each
   for (std::uint64_t v = 1; v <= 2; ++v) {

@@ -1,4 +1,5 @@
 #include "deltacast/transport/host.h"
+#include "deltacast/transport/system.h"
 #include "deltacast/transport/run_state.h"
 
 #include <spdlog/sinks/stdout_color_sinks.h>

@@ -1,4 +1,5 @@
 #include "deltacast/transport/run_state.h"
+#include "deltacast/transport/system.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -62,7 +63,7 @@ Result<RunStart> next_run_start(const std::string& path, const runtime::PublicKe
     out.clock_behind_ms = (out.previous_started_us - now_us) / 1000;
     out.run.started_us = out.previous_started_us + 1;
   }
-  out.run.nonce = runtime::system_random().nonzero_u64();
+  out.run.nonce = system_random().nonzero_u64();
   const nlohmann::json j = {{"public_key", runtime::to_hex(key)}, {"started_us", out.run.started_us}};
   DC_RETURN_IF_ERROR(write_file_atomic(path, j.dump() + "\n"));
   return out;

@@ -1,4 +1,5 @@
 #include "zmq_links.h"
+#include "deltacast/transport/system.h"
 
 #include <spdlog/spdlog.h>
 

@@ -1,4 +1,5 @@
 // ZmqLinks' striped links (docs/RUNTIME.md, "Striped links"): a child's several connections
+#include "deltacast/transport/system.h"
 // registered and announced, messages numbered and dealt to them, large payloads cut into
 // parts; at the child, messages put back in order (reorder.h) and parts together (parts.h).
 #include "zmq_links.h"

@@ -1,8 +1,8 @@
 // What a node and a worker's saved versions need from the outside world, passed in (never
 // global): a transport to send through, a clock to read, a way to run heavy work off the event
-// loop, randomness, and storage for files. The production drivers live in transport/ (and
-// system_clock() and system_random() in runtime/src/system.cc), the simulated ones in sim/,
-// test doubles in tests/support/.
+// loop, randomness, and storage for files. The production drivers live in transport/
+// (transport::system_clock() and system_random() among them), the simulated ones in sim/, test
+// doubles in tests/support/.
 #pragma once
 // Exported from libdeltacast, as everything the installed headers declare.
 #pragma GCC visibility push(default)
@@ -48,9 +48,6 @@ class Clock {
   // the clock does not know (tests, the simulator): no run is then judged to start too late.
   virtual std::uint64_t unix_us() const { return 0; }
 };
-// The operating system's clocks (steady for now_ms and now_us, the wall clock for unix_us);
-// safe from any thread. For code off a node's loop (a worker's saver thread).
-Clock& system_clock();
 
 // Work for a TaskRunner: work() runs off the event loop (on a pool), then done() back on the
 // loop thread.
@@ -77,7 +74,7 @@ class TaskRunner {
 };
 
 // Randomness: a process's instance number, run nonces, link and stream numbers. Production
-// draws from the operating system (system_random()); the simulator from a stream seeded by its
+// draws from the operating system (transport::system_random()); the simulator from a stream seeded by its
 // run's seed, so that a run repeats exactly.
 class Random {
  public:
@@ -90,8 +87,6 @@ class Random {
     return v;
   }
 };
-// The operating system's randomness (libsodium's randombytes); safe from any thread.
-Random& system_random();
 
 struct StoredFile {
   std::string name;

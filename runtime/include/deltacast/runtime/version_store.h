@@ -66,6 +66,7 @@ class VersionStore {
 
  private:
   bool is_temp_file(const std::string& name) const;
+  std::vector<std::pair<std::uint64_t, std::string>> files_in(const std::vector<StoredFile>& listed) const;
   void log(LogLevel level, const std::string& what) const {
     if (log_) log_(level, what);
   }

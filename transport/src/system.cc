@@ -4,9 +4,12 @@
 #include <chrono>
 #include <cstdlib>
 
-#include "deltacast/runtime/interfaces.h"
+#include "deltacast/transport/system.h"
 
-namespace deltacast::runtime {
+namespace deltacast::transport {
+
+using runtime::Clock;
+using runtime::Random;
 
 namespace {
 
@@ -48,4 +51,4 @@ Random& system_random() {
   return random;
 }
 
-}  // namespace deltacast::runtime
+}  // namespace deltacast::transport

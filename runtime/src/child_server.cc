@@ -71,6 +71,8 @@ ManifestMsg ChildServer::manifest_msg(const CachedVersion& v) const {
 
 // Sends a chunk to a child and remembers it went (Child::sent).
 bool ChildServer::send_chunk(PeerId peer, Child& c, const CachedVersion& v, std::uint32_t index) {
+  // Cut-through forwards a chunk only once the cache took it, its hashes checked.
+  DC_CHECK(index < v.chunks.size() && v.chunks[index], "a chunk about to go to a child that the cache does not hold");
   if (!ctx_.send(peer, ChunkMsg{v.key, index, v.chunks[index]})) return false;
   c.mark_sent(v.key, index, v.chunks.size());
   return true;

@@ -7,17 +7,14 @@
 #include "child_server.h"
 #include "freshness.h"
 #include "deltacast/codec/hash.h"
-#include "reconstructor.h"
-#include "scrubber.h"
-#include "shard_merger.h"
-#include "shard_publisher.h"
+#include "roles.h"
 #include "upstream_link.h"
 #include "upstreams.h"
 
 namespace deltacast::runtime {
 
 // What the components ask of the node: each call goes to the node's own member.
-class Node::Hooks final : public ChildServer::Owner, public Reconstructor::Owner, public Scrubber::Owner {
+class Node::Hooks final : public ChildServer::Owner, public Reconstructor::Owner {
  public:
   explicit Hooks(Node& node) : node_(node) {}
   Heartbeat heartbeat() const override { return node_.heartbeat(); }
@@ -43,10 +40,6 @@ class Node::Hooks final : public ChildServer::Owner, public Reconstructor::Owner
   void on_version_ready(const std::shared_ptr<const ModelVersion>& version) override { node_.on_version_ready(version); }
   bool parent_in_newer_run() const override { return node_.parent_run_ > node_.run_; }
   bool may_expose(const RunId& run) const override { return node_.fresh_->fresh_for(run); }
-  void on_scrub_mismatch(const std::shared_ptr<const ModelVersion>& version, std::size_t chunk) override {
-    node_.rebuild_->drop_damaged(version, "scrub: chunk " + std::to_string(chunk) + " of version " + std::to_string(version->version) +
-                                              " no longer matches its state hash (memory changed outside of a delta); rebuilding from an anchor");
-  }
 
  private:
   Node& node_;
@@ -76,24 +69,19 @@ Node::Node(NodeConfig config, Transport& transport, Clock& clock, TaskRunner* ta
       fresh_(std::make_unique<Freshness>(*ctx_)),
       upstreams_(std::make_unique<Upstreams>(*ctx_, [this](std::uint32_t tree, std::uint32_t trees) { return make_hello(tree, trees); })),
       children_(std::make_unique<ChildServer>(*ctx_, cache_, *hooks_)),
+      image_(make_image(*ctx_, cache_, tasks_, *hooks_)),
+      slices_out_(make_slice_outbox(*ctx_, upstreams_->first())),
+      slices_in_(make_slice_intake(*ctx_)),
       ledger_(config_.ledger_workers_max),
-      run_(config_.has_parents() ? RunId{} : config_.run) {
-  if (config_.reconstruct) {
-    rebuild_ = std::make_unique<Reconstructor>(*ctx_, cache_, tasks_, *hooks_);
-    scrubber_ = std::make_unique<Scrubber>(*ctx_, tasks_, *hooks_);
-  }
-  if (config_.shard_count > 0) shard_out_ = std::make_unique<ShardPublisher>(*ctx_, upstreams_->first());
-  if (config_.expect_shards > 0) shard_in_ = std::make_unique<ShardMerger>(*ctx_);
-}
+      run_(config_.has_parents() ? RunId{} : config_.run) {}
 
 Node::~Node() { *alive_ = false; }
 
 Status Node::restore(std::shared_ptr<ModelVersion> version) {
-  if (!rebuild_) return Status::invalid_argument("only a worker holds a version to restore");
   for (const auto& link : *upstreams_)
     if (link->parent() != 0) return Status::invalid_argument("restore() comes before start()");
   const RunId run = version ? version->run : RunId{};
-  DC_RETURN_IF_ERROR(rebuild_->restore(std::move(version)));
+  DC_RETURN_IF_ERROR(image_->restore(std::move(version)));
   std::lock_guard lock(run_mu_);
   run_ = run;  // its deltas come from the same run; another run's come through an anchor
   return Status::ok();
@@ -104,13 +92,11 @@ void Node::start() {
     if (link->configured()) link->connect();
 }
 
-std::shared_ptr<const ModelVersion> Node::current() const { return rebuild_ ? rebuild_->current() : nullptr; }
-void Node::hold_history_from(const RunId& run, std::uint64_t version) {
-  if (rebuild_) rebuild_->hold_history_from(run, version);
-}
-std::uint64_t Node::current_version() const { return rebuild_ ? rebuild_->held_version() : 0; }
-bool Node::outbox_empty() const { return !shard_out_ || shard_out_->outbox_empty(); }
-std::size_t Node::slices_retained() const { return shard_out_ ? shard_out_->retained() : 0; }
+std::shared_ptr<const ModelVersion> Node::current() const { return image_->current(); }
+void Node::hold_history_from(const RunId& run, std::uint64_t version) { image_->hold_history_from(run, version); }
+std::uint64_t Node::current_version() const { return image_->held_version(); }
+bool Node::outbox_empty() const { return slices_out_->outbox_empty(); }
+std::size_t Node::slices_retained() const { return slices_out_->retained(); }
 void Node::set_on_log(std::function<void(LogLevel, const std::string&)> callback) { ctx_->on_log = std::move(callback); }
 const NodeStats& Node::stats() const { return ctx_->stats; }
 void Node::count_save_failure() { ctx_->stats.save_failures++; }
@@ -142,7 +128,7 @@ void Node::drop_peer(PeerId peer, const std::string& why) {
 void Node::on_writable(PeerId peer) {
   for (const auto& link : *upstreams_)
     if (peer == link->parent() && peer != 0) {
-      if (shard_out_) shard_out_->flush();
+      slices_out_->flush();
       return;
     }
   children_->on_writable(peer);
@@ -193,7 +179,7 @@ void Node::on_loop_stalled(std::uint64_t stalled_ms) {
 
 void Node::tick() {
   const std::uint64_t now = ctx_->now_ms();
-  if (shard_out_) shard_out_->flush();
+  slices_out_->flush();
   if (refusal().empty())
     for (const auto& link : *upstreams_) link->tick(now);
   if (now - last_heartbeat_ms_ >= config_.timing.heartbeat_ms) {
@@ -208,9 +194,8 @@ void Node::tick() {
   children_->tick(now);
   upstreams_->flush_needs();
   request_missing(/*force=*/false);
-  if (shard_in_) shard_in_->ask_for_missing(now, [this](PeerId peer) { return children_->is_child(peer); });
-  if (rebuild_ && rebuild_->busy()) rebuild_->pump();  // in place: readers may have let go since
-  if (scrubber_) scrubber_->tick(now, rebuild_->current());
+  slices_in_->ask_for_missing(now, [this](PeerId peer) { return children_->is_child(peer); });
+  image_->tick(now);
   trim_history();
   if (!has_parents() && now - ledger_evicted_ms_ >= kLedgerEvictEveryMs) {
     ledger_evicted_ms_ = now;
@@ -220,7 +205,7 @@ void Node::tick() {
   if (auto anchor_after = children_->anchor_wanted()) request_anchor(*anchor_after);
   advance();
   std::vector<VersionKey> pinned;
-  if (rebuild_ && rebuild_->busy()) pinned.push_back(*rebuild_->building());
+  if (auto building = image_->building()) pinned.push_back(*building);
   if (!cache_.evict(pinned).empty()) discards_++;
 }
 
@@ -231,10 +216,9 @@ void Node::trim_history() {
 }
 
 bool Node::quiet() const {
-  if (!outbox_empty() || (shard_in_ && !shard_in_->idle())) return false;
+  if (!outbox_empty() || !slices_in_->idle() || !image_->settled()) return false;
   for (const auto& link : *upstreams_)
     if (link->probing()) return false;
-  if (rebuild_ && (rebuild_->busy() || rebuild_->need_anchor())) return false;
   if (has_parents() && !upstreams_->every_welcomed()) return false;
   if (cache_.bytes() > cache_.bytes_max()) return false;
   if (cache_.incomplete() > 0) return false;

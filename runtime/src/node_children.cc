@@ -6,9 +6,7 @@
 #include "deltacast/common/check.h"
 #include "child_server.h"
 #include "freshness.h"
-#include "reconstructor.h"
-#include "shard_merger.h"
-#include "shard_publisher.h"
+#include "roles.h"
 #include "upstream_link.h"
 #include "upstreams.h"
 
@@ -20,7 +18,7 @@ void Node::handle_child(PeerId from, const Message& m) {
   ChildServer::Child* child = children_->find(from);
   if (!child) return;  // not a child: it must say Hello first
   child->last_heard_ms = ctx_->now_ms();
-  const bool from_shard = child->role == Role::kPublisher && shard_in_;
+  const bool from_shard = child->role == Role::kPublisher;  // merged if this node merges slices (SliceIntake)
   visit_message(m, Overloaded{
                        [&](const Leave& leave) { on_leave_message(from, leave); },
                        [&](const Need& need) { children_->on_need(from, *child, need); },
@@ -29,7 +27,7 @@ void Node::handle_child(PeerId from, const Message& m) {
                        [&](const ManifestMsg& mm) {
                          if (!from_shard) return;
                          const bool merged = mm.key.version <= cache_.newest_version() && cache_.find(mm.key);
-                         if (Status st = shard_in_->on_manifest(from, mm, merged, child->run); !st.is_ok()) drop_peer(from, st.message());
+                         if (Status st = slices_in_->on_manifest(from, mm, merged, child->run); !st.is_ok()) drop_peer(from, st.message());
                        },
                        [&](const ChunkMsg& c) {
                          if (from_shard) on_shard_chunk(from, c);
@@ -43,7 +41,7 @@ void Node::handle_child(PeerId from, const Message& m) {
 }
 
 void Node::on_shard_chunk(PeerId from, const ChunkMsg& m) {
-  auto merged = shard_in_->on_chunk(from, m);
+  auto merged = slices_in_->on_chunk(from, m);
   if (!merged) return;
   EncodedVersion& ev = merged->version;
   if (Status st = publish_version(std::move(ev.manifest), share_payloads(ev.payloads), merged->digests_known); !st.is_ok()) {

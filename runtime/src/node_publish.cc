@@ -5,7 +5,7 @@
 #include "deltacast/common/check.h"
 #include "child_server.h"
 #include "freshness.h"
-#include "shard_publisher.h"
+#include "roles.h"
 #include "upstream_link.h"
 #include "upstreams.h"
 
@@ -15,7 +15,7 @@ namespace deltacast::runtime {
 
 Status Node::publish(EncodedVersion&& ev) {
   // Checked before the payloads are taken, so a refused version is left as it was.
-  if (shard_out_) DC_RETURN_IF_ERROR(shard_out_->ready(parent_newest_));
+  DC_RETURN_IF_ERROR(slices_out_->ready(parent_newest_));
   return publish_version(std::move(ev.manifest), share_payloads(ev.payloads), ev.payload_digests);
 }
 
@@ -38,11 +38,11 @@ SharedBytes Node::seal_manifest(Manifest& m, const std::vector<SharedBytes>& pay
 Status Node::publish_version(Manifest m, std::vector<SharedBytes> payloads, bool digests_known) {
   const VersionKey key{m.version, m.kind == VersionKind::kAnchor};
   if (payloads.size() != m.chunks.size()) return Status::invalid_argument("a version needs one payload per chunk of its manifest");
-  if (shard_out_) {
+  if (slices_out_->sends_slices()) {
     // A trainer shard: the slice goes up to the origin, which merges the slices.
-    DC_RETURN_IF_ERROR(shard_out_->ready(parent_newest_));
+    DC_RETURN_IF_ERROR(slices_out_->ready(parent_newest_));
     SharedBytes sealed = seal_manifest(m, payloads, digests_known);
-    shard_out_->publish(key, std::move(sealed), std::move(payloads), parent_run_);
+    slices_out_->publish(key, std::move(sealed), std::move(payloads), parent_run_);
     return Status::ok();
   }
   const std::uint64_t now = ctx_->now_ms();

@@ -7,9 +7,7 @@
 #include "deltacast/common/check.h"
 #include "freshness.h"
 #include "child_server.h"
-#include "reconstructor.h"
-#include "shard_merger.h"
-#include "shard_publisher.h"
+#include "roles.h"
 #include "upstream_link.h"
 #include "upstreams.h"
 
@@ -45,7 +43,7 @@ std::uint64_t Node::usable_parent_newest() const { return parent_run_ == run_ ? 
 
 std::uint64_t Node::anchor_floor() const {
   if (parent_run_ > run_) return 0;
-  return rebuild_ ? rebuild_->anchor_floor() : current_version();
+  return image_->anchor_floor();
 }
 
 Heartbeat Node::heartbeat() const {
@@ -96,23 +94,22 @@ void Node::on_welcome(UpstreamLink& link, const Welcome& w) {
   if (anchor_asked_ == nullptr || anchor_asked_ == &link) anchor_requested_ = false;
   // A worker that holds nothing said Hello without `resume`: the parent of its tree 0 starts it
   // from an anchor unasked, so asking for one now would have it sent twice.
-  if (rebuild_ && &link == &upstreams_->first() && current_version() == 0 && cache_.entries().empty()) {
+  if (config_.reconstruct && &link == &upstreams_->first() && current_version() == 0 && cache_.entries().empty()) {
     anchor_requested_ = true;
     anchor_requested_ms_ = ctx_->now_ms();
   }
   // A worker that holds a version of the parent's run (resumed from disk after a restart, or
   // moved to another parent) reports it: the origin's ledger learns it is back, and no longer
   // counts it as left or behind until its next version.
-  if (rebuild_ && &link == &upstreams_->first())
-    if (auto held = rebuild_->current(); held && held->run == w.run) report_ready(*held);
+  if (&link == &upstreams_->first())
+    if (auto held = image_->current(); held && held->run == w.run) report_ready(*held);
   if (!on_timestamp(link, w.timestamp)) return;
   if (!on_parent_newest(link, w.newest_version, w.run)) return;
-  if (shard_out_)
-    shard_out_->on_welcome(parent_newest_, parent_run_, [this](const SharedBytes& sealed) -> SharedBytes {
-      auto parsed = parse_manifest(sealed->span(), config_.manifest_limits);
-      if (!parsed.is_ok()) return nullptr;  // it was ours: cannot happen
-      return seal_manifest(*parsed, {}, /*digests_known=*/true);
-    });
+  slices_out_->on_welcome(parent_newest_, parent_run_, [this](const SharedBytes& sealed) -> SharedBytes {
+    auto parsed = parse_manifest(sealed->span(), config_.manifest_limits);
+    if (!parsed.is_ok()) return nullptr;  // it was ours: cannot happen
+    return seal_manifest(*parsed, {}, /*digests_known=*/true);
+  });
   request_missing(/*force=*/true);
   advance();
 }
@@ -125,11 +122,11 @@ void Node::handle_parent(UpstreamLink& link, const Message& m) {
                        [&](const ChunkMsg& chunk) { on_chunk(link.parent(), chunk); },
                        [&](const Heartbeat& hb) {
                          if (!on_timestamp(link, hb.timestamp)) return;
-                         if (on_parent_newest(link, hb.newest_version, hb.run) && shard_out_) shard_out_->release(parent_newest_);
+                         if (on_parent_newest(link, hb.newest_version, hb.run)) slices_out_->release(parent_newest_);
                        },
                        [&](const Need& need) {
                          // The origin asks a trainer shard for an anchor, or for (part of) a slice again.
-                         if (shard_out_ && shard_out_->on_need(need) && on_anchor_wanted_) on_anchor_wanted_();
+                         if (slices_out_->on_need(need) && on_anchor_wanted_) on_anchor_wanted_();
                        },
                        [&](const Leave& leave) {
                          // The parent is going away: move to the next one now, keeping what is here.
@@ -160,15 +157,16 @@ void Node::request_anchor(std::uint64_t newer_than) {
   if (!has_parents()) {
     // Nothing newer than what the asker holds can be made, and anchors made on request are
     // bounded in time (tick() asks again for children still waiting).
-    if (!shard_in_ && newer_than > 0 && newer_than >= cache_.newest_version()) return;
+    // Versions made of trainer shards' slices: each shard sends an anchor of its slice.
+    const bool from_shards = slices_in_->merges();
+    if (!from_shards && newer_than > 0 && newer_than >= cache_.newest_version()) return;
     if (anchor_made_ && now - anchor_made_ms_ < config_.anchor_interval_ms_min) return;
-    if (on_anchor_wanted_ || shard_in_) {
+    if (on_anchor_wanted_ || from_shards) {
       anchor_made_ = true;
       anchor_made_ms_ = now;
     }
     if (on_anchor_wanted_) on_anchor_wanted_();
-    // Versions made of trainer shards' slices: each shard sends an anchor of its slice.
-    if (shard_in_) children_->to_publishers(Need{{newer_than, true}, {}, true});
+    if (from_shards) children_->to_publishers(Need{{newer_than, true}, {}, true});
   } else if (fresh_->verifying() && !fresh_->fresh_for(parent_run_ > run_ ? parent_run_ : run_)) {
     return;  // an anchor it could not expose: asked for once a fresh statement came
   } else if (UpstreamLink* link = upstreams_->anchor_link()) {
@@ -211,19 +209,14 @@ void Node::request_missing(bool force) {
   // Versions the parent has and we have not even seen the manifest of: a worker needs every
   // delta after its current version, a relay the ones after the newest it caches.
   // At most versions_requested_max at a time: the rest follow as these arrive.
-  const bool need_anchor = rebuild_ && rebuild_->need_anchor();
-  std::uint64_t from = 0;
-  if (rebuild_ && !need_anchor) from = current_version();
-  else if (!rebuild_ && cache_.newest_version() > 0) from = cache_.newest_version();
+  const std::uint64_t from = image_->deltas_after(cache_.newest_version());
   const std::uint64_t parent_newest = usable_parent_newest();
   if (from > 0 && parent_newest > from) {
     const std::uint64_t to = from + std::min<std::uint64_t>(parent_newest - from, config_.versions_requested_max);
     for (std::uint64_t v = from + 1; v <= to; ++v)
       if (!cache_.find({v, false})) upstreams_->send_need(Need{{v, false}, {}, false});
   }
-  const bool parent_in_newer_run = parent_run_ > run_;
-  if (need_anchor || (rebuild_ && !rebuild_->busy() && (parent_in_newer_run || (current_version() == 0 && parent_newest > 0))))
-    request_anchor(anchor_floor());
+  if (image_->wants_anchor(/*parent_in_newer_run=*/parent_run_ > run_, parent_newest)) request_anchor(anchor_floor());
 }
 
 void Node::on_messages_lost(PeerId from) {
@@ -261,10 +254,7 @@ bool Node::on_timestamp(UpstreamLink& link, const SharedBytes& bytes) {
     if (taken.statement->run == run_) link.proven();
     if (refused_ && refused_->endpoint == link.endpoint()) refused_.reset();  // it vouches for what it serves now
   }
-  if (rebuild_ && rebuild_->withholding()) {
-    rebuild_->release();
-    advance();
-  }
+  if (image_->release()) advance();
   return true;
 }
 

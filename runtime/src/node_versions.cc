@@ -8,9 +8,7 @@
 #include "deltacast/common/check.h"
 #include "child_server.h"
 #include "freshness.h"
-#include "reconstructor.h"
-#include "scrubber.h"
-#include "shard_merger.h"
+#include "roles.h"
 #include "upstream_link.h"
 #include "upstreams.h"
 
@@ -106,12 +104,12 @@ void Node::switch_run(const RunId& run) {
   timings_.clear();
   // The old run's version is not what the trainer publishes now: readers get nothing until the
   // new run's anchor has verified.
-  if (rebuild_) rebuild_->forget();
+  image_->forget();
   DC_CHECK(cache_.entries().empty() && current_version() == 0 && !current(), "a node that moved to a new run kept a version of the old one");
 }
 
 void Node::drop_cache() {
-  if (rebuild_ && rebuild_->busy()) rebuild_->abandon("version " + to_string(*rebuild_->building()) + " is of an old run", false);
+  image_->abandon("is of an old run");
   cache_.clear();
   children_->forget_versions();
   anchor_requested_ = false;
@@ -239,12 +237,10 @@ void Node::accept_chunk(PeerId from, const ChunkMsg& m, bool hashes_checked) {
       for (std::uint32_t i = 0; i < v->chunks.size(); ++i) children_->forward_chunk(*v, i);
     }
   }
-  if (rebuild_) rebuild_->on_chunk(m.key, m.index);
+  image_->on_chunk(m.key, m.index);
 }
 
-void Node::advance() {
-  if (rebuild_) rebuild_->advance();
-}
+void Node::advance() { image_->advance(); }
 
 void Node::report_ready(const ModelVersion& held) {
   Ready r;
@@ -284,6 +280,7 @@ std::string Node::refusal() const {
 
 void Node::on_version_ready(const std::shared_ptr<const ModelVersion>& ready) {
   DC_CHECK(ready && ready->version != 0, "version 0 (none) made ready");
+  DC_CHECK(ready->run == run_, "a version of another run than the node's made ready");
   timings_[ready->version].ready_us = ctx_->clock.now_us();
   report_ready(*ready);
   // A worker that relays keeps versions for its children; one that does not drops them.

@@ -466,6 +466,9 @@ void Reconstructor::finish() {
   DC_CHECK(a->done == a->state.size() && a->inflight == 0, "a version about to be exposed before every chunk verified");
   DC_CHECK(a->staging->image.size() == a->manifest->image_size || (ctx_.config.virtual_payloads && a->staging->image.empty()),
            "a version about to be exposed whose image is not the manifest's size");
+  // A delta was applied to the version it was made from, and moves the worker forward.
+  DC_CHECK(a->key.anchor || (a->base && a->base->version == a->manifest->base_version && a->key.version > a->base->version),
+           "a delta about to be exposed that was applied to another version than its base");
   ModelVersion& image = *a->staging;
   image.version = a->key.version;
   image.base_version = a->key.anchor ? 0 : a->manifest->base_version;

@@ -105,9 +105,13 @@ std::optional<ShardMerger::Merged> ShardMerger::on_chunk(PeerId from, const Chun
   }
   ev.payloads[m.index].assign(m.payload->data(), m.payload->data() + m.payload->size());
   s.bytes += m.payload->size();
+  DC_CHECK(s.missing_chunks[m.shard] > 0, "a slice's chunk arrived when its slice was counted whole");
   s.missing_chunks[m.shard]--;
   for (std::size_t k = 0; k < s.shards; ++k)
     if (!s.slices[k] || s.missing_chunks[k] > 0) return std::nullopt;
+  for (const auto& slice : s.slices)
+    for (const Bytes& payload : slice->payloads)
+      DC_CHECK(!payload.empty(), "a slice counted whole that misses a chunk");
   return merge(it);
 }
 

@@ -12,30 +12,22 @@
 #include <optional>
 
 #include "node_context.h"
+#include "roles.h"
 
 namespace deltacast::runtime {
 
-class ShardMerger {
+class ShardMerger final : public SliceIntake {
  public:
   explicit ShardMerger(NodeContext& ctx) : ctx_(ctx) {}
-
-  struct Merged {
-    EncodedVersion version;
-    // Every slice was signed, so its chunks were checked against its digests on arrival.
-    bool digests_known = false;
-  };
-  // A slice's manifest from a shard process of run `sender_run` (its Hello). `merged`: the
-  // version is merged already (ignored). Returns an error, whose message says why, for which the
-  // shard is to be dropped (a signer other than its shard's key, another run, an older process
-  // of its shard); other faults are logged.
-  Status on_manifest(PeerId from, const ManifestMsg& m, bool merged, const RunId& sender_run);
-  // A slice's chunk; the merged version once this was the last part missing.
-  std::optional<Merged> on_chunk(PeerId from, const ChunkMsg& m);
-  // After need_after_ms without progress on a version, asks each connected shard for what is
-  // missing of its slice (`connected`: whether a link is still up; a shard that reconnects
-  // sends everything again).
-  void ask_for_missing(std::uint64_t now_ms, const std::function<bool(PeerId)>& connected);
-  bool idle() const { return versions_.empty(); }
+  bool merges() const override { return true; }
+  // What each call does is said at SliceIntake (roles.h).
+  // Drops a shard whose slice has a signer other than its shard's key, another run, or comes
+  // from an older process of its shard.
+  Status on_manifest(PeerId from, const ManifestMsg& m, bool merged, const RunId& sender_run) override;
+  std::optional<Merged> on_chunk(PeerId from, const ChunkMsg& m) override;
+  // A shard that reconnects sends everything again.
+  void ask_for_missing(std::uint64_t now_ms, const std::function<bool(PeerId)>& connected) override;
+  bool idle() const override { return versions_.empty(); }
 
  private:
   struct Slices {

@@ -7,32 +7,25 @@
 #include <deque>
 #include <functional>
 
+#include "roles.h"
 #include "upstream_link.h"
 
 namespace deltacast::runtime {
 
-class ShardPublisher {
+class ShardPublisher final : public SliceOutbox {
  public:
   ShardPublisher(NodeContext& ctx, UpstreamLink& upstream) : ctx_(ctx), upstream_(upstream) {}
-
-  // OK if a new slice may go now; ResourceExhausted while the previous one is still being
-  // sent, or shard_slices_retained_max slices are not merged yet. `merged` is the newest
-  // version the origin says it has.
-  Status ready(std::uint64_t merged);
-  // Sends a slice (manifest sealed in the origin's run `run`) and keeps it until merged.
-  void publish(const VersionKey& key, SharedBytes manifest, std::vector<SharedBytes> payloads, const RunId& run);
-  // A new link to the origin, in its run `run`: what was in flight on the old one may be lost,
-  // so every slice not merged goes again, whole (the origin ignores what it has). Slices sealed
-  // in another run (the origin restarted) are sealed again in this one by `reseal` first.
-  void on_welcome(std::uint64_t merged, const RunId& run, const std::function<SharedBytes(const SharedBytes&)>& reseal);
-  // The origin's newest version (Heartbeat): slices it merged are let go.
-  void release(std::uint64_t merged);
-  // The origin asks for (part of) a slice again. Returns true if it asks for an anchor instead.
-  bool on_need(const Need& need);
-  // Sends what the outbox holds, until the link refuses.
-  void flush();
-  bool outbox_empty() const { return outbox_.empty(); }
-  std::size_t retained() const { return retained_.size(); }
+  bool sends_slices() const override { return true; }
+  // What each call does is said at SliceOutbox (roles.h).
+  Status ready(std::uint64_t merged) override;
+  void publish(const VersionKey& key, SharedBytes manifest, std::vector<SharedBytes> payloads, const RunId& run) override;
+  // What was in flight on the old link may be lost; the origin ignores what it has.
+  void on_welcome(std::uint64_t merged, const RunId& run, const std::function<SharedBytes(const SharedBytes&)>& reseal) override;
+  void release(std::uint64_t merged) override;
+  bool on_need(const Need& need) override;
+  void flush() override;
+  bool outbox_empty() const override { return outbox_.empty(); }
+  std::size_t retained() const override { return retained_.size(); }
 
  private:
   struct Slice {

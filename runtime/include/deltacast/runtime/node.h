@@ -10,10 +10,11 @@
 //   - serve_children (origin, relays, worker-relays): the child server forwards every chunk to
 //     all children the moment its payload hash checks out (cut-through), and serves retransmits
 //     and catch-up from the node's bounded cache;
-//   - reconstruct (workers): the reconstructor decodes chunks into a staging image as they
-//     arrive, verifies, and exposes a version only when every chunk verified;
-//   - trainer shards: the shard publisher sends each version's slice to the origin, whose shard
-//     merger joins the slices into one version;
+//   - reconstruct (workers): the image (roles.h) is the reconstructor, which decodes chunks into
+//     a staging image as they arrive, verifies, and exposes a version only when every chunk
+//     verified, and the scrubber;
+//   - trainer shards: the slice outbox (the shard publisher) sends each version's slice to the
+//     origin, whose slice intake (the shard merger) joins the slices into one version;
 //   - the origin keeps the fleet ledger of what each worker reported.
 // The node itself admits what comes from upstream (bounds, signatures, runs), keeps the cache,
 // and decides what to ask for.
@@ -45,10 +46,9 @@ class UpstreamLink;
 class Upstreams;
 class Freshness;
 class ChildServer;
-class Reconstructor;
-class Scrubber;
-class ShardPublisher;
-class ShardMerger;
+class Image;
+class SliceOutbox;
+class SliceIntake;
 #pragma GCC visibility pop
 
 class Node {
@@ -243,11 +243,11 @@ class Node {
   std::unique_ptr<Freshness> fresh_;
   std::unique_ptr<Upstreams> upstreams_;  // one link per tree (NodeConfig::tree_parents)
   std::unique_ptr<ChildServer> children_;
-  std::unique_ptr<Reconstructor> rebuild_;     // workers
-  std::unique_ptr<Scrubber> scrubber_;         // workers
-  std::unique_ptr<ShardPublisher> shard_out_;  // trainer shards
-  std::unique_ptr<ShardMerger> shard_in_;      // an origin merging trainer shards
-  FleetLedger ledger_;                         // origin
+  // The parts that differ by role (runtime/src/roles.h); a node without the role has the "none" form.
+  std::unique_ptr<Image> image_;          // workers: the reconstructor and the scrubber
+  std::unique_ptr<SliceOutbox> slices_out_;  // trainer shards: slices sent up to the origin
+  std::unique_ptr<SliceIntake> slices_in_;   // an origin merging trainer shards' slices
+  FleetLedger ledger_;                       // origin
 
   std::uint64_t parent_newest_ = 0;
   std::uint64_t last_heartbeat_ms_ = 0;

@@ -1,9 +1,9 @@
 #include "deltacast/sim/network.h"
 
+#include "cpu.h"
 #include "tcp.h"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <limits>
 
@@ -82,7 +82,7 @@ bool EventQueue::run_until(std::uint64_t t_us, const std::function<bool()>& stop
   return true;
 }
 
-struct Network::Impl {
+struct Network::Impl final : CpuModel::Owner {
   Network& net;
   NetworkOptions opt;
   std::mt19937_64 rng;
@@ -99,118 +99,23 @@ struct Network::Impl {
   // schedule number) in one word.
   static std::uint64_t pack(int i, std::uint64_t seq) { return static_cast<std::uint64_t>(i) << 32 | (seq & 0xffffffffu); }
 
-  // CPU work (network.h): a node's three queues, each done in order; the head of each
-  // non-empty queue on a host is in progress, all of them sharing the host's cores equally.
-  enum Queue : int { kDecode = 0, kReceive = 1, kSend = 2 };
-  struct Work {
-    double left_us = 0;  // of one core's time
-    std::unique_ptr<runtime::Task> task;  // a decode: run when done
-    PeerId deliver_from = 0;             // a receive: the message goes to the node when done
-    std::uint64_t generation = 0;        // of the receiver when the message was sent
-    Message message;
-  };
-  struct HostCpu {
-    double cores = 1;
-    std::vector<std::pair<int, Queue>> busy;  // queues with work, their heads in progress
-    double updated_us = 0;                    // when the heads' work left was last brought up to date
-    std::uint64_t schedule = 0;               // the scheduled end; a later one replaces it
-  };
-  std::vector<HostCpu> cpus;
-  std::deque<std::array<std::deque<Work>, 3>> work;  // by node, then Queue; only with a CPU model
-  std::vector<std::pair<int, Work>> finished;  // cpu_ends' scratch, kept to spare an allocation per event
-  double share(const HostCpu& c) const { return std::min(1.0, c.cores / static_cast<double>(c.busy.size())); }
-  // Brings the work in progress on a host up to now.
-  void advance(HostCpu& c) {
-    const double now = static_cast<double>(net.events_.now_us());
-    if (!c.busy.empty()) {
-      const double done = (now - c.updated_us) * share(c);
-      for (auto [n, q] : c.busy) work[n][q].front().left_us -= done;
-    }
-    c.updated_us = now;
-  }
-  // Schedules the end of the first piece of work in progress on host h to finish.
-  void schedule_cpu(int h) {
-    HostCpu& c = cpus[h];
-    if (c.busy.empty()) return;
-    double left = std::numeric_limits<double>::infinity();
-    for (auto [n, q] : c.busy) left = std::min(left, work[n][q].front().left_us);
-    const double at = c.updated_us + std::max(0.0, left) / share(c);
-    net.events_.at(static_cast<std::uint64_t>(std::ceil(at)), cpu_ends_, pack(h, ++c.schedule));
-  }
-  std::map<int, int> shared_cpus;  // Network::add's host -> index in cpus
-  // The cores of the host numbered `host` (-1: a new host of its own).
-  int host_cpu(int host) {
-    if (opt.cores_per_host == 0) return -1;  // no CPU model
-    if (host >= 0) {
-      auto [it, fresh] = shared_cpus.emplace(host, static_cast<int>(cpus.size()));
-      if (!fresh) return it->second;
-    }
-    HostCpu c;
-    c.cores = opt.cores_per_host;
-    cpus.push_back(c);
-    return static_cast<int>(cpus.size()) - 1;
-  }
-  void add_work(int n, Queue q, Work w) {
-    auto& queue = work[n][q];
-    if (!queue.empty()) {  // behind others: no share changes, nothing to reschedule
-      queue.push_back(std::move(w));
-      return;
-    }
-    const int h = nodes[n].cpu;
-    advance(cpus[h]);
-    cpus[h].busy.emplace_back(n, q);
-    queue.push_back(std::move(w));
-    schedule_cpu(h);
-  }
-  void cpu_ends(std::uint64_t key) {
-    const int h = static_cast<int>(key >> 32);
-    HostCpu& c = cpus[h];
-    if ((c.schedule & 0xffffffffu) != (key & 0xffffffffu)) return;  // replaced by a later schedule
-    advance(c);
-    // Everything done by now leaves first; then it runs, which may queue more work here.
-    std::vector<std::pair<int, Work>>& done = finished;
-    done.clear();
-    for (std::size_t k = 0; k < c.busy.size();) {
-      auto [n, q] = c.busy[k];
-      auto& queue = work[n][q];
-      if (queue.front().left_us > 1e-6) {
-        ++k;
-        continue;
+  // CPU work (cpu.h): done work comes back here.
+  CpuModel cpu{net.events_, static_cast<double>(opt.cores_per_host), *this};
+  void on_work_done(int n, CpuModel::Work& w) override {
+    if (w.task) {
+      w.task->work();
+      w.task->done();
+    } else if (w.deliver_from) {
+      const Link& dl = links[w.deliver_from];
+      if (!dl.open || !current(n, w.generation)) {
+        net.stats_.messages_lost++;
+        return;
       }
-      done.emplace_back(n, std::move(queue.front()));
-      queue.pop_front();
-      if (!queue.empty()) {
-        ++k;
-      } else {
-        c.busy.erase(c.busy.begin() + static_cast<std::ptrdiff_t>(k));
-      }
+      nodes[n].node->on_message(dl.reverse, w.message);
+    } else {
+      return;  // sending: nothing waits for it
     }
-    schedule_cpu(h);
-    for (auto& [n, w] : done) {
-      if (w.task) {
-        w.task->work();
-        w.task->done();
-      } else if (w.deliver_from) {
-        const Link& dl = links[w.deliver_from];
-        if (!dl.open || !current(n, w.generation)) {
-          net.stats_.messages_lost++;
-          continue;
-        }
-        nodes[n].node->on_message(dl.reverse, w.message);
-      } else {
-        continue;  // sending: nothing waits for it
-      }
-      wake(n);
-    }
-  }
-  // A node that stops drops its work.
-  void drop_work(int n) {
-    NodeState& ns = nodes[n];
-    HostCpu& c = cpus[ns.cpu];
-    advance(c);
-    std::erase_if(c.busy, [n](const auto& b) { return b.first == n; });
-    for (auto& q : work[n]) q.clear();
-    schedule_cpu(ns.cpu);
+    wake(n);
   }
   double cpu_us_for_bytes(int n, std::uint64_t bytes) const { return static_cast<double>(bytes) * opt.net_ns_per_byte / 1e3 * nodes[n].slowdown; }
 
@@ -232,10 +137,10 @@ struct Network::Impl {
       if (cost.hashed_bytes > 0 && o.hash_bytes_per_s > 0) cost_s += static_cast<double>(cost.hashed_bytes) / o.hash_bytes_per_s;
       const double cost_us = cost_s * 1e6 * impl.nodes[self].slowdown;
       if (impl.opt.cores_per_host > 0) {
-        Work w;
+        CpuModel::Work w;
         w.left_us = cost_us;
         w.task = std::move(task);
-        impl.add_work(self, kDecode, std::move(w));
+        impl.cpu.add(self, impl.nodes[self].cpu, CpuModel::kDecode, std::move(w));
         return;
       }
       free_us = std::max(free_us, static_cast<double>(impl.net.events_.now_us())) + cost_us;
@@ -591,9 +496,9 @@ struct Network::Impl {
     if (l.queued > opt.queue_bytes_max && l.pending.size() > 1) net.stats_.queue_bound_held = false;
     *l.bytes_between += size;
     if (opt.cores_per_host > 0 && opt.net_ns_per_byte > 0) {
-      Work w;
+      CpuModel::Work w;
       w.left_us = cpu_us_for_bytes(self, size);
-      add_work(self, kSend, std::move(w));
+      cpu.add(self, nodes[self].cpu, CpuModel::kSend, std::move(w));
     }
     if (cut) {
       net.stats_.messages_lost++;
@@ -640,12 +545,12 @@ struct Network::Impl {
       return;
     }
     if (opt.cores_per_host > 0 && opt.net_ns_per_byte > 0) {  // it reaches the node once the node's CPU has taken it in
-      Work w;
+      CpuModel::Work w;
       w.left_us = cpu_us_for_bytes(dl.to, runtime::message_bytes(m));
       w.deliver_from = peer;
       w.generation = gen;
       w.message = m;
-      add_work(dl.to, kReceive, std::move(w));
+      cpu.add(dl.to, nodes[dl.to].cpu, CpuModel::kReceive, std::move(w));
       return;
     }
     const int to = dl.to;  // on_message may connect, adding links: `dl` may move
@@ -680,7 +585,7 @@ struct Network::Impl {
     NodeState& h = nodes[i];
     if (!h.alive) return;
     h.alive = false;
-    if (h.cpu >= 0) drop_work(i);
+    if (h.cpu >= 0) cpu.drop(i, h.cpu);
     for (std::size_t id = 1; id < links.size(); ++id) {
       Link& l = links[id];
       if (l.from != i && l.to != i) continue;
@@ -713,7 +618,6 @@ struct Network::Impl {
     __builtin_prefetch(n);
     __builtin_prefetch(n + 64);
   }
-  void prefetch_none(std::uint64_t) {}
 
   template <void (Impl::*F)(std::uint64_t), void (Impl::*P)(std::uint64_t)>
   struct Handler final : EventQueue::Target {
@@ -724,7 +628,6 @@ struct Network::Impl {
   };
   Handler<&Impl::deliver, &Impl::prefetch_delivery> deliveries{this};
   Handler<&Impl::finish_task, &Impl::prefetch_node> task_ends{this};
-  Handler<&Impl::cpu_ends, &Impl::prefetch_none> cpu_ends_{this};
   Handler<&Impl::tick, &Impl::prefetch_node> ticks{this};
 };
 
@@ -737,8 +640,7 @@ int Network::add(runtime::NodeConfig config, const std::string& region, topology
   const int i = static_cast<int>(impl_->nodes.size());
   impl_->by_id[config.node_id] = i;
   Impl::NodeState h;
-  h.cpu = impl_->host_cpu(placement.host);
-  if (h.cpu >= 0) impl_->work.resize(impl_->nodes.size() + 1);
+  h.cpu = impl_->cpu.host_of(i, placement.host);
   h.config = std::move(config);
   h.region = region;
   h.nic = nic;

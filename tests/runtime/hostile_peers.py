@@ -100,8 +100,9 @@ class Proc:
         self.log_path = os.path.join(logdir, name + ".log")
         self.args = [str(a) for a in args]
         with open(self.log_path, "wb") as f:
+            # A group of its own, killed whole: a wrapper (faketime) forks the node as its child.
             self.p = subprocess.Popen(self.args, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                      preexec_fn=_die_with_parent, env=env)
+                                      preexec_fn=_die_with_parent, env=env, process_group=0)
         self.pid = self.p.pid
         Proc.live.append(self)
 
@@ -146,11 +147,10 @@ class Proc:
         return self.stat()[1]
 
     def kill(self):
-        if self.p.poll() is None:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        try:
+            os.killpg(self.pid, signal.SIGKILL)  # the group outlives its leader when a wrapper forked
+        except ProcessLookupError:
+            pass
         try:
             self.p.wait(timeout=10)
         except subprocess.TimeoutExpired:

@@ -82,6 +82,7 @@ constexpr std::uint8_t kManifestFormatRun = 2;        // run identity, optionall
 constexpr std::uint8_t kManifestFormatState = 3;      // as 2, with state hashes per chunk
 constexpr std::uint8_t kManifestFormatAnchorV2 = 4;   // as 3, an anchor whose chunks may be anchor v2
 constexpr std::uint8_t kFlagSigned = 1;
+constexpr std::uint8_t kFlagParts = 2;  // a trainer shard's slice: a parts table follows the tensor table
 
 bool mul_overflows(std::uint64_t a, std::uint64_t b, std::uint64_t& out) { return __builtin_mul_overflow(a, b, &out); }
 
@@ -111,6 +112,27 @@ Status validate_tensors(const std::vector<TensorInfo>& tensors, std::uint64_t im
   return Status::ok();
 }
 
+Status validate_parts(const std::vector<TensorInfo>& tensors, const std::vector<TensorPart>& parts, std::uint64_t image_bytes_max) {
+  if (parts.size() != tensors.size())
+    return Status::corruption(std::to_string(parts.size()) + " tensor parts for " + std::to_string(tensors.size()) + " tensors");
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    const TensorInfo& t = tensors[i];
+    const TensorPart& p = parts[i];
+    const std::string what = "tensor '" + t.name + "': rows " + std::to_string(p.row_begin) + " + " +
+                             std::to_string(t.shape.empty() ? 0 : t.shape[0]) + " of " + std::to_string(p.rows);
+    if (t.shape.empty() || t.shape[0] == 0) {
+      if (p.row_begin != 0 || p.rows != 0) return Status::corruption(what + ": a part of a tensor without rows");
+      continue;
+    }
+    if (p.row_begin > p.rows || t.shape[0] > p.rows - p.row_begin) return Status::corruption(what + ": past the whole tensor's rows");
+    // The whole tensor's size, bounded before a merge sizes anything from it.
+    std::uint64_t whole;
+    if (mul_overflows(t.nbytes / t.shape[0], p.rows, whole) || whole > image_bytes_max)
+      return Status::corruption(what + ": the whole tensor is larger than an image may be");
+  }
+  return Status::ok();
+}
+
 Status validate_names(const std::vector<TensorInfo>& tensors, const std::vector<std::pair<std::string, std::string>>& metadata) {
   std::unordered_set<std::string_view> seen;
   seen.reserve(std::max(tensors.size(), metadata.size()));
@@ -133,7 +155,7 @@ Bytes serialize_manifest(const Manifest& m) {
   Bytes out;
   ByteWriter w(out);
   const bool state = m.hash_scheme == ChunkHashScheme::kState;
-  const bool v2 = state || m.is_signed || !m.run.empty();
+  const bool v2 = state || m.is_signed || !m.run.empty() || !m.parts.empty();
   w.u32(kManifestMagic);
   w.u8(state ? (m.anchor_v2 ? kManifestFormatAnchorV2 : kManifestFormatState) : v2 ? kManifestFormatRun : kManifestFormatPlain);
   w.u8(static_cast<std::uint8_t>(m.kind));
@@ -143,7 +165,7 @@ Bytes serialize_manifest(const Manifest& m) {
   if (v2) {
     w.u64(m.run.started_us);
     w.u64(m.run.nonce);
-    w.u8(m.is_signed ? kFlagSigned : 0);
+    w.u8((m.is_signed ? kFlagSigned : 0) | (m.parts.empty() ? 0 : kFlagParts));
   }
   w.varint(m.metadata.size());
   for (const auto& [k, v] : m.metadata) {
@@ -158,6 +180,10 @@ Bytes serialize_manifest(const Manifest& m) {
     for (auto d : t.shape) w.varint(d);
     w.varint(t.offset);
     w.varint(t.nbytes);
+  }
+  for (const auto& p : m.parts) {
+    w.varint(p.row_begin);
+    w.varint(p.rows);
   }
   w.varint(m.chunks.size());
   for (const auto& c : m.chunks) {
@@ -180,7 +206,8 @@ Bytes serialize_manifest(const Manifest& m) {
 namespace {
 
 // The fixed header: magic, format, kind, versions, image size and (format 2) run and flags.
-Status read_header(ByteReader& r, const ManifestLimits& limits, Manifest& m) {
+Status read_header(ByteReader& r, const ManifestLimits& limits, Manifest& m, bool& has_parts) {
+  has_parts = false;
   std::uint32_t magic;
   std::uint8_t fmt, kind;
   if (!r.u32(magic) || magic != kManifestMagic) return Status::corruption("not a deltacast manifest (bad magic)");
@@ -199,15 +226,16 @@ Status read_header(ByteReader& r, const ManifestLimits& limits, Manifest& m) {
   if (fmt != kManifestFormatPlain) {
     std::uint8_t flags;
     if (!r.u64(m.run.started_us) || !r.u64(m.run.nonce) || !r.u8(flags)) return Status::corruption("manifest truncated");
-    if (flags & ~kFlagSigned) return Status::unsupported("manifest flags " + std::to_string(flags) + " are not known to this build");
+    if (flags & ~(kFlagSigned | kFlagParts)) return Status::unsupported("manifest flags " + std::to_string(flags) + " are not known to this build");
     m.is_signed = flags & kFlagSigned;
+    has_parts = flags & kFlagParts;
   }
   return Status::ok();
 }
 
 // Metadata and the tensor table. Counts are bounded by what is left (a tensor entry takes 5
 // bytes or more), so a hostile count cannot make us allocate.
-Status read_tables(ByteReader& r, const ManifestLimits& limits, Manifest& m) {
+Status read_tables(ByteReader& r, const ManifestLimits& limits, Manifest& m, bool has_parts) {
   std::uint64_t count;
   if (!r.varint(count) || count > r.remaining() / 2) return Status::corruption("bad metadata count");
   std::uint64_t meta_bytes = 0;
@@ -235,7 +263,13 @@ Status read_tables(ByteReader& r, const ManifestLimits& limits, Manifest& m) {
     if (!r.varint(t.offset) || !r.varint(t.nbytes)) return Status::corruption("truncated tensor entry");
   }
   DC_RETURN_IF_ERROR(validate_names(m.tensors, m.metadata));
-  return validate_tensors(m.tensors, m.image_size);
+  DC_RETURN_IF_ERROR(validate_tensors(m.tensors, m.image_size));
+  if (!has_parts) return Status::ok();
+  // Two varints a tensor; the count is the tensor table's, already bounded.
+  m.parts.resize(m.tensors.size());
+  for (auto& p : m.parts)
+    if (!r.varint(p.row_begin) || !r.varint(p.rows)) return Status::corruption("truncated tensor part");
+  return validate_parts(m.tensors, m.parts, limits.image_bytes_max);
 }
 
 // The chunk table (an entry takes 18 bytes or more), the checksums and the signature.
@@ -281,8 +315,9 @@ Status check_checksums(const Manifest& m) {
 Result<Manifest> parse_manifest(ByteSpan data, const ManifestLimits& limits) {
   ByteReader r(data);
   Manifest m;
-  DC_RETURN_IF_ERROR(read_header(r, limits, m));
-  DC_RETURN_IF_ERROR(read_tables(r, limits, m));
+  bool has_parts = false;
+  DC_RETURN_IF_ERROR(read_header(r, limits, m, has_parts));
+  DC_RETURN_IF_ERROR(read_tables(r, limits, m, has_parts));
   DC_RETURN_IF_ERROR(read_chunks(r, limits, m));
   if (r.remaining() != 0) return Status::corruption("trailing bytes after the manifest");
   DC_RETURN_IF_ERROR(check_checksums(m));
@@ -321,7 +356,8 @@ std::vector<Segment> segments_for_range(const std::vector<TensorInfo>& tensors, 
 }
 
 std::vector<std::pair<std::uint64_t, std::uint64_t>> plan_chunks(const std::vector<TensorInfo>& tensors,
-                                                                 std::uint64_t image_size, std::uint64_t chunk_bytes) {
+                                                                 std::uint64_t image_size, std::uint64_t chunk_bytes,
+                                                                 const std::vector<std::uint64_t>& cuts) {
   chunk_bytes = std::clamp<std::uint64_t>(chunk_bytes, 64, kChunkBytesMax);
   // A chunk payload holds at most kSegmentsMax segments: a chunk of many tiny tensors of
   // alternating dtypes ends before it has more.
@@ -329,6 +365,7 @@ std::vector<std::pair<std::uint64_t, std::uint64_t>> plan_chunks(const std::vect
   std::uint64_t start = 0;
   auto it = tensors.begin();
   auto first = tensors.begin();  // the first tensor that ends after `start`
+  auto cut = cuts.begin();        // the first cut after `start`
   while (start < image_size) {
     std::uint64_t end = std::min(image_size, start + chunk_bytes);
     if (end < image_size) {
@@ -341,6 +378,8 @@ std::vector<std::pair<std::uint64_t, std::uint64_t>> plan_chunks(const std::vect
         else end = std::min(image_size, it->offset + ((start + chunk_bytes - it->offset) / es + 1) * es);
       }
     }
+    while (cut != cuts.end() && *cut <= start) ++cut;
+    if (cut != cuts.end() && *cut < end) end = *cut;
     // k tensors in the range make at most 2k + 1 segments; only then are they counted.
     while (first != tensors.end() && first->offset + first->nbytes <= start) ++first;
     const auto past = std::partition_point(first, tensors.end(), [&](const TensorInfo& t) { return t.offset < end; });
@@ -367,7 +406,8 @@ Result<ManifestSeal> read_manifest_seal(ByteSpan data) {
   Manifest m;
   ManifestLimits unbounded;
   unbounded.image_bytes_max = UINT64_MAX;
-  DC_RETURN_IF_ERROR(read_header(r, unbounded, m));
+  bool has_parts = false;
+  DC_RETURN_IF_ERROR(read_header(r, unbounded, m, has_parts));
   ManifestSeal seal;
   seal.version = m.version;
   seal.is_signed = m.is_signed;

@@ -6,6 +6,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <unordered_map>
 
 #include "deltacast/codec/hash.h"
 #include "deltacast/common/object_pool.h"
@@ -45,6 +46,16 @@ Result<EncodedVersion> encode_version(const ModelLayout& layout, std::uint64_t v
   if (delta && base.size() != next.size()) return Status::invalid_argument("base and new images differ in size");
   if (Status st = validate_tensors(layout.tensors, layout.image_size); !st.is_ok()) return Status::invalid_argument(st.message());
   if (Status st = validate_names(layout.tensors, layout.metadata); !st.is_ok()) return Status::invalid_argument(st.message());
+  std::vector<std::uint64_t> cuts;  // around every tensor that is only part of one
+  if (!layout.parts.empty()) {
+    if (Status st = validate_parts(layout.tensors, layout.parts, UINT64_MAX); !st.is_ok()) return Status::invalid_argument(st.message());
+    for (std::size_t i = 0; i < layout.parts.size(); ++i) {
+      const TensorInfo& t = layout.tensors[i];
+      if (layout.parts[i].row_begin == 0 && (t.shape.empty() || layout.parts[i].rows == t.shape[0])) continue;
+      if (cuts.empty() || cuts.back() != t.offset) cuts.push_back(t.offset);
+      cuts.push_back(t.offset + t.nbytes);
+    }
+  }
 
   EncodedVersion ev;
   Manifest& m = ev.manifest;
@@ -54,6 +65,7 @@ Result<EncodedVersion> encode_version(const ModelLayout& layout, std::uint64_t v
   m.image_size = layout.image_size;
   m.metadata = layout.metadata;
   m.tensors = layout.tensors;
+  m.parts = layout.parts;
   m.hash_scheme = options.hash_scheme;
   // Anchor v2 chunks need manifest format 4, which has state hashes: with xxh3 chunk hashes
   // (formats 1 and 2) anchors are v1.
@@ -61,7 +73,7 @@ Result<EncodedVersion> encode_version(const ModelLayout& layout, std::uint64_t v
   const bool v2_anchor = std::ranges::find(chunk_options.anchor_kinds, ChunkKind::kAnchorV2) != chunk_options.anchor_kinds.end();
   if (!delta && v2_anchor && m.hash_scheme != ChunkHashScheme::kState) chunk_options.anchor_kinds = {ChunkKind::kAnchorV1};
   m.anchor_v2 = !delta && v2_anchor && m.hash_scheme == ChunkHashScheme::kState;
-  const auto ranges = plan_chunks(layout.tensors, layout.image_size, options.chunk_bytes);
+  const auto ranges = plan_chunks(layout.tensors, layout.image_size, options.chunk_bytes, cuts);
   m.chunks.resize(ranges.size());
   ev.payloads.resize(ranges.size());
   std::vector<ChunkStats> stats(ranges.size());
@@ -238,6 +250,122 @@ Status decode_version_to(const Manifest& manifest, std::span<const ByteSpan> pay
   });
 }
 
+namespace {
+
+// merge_shards of slices with parts: every tensor whole under its name, chunks placed where
+// their parts lie.
+Result<EncodedVersion> merge_parts(std::vector<EncodedVersion> shards, EncodedVersion out) {
+  Manifest& m = out.manifest;
+  struct Piece {
+    std::size_t shard = 0;
+    const TensorInfo* tensor = nullptr;
+    TensorPart part;
+    std::uint64_t global = 0;  // its offset in the merged image
+  };
+  std::vector<std::vector<Piece>> pieces(shards.size());  // by shard, in its image order
+  std::vector<std::string> order;                         // merged tensors, as they first appear
+  std::unordered_map<std::string, std::vector<Piece*>> by_name;
+  for (std::size_t s = 0; s < shards.size(); ++s) {
+    const Manifest& sm = shards[s].manifest;
+    pieces[s].reserve(sm.tensors.size());
+    for (std::size_t i = 0; i < sm.tensors.size(); ++i) {
+      const TensorInfo& t = sm.tensors[i];
+      TensorPart part = sm.parts.empty() ? TensorPart{0, t.shape.empty() ? 0 : t.shape[0]} : sm.parts[i];
+      pieces[s].push_back({s, &t, part, 0});
+    }
+    for (Piece& p : pieces[s]) {
+      auto [it, fresh] = by_name.try_emplace(p.tensor->name);
+      if (fresh) order.push_back(p.tensor->name);
+      it->second.push_back(&p);
+    }
+  }
+  for (const std::string& name : order) {
+    std::vector<Piece*>& ps = by_name[name];
+    std::sort(ps.begin(), ps.end(), [](const Piece* a, const Piece* b) { return a->part.row_begin < b->part.row_begin; });
+    const TensorInfo& first = *ps.front()->tensor;
+    TensorInfo whole = first;
+    whole.offset = m.image_size;
+    whole.nbytes = 0;
+    std::uint64_t rows = 0;
+    for (Piece* p : ps) {
+      const TensorInfo& t = *p->tensor;
+      const std::string where = "shard " + std::to_string(p->shard) + ", tensor '" + name + "': ";
+      // The same dtype and the same dims after the first.
+      if (t.dtype != first.dtype || t.shape.size() != first.shape.size() ||
+          (!t.shape.empty() && !std::equal(t.shape.begin() + 1, t.shape.end(), first.shape.begin() + 1)))
+        return Status::invalid_argument(where + "another dtype or shape than its other parts");
+      if (p->part.rows != ps.front()->part.rows) return Status::invalid_argument(where + "its parts disagree on the tensor's rows");
+      if (t.shape.empty() ? ps.size() != 1 : p->part.row_begin != rows)
+        return Status::invalid_argument(where + (p->part.row_begin < rows ? "rows held by two shards" : "rows no shard holds") + " at row " +
+                                        std::to_string(rows));
+      p->global = whole.offset + whole.nbytes;
+      whole.nbytes += t.nbytes;
+      if (!t.shape.empty()) rows += t.shape[0];
+    }
+    if (!first.shape.empty()) {
+      if (rows != ps.front()->part.rows)
+        return Status::invalid_argument("tensor '" + name + "': rows " + std::to_string(rows) + " to " + std::to_string(ps.front()->part.rows) +
+                                        " no shard holds");
+      whole.shape[0] = rows;
+    }
+    m.image_size += whole.nbytes;
+    m.tensors.push_back(std::move(whole));
+  }
+  // Each chunk goes where its bytes lie: a chunk may span several of its slice's tensors only
+  // where they lie back to back in the merged image too.
+  struct Placed {
+    std::uint64_t offset;
+    std::size_t shard, chunk;
+  };
+  std::vector<Placed> placed;
+  for (std::size_t s = 0; s < shards.size(); ++s) {
+    const Manifest& sm = shards[s].manifest;
+    const std::vector<Piece>& own = pieces[s];
+    std::uint64_t covered = 0;
+    for (const Piece& p : own) {
+      if (p.tensor->offset != covered) return Status::invalid_argument("shard " + std::to_string(s) + ": bytes no tensor covers at " + std::to_string(covered));
+      covered += p.tensor->nbytes;
+    }
+    if (covered != sm.image_size) return Status::invalid_argument("shard " + std::to_string(s) + ": bytes no tensor covers at its end");
+    std::size_t k = 0;
+    for (std::size_t c = 0; c < sm.chunks.size(); ++c) {
+      const ChunkEntry& e = sm.chunks[c];
+      while (k < own.size() && own[k].tensor->offset + own[k].tensor->nbytes <= e.offset) ++k;
+      if (k == own.size()) return Status::invalid_argument("shard " + std::to_string(s) + ": chunk " + std::to_string(c) + " past its tensors");
+      const std::uint64_t global = own[k].global + (e.offset - own[k].tensor->offset);
+      for (std::size_t j = k; own[j].tensor->offset + own[j].tensor->nbytes < e.offset + e.length; ++j)
+        if (j + 1 == own.size() || own[j + 1].global != own[j].global + own[j].tensor->nbytes)
+          return Status::invalid_argument("shard " + std::to_string(s) + ": chunk " + std::to_string(c) + " spans tensors '" + own[j].tensor->name +
+                                          "' and '" + (j + 1 < own.size() ? own[j + 1].tensor->name : "") +
+                                          "', apart in the merged version (encode the slice with its parts)");
+      placed.push_back({global, s, c});
+    }
+  }
+  std::sort(placed.begin(), placed.end(), [](const Placed& a, const Placed& b) { return a.offset < b.offset; });
+  m.chunks.reserve(placed.size());
+  out.payloads.reserve(placed.size());
+  for (const Placed& p : placed) {
+    ChunkEntry e = shards[p.shard].manifest.chunks[p.chunk];
+    // Parts cover every tensor's rows once and chunks cover their slices, so they tile the image
+    // unless a slice's chunk table did not cover its own image.
+    if (p.offset != (m.chunks.empty() ? 0 : m.chunks.back().offset + m.chunks.back().length))
+      return Status::invalid_argument("shard " + std::to_string(p.shard) + ": its chunks do not cover its image");
+    e.offset = p.offset;
+    m.chunks.push_back(e);
+    out.payloads.push_back(std::move(shards[p.shard].payloads[p.chunk]));
+  }
+  if (m.chunks.empty() ? m.image_size != 0 : m.chunks.back().offset + m.chunks.back().length != m.image_size)
+    return Status::invalid_argument("the slices' chunks do not cover the merged image");
+  for (auto& shard : shards) {
+    m.anchor_v2 |= shard.manifest.anchor_v2;
+    out.stats.add(shard.stats);
+  }
+  set_checksums(m);
+  return out;
+}
+
+}  // namespace
+
 Result<EncodedVersion> merge_shards(std::vector<EncodedVersion> shards) {
   if (shards.empty()) return Status::invalid_argument("no shards to merge");
   EncodedVersion out;
@@ -248,14 +376,20 @@ Result<EncodedVersion> merge_shards(std::vector<EncodedVersion> shards) {
   m.kind = first.kind;
   m.metadata = first.metadata;
   m.hash_scheme = first.hash_scheme;
+  for (std::size_t s = 0; s < shards.size(); ++s) {
+    const Manifest& sm = shards[s].manifest;
+    if (sm.version != m.version || sm.base_version != m.base_version || sm.kind != m.kind || sm.hash_scheme != m.hash_scheme)
+      return Status::mismatch("shard " + std::to_string(s) + ": describes another version (v" + std::to_string(sm.version) + ")");
+    if (shards[s].payloads.size() != sm.chunks.size())
+      return Status::invalid_argument("shard " + std::to_string(s) + ": payload count does not match its chunks");
+  }
+  if (std::any_of(shards.begin(), shards.end(), [](const EncodedVersion& e) { return !e.manifest.parts.empty(); }))
+    return merge_parts(std::move(shards), std::move(out));
   std::set<std::string> names;
   for (std::size_t s = 0; s < shards.size(); ++s) {
     EncodedVersion& shard = shards[s];
     const Manifest& sm = shard.manifest;
     const std::string where = "shard " + std::to_string(s) + ": ";
-    if (sm.version != m.version || sm.base_version != m.base_version || sm.kind != m.kind || sm.hash_scheme != m.hash_scheme)
-      return Status::mismatch(where + "describes another version (v" + std::to_string(sm.version) + ")");
-    if (shard.payloads.size() != sm.chunks.size()) return Status::invalid_argument(where + "payload count does not match its chunks");
     const std::uint64_t shift = m.image_size;
     for (TensorInfo t : sm.tensors) {
       if (!names.insert(t.name).second) return Status::invalid_argument(where + "tensor '" + t.name + "' is in another shard too");

@@ -123,6 +123,9 @@ std::optional<ShardMerger::Merged> ShardMerger::merge(std::map<VersionKey, Slice
   versions_.erase(it);
   const bool digests_known = std::all_of(slices.begin(), slices.end(), [](const EncodedVersion& e) { return e.manifest.is_signed; });
   auto merged = merge_shards(std::move(slices));
+  // Slices within the limits may still make a version beyond them (its image, its chunks).
+  if (merged.is_ok())
+    if (Status st = check_manifest_limits(merged->manifest, ctx_.config.manifest_limits); !st.is_ok()) merged = st;
   if (!merged.is_ok()) {
     ctx_.set_error(to_string(key) + ": " + merged.status().to_string());
     return std::nullopt;

@@ -169,8 +169,11 @@ TEST_CASE("the refusals docs/FORMAT.md promises: varints, flags and versions, st
   newer[4] = 5;
   CHECK(parse_manifest(newer).status().code() == StatusCode::kUnsupported);
   Bytes flagged = b;
-  flagged[4 + 1 + 1 + 24 + 16] = 0x02;  // the flags byte after magic, format, kind, 3 u64 and the run
+  flagged[4 + 1 + 1 + 24 + 16] = 0x04;  // the flags byte after magic, format, kind, 3 u64 and the run
   CHECK(parse_manifest(flagged).status().code() == StatusCode::kUnsupported);
+  // Bit 1 (parts) without the parts table after the tensors: the chunk table read as parts.
+  flagged[4 + 1 + 1 + 24 + 16] = 0x02;
+  CHECK(parse_manifest(flagged).status().code() == StatusCode::kCorruption);
   // A stream's parameter byte is not read on raw streams: any value decodes.
   Bytes stream{0 /*raw*/, 0x7f /*parameter*/, 3, 3, 'a', 'b', 'c'};
   ByteReader r(stream);

@@ -237,6 +237,110 @@ TEST_CASE("slices published by several shards merge into one version", "[codec][
   CHECK_FALSE(merge_shards(dup).is_ok());
 }
 
+
+TEST_CASE("slices holding rows of tensors merge into whole tensors under their names", "[codec][version]") {
+  // Three shards as an FSDP or tensor-parallel export makes them: each holds a range of rows
+  // (dim 0) of some tensors, and whole tensors of others; no shard holds the whole model.
+  const ModelLayout whole = test::layout_of({{"a", DType::kBF16, {300, 64}}, {"b", DType::kF32, {7}}, {"c", DType::kBF16, {1000, 32}}, {"d", DType::kBF16, {5, 3}}});
+  const Bytes base = test::random_bytes(whole.image_size, 1);
+  Bytes next = base;
+  for (std::size_t i = 0; i < next.size(); i += 29) next[i] ^= 1;
+  const std::vector<std::vector<test::SliceSpec>> held = {
+      {{"a", 0, 100}, {"b", 0, 7}, {"c", 0, 400}},
+      {{"a", 100, 300}, {"c", 400, 401}, {"d", 0, 5}},
+      {{"c", 401, 1000}},
+  };
+  InlineExecutor ex;
+  VersionEncodeOptions opt;
+  opt.chunk_bytes = 8 << 10;
+  auto slices_of = [&](const std::vector<std::vector<test::SliceSpec>>& spec, bool delta) {
+    std::vector<EncodedVersion> out;
+    for (const auto& h : spec) {
+      auto [l, nb] = test::make_slice(whole, next, h);
+      auto [l0, bb] = test::make_slice(whole, base, h);
+      auto ev = delta ? encode_version(l, 5, 4, bb, nb, opt, ex) : encode_version(l, 5, 0, {}, nb, opt, ex);
+      REQUIRE(ev.is_ok());
+      // A chunk never spans a tensor that is only part of one.
+      for (std::size_t i = 0; i < l.tensors.size(); ++i) {
+        if (l.parts[i].row_begin == 0 && l.parts[i].rows == l.tensors[i].shape[0]) continue;
+        for (const ChunkEntry& c : ev->manifest.chunks)
+          CHECK((c.offset + c.length <= l.tensors[i].offset || c.offset >= l.tensors[i].offset + l.tensors[i].nbytes ||
+                 (c.offset >= l.tensors[i].offset && c.offset + c.length <= l.tensors[i].offset + l.tensors[i].nbytes)));
+      }
+      // The parts go over the wire in the slice's manifest.
+      auto reparsed = parse_manifest(serialize_manifest(ev->manifest));
+      REQUIRE(reparsed.is_ok());
+      CHECK(reparsed->parts == l.parts);
+      out.push_back(std::move(ev).value());
+    }
+    return out;
+  };
+  for (const bool delta : {true, false}) {
+    CAPTURE(delta);
+    auto merged = merge_shards(slices_of(held, delta));
+    REQUIRE(merged.is_ok());
+    // The tensors are whole, in the order they first appear, and the version decodes bit-exact.
+    CHECK(merged->manifest.tensors == whole.tensors);
+    CHECK(merged->manifest.parts.empty());
+    auto reparsed = parse_manifest(serialize_manifest(merged->manifest));
+    REQUIRE(reparsed.is_ok());
+    std::vector<ByteSpan> payloads(merged->payloads.begin(), merged->payloads.end());
+    Bytes out(whole.image_size);
+    REQUIRE(decode_version(*reparsed, payloads, delta ? ByteSpan(base) : ByteSpan(), out, ex).is_ok());
+    CHECK(out == next);
+  }
+  SECTION("rows no shard holds") {
+    auto spec = held;
+    spec[2] = {{"c", 402, 1000}};
+    CHECK(merge_shards(slices_of(spec, true)).status().code() == StatusCode::kInvalidArgument);
+    spec.pop_back();
+    CHECK(merge_shards(slices_of(spec, true)).status().code() == StatusCode::kInvalidArgument);
+  }
+  SECTION("rows two shards hold") {
+    auto spec = held;
+    spec[1][0] = {"a", 99, 300};
+    CHECK(merge_shards(slices_of(spec, true)).status().code() == StatusCode::kInvalidArgument);
+  }
+  SECTION("parts of one name that disagree on the other dims") {
+    auto slices = slices_of(held, true);
+    slices[1].manifest.tensors[0].shape = {400, 32};  // same bytes, other dims
+    CHECK(merge_shards(std::move(slices)).status().code() == StatusCode::kInvalidArgument);
+  }
+  SECTION("a slice whose chunks were planned without its parts") {
+    auto [l, nb] = test::make_slice(whole, next, held[0]);
+    const auto parts = l.parts;
+    l.parts.clear();
+    opt.chunk_bytes = 1 << 20;  // one chunk over every tensor of the slice
+    auto ev = encode_version(l, 5, 0, {}, nb, opt, ex);
+    REQUIRE(ev.is_ok());
+    ev->manifest.parts = parts;
+    opt.chunk_bytes = 8 << 10;
+    auto slices = slices_of(held, false);
+    slices[0] = std::move(ev).value();
+    auto merged = merge_shards(std::move(slices));
+    CHECK(merged.status().code() == StatusCode::kInvalidArgument);
+    CHECK(merged.status().message().find("apart in the merged version") != std::string::npos);
+  }
+}
+
+TEST_CASE("a slice manifest's parts are checked when it is parsed", "[codec][manifest]") {
+  const ModelLayout whole = test::layout_of({{"a", DType::kBF16, {300, 64}}});
+  const Bytes image = test::random_bytes(whole.image_size, 3);
+  auto [l, bytes] = test::make_slice(whole, image, {{"a", 100, 200}});
+  InlineExecutor ex;
+  auto ev = encode_version(l, 1, 0, {}, bytes, {}, ex);
+  REQUIRE(ev.is_ok());
+  REQUIRE(parse_manifest(serialize_manifest(ev->manifest)).is_ok());
+  Manifest m = ev->manifest;
+  SECTION("rows past the whole tensor") { m.parts[0] = {250, 300}; }
+  SECTION("a whole tensor larger than an image may be") { m.parts[0] = {0, std::uint64_t{1} << 60}; }
+  auto parsed = parse_manifest(serialize_manifest(m));
+  CHECK(parsed.status().code() == StatusCode::kCorruption);
+  // Nor does the encoder take such parts.
+  l.parts[0] = m.parts[0];
+  CHECK(encode_version(l, 1, 0, {}, bytes, {}, ex).status().code() == StatusCode::kInvalidArgument);
+}
+
 namespace {
 // The segments of every chunk, derived byte by byte from the tensor table: what
 // segments_for_range must return, without its search or its merging.

@@ -678,6 +678,36 @@ TEST_CASE("trainer shards publish slices that the origin merges into one version
   CHECK(sh.tb->slices_retained() == 0);
 }
 
+TEST_CASE("trainer shards holding rows of tensors publish slices merged into whole tensors", "[runtime][node]") {
+  // As an FSDP or tensor-parallel trainer: each shard holds a range of rows of each matrix, one
+  // holds a small tensor whole; no process holds the model. Workers get whole tensors.
+  Shards sh;  // for its network, origin and two shards
+  FakeNet& net = sh.net;
+  const ModelLayout whole = test::layout_of({{"embed", DType::kBF16, {500, 64}}, {"norm", DType::kF32, {64}}, {"proj", DType::kBF16, {301, 48}}});
+  const std::vector<std::vector<test::SliceSpec>> held = {{{"embed", 0, 250}, {"norm", 0, 64}, {"proj", 0, 150}},
+                                                          {{"embed", 250, 500}, {"proj", 150, 301}}};
+  std::vector<Bytes> images = {test::random_bytes(whole.image_size, 7)};
+  for (int v = 1; v < 5; ++v) {
+    images.push_back(images.back());
+    for (std::size_t i = v; i < images.back().size(); i += 31) images.back()[i] ^= 1;
+  }
+  Node& w = net.add(worker_config("w", {"origin"}));
+  net.run_for(500);
+  InlineExecutor ex;
+  for (std::uint64_t v = 1; v <= 4; ++v) {
+    for (std::size_t k = 0; k < 2; ++k) {
+      auto [l, next] = test::make_slice(whole, images[v], held[k]);
+      auto [l0, base] = test::make_slice(whole, images[v - 1], held[k]);
+      auto slice = v == 1 ? encode_version(l, v, 0, {}, next, sh.opt, ex) : encode_version(l, v, v - 1, base, next, sh.opt, ex);
+      REQUIRE(slice.is_ok());
+      REQUIRE(net.run_until([&] { return (k == 0 ? sh.ta : sh.tb)->publish(*slice).is_ok(); }));
+    }
+    REQUIRE(net.run_until([&] { return w.current_version() == v; }));
+    CHECK(w.current()->image == images[v]);
+    CHECK(w.current()->tensors == whole.tensors);
+  }
+}
+
 TEST_CASE("a trainer shard's lost chunks are asked for and sent again", "[runtime][node]") {
   Shards sh;
   FakeNet& net = sh.net;

@@ -4,12 +4,14 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "deltacast/codec/version.h"
@@ -63,6 +65,42 @@ inline Bytes from_u16(const std::vector<std::uint16_t>& v) {
 }
 
 // A layout of the given (dtype, element count) tensors, back to back.
+// A trainer shard's slice of a whole model: rows [row_begin, row_end) of each tensor it names,
+// its own image those rows back to back, with parts saying where they lie.
+struct SliceSpec {
+  std::string name;
+  std::uint64_t row_begin, row_end;
+};
+inline std::pair<ModelLayout, Bytes> make_slice(const ModelLayout& whole, ByteSpan image, const std::vector<SliceSpec>& held) {
+  ModelLayout l;
+  Bytes bytes;
+  for (const auto& h : held) {
+    const TensorInfo& w = *std::find_if(whole.tensors.begin(), whole.tensors.end(), [&](const TensorInfo& t) { return t.name == h.name; });
+    const std::uint64_t row_bytes = w.nbytes / w.shape[0];
+    TensorInfo t = w;
+    t.shape[0] = h.row_end - h.row_begin;
+    t.offset = l.image_size;
+    t.nbytes = t.shape[0] * row_bytes;
+    l.image_size += t.nbytes;
+    l.tensors.push_back(t);
+    l.parts.push_back({h.row_begin, w.shape[0]});
+    const auto rows = image.subspan(w.offset + h.row_begin * row_bytes, t.nbytes);
+    bytes.insert(bytes.end(), rows.begin(), rows.end());
+  }
+  return {l, bytes};
+}
+
+inline ModelLayout layout_of(const std::vector<std::tuple<std::string, DType, std::vector<std::uint64_t>>>& specs) {
+  ModelLayout l;
+  for (const auto& [name, dtype, shape] : specs) {
+    TensorInfo t{name, dtype, shape, l.image_size, 0};
+    t.nbytes = t.element_count() * dtype_size(dtype);
+    l.image_size += t.nbytes;
+    l.tensors.push_back(t);
+  }
+  return l;
+}
+
 inline ModelLayout make_layout(const std::vector<std::pair<DType, std::uint64_t>>& specs) {
   ModelLayout m;
   int i = 0;

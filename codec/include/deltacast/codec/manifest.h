@@ -57,6 +57,9 @@ struct Manifest {
   std::uint64_t image_size = 0;
   std::vector<std::pair<std::string, std::string>> metadata;  // safetensors "__metadata__"
   std::vector<TensorInfo> tensors;                            // in image order
+  // A trainer shard's slice (manifest flag "parts"): one per tensor, where it lies in the merged
+  // version's tensor of that name (merge_shards). Empty in every other manifest.
+  std::vector<TensorPart> parts;
   std::vector<ChunkEntry> chunks;                             // in image order, covering it exactly
   std::uint64_t base_checksum = 0;     // combine_chunk_hashes over base_hash (deltas only)
   std::uint64_t version_checksum = 0;  // combine_chunk_hashes over content_hash
@@ -137,8 +140,14 @@ std::vector<Segment> segments_for_range(const std::vector<TensorInfo>& tensors, 
 // Cuts an image into chunks of about chunk_bytes: every cut falls on an element boundary of the
 // tensor it crosses, large tensors are split and small ones grouped, and no chunk holds more
 // than kSegmentsMax segments. Returns (offset, length).
+// `cuts` (ascending): offsets where a chunk must end, such as the ends of a slice's tensor parts.
 std::vector<std::pair<std::uint64_t, std::uint64_t>> plan_chunks(const std::vector<TensorInfo>& tensors,
-                                                                 std::uint64_t image_size, std::uint64_t chunk_bytes);
+                                                                 std::uint64_t image_size, std::uint64_t chunk_bytes,
+                                                                 const std::vector<std::uint64_t>& cuts = {});
+
+// Checks a slice's parts against its tensors: one per tensor, each a range of rows of a whole
+// tensor of at most `image_bytes_max` bytes.
+Status validate_parts(const std::vector<TensorInfo>& tensors, const std::vector<TensorPart>& parts, std::uint64_t image_bytes_max);
 
 // Checks a tensor table against an image size: sorted, inside, non-overlapping, sizes matching shapes.
 Status validate_tensors(const std::vector<TensorInfo>& tensors, std::uint64_t image_size);

@@ -47,6 +47,15 @@ struct TensorInfo {
   bool operator==(const TensorInfo&) const = default;
 };
 
+// Where a trainer shard's tensor lies in the tensor of the merged version that has its name:
+// rows [row_begin, row_begin + shape[0]) of `rows` (dim 0), the other dims the same. A whole
+// tensor is rows [0, shape[0]) of shape[0].
+struct TensorPart {
+  std::uint64_t row_begin = 0;
+  std::uint64_t rows = 0;
+  bool operator==(const TensorPart&) const = default;
+};
+
 }  // namespace deltacast
 
 #pragma GCC visibility pop

@@ -42,6 +42,10 @@ struct ModelLayout {
   std::vector<TensorInfo> tensors;  // in image order
   std::vector<std::pair<std::string, std::string>> metadata;
   std::uint64_t image_size = 0;
+  // A trainer shard's slice: where each tensor lies in the merged version's tensor of its name
+  // (one per tensor; empty otherwise). Chunks then end wherever a tensor that is not whole
+  // begins or ends, so that merge_shards can place them.
+  std::vector<TensorPart> parts;
 };
 
 struct EncodedVersion {
@@ -102,11 +106,16 @@ using ChunkSink = std::function<Status(std::uint64_t offset, ByteSpan bytes)>;
 Status decode_version_to(const Manifest& manifest, std::span<const ByteSpan> payloads, ByteSpan base, const ChunkSink& sink,
                          Executor& executor, const ProgressFn& progress = {}, ChunkDecoderPool* decoders = nullptr);
 
-// Merges the slices of one version that several trainer shards encoded separately (each a
-// disjoint set of tensors, its own image) into one version whose image is the shards' images
-// back to back in order. Chunks and payloads are reused as they are; tensor and chunk offsets
-// move, the checksums are recomputed. Fails if the slices disagree on version, base or kind,
-// or share a tensor name.
+// Merges the slices of one version that several trainer shards encoded separately into one
+// version. Chunks and payloads are reused as they are; tensor and chunk offsets move, the
+// checksums are recomputed. Fails if the slices disagree on version, base or kind.
+//   - Slices without parts (each a disjoint set of whole tensors, its own image): the merged
+//     image is the shards' images back to back in order. Fails if two share a tensor name.
+//   - Slices with parts (Manifest::parts; a shard may hold rows of a tensor): each tensor of the
+//     merged version is whole under its name, made of the parts of that name, which must cover
+//     its rows exactly once with one dtype and the same other dims; tensors in the order they
+//     first appear (slice 0's first). Fails if a chunk spans tensors that are apart in the
+//     merged image (the slice was not encoded with its parts in its ModelLayout).
 Result<EncodedVersion> merge_shards(std::vector<EncodedVersion> shards);
 
 // The on-disk container: header, manifest, payloads. Layout: docs/FORMAT.md, "container".

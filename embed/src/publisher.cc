@@ -98,7 +98,7 @@ Status Publisher::publish_anchor() {
 
 Result<std::uint64_t> Publisher::publish(Checkpoint next) {
   if (options_.node.expect_shards) return Status::invalid_argument("an origin merging trainer shards publishes nothing itself");
-  const bool same_layout = prev_ && prev_->layout.tensors == next.layout.tensors;
+  const bool same_layout = prev_ && prev_->layout.tensors == next.layout.tensors && prev_->layout.parts == next.layout.parts;
   const std::uint64_t version = version_ + 1;
   Status st;
   if (!same_layout) {

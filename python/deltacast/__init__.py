@@ -68,7 +68,7 @@ class VersionGone(Error):
     its change history no longer reaches back to it."""
 
 
-__all__ = ["Delivery", "Error", "Publisher", "Request", "Version", "VersionGone", "Worker", "decode_delta", "encode_anchor", "encode_delta"]
+__all__ = ["Delivery", "Error", "Publisher", "Request", "Rows", "Version", "VersionGone", "Worker", "decode_delta", "encode_anchor", "encode_delta"]
 
 # safetensors dtype -> (numpy dtype, torch dtype name). Types torch 1.13 lacks (unsigned wider
 # than 8 bits, float8) are given as the signed integer of the same width, a bit-exact view.
@@ -156,17 +156,31 @@ def _host_tensor(name: str, tensor):
     return dtype, tensor.contiguous()
 
 
+class Rows(NamedTuple):
+    """A trainer shard's rows of a tensor: ``tensor`` is rows ``[start, start + len(tensor))`` (dim 0)
+    of the tensor of that name, which has ``rows`` rows and the same other dims, as an FSDP
+    ``Shard(0)`` parameter or a tensor-parallel row split holds it. A ``Publisher`` with ``shard=``
+    publishes it; the origin merges the shards' rows into the whole tensor, which is what workers see."""
+    tensor: object
+    start: int
+    rows: int
+
+
 def _tensor_refs(named_tensors) -> tuple[list, list]:
-    """(name, dtype, shape, data pointer, nbytes) per tensor, and the host objects that must stay
-    alive while the native side reads them."""
+    """(name, dtype, shape, data pointer, nbytes, part) per tensor, part None or (start, rows) for
+    ``Rows``, and the host objects that must stay alive while the native side reads them."""
     refs, keep = [], []
     for name, tensor in _items(named_tensors):
+        part = None
+        if isinstance(tensor, Rows):
+            part = (int(tensor.start), int(tensor.rows))
+            tensor = tensor.tensor
         dtype, host = _host_tensor(name, tensor)
         if isinstance(host, np.ndarray):
             ptr, nbytes = host.ctypes.data, host.nbytes
         else:
             ptr, nbytes = host.data_ptr(), host.numel() * host.element_size()
-        refs.append((str(name), dtype, [int(d) for d in host.shape], ptr, nbytes))
+        refs.append((str(name), dtype, [int(d) for d in host.shape], ptr, nbytes, part))
         keep.append(host)
     return refs, keep
 
@@ -557,15 +571,23 @@ def _signing_key(sign_key: Optional[str]) -> str:
     return sign_key
 
 
-def _publisher_args(listen, *, keys=None, allow_keys=None, sign_key=None, anchor_every=None, codec=None, wan_rate=None,
-                    worker_cores=None, v2=False, chunk_bytes=None, threads=0, metrics=None, id=None, run_state=None,
+def _publisher_args(listen, *, origin=None, shard=None, keys=None, allow_keys=None, sign_key=None, anchor_every=None, codec=None,
+                    wan_rate=None, worker_cores=None, v2=False, chunk_bytes=None, threads=0, metrics=None, id=None, run_state=None,
                     settings=None) -> dict:
     """The keyword arguments of the native publisher: None leaves a setting to its default."""
     if v2 and codec not in (None, "v1", "v2"):
         raise ValueError("v2=True and codec=%r say different things" % (codec,))
+    if shard is not None:
+        if len(shard) != 2 or int(shard[1]) < 1:
+            raise ValueError("shard=(i, n): slice i of n trainer shards, not %r" % (shard,))
+        if not origin:
+            raise ValueError("a trainer shard sends its slices to the origin: give origin=")
+    elif origin:
+        raise ValueError("origin= is for trainer shards: give shard=(i, n) too")
     if not run_state and sign_key and os.path.exists(sign_key):
         run_state = sign_key + ".run"
-    return dict(id=id or "", listen=listen, keys=keys, allow_keys=list(allow_keys or []), sign_key=_signing_key(sign_key),
+    return dict(id=id or "", listen=listen or "", origin=origin or "", shard_index=int(shard[0]) if shard else 0,
+                shard_count=int(shard[1]) if shard else 0, keys=keys, allow_keys=list(allow_keys or []), sign_key=_signing_key(sign_key),
                 anchor_every=anchor_every, codec="v2" if v2 else (codec or ""), wan_rate=wan_rate or "",
                 worker_cores=float(worker_cores or 0), chunk_bytes=chunk_bytes, threads=int(threads), metrics=metrics or "",
                 run_state=run_state or "", settings=_settings_json(settings))
@@ -588,13 +610,20 @@ class Publisher:
     ``<key file>.run``, or for a key given as hex ``$XDG_STATE_HOME/deltacast/<public key>.run``).
     ``settings``: any field of a node config file, as a dict (``{"limits": {...}, "timing": {...}}``;
     docs/RUNTIME.md, "Config files"), under the named arguments.
+
+    A trainer shard instead: ``shard=(i, n)`` and ``origin`` (the endpoint of an origin started with
+    ``deltacast publish --expect-shards n``), no ``listen``. It publishes only what its process holds:
+    whole tensors, and ``Rows(tensor, start, rows)`` for a range of rows of a tensor; the origin
+    merges the n shards' slices into versions of whole tensors (docs/RUNTIME.md, "Trainer shards").
+    Every shard publishes the same tensor names in the same order each version.
     """
 
-    def __init__(self, listen: str, *, keys=None, allow_keys=None, sign_key=None, anchor_every: Optional[int] = None,
+    def __init__(self, listen: str = "", *, origin: Optional[str] = None, shard: Optional[tuple] = None, keys=None, allow_keys=None, sign_key=None, anchor_every: Optional[int] = None,
                  codec: Optional[str] = None, wan_rate: Optional[str] = None, worker_cores: Optional[float] = None, v2: bool = False,
                  chunk_bytes: Optional[int] = None, threads: int = 0, metrics: Optional[str] = None, id: Optional[str] = None,
                  run_state: Optional[str] = None, settings: Optional[dict] = None):
-        self._native = _native.Publisher(**_publisher_args(listen, keys=keys, allow_keys=allow_keys, sign_key=sign_key,
+        self._native = _native.Publisher(**_publisher_args(listen, origin=origin, shard=shard, keys=keys, allow_keys=allow_keys,
+                                                           sign_key=sign_key,
                                                            anchor_every=anchor_every, codec=codec, wan_rate=wan_rate,
                                                            worker_cores=worker_cores, v2=v2, chunk_bytes=chunk_bytes, threads=threads,
                                                            metrics=metrics, id=id, run_state=run_state, settings=settings))

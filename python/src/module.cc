@@ -11,13 +11,17 @@ void bind_placement(py::module_& m);  // placement.cc
 
 namespace {
 
-// (name, dtype, shape, data pointer, nbytes) tuples, as deltacast/__init__.py makes them.
+// (name, dtype, shape, data pointer, nbytes, part) tuples, as deltacast/__init__.py makes them;
+// part is None, or (row_begin, rows) for a trainer shard's rows of a tensor.
 std::vector<TensorRef> tensor_refs(const py::list& items) {
   std::vector<TensorRef> out;
   out.reserve(items.size());
   for (const auto& item : items) {
-    const auto t = item.cast<std::tuple<std::string, std::string, std::vector<std::uint64_t>, std::uintptr_t, std::uint64_t>>();
-    out.push_back({std::get<0>(t), std::get<1>(t), std::get<2>(t), std::get<3>(t), std::get<4>(t)});
+    const auto t = item.cast<std::tuple<std::string, std::string, std::vector<std::uint64_t>, std::uintptr_t, std::uint64_t,
+                                        std::optional<std::pair<std::uint64_t, std::uint64_t>>>>();
+    TensorRef r{std::get<0>(t), std::get<1>(t), std::get<2>(t), std::get<3>(t), std::get<4>(t), std::nullopt};
+    if (const auto& part = std::get<5>(t)) r.part = deltacast::TensorPart{part->first, part->second};
+    out.push_back(std::move(r));
   }
   return out;
 }
@@ -54,7 +58,8 @@ std::string checked_json(const deltacast::embed::NodeSettings& s, bool worker) {
 PublisherArgs publisher_args(const py::kwargs& kw) {
   PublisherArgs a;
   Kwargs k(kw);
-  k.get("id", a.id).get("listen", a.listen).get("keys", a.keys).get("allow_keys", a.allow_keys).get("sign_key", a.sign_key);
+  k.get("id", a.id).get("listen", a.listen).get("origin", a.origin).get("shard_index", a.shard_index).get("shard_count", a.shard_count);
+  k.get("keys", a.keys).get("allow_keys", a.allow_keys).get("sign_key", a.sign_key);
   k.get("anchor_every", a.anchor_every).get("codec", a.codec).get("wan_rate", a.wan_rate).get("worker_cores", a.worker_cores);
   k.get("chunk_bytes", a.chunk_bytes).get("threads", a.threads).get("metrics", a.metrics).get("run_state", a.run_state);
   k.get("settings", a.settings).done();

@@ -99,10 +99,13 @@ struct TensorRef {
   std::vector<std::uint64_t> shape;
   std::uintptr_t data = 0;
   std::uint64_t nbytes = 0;
+  // A trainer shard's rows of a tensor (deltacast.Rows): where they lie in the whole tensor.
+  std::optional<TensorPart> part;
 };
 
-// The layout of `tensors` placed one after another in the order given. Raises Error for an
-// unknown dtype, a size that disagrees with the shape, or a name given twice.
+// The layout of `tensors` placed one after another in the order given, with parts when any is
+// rows of a tensor. Raises Error for an unknown dtype, a size that disagrees with the shape, a
+// name given twice, or rows past the whole tensor.
 ModelLayout layout_of(const std::vector<TensorRef>& tensors);
 // Copies the tensors into `image`, resized to the layout's size (the GIL released).
 void gather(const std::vector<TensorRef>& tensors, const ModelLayout& layout, Bytes& image);
@@ -117,6 +120,10 @@ std::shared_ptr<Version> decode_container(pybind11::buffer container, const std:
 struct PublisherArgs {
   std::string id;
   std::string listen;
+  // A trainer shard: slice shard_index of shard_count, sent to the origin at `origin`.
+  std::string origin;
+  std::uint32_t shard_index = 0;
+  std::uint32_t shard_count = 0;
   std::optional<std::pair<std::string, std::string>> keys;  // own CURVE pair (public, secret), Z85
   std::vector<std::string> allow_keys;                       // workers' and relays' CURVE public keys, Z85
   std::string sign_key;                                      // Ed25519 secret key (hex); empty: unsigned

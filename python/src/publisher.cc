@@ -18,10 +18,21 @@ embed::NodeSettings publisher_settings(const PublisherArgs& a) {
   embed::NodeSettings named;
   named.node_id = a.id;
   named.listen = a.listen;
+  if (!a.origin.empty()) named.parents = {a.origin};
   named.metrics = a.metrics;
   named.allow_keys = a.allow_keys;
   if (a.keys) named.curve = transport::CurveKeys{a.keys->first, a.keys->second};
   embed::overlay_node_settings(s, named);
+  if (a.shard_count > 0) {
+    // A trainer shard: it sends its slices up to the origin, which serves the fleet.
+    if (a.shard_index >= a.shard_count)
+      throw Error("shard " + std::to_string(a.shard_index) + " of " + std::to_string(a.shard_count) + ": shards count from 0");
+    if (s.parents.size() != 1) throw Error("a trainer shard sends its slices to one origin: give origin=");
+    if (!s.listen.empty()) throw Error("a trainer shard serves no relays or workers: give origin=, not listen=");
+    if (s.node_id.empty()) s.node_id = "trainer-" + std::to_string(a.shard_index);
+    return s;
+  }
+  if (!s.parents.empty()) throw Error("origin= is for trainer shards (shard=(i, n)); the origin itself listens");
   if (s.node_id.empty()) s.node_id = "origin";
   if (s.listen.empty()) throw Error("a publisher needs an endpoint to listen on, for relays and workers");
   return s;
@@ -33,6 +44,8 @@ embed::PublisherOptions publisher_options(const PublisherArgs& a) {
   embed::LoadedNode loaded = checked(embed::load_node(publisher_settings(a), /*worker=*/false));
   embed::PublisherOptions o;
   o.node = std::move(loaded.node);
+  o.node.shard_index = a.shard_index;
+  o.node.shard_count = a.shard_count;
   o.host = std::move(loaded.host);
   if (!a.sign_key.empty()) {
     auto key = runtime::parse_signing_key(a.sign_key);

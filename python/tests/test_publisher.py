@@ -1,5 +1,6 @@
 """The Python publisher and the plain encode and decode functions."""
 
+import os
 import time
 
 import numpy as np
@@ -306,3 +307,56 @@ def test_a_worker_striped_to_its_parent_gets_every_version_bit_for_bit():
                 assert bits(got[name]) == bits(t), (version, name)
     with pytest.raises(deltacast.Error, match="stripes"):
         deltacast.Worker("w", ["tcp://127.0.0.1:9"], stripes=0)
+
+
+def test_trainer_shards_publishing_rows_merge_into_whole_tensors(processes):
+    """Two trainer shards as FSDP or a tensor-parallel export hold the model: each a range of rows
+    of the matrices, one a small tensor whole. Neither holds the model; an origin merging them
+    serves whole tensors, bit for bit, and a shard whose rows move publishes an anchor."""
+    from conftest import DELTACAST, free_endpoint
+
+    origin = free_endpoint()
+    log = open(os.devnull, "wb")
+    processes.start(DELTACAST, "publish", "--listen", origin, "--expect-shards", "2", stdout=log, stderr=log)
+    sd = state_dict()
+    whole = {"embed.weight": sd["embed.weight"], "norm.weight": sd["norm.weight"], "proj": torch.randn(50, 16).to(torch.bfloat16)}
+
+    def slices(swapped):
+        """Shard 0 holds the first half of the matrices' rows and the norm, shard 1 the rest; swapped,
+        the other half each (the same shapes, other rows)."""
+        e, p = whole["embed.weight"], whole["proj"]
+        halves = [(e[:150], 0, p[:25], 0), (e[150:], 150, p[25:50], 25)]
+        (e0, s0, p0, q0), (e1, s1, p1, q1) = halves[::-1] if swapped else halves
+        return ({"embed.weight": deltacast.Rows(e0, s0, 300), "norm.weight": whole["norm.weight"], "proj": deltacast.Rows(p0, q0, 50)},
+                {"embed.weight": deltacast.Rows(e1, s1, 300), "proj": deltacast.Rows(p1, q1, 50)})
+
+    with deltacast.Publisher(origin=origin, shard=(0, 2)) as s0, deltacast.Publisher(origin=origin, shard=(1, 2)) as s1, \
+            deltacast.Worker("w", [origin]) as w:
+        for step in range(1, 5):
+            if step > 1:
+                train_step(sd, step)
+                whole["proj"].view(torch.int16)[step] += 1
+            a, b = slices(swapped=step >= 4)  # version 4: the shards' rows move
+            assert s0.publish(a) == step and s1.publish(b) == step
+            v = w.wait(step, timeout=30)
+            got = dict(v.tensors())
+            assert list(got) == list(whole)  # whole tensors, in the order shard 0 first names them
+            for name, t in whole.items():
+                assert got[name].dtype == t.dtype and got[name].shape == t.shape, name
+                assert bits(got[name]) == bits(t), (step, name)
+            assert v.base_number == (step - 1 if 1 < step < 4 else 0), step  # rows moved: an anchor
+
+
+def test_trainer_shard_arguments_are_checked():
+    with pytest.raises(ValueError, match="origin="):
+        deltacast.Publisher(shard=(0, 2))
+    with pytest.raises(ValueError, match="shard="):
+        deltacast.Publisher(origin="tcp://127.0.0.1:1")
+    with pytest.raises(deltacast.Error, match="count from 0"):
+        deltacast.Publisher(origin="tcp://127.0.0.1:1", shard=(2, 2))
+    with pytest.raises(deltacast.Error, match="not listen="):
+        deltacast.Publisher("tcp://127.0.0.1:0", origin="tcp://127.0.0.1:1", shard=(0, 2))
+    # Rows past the whole tensor are refused before anything is sent.
+    with deltacast.Publisher(origin="tcp://127.0.0.1:1", shard=(0, 2)) as s:
+        with pytest.raises(deltacast.Error, match="past the whole tensor"):
+            s.publish({"w": deltacast.Rows(torch.zeros(4, 2), 3, 6)})

@@ -9,6 +9,9 @@ bool FleetLedger::record(const Report& r, std::uint64_t now_ms) {
   DC_CHECK(entries_.size() <= entries_max_, "the fleet ledger holds more workers than its bound");
   if (r.id_taken) {  // about the id, not from the process that holds it
     e.duplicates++;
+    // Known from now, if the holder has not reported yet (else the next eviction took the entry
+    // for one silent since the epoch, and the duplicate with it).
+    if (e.updated_ms == 0) e.updated_ms = now_ms;
     if (!r.error.empty()) e.last_error = r.error.substr(0, kErrorBytesMax);
     return true;
   }

@@ -73,6 +73,15 @@ TEST_CASE("the fleet ledger names ids that two live processes claim, and what en
   CHECK(ledger.entries().at("fresh").version == 0);
   CHECK(ledger.entries().at("fresh").model.failed_version == 1);
   CHECK(ledger.entries().at("fresh").last_error.find("did not verify") != std::string::npos);
+  // A second process refused before the holder first reported: the entry is kept as recent by
+  // the next eviction, and the holder's report then finds the duplicate counted.
+  FleetLedger::Report early = taken;
+  early.node_id = "early";
+  REQUIRE(ledger.record(early, 100000));
+  ledger.evict(100500, 60000);  // the workers above, silent since about 1700, go
+  CHECK(ledger.entries().count("early") == 1);
+  REQUIRE(ledger.record({"early", run, 1, 0x11, 5, "", 0xe}, 101000));
+  CHECK(ledger.entries().at("early").duplicates == 1);
 }
 
 TEST_CASE("the fleet ledger evicts workers gone longer than its bounds, making room for new ones", "[runtime][ledger]") {

@@ -51,7 +51,7 @@ Result<EncodedVersion> encode_version(const ModelLayout& layout, std::uint64_t v
     if (Status st = validate_parts(layout.tensors, layout.parts, UINT64_MAX); !st.is_ok()) return Status::invalid_argument(st.message());
     for (std::size_t i = 0; i < layout.parts.size(); ++i) {
       const TensorInfo& t = layout.tensors[i];
-      if (layout.parts[i].row_begin == 0 && (t.shape.empty() || layout.parts[i].rows == t.shape[0])) continue;
+      if (layout.parts[i] == whole_part(t)) continue;
       if (cuts.empty() || cuts.back() != t.offset) cuts.push_back(t.offset);
       cuts.push_back(t.offset + t.nbytes);
     }
@@ -270,8 +270,7 @@ Result<EncodedVersion> merge_parts(std::vector<EncodedVersion> shards, EncodedVe
     pieces[s].reserve(sm.tensors.size());
     for (std::size_t i = 0; i < sm.tensors.size(); ++i) {
       const TensorInfo& t = sm.tensors[i];
-      TensorPart part = sm.parts.empty() ? TensorPart{0, t.shape.empty() ? 0 : t.shape[0]} : sm.parts[i];
-      pieces[s].push_back({s, &t, part, 0});
+      pieces[s].push_back({s, &t, sm.parts.empty() ? whole_part(t) : sm.parts[i], 0});
     }
     for (Piece& p : pieces[s]) {
       auto [it, fresh] = by_name.try_emplace(p.tensor->name);
@@ -289,14 +288,15 @@ Result<EncodedVersion> merge_parts(std::vector<EncodedVersion> shards, EncodedVe
     std::uint64_t rows = 0;
     for (Piece* p : ps) {
       const TensorInfo& t = *p->tensor;
-      const std::string where = "shard " + std::to_string(p->shard) + ", tensor '" + name + "': ";
+      // Only for an error: the loop runs for every part of every version.
+      const auto where = [&] { return "shard " + std::to_string(p->shard) + ", tensor '" + name + "': "; };
       // The same dtype and the same dims after the first.
       if (t.dtype != first.dtype || t.shape.size() != first.shape.size() ||
           (!t.shape.empty() && !std::equal(t.shape.begin() + 1, t.shape.end(), first.shape.begin() + 1)))
-        return Status::invalid_argument(where + "another dtype or shape than its other parts");
-      if (p->part.rows != ps.front()->part.rows) return Status::invalid_argument(where + "its parts disagree on the tensor's rows");
+        return Status::invalid_argument(where() + "another dtype or shape than its other parts");
+      if (p->part.rows != ps.front()->part.rows) return Status::invalid_argument(where() + "its parts disagree on the tensor's rows");
       if (t.shape.empty() ? ps.size() != 1 : p->part.row_begin != rows)
-        return Status::invalid_argument(where + (p->part.row_begin < rows ? "rows held by two shards" : "rows no shard holds") + " at row " +
+        return Status::invalid_argument(where() + (p->part.row_begin < rows ? "rows held by two shards" : "rows no shard holds") + " at row " +
                                         std::to_string(rows));
       p->global = whole.offset + whole.nbytes;
       whole.nbytes += t.nbytes;

@@ -51,7 +51,7 @@ ModelLayout layout_of(const std::vector<TensorRef>& tensors) {
     layout.tensors.push_back(std::move(info));
   }
   if (std::any_of(tensors.begin(), tensors.end(), [](const TensorRef& t) { return t.part.has_value(); })) {
-    for (const auto& t : tensors) layout.parts.push_back(t.part.value_or(TensorPart{0, t.shape.empty() ? 0 : t.shape[0]}));
+    for (std::size_t i = 0; i < tensors.size(); ++i) layout.parts.push_back(tensors[i].part.value_or(whole_part(layout.tensors[i])));
     if (Status st = validate_parts(layout.tensors, layout.parts, UINT64_MAX); !st.is_ok()) throw Error(st.message());
   }
   return layout;

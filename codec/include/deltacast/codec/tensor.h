@@ -55,6 +55,8 @@ struct TensorPart {
   std::uint64_t rows = 0;
   bool operator==(const TensorPart&) const = default;
 };
+// The part a whole tensor is of itself.
+inline TensorPart whole_part(const TensorInfo& t) { return {0, t.shape.empty() ? 0 : t.shape[0]}; }
 
 }  // namespace deltacast
 

@@ -40,13 +40,13 @@ void add_node_options(CLI::App* sub, NodeOptions& o, bool worker) {
                 "Print the node's settings (the config file's, the flags over them) as a config file holds them, once they check, and exit");
 }
 
-Result<LoadedNode> load_node_options(const NodeOptions& flags, bool worker, bool* printed) {
+Result<LoadedNode> load_node_options(const NodeOptions& flags, embed::NodeRole role, bool* printed) {
   embed::NodeSettings s;  // file first, then flags on top
   if (!flags.config_path.empty()) {
     DC_ASSIGN_OR_RETURN(s, embed::read_node_settings(flags.config_path));
   }
   embed::overlay_node_settings(s, flags);
-  auto loaded = embed::load_node(s, worker);
+  auto loaded = embed::load_node(s, role);
   if (loaded.is_ok() && flags.print_settings && printed) {
     std::printf("%s\n", embed::node_settings_json(s).c_str());
     *printed = true;

@@ -29,6 +29,6 @@ struct NodeOptions : embed::NodeSettings {
 void add_node_options(CLI::App* sub, NodeOptions& o, bool worker);
 // The config file's settings with the flags over them, checked; with --print-settings, printed
 // as a config file holds them (then `printed` is set and the command ends there).
-Result<LoadedNode> load_node_options(const NodeOptions& o, bool worker, bool* printed = nullptr);
+Result<LoadedNode> load_node_options(const NodeOptions& o, embed::NodeRole role, bool* printed = nullptr);
 
 }  // namespace deltacast::tools

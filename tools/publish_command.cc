@@ -37,13 +37,12 @@ struct PublishOptions {
   std::size_t wait_workers = 0;
   std::uint64_t wait_timeout_ms = 60000;
   std::string chunk_size;        // empty: the encoder's default
+  std::uint64_t first_version = 0;  // the first checkpoint's version number; 0: one after the last (1)
   bool v2 = false;               // the older spelling of --codec v2
   std::string codec = std::string(to_string(embed::PublisherOptions{}.codec));
   std::string wan_rate;          // empty: the default DeliveryModel's
   double worker_cores = DeliveryModel{}.worker_cores;
   std::size_t threads = 0;
-  std::string shard;            // "I/N": publish slice I of N to the origin (--parent)
-  std::uint32_t expect_shards = 0;  // origin: merge versions from N trainer shards
 };
 
 std::atomic<embed::Publisher*> g_publisher{nullptr};
@@ -54,32 +53,15 @@ void print_delivery(std::uint64_t version, const embed::Delivery& d, std::size_t
   std::fflush(stdout);
 }
 
-// The publisher's options from the flags and the config file: an origin, or trainer shard I/N.
+// The publisher's options from the flags and the config file: an origin, or a trainer shard
+// ("shard" I/N); load_node checks which, for every front end.
 Result<embed::PublisherOptions> publisher_options(PublishOptions& o, bool* printed) {
-  const bool shard_mode = !o.shard.empty();
-  std::uint32_t shard_index = 0, shard_count = 0;
-  if (shard_mode && (std::sscanf(o.shard.c_str(), "%u/%u", &shard_index, &shard_count) != 2 || shard_count < 1 || shard_index >= shard_count))
-    return Status::invalid_argument("--shard wants I/N with I < N, e.g. 0/4; got '" + o.shard + "'");
-  if (o.node.node_id.empty()) o.node.node_id = shard_mode ? "trainer-" + std::to_string(shard_index) : "origin";
-  DC_ASSIGN_OR_RETURN(LoadedNode cfg, load_node_options(o.node, /*worker=*/false, printed));
+  DC_ASSIGN_OR_RETURN(LoadedNode cfg, load_node_options(o.node, embed::NodeRole::kPublisher, printed));
   if (*printed) return embed::PublisherOptions{};
-  if (shard_mode) {
-    if (cfg.node.parents.empty()) return Status::invalid_argument("a trainer shard sends its slices to the origin: give --parent");
-    if (o.expect_shards) return Status::invalid_argument("--shard and --expect-shards are for different processes");
-    cfg.node.shard_index = shard_index;
-    cfg.node.shard_count = shard_count;
-  } else {
-    if (cfg.host.bind_endpoint.empty()) return Status::invalid_argument("publish needs --listen: the endpoint relays and workers connect to");
-    if (!cfg.node.parents.empty())
-      return Status::invalid_argument("the publisher is the origin: it has no --parent (trainer shards use --shard I/N)");
-    cfg.node.expect_shards = o.expect_shards;
-    if (!cfg.node.shard_keys.empty() && cfg.node.shard_keys.size() != o.expect_shards)
-      return Status::invalid_argument("--shard-key: give one per shard, in shard order (" + std::to_string(o.expect_shards) + " shards, " +
-                                      std::to_string(cfg.node.shard_keys.size()) + " keys): shard k's slices must be signed by key k");
-  }
-  if (o.expect_shards && (!o.files.empty() || !o.watch_dir.empty()))
+  const bool merges = cfg.node.expect_shards > 0;
+  if (merges && (!o.files.empty() || !o.watch_dir.empty()))
     return Status::invalid_argument("an origin merging trainer shards publishes nothing itself: drop the checkpoints and --watch");
-  if (!o.expect_shards && o.files.empty() && o.watch_dir.empty()) return Status::invalid_argument("give checkpoints to publish, or --watch DIR");
+  if (!merges && o.files.empty() && o.watch_dir.empty()) return Status::invalid_argument("give checkpoints to publish, or --watch DIR");
   embed::PublisherOptions po;
   if (!o.chunk_size.empty()) {
     DC_ASSIGN_OR_RETURN(po.encode.chunk_bytes, parse_bytes(o.chunk_size));
@@ -93,12 +75,12 @@ Result<embed::PublisherOptions> publisher_options(PublishOptions& o, bool* print
 }
 
 // An origin merging trainer shards: reports each merged version (and its delivery) until stopped.
-int report_merged_versions(embed::Publisher& pub, const PublishOptions& o) {
+int report_merged_versions(embed::Publisher& pub, const PublishOptions& o, std::uint32_t shards) {
   std::uint64_t reported = 0;
   int rc = 0;
   while (!pub.interrupted()) {
     for (const std::uint64_t newest = pub.newest_version(); reported < newest; ++reported) {
-      std::printf("merged version %" PRIu64 " from %u shards\n", reported + 1, o.expect_shards);
+      std::printf("merged version %" PRIu64 " from %u shards\n", reported + 1, shards);
       std::fflush(stdout);
       if (o.wait_workers == 0) continue;
       const embed::Delivery d = pub.wait_for_delivery(reported + 1, o.wait_workers, o.wait_timeout_ms);
@@ -133,9 +115,10 @@ void print_codec_choice(std::uint64_t version, const CodecDecision& d) {
   std::fflush(stdout);
 }
 
-// Publishes every checkpoint (waiting for delivery if asked); answers anchor requests while the
+// Publishes every checkpoint (waiting for delivery if asked; a trainer shard leaves that to the
+// origin); answers anchor requests while the
 // watched directory has nothing new.
-int publish_checkpoints(embed::Publisher& pub, const PublishOptions& o) {
+int publish_checkpoints(embed::Publisher& pub, const PublishOptions& o, bool is_shard) {
   std::optional<embed::CheckpointDirectory> watched;
   if (!o.watch_dir.empty()) watched.emplace(o.watch_dir);
   std::size_t next_file = 0;
@@ -150,12 +133,12 @@ int publish_checkpoints(embed::Publisher& pub, const PublishOptions& o) {
     auto next = embed::open_checkpoint(*path);
     if (!next.is_ok()) return fail(next.status().to_string());
     const auto t0 = std::chrono::steady_clock::now();
-    auto version = pub.publish(std::move(next).value());
+    auto version = pub.publish(std::move(next).value(), pub.version() == 0 ? o.first_version : 0);
     if (!version.is_ok()) return fail(*path + ": " + version.status().to_string());
     const double encode_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     spdlog::info("published version {} from {} (encoded in {:.0f} ms)", *version, *path, encode_ms);
     if (o.codec == "auto" && !o.v2 && pub.last_codec()) print_codec_choice(*version, *pub.last_codec());
-    if (o.wait_workers > 0 && o.shard.empty()) {
+    if (o.wait_workers > 0 && !is_shard) {
       const embed::Delivery d = pub.wait_for_delivery(*version, o.wait_workers, o.wait_timeout_ms);
       print_delivery(*version, d, o.wait_workers);
       if (d.workers_ready < o.wait_workers)
@@ -203,10 +186,10 @@ int run_publish(PublishOptions& o) {
     std::printf("origin listening on %s, run %s\n", pub.host().bound_endpoint().c_str(), to_string(pub.run()).c_str());
   std::fflush(stdout);  // a script reads the endpoint while this runs
   int rc;
-  if (o.expect_shards) {
-    rc = report_merged_versions(pub, o);
+  if (options.node.expect_shards) {
+    rc = report_merged_versions(pub, o, options.node.expect_shards);
   } else {
-    rc = publish_checkpoints(pub, o);
+    rc = publish_checkpoints(pub, o, options.node.shard_count > 0);
     linger_and_report(pub, o);
   }
   g_publisher = nullptr;
@@ -273,8 +256,11 @@ Command add_publish_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(0.01, 1e6));
   sub->add_option("-j,--threads", o->threads, "Encoder threads (default: one per core)");
-  sub->add_option("--shard", o->shard, "Trainer shard I/N: send this slice of every version to the origin at --parent");
-  sub->add_option("--expect-shards", o->expect_shards, "Origin: versions come as slices from N trainer shards; merge and broadcast them");
+  sub->add_option("--first-version", o->first_version,
+                  "Number the first checkpoint this version, the next ones after it (a trainer shard restarted at its step)")
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 62));
+  sub->add_option("--shard", o->node.shard, "Trainer shard I/N: send this slice of every version to the origin at --parent");
+  sub->add_option("--expect-shards", o->node.expect_shards, "Origin: versions come as slices from N trainer shards; merge and broadcast them");
   sub->add_option("--shard-key", o->node.shard_keys,
                   "Origin merging shards: shard k's slices must be signed by the k-th key given (64 hex digits or a key file; one per shard, in order)")
       ->allow_extra_args(false);

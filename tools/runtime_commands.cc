@@ -48,11 +48,9 @@ void set_log_level(const std::string& level) { (void)apply_log_level(level); }
 int run_relay(const NodeOptions& o) {
   set_log_level(o.log_level);
   bool printed = false;
-  auto cfg = load_node_options(o, /*worker=*/false, &printed);
+  auto cfg = load_node_options(o, embed::NodeRole::kRelay, &printed);
   if (!cfg.is_ok()) return fail(cfg.status().to_string());
   if (printed) return 0;
-  if (cfg->host.bind_endpoint.empty()) return fail("a relay needs --listen (or \"listen\" in its config)");
-  if (!cfg->node.has_parents()) return fail("a relay needs at least one --parent");
   NodeHost host(cfg->node, cfg->host);
   stop_on_signals(&host);
   std::vector<std::string> trees;
@@ -89,10 +87,9 @@ void print_version_line(const std::string& id, const ModelVersion& v, const Node
 int run_worker(const NodeOptions& o) {
   set_log_level(o.log_level);
   bool printed = false;
-  auto cfg = load_node_options(o, /*worker=*/true, &printed);
+  auto cfg = load_node_options(o, embed::NodeRole::kWorker, &printed);
   if (!cfg.is_ok()) return fail(cfg.status().to_string());
   if (printed) return 0;
-  if (!cfg->node.has_parents()) return fail("a worker needs at least one --parent");
   embed::WorkerOptions wo;
   wo.node = cfg->node;
   wo.host = cfg->host;

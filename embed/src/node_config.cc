@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <limits>
@@ -181,6 +182,8 @@ void for_each_setting(F&& f, Settings&... s) {
   f("sign_key", s.sign_key_path...);
   f("trust_keys", s.trust_keys...);
   f("shard_keys", s.shard_keys...);
+  f("shard", s.shard...);
+  f("expect_shards", s.expect_shards...);
   f("log_level", s.log_level...);
   f("stripes", s.stripes...);
   f("congestion_control", s.congestion_control...);
@@ -267,9 +270,9 @@ Status apply_timing(const std::map<std::string, std::uint64_t>& fields, runtime:
   return runtime::check_timing(timing);
 }
 
-Result<LoadedNode> load_node_config(const std::string& path, bool worker) {
+Result<LoadedNode> load_node_config(const std::string& path, NodeRole role) {
   DC_ASSIGN_OR_RETURN(NodeSettings s, read_node_settings(path));
-  return load_node(s, worker);
+  return load_node(s, role);
 }
 
 Result<std::vector<std::string>> flatten_tree_keys(const std::vector<std::vector<std::string>>& trees,
@@ -283,11 +286,55 @@ Result<std::vector<std::string>> flatten_tree_keys(const std::vector<std::vector
   return flat;
 }
 
-Result<LoadedNode> load_node(const NodeSettings& s, bool worker) {
+namespace {
+
+// A publisher is the origin or a trainer shard; the shard settings are a publisher's only.
+// Sets the shard fields of `node` and a publisher's default id.
+Status load_publisher_role(NodeSettings& o, NodeRole role, runtime::NodeConfig& node) {
+  if (role != NodeRole::kPublisher) {
+    if (!o.shard.empty() || o.expect_shards)
+      return Status::invalid_argument("\"shard\" and \"expect_shards\" are for publishers (deltacast publish, deltacast.Publisher)");
+    return Status::ok();
+  }
+  if (!o.shard.empty()) {
+    unsigned index = 0, count = 0;
+    int end = 0;
+    if (std::sscanf(o.shard.c_str(), "%u/%u%n", &index, &count, &end) != 2 || end != static_cast<int>(o.shard.size()) || count < 1 ||
+        count > transport::kShardsMax || index >= count)
+      return Status::invalid_argument("shard: I/N, slice I of N trainer shards (I < N <= " + std::to_string(transport::kShardsMax) +
+                                      "), e.g. 0/4; not '" + o.shard + "'");
+    if (o.expect_shards) return Status::invalid_argument("a trainer shard does not merge shards: \"shard\" and \"expect_shards\" are for different processes");
+    if (o.parents.size() != 1 || !o.trees.empty())
+      return Status::invalid_argument("a trainer shard sends its slices to one parent, the origin (--parent, origin=)");
+    if (!o.listen.empty()) return Status::invalid_argument("a trainer shard serves no relays or workers: it has no endpoint to listen on");
+    if (o.node_id.empty()) o.node_id = "trainer-" + std::to_string(index);
+    node.shard_index = index;
+    node.shard_count = count;
+    return Status::ok();
+  }
+  if (!o.parents.empty() || !o.trees.empty())
+    return Status::invalid_argument("the origin has no parent (a trainer shard does: \"shard\" I/N)");
+  if (o.listen.empty()) return Status::invalid_argument("the origin needs an endpoint to listen on, for relays and workers (--listen)");
+  const std::uint32_t shards = o.expect_shards.value_or(0);
+  if (shards > transport::kShardsMax)
+    return Status::invalid_argument("expect_shards: at most " + std::to_string(transport::kShardsMax) + ", not " + std::to_string(shards));
+  if (!o.shard_keys.empty() && o.shard_keys.size() != shards)
+    return Status::invalid_argument("shard_keys: one per shard, in shard order (" + std::to_string(shards) + " shards, " +
+                                    std::to_string(o.shard_keys.size()) + " keys): shard k's slices must be signed by key k");
+  if (o.node_id.empty()) o.node_id = "origin";
+  node.expect_shards = shards;
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<LoadedNode> load_node(const NodeSettings& s, NodeRole role) {
   NodeSettings o = s;
   DC_RETURN_IF_ERROR(apply_log_level(o.log_level));
+  const bool worker = role == NodeRole::kWorker;
 
   LoadedNode out;
+  DC_RETURN_IF_ERROR(load_publisher_role(o, role, out.node));
   if (o.node_id.empty()) return Status::invalid_argument("every node needs a name (--id NAME; \"id\" in a config file; node_id)");
   if (!runtime::valid_node_id(o.node_id))
     return Status::invalid_argument("node id '" + o.node_id + "': use 1 to 128 letters, digits, '.', '_' or '-' (it names files and metrics)");
@@ -311,6 +358,10 @@ Result<LoadedNode> load_node(const NodeSettings& s, bool worker) {
   out.node.parents = o.parents;
   out.node.tree_parents = o.trees;
   DC_RETURN_IF_ERROR(runtime::check_parents(out.node));
+  if (role != NodeRole::kPublisher && !out.node.has_parents())
+    return Status::invalid_argument(std::string("a ") + (worker ? "worker" : "relay") + " needs at least one parent (--parent; \"parents\" or \"trees\")");
+  if (role == NodeRole::kRelay && o.listen.empty())
+    return Status::invalid_argument("a relay needs an endpoint to listen on, for its children (--listen; \"listen\")");
   for (const auto& tree : o.trees)
     for (const auto& p : tree) DC_RETURN_IF_ERROR(check_endpoint(p, "trees", false));
   out.node.reconstruct = worker;

@@ -66,7 +66,7 @@ Result<std::unique_ptr<Publisher>> Publisher::start(PublisherOptions o) {
   p->host_ = std::make_unique<transport::NodeHost>(p->options_.node, p->options_.host);
   DC_RETURN_IF_ERROR(p->host_->start_thread());
   p->host_->call([q = p.get()] {
-    q->host_->node().set_on_anchor_wanted([q] { q->anchor_wanted_ = true; });
+    q->host_->node().set_on_anchor_wanted([q](std::uint64_t at_least) { q->want_anchor(at_least); });
     return 0;
   });
   return p;
@@ -90,37 +90,55 @@ Status Publisher::publish_encoded(Result<EncodedVersion> ev) {
   }
 }
 
+void Publisher::want_anchor(std::uint64_t at_least) {
+  std::lock_guard lock(anchor_mu_);
+  anchor_wanted_ = std::max(anchor_wanted_.value_or(0), at_least);
+}
+
+bool Publisher::take_anchor_request(std::uint64_t version) {
+  std::lock_guard lock(anchor_mu_);
+  if (!anchor_wanted_ || version < *anchor_wanted_) return false;
+  anchor_wanted_.reset();
+  return true;
+}
+
 Status Publisher::publish_anchor() {
-  // Any anchor published answers the requests made before it.
-  anchor_wanted_ = false;
+  // An anchor published answers the requests made before it that it is new enough for.
+  (void)take_anchor_request(version_);
   return publish_encoded(encode_version(prev_->layout, version_, 0, {}, prev_->image, options_.encode, pool_, &encoders_));
 }
 
-Result<std::uint64_t> Publisher::publish(Checkpoint next) {
+Result<std::uint64_t> Publisher::publish(Checkpoint next, std::uint64_t number) {
   if (options_.node.expect_shards) return Status::invalid_argument("an origin merging trainer shards publishes nothing itself");
-  const bool same_layout = prev_ && prev_->layout.tensors == next.layout.tensors && prev_->layout.parts == next.layout.parts;
-  const std::uint64_t version = version_ + 1;
+  if (number != 0 && number <= version_)
+    return Status::invalid_argument("version " + std::to_string(number) + ": versions move forward, and " + std::to_string(version_) +
+                                    " was published");
+  const std::uint64_t version = number ? number : version_ + 1;
+  // Deltas go from one version to the next: a version that skips numbers starts a new chain.
+  const bool same_layout = prev_ && prev_->layout.tensors == next.layout.tensors && prev_->layout.parts == next.layout.parts &&
+                           version == version_ + 1;
   Status st;
   if (!same_layout) {
-    // The first checkpoint, or the model changed shape: a new chain starts with an anchor.
-    anchor_wanted_ = false;
+    // The first checkpoint, the model changed shape, or numbers were skipped: a new chain
+    // starts with an anchor.
+    (void)take_anchor_request(version);
     st = publish_encoded(encode_version(next.layout, version, 0, {}, next.image, options_.encode, pool_, &encoders_));
     if (st.is_ok()) last_codec_.reset();
   } else {
     CodecDecision codec;
-    st = publish_encoded(encode_delta(options_.codec, options_.delivery, next.layout, version, version - 1, prev_->image, next.image,
+    st = publish_encoded(encode_delta(options_.codec, options_.delivery, next.layout, version, version_, prev_->image, next.image,
                                       options_.encode, pool_, &encoders_, &codec));
     if (st.is_ok()) last_codec_ = codec;
   }
   if (!st.is_ok()) return st;
   version_ = version;
   prev_ = std::move(next);
-  if (same_layout && (version % options_.anchor_every == 0 || anchor_wanted_.exchange(false))) DC_RETURN_IF_ERROR(publish_anchor());
+  if (same_layout && (version % options_.anchor_every == 0 || take_anchor_request(version))) DC_RETURN_IF_ERROR(publish_anchor());
   return version;
 }
 
 Status Publisher::serve_anchor_request() {
-  if (!anchor_wanted_.exchange(false) || !prev_) return Status::ok();
+  if (!prev_ || !take_anchor_request(version_)) return Status::ok();
   return publish_anchor().with_context("anchor of version " + std::to_string(version_));
 }
 

@@ -114,7 +114,7 @@ Result<embed::NodeSettings> settings_of(const dc_worker_options* o) {
 // The options as a WorkerOptions, or why they cannot be.
 Result<embed::WorkerOptions> options_of(const dc_worker_options* o) {
   DC_ASSIGN_OR_RETURN(embed::NodeSettings s, settings_of(o));
-  DC_ASSIGN_OR_RETURN(embed::LoadedNode loaded, embed::load_node(s, /*worker=*/true));
+  DC_ASSIGN_OR_RETURN(embed::LoadedNode loaded, embed::load_node(s, embed::NodeRole::kWorker));
   embed::WorkerOptions wo;
   wo.node = std::move(loaded.node);
   wo.host = std::move(loaded.host);
@@ -144,7 +144,7 @@ long dc_worker_settings(const dc_worker_options* options, char* out, size_t out_
   auto s = settings_of(options);
   if (s.is_ok()) {
     // Checked as dc_worker_start would check them.
-    if (auto loaded = embed::load_node(*s, /*worker=*/true); !loaded.is_ok()) s = loaded.status();
+    if (auto loaded = embed::load_node(*s, embed::NodeRole::kWorker); !loaded.is_ok()) s = loaded.status();
   }
   if (!s.is_ok()) {
     set_err(err, err_len, s.status().message());

@@ -571,23 +571,18 @@ def _signing_key(sign_key: Optional[str]) -> str:
     return sign_key
 
 
-def _publisher_args(listen, *, origin=None, shard=None, keys=None, allow_keys=None, sign_key=None, anchor_every=None, codec=None,
+def _publisher_args(listen, *, origin=None, shard=None, expect_shards=None, keys=None, allow_keys=None, sign_key=None, anchor_every=None, codec=None,
                     wan_rate=None, worker_cores=None, v2=False, chunk_bytes=None, threads=0, metrics=None, id=None, run_state=None,
                     settings=None) -> dict:
     """The keyword arguments of the native publisher: None leaves a setting to its default."""
     if v2 and codec not in (None, "v1", "v2"):
         raise ValueError("v2=True and codec=%r say different things" % (codec,))
-    if shard is not None:
-        if len(shard) != 2 or int(shard[1]) < 1:
-            raise ValueError("shard=(i, n): slice i of n trainer shards, not %r" % (shard,))
-        if not origin:
-            raise ValueError("a trainer shard sends its slices to the origin: give origin=")
-    elif origin:
-        raise ValueError("origin= is for trainer shards: give shard=(i, n) too")
+    if shard is not None and (not isinstance(shard, (tuple, list)) or len(shard) != 2 or not all(isinstance(x, int) for x in shard)):
+        raise ValueError("shard=(i, n): slice i of n trainer shards, not %r" % (shard,))
     if not run_state and sign_key and os.path.exists(sign_key):
         run_state = sign_key + ".run"
-    return dict(id=id or "", listen=listen or "", origin=origin or "", shard_index=int(shard[0]) if shard else 0,
-                shard_count=int(shard[1]) if shard else 0, keys=keys, allow_keys=list(allow_keys or []), sign_key=_signing_key(sign_key),
+    return dict(id=id or "", listen=listen or "", origin=origin or "", shard="%d/%d" % tuple(shard) if shard is not None else "",
+                expect_shards=expect_shards, keys=keys, allow_keys=list(allow_keys or []), sign_key=_signing_key(sign_key),
                 anchor_every=anchor_every, codec="v2" if v2 else (codec or ""), wan_rate=wan_rate or "",
                 worker_cores=float(worker_cores or 0), chunk_bytes=chunk_bytes, threads=int(threads), metrics=metrics or "",
                 run_state=run_state or "", settings=_settings_json(settings))
@@ -611,18 +606,23 @@ class Publisher:
     ``settings``: any field of a node config file, as a dict (``{"limits": {...}, "timing": {...}}``;
     docs/RUNTIME.md, "Config files"), under the named arguments.
 
-    A trainer shard instead: ``shard=(i, n)`` and ``origin`` (the endpoint of an origin started with
-    ``deltacast publish --expect-shards n``), no ``listen``. It publishes only what its process holds:
+    ``expect_shards=n``: the origin of n trainer shards, which merges the slices they send into versions
+    and publishes nothing itself (as ``deltacast publish --expect-shards n``); ``newest_version`` and
+    ``wait_ready`` follow the merged versions.
+
+    A trainer shard instead: ``shard=(i, n)`` and ``origin`` (the endpoint of an origin with
+    ``expect_shards=n``), no ``listen``. It publishes only what its process holds:
     whole tensors, and ``Rows(tensor, start, rows)`` for a range of rows of a tensor; the origin
     merges the n shards' slices into versions of whole tensors (docs/RUNTIME.md, "Trainer shards").
     Every shard publishes the same tensor names in the same order each version.
     """
 
-    def __init__(self, listen: str = "", *, origin: Optional[str] = None, shard: Optional[tuple] = None, keys=None, allow_keys=None, sign_key=None, anchor_every: Optional[int] = None,
+    def __init__(self, listen: str = "", *, origin: Optional[str] = None, shard: Optional[tuple] = None,
+                 expect_shards: Optional[int] = None, keys=None, allow_keys=None, sign_key=None, anchor_every: Optional[int] = None,
                  codec: Optional[str] = None, wan_rate: Optional[str] = None, worker_cores: Optional[float] = None, v2: bool = False,
                  chunk_bytes: Optional[int] = None, threads: int = 0, metrics: Optional[str] = None, id: Optional[str] = None,
                  run_state: Optional[str] = None, settings: Optional[dict] = None):
-        self._native = _native.Publisher(**_publisher_args(listen, origin=origin, shard=shard, keys=keys, allow_keys=allow_keys,
+        self._native = _native.Publisher(**_publisher_args(listen, origin=origin, shard=shard, expect_shards=expect_shards, keys=keys, allow_keys=allow_keys,
                                                            sign_key=sign_key,
                                                            anchor_every=anchor_every, codec=codec, wan_rate=wan_rate,
                                                            worker_cores=worker_cores, v2=v2, chunk_bytes=chunk_bytes, threads=threads,
@@ -634,12 +634,14 @@ class Publisher:
         them, checked as starting the publisher checks them (deltacast.Error if they do not)."""
         return json.loads(_native.Publisher.settings(**_publisher_args(listen, **kwargs)))
 
-    def publish(self, named_tensors) -> int:
-        """Publishes ``{name: tensor}`` (or (name, tensor) pairs, in image order) as the next version;
-        returns its number. The tensors are copied once, into the image the next delta is made from:
+    def publish(self, named_tensors, version: Optional[int] = None) -> int:
+        """Publishes ``{name: tensor}`` (or (name, tensor) pairs, in image order) as version ``version``
+        (default: the one after the last; a number at or below the last is refused, one past the
+        next goes out as an anchor) and returns its number. Trainer shards give the same number for the same step, such as the training step: a
+        shard process that restarts resumes at its step, whatever its own count. The tensors are copied once, into the image the next delta is made from:
         the trainer may change them as soon as this returns."""
         refs, keep = _tensor_refs(named_tensors)
-        version = self._native.publish(refs)
+        version = self._native.publish(refs, 0 if version is None else int(version))
         del keep
         return version
 
@@ -658,7 +660,8 @@ class Publisher:
         this publisher's run: pass ``.as_dict()`` as an engine's update info."""
         return Request(int(self.version if version is None else version), self.run)
 
-    version = property(lambda self: self._native.version(), doc="The newest version published (0 before any).")
+    version = property(lambda self: self._native.version(),
+                       doc="The newest version published (0 before any); at an origin of trainer shards, the newest merged.")
     last_codec = property(lambda self: self._native.last_codec(),
                           doc="How the newest version went out as a delta: the codec chosen and what v1 and v2 would cost "
                               "(WAN and worker seconds, v2 zero when not tried); None for an anchor.")

@@ -50,15 +50,15 @@ class Kwargs {
 };
 
 // The settings as a config file holds them, once they check as starting would check them.
-std::string checked_json(const deltacast::embed::NodeSettings& s, bool worker) {
-  (void)checked(deltacast::embed::load_node(s, worker));
+std::string checked_json(const deltacast::embed::NodeSettings& s, deltacast::embed::NodeRole role) {
+  (void)checked(deltacast::embed::load_node(s, role));
   return deltacast::embed::node_settings_json(s);
 }
 
 PublisherArgs publisher_args(const py::kwargs& kw) {
   PublisherArgs a;
   Kwargs k(kw);
-  k.get("id", a.id).get("listen", a.listen).get("origin", a.origin).get("shard_index", a.shard_index).get("shard_count", a.shard_count);
+  k.get("id", a.id).get("listen", a.listen).get("origin", a.origin).get("shard", a.shard).get("expect_shards", a.expect_shards);
   k.get("keys", a.keys).get("allow_keys", a.allow_keys).get("sign_key", a.sign_key);
   k.get("anchor_every", a.anchor_every).get("codec", a.codec).get("wan_rate", a.wan_rate).get("worker_cores", a.worker_cores);
   k.get("chunk_bytes", a.chunk_bytes).get("threads", a.threads).get("metrics", a.metrics).get("run_state", a.run_state);
@@ -80,8 +80,8 @@ WorkerArgs worker_args(const py::kwargs& kw) {
 void bind_publisher(py::module_& m) {
   py::class_<Publisher>(m, "Publisher")
       .def(py::init([](const py::kwargs& kw) { return std::make_unique<Publisher>(publisher_args(kw)); }))
-      .def_static("settings", [](const py::kwargs& kw) { return checked_json(publisher_settings(publisher_args(kw)), /*worker=*/false); })
-      .def("publish", [](Publisher& p, const py::list& tensors) { return p.publish(tensor_refs(tensors)); })
+      .def_static("settings", [](const py::kwargs& kw) { return checked_json(publisher_settings(publisher_args(kw)), deltacast::embed::NodeRole::kPublisher); })
+      .def("publish", [](Publisher& p, const py::list& tensors, std::uint64_t number) { return p.publish(tensor_refs(tensors), number); })
       .def("wait_ready", &Publisher::wait_ready, py::arg("version"), py::arg("workers"), py::arg("timeout_s"))
       .def("ledger", &Publisher::ledger)
       .def("version", &Publisher::version)
@@ -134,7 +134,7 @@ PYBIND11_MODULE(_native, m) {
 
   py::class_<Worker>(m, "Worker")
       .def(py::init([](const py::kwargs& kw) { return std::make_unique<Worker>(worker_args(kw)); }))
-      .def_static("settings", [](const py::kwargs& kw) { return checked_json(worker_settings(worker_args(kw)), /*worker=*/true); })
+      .def_static("settings", [](const py::kwargs& kw) { return checked_json(worker_settings(worker_args(kw)), deltacast::embed::NodeRole::kWorker); })
       .def("wait", &Worker::wait, py::arg("min_version"), py::arg("timeout_s"))
       .def("wait_newer", &Worker::wait_newer, py::arg("after"), py::arg("timeout_s"))
       .def("current", &Worker::current)

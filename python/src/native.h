@@ -120,10 +120,11 @@ std::shared_ptr<Version> decode_container(pybind11::buffer container, const std:
 struct PublisherArgs {
   std::string id;
   std::string listen;
-  // A trainer shard: slice shard_index of shard_count, sent to the origin at `origin`.
+  // A trainer shard: slice "I/N", sent to the origin at `origin`. An origin merging N shards:
+  // expect_shards.
   std::string origin;
-  std::uint32_t shard_index = 0;
-  std::uint32_t shard_count = 0;
+  std::string shard;
+  std::optional<std::uint32_t> expect_shards;
   std::optional<std::pair<std::string, std::string>> keys;  // own CURVE pair (public, secret), Z85
   std::vector<std::string> allow_keys;                       // workers' and relays' CURVE public keys, Z85
   std::string sign_key;                                      // Ed25519 secret key (hex); empty: unsigned
@@ -147,7 +148,7 @@ class Publisher {
  public:
   explicit Publisher(const PublisherArgs& args);
   ~Publisher();
-  std::uint64_t publish(const std::vector<TensorRef>& tensors);
+  std::uint64_t publish(const std::vector<TensorRef>& tensors, std::uint64_t number);
   // Waits until `workers` workers (0: every worker the ledger knows, at least one) hold
   // `version`; returns (workers ready, workers wanted, median ms, max ms). Raises TimeoutError.
   pybind11::tuple wait_ready(std::uint64_t version, std::size_t workers, double timeout_s);
@@ -165,6 +166,7 @@ class Publisher {
   std::shared_ptr<embed::Publisher> live() const;
   std::size_t known_workers(embed::Publisher& p);
   std::shared_ptr<embed::Publisher> p_;
+  bool merges_ = false;    // an origin of trainer shards: its versions are the merged ones
   std::mutex mu_;          // publish() and serving anchors both use the newest checkpoint
   std::mutex publish_mu_;  // one publish() at a time: images_ and the version order
   std::thread anchor_server_;

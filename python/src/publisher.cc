@@ -19,33 +19,21 @@ embed::NodeSettings publisher_settings(const PublisherArgs& a) {
   named.node_id = a.id;
   named.listen = a.listen;
   if (!a.origin.empty()) named.parents = {a.origin};
+  named.shard = a.shard;
+  named.expect_shards = a.expect_shards;
   named.metrics = a.metrics;
   named.allow_keys = a.allow_keys;
   if (a.keys) named.curve = transport::CurveKeys{a.keys->first, a.keys->second};
   embed::overlay_node_settings(s, named);
-  if (a.shard_count > 0) {
-    // A trainer shard: it sends its slices up to the origin, which serves the fleet.
-    if (a.shard_index >= a.shard_count)
-      throw Error("shard " + std::to_string(a.shard_index) + " of " + std::to_string(a.shard_count) + ": shards count from 0");
-    if (s.parents.size() != 1) throw Error("a trainer shard sends its slices to one origin: give origin=");
-    if (!s.listen.empty()) throw Error("a trainer shard serves no relays or workers: give origin=, not listen=");
-    if (s.node_id.empty()) s.node_id = "trainer-" + std::to_string(a.shard_index);
-    return s;
-  }
-  if (!s.parents.empty()) throw Error("origin= is for trainer shards (shard=(i, n)); the origin itself listens");
-  if (s.node_id.empty()) s.node_id = "origin";
-  if (s.listen.empty()) throw Error("a publisher needs an endpoint to listen on, for relays and workers");
   return s;
 }
 
 namespace {
 
 embed::PublisherOptions publisher_options(const PublisherArgs& a) {
-  embed::LoadedNode loaded = checked(embed::load_node(publisher_settings(a), /*worker=*/false));
+  embed::LoadedNode loaded = checked(embed::load_node(publisher_settings(a), embed::NodeRole::kPublisher));
   embed::PublisherOptions o;
   o.node = std::move(loaded.node);
-  o.node.shard_index = a.shard_index;
-  o.node.shard_count = a.shard_count;
   o.host = std::move(loaded.host);
   if (!a.sign_key.empty()) {
     auto key = runtime::parse_signing_key(a.sign_key);
@@ -71,6 +59,7 @@ Publisher::Publisher(const PublisherArgs& args) {
   }();
   if (!p.is_ok()) throw Error(p.status().to_string());
   p_ = std::move(p).value();
+  merges_ = options.node.expect_shards > 0;
   // Workers that join while the trainer trains ask for an anchor; answer without waiting for
   // the next publish().
   anchor_server_ = std::thread([this, publisher = p_] {
@@ -91,7 +80,7 @@ std::shared_ptr<embed::Publisher> Publisher::live() const {
   return p_;
 }
 
-std::uint64_t Publisher::publish(const std::vector<TensorRef>& tensors) {
+std::uint64_t Publisher::publish(const std::vector<TensorRef>& tensors, std::uint64_t number) {
   const auto publisher = live();  // held while publishing: close() in another thread cannot free it
   embed::Publisher& p = *publisher;
   // One publish at a time, whichever Python thread calls (the GIL is let go while it works).
@@ -114,7 +103,7 @@ std::uint64_t Publisher::publish(const std::vector<TensorRef>& tensors) {
   {
     py::gil_scoped_release release;
     std::lock_guard lock(mu_);
-    version = p.publish(embed::Checkpoint{std::move(layout), *image, image});
+    version = p.publish(embed::Checkpoint{std::move(layout), *image, image}, number);
   }
   // The publisher holds the newest image as the next delta's base; keep one spare beside it.
   bool spare = false;
@@ -191,7 +180,12 @@ py::dict Publisher::ledger() {
   return out;
 }
 
-std::uint64_t Publisher::version() const { return live()->version(); }
+std::uint64_t Publisher::version() const {
+  const auto p = live();
+  if (!merges_) return p->version();
+  py::gil_scoped_release release;
+  return p->newest_version();
+}
 std::string Publisher::run() { return deltacast::to_string(live()->run()); }
 
 py::object Publisher::last_codec() {

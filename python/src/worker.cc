@@ -117,7 +117,7 @@ embed::NodeSettings worker_settings(const WorkerArgs& a) {
 }
 
 Worker::Worker(const WorkerArgs& args) {
-  embed::LoadedNode loaded = checked(embed::load_node(worker_settings(args), /*worker=*/true));
+  embed::LoadedNode loaded = checked(embed::load_node(worker_settings(args), embed::NodeRole::kWorker));
   embed::WorkerOptions o;
   o.node = std::move(loaded.node);
   o.host = std::move(loaded.host);

@@ -38,3 +38,16 @@ def test_training_loop_to_two_rollout_processes_through_a_relay(processes, tmp_p
             assert set(held) == set(published)
             for name, t in published.items():
                 assert torch.equal(held[name].view(torch.int16), t.view(torch.int16)), (version, i, name)
+
+
+def test_sharded_trainers_publish_from_their_shards_bit_for_bit():
+    """examples/train_shards.py in both layouts: FSDP2's dim-0 ranges over 3 ranks (uneven ranges),
+    Megatron's tensor-parallel split over 4; every merged version checked against the ranks' parts."""
+    for layout, ranks in (("fsdp", 3), ("megatron", 4)):
+        out = subprocess.run([sys.executable, EXAMPLES / "train_shards.py", "--listen", free_endpoint(), "--layout", layout,
+                              "--ranks", str(ranks), "--steps", "3", "--check"], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stdout + out.stderr
+        for version in range(1, 5):
+            assert f"merged version {version} from {ranks} shards" in out.stdout, out.stdout
+            assert f"version {version}: every tensor whole, bit for bit the ranks' parts" in out.stdout, out.stdout
+        assert "step 3: loss" in out.stdout

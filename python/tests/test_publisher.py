@@ -1,6 +1,7 @@
 """The Python publisher and the plain encode and decode functions."""
 
 import os
+import subprocess
 import time
 
 import numpy as np
@@ -347,15 +348,63 @@ def test_trainer_shards_publishing_rows_merge_into_whole_tensors(processes):
             assert v.base_number == (step - 1 if 1 < step < 4 else 0), step  # rows moved: an anchor
 
 
+def test_four_trainer_shards_one_killed_and_restarted_merge_bit_for_bit(processes):
+    """Four trainer shards, each its own process, publish dim-0 ranges and whole tensors to an origin
+    (a Python Publisher with expect_shards=4). Shard 2 is killed with SIGKILL mid-run and started
+    again at the step after the newest merged version, as a trainer resumes from its checkpoint:
+    the fleet goes on, and every version the worker exposes is the whole model, bit for bit."""
+    import signal
+    import sys
+
+    import shard_trainer
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    script = os.path.join(here, "shard_trainer.py")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), here) if p))
+    last = 8
+    seen = {}
+    with deltacast.Publisher("tcp://127.0.0.1:0", expect_shards=4) as origin, deltacast.Worker("w", [origin.listening]) as w:
+        w.on_version(lambda v: seen.setdefault(v.number, dict(v.tensors())))
+
+        def start(shard, first, step_s):
+            return processes.start(sys.executable, script, origin.listening, shard, first, last, "--step-s", step_s, env=env,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        for shard in (0, 1, 3):
+            start(shard, 1, 0.3)
+        doomed = start(2, 1, 0.3)
+        w.wait(3, timeout=60)
+        doomed.send_signal(signal.SIGKILL)
+        doomed.wait()
+        time.sleep(1.0)  # the others publish on; their slices wait at the origin
+        resume = origin.version + 1
+        assert resume <= last - 2, "the shards ran out of steps before the restart: make the test's steps longer"
+        start(2, resume, 0.3)
+        v = w.wait(last, timeout=90)
+        assert v.number == last
+    assert last in seen and resume - 1 in seen
+    for number, got in seen.items():
+        want = shard_trainer.model_at(number)
+        assert list(got) == shard_trainer.merged_names(), number
+        for name, t in want.items():
+            assert got[name].shape == t.shape and bits(got[name]) == bits(t), (number, name)
+
+
 def test_trainer_shard_arguments_are_checked():
-    with pytest.raises(ValueError, match="origin="):
+    with pytest.raises(deltacast.Error, match="one parent, the origin"):
         deltacast.Publisher(shard=(0, 2))
-    with pytest.raises(ValueError, match="shard="):
+    with pytest.raises(deltacast.Error, match="the origin has no parent"):
         deltacast.Publisher(origin="tcp://127.0.0.1:1")
-    with pytest.raises(deltacast.Error, match="count from 0"):
+    with pytest.raises(deltacast.Error, match="I < N"):
         deltacast.Publisher(origin="tcp://127.0.0.1:1", shard=(2, 2))
-    with pytest.raises(deltacast.Error, match="not listen="):
+    with pytest.raises(ValueError, match="shard=.i, n."):
+        deltacast.Publisher(origin="tcp://127.0.0.1:1", shard=2)
+    with pytest.raises(deltacast.Error, match="no endpoint to listen on"):
         deltacast.Publisher("tcp://127.0.0.1:0", origin="tcp://127.0.0.1:1", shard=(0, 2))
+    with pytest.raises(deltacast.Error, match="different processes"):
+        deltacast.Publisher(origin="tcp://127.0.0.1:1", shard=(0, 2), expect_shards=2)
+    with pytest.raises(deltacast.Error, match="shard_keys: one per shard"):
+        deltacast.Publisher("tcp://127.0.0.1:0", expect_shards=2, settings={"shard_keys": ["00" * 32]})
     # Rows past the whole tensor are refused before anything is sent.
     with deltacast.Publisher(origin="tcp://127.0.0.1:1", shard=(0, 2)) as s:
         with pytest.raises(deltacast.Error, match="past the whole tensor"):

@@ -48,7 +48,9 @@ def samples(keys):
                               "parent_return_ms": 0}},
         "sign_key": {"sign_key": keys["sign"]},
         "trust_keys": {"trust_keys": [keys["sign_public"]]},
-        "shard_keys": {"shard_keys": [keys["sign_public"]]},
+        "shard_keys": {"shard_keys": [keys["sign_public"]], "expect_shards": 1},
+        "shard": {"shard": "1/4", "parents": [PARENT]},
+        "expect_shards": {"expect_shards": 3},
         "log_level": {"log_level": "warn"},
         "stripes": {"stripes": 3},
         "congestion_control": {"congestion_control": "cubic"},
@@ -58,6 +60,14 @@ def samples(keys):
         "change_history": {"change_history": 7},
         "change_history_bytes": {"change_history_bytes": 1 << 20},
     }
+
+
+# Fields only a publisher takes: a worker (or relay) given one refuses it.
+PUBLISHER_ONLY = {"shard", "expect_shards"}
+
+
+class Refused(Exception):
+    """A front end outside this process refused the settings (its message)."""
 
 
 def test_every_config_field_has_a_sample_here(keys):
@@ -73,19 +83,39 @@ def with_node(settings):
     return dict(base, **settings)
 
 
-def settings_through_cli(settings, tmp_path):
+def as_publisher(settings):
+    """The sample as a publisher takes it: the origin has no parents and listens (its own CURVE keys
+    and the children it allows come as named arguments, a key file through `settings` still does);
+    a trainer shard keeps its one parent, the origin."""
+    if "shard" in settings:
+        return dict(settings)
+    out = {k: v for k, v in settings.items() if k not in ("parents", "trees", "parent_keys", "tree_parent_keys")}
+    return dict(out, listen=out.get("listen", "tcp://127.0.0.1:7302")) if out else {}
+
+
+def through_cli(command, settings, tmp_path):
     path = tmp_path / "node.json"
-    path.write_text(json.dumps(with_node(settings)))
-    out = subprocess.run([DC, "worker", "--config", str(path), "--print-settings"], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
+    path.write_text(json.dumps(settings))
+    out = subprocess.run([DC, command, "--config", str(path), "--print-settings"], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise Refused(out.stderr)
     return json.loads(out.stdout)
+
+
+def settings_through_cli(settings, tmp_path):
+    return through_cli("worker", with_node(settings), tmp_path)
+
+
+def settings_through_cli_publisher(settings, tmp_path):
+    return through_cli("publish", settings, tmp_path)
 
 
 def settings_through_c(settings, tmp_path):
     if not C_WORKER:
         pytest.fail("DELTACAST_C_WORKER (the c_worker_test program) is not set: ctest sets it")
     out = subprocess.run([C_WORKER, "--settings", "", "", json.dumps(with_node(settings))], capture_output=True, text=True)
-    assert out.returncode == 0, out.stdout + out.stderr
+    if out.returncode != 0:
+        raise Refused(out.stdout + out.stderr)
     return json.loads(out.stdout)
 
 
@@ -95,22 +125,25 @@ def settings_through_python_worker(settings, tmp_path):
 
 
 def settings_through_python_publisher(settings, tmp_path):
-    return deltacast.Publisher.settings("" if "listen" in settings else "tcp://127.0.0.1:7302", settings=settings)
+    return deltacast.Publisher.settings(settings=settings)
 
 
 FRONT_ENDS = {"cli": settings_through_cli, "c": settings_through_c, "python-worker": settings_through_python_worker,
-              "python-publisher": settings_through_python_publisher}
+              "cli-publisher": settings_through_cli_publisher, "python-publisher": settings_through_python_publisher}
 
 
 @pytest.mark.parametrize("front_end", sorted(FRONT_ENDS))
 def test_every_config_field_reaches_the_node_from_every_front_end(front_end, keys, tmp_path):
+    publisher = front_end.endswith("publisher")
     for field, settings in samples(keys).items():
-        if front_end == "python-publisher" and field in ("parents", "trees", "parent_keys", "tree_parent_keys", "keys", "allow_keys"):
-            # A publisher is the origin: no parents; its own CURVE keys and the children it
-            # allows come as named arguments, and a key file through `settings` still does.
-            settings = {k: v for k, v in settings.items() if k not in ("parents", "trees", "parent_keys", "tree_parent_keys")}
+        if publisher:
+            settings = as_publisher(settings)
             if not settings:
-                continue
+                continue  # parents, trees: not a publisher's
+        elif PUBLISHER_ONLY & set(settings):
+            with pytest.raises((Refused, deltacast.Error), match="for publishers"):
+                FRONT_ENDS[front_end](settings, tmp_path)
+            continue
         got = FRONT_ENDS[front_end](settings, tmp_path)
         for name, value in settings.items():
             assert got.get(name) == value, (front_end, field, name, got)

@@ -331,6 +331,11 @@ void ChildServer::on_need(PeerId from, Child& child, const Need& need) {
       child.wants_anchor = true;
       child.anchor_after = 0;
       owner_.request_anchor(0);
+    } else if (!config.has_parents() && need.key.version > 0 && need.key.version <= newest) {
+      // At the origin, a version older than its newest that it lacks never comes (one its
+      // trainer shards never completed): the child catches up from what it holds, from an anchor
+      // if need be.
+      serve_catch_up(from, child, need.key.version - 1, /*want_anchor=*/false, need.again);
     } else {
       owner_.fetch(need);
     }

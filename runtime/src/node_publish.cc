@@ -15,7 +15,7 @@ namespace deltacast::runtime {
 
 Status Node::publish(EncodedVersion&& ev) {
   // Checked before the payloads are taken, so a refused version is left as it was.
-  DC_RETURN_IF_ERROR(slices_out_->ready(parent_newest_));
+  DC_RETURN_IF_ERROR(slices_out_->ready(parent_newest_, VersionKey{ev.manifest.version, ev.manifest.kind == VersionKind::kAnchor}));
   return publish_version(std::move(ev.manifest), share_payloads(ev.payloads), ev.payload_digests);
 }
 
@@ -40,7 +40,7 @@ Status Node::publish_version(Manifest m, std::vector<SharedBytes> payloads, bool
   if (payloads.size() != m.chunks.size()) return Status::invalid_argument("a version needs one payload per chunk of its manifest");
   if (slices_out_->sends_slices()) {
     // A trainer shard: the slice goes up to the origin, which merges the slices.
-    DC_RETURN_IF_ERROR(slices_out_->ready(parent_newest_));
+    DC_RETURN_IF_ERROR(slices_out_->ready(parent_newest_, key));
     SharedBytes sealed = seal_manifest(m, payloads, digests_known);
     slices_out_->publish(key, std::move(sealed), std::move(payloads), parent_run_);
     return Status::ok();

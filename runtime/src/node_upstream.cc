@@ -126,7 +126,7 @@ void Node::handle_parent(UpstreamLink& link, const Message& m) {
                        },
                        [&](const Need& need) {
                          // The origin asks a trainer shard for an anchor, or for (part of) a slice again.
-                         if (slices_out_->on_need(need) && on_anchor_wanted_) on_anchor_wanted_();
+                         if (slices_out_->on_need(need) && on_anchor_wanted_) on_anchor_wanted_(need.key.version);
                        },
                        [&](const Leave& leave) {
                          // The parent is going away: move to the next one now, keeping what is here.
@@ -165,8 +165,12 @@ void Node::request_anchor(std::uint64_t newer_than) {
       anchor_made_ = true;
       anchor_made_ms_ = now;
     }
-    if (on_anchor_wanted_) on_anchor_wanted_();
-    if (from_shards) children_->to_publishers(Need{{newer_than, true}, {}, true});
+    if (on_anchor_wanted_) on_anchor_wanted_(0);
+    if (from_shards) {
+      // One version for every shard: the newest any of them sent (or one past what the asker holds).
+      const std::uint64_t at = std::max({newer_than + 1, cache_.newest_version(), slices_in_->newest_slice()});
+      children_->to_publishers(Need{{at, true}, {}, true});
+    }
   } else if (fresh_->verifying() && !fresh_->fresh_for(parent_run_ > run_ ? parent_run_ : run_)) {
     return;  // an anchor it could not expose: asked for once a fresh statement came
   } else if (UpstreamLink* link = upstreams_->anchor_link()) {

@@ -90,9 +90,10 @@ class SliceOutbox {
   // own cache.
   virtual bool sends_slices() const = 0;
   // OK if a new slice may go now; ResourceExhausted while the previous one is still being
-  // sent, or shard_slices_retained_max slices are not merged yet. `merged` is the newest
+  // sent, or shard_slices_retained_max slices are not merged yet (for an anchor `next`, of
+  // its version and newer: publishing it lets the older ones go). `merged` is the newest
   // version the origin says it has.
-  virtual Status ready(std::uint64_t merged) = 0;
+  virtual Status ready(std::uint64_t merged, const VersionKey& next) = 0;
   // Sends a slice (manifest sealed in the origin's run `run`) and keeps it until merged.
   virtual void publish(const VersionKey& key, SharedBytes manifest, std::vector<SharedBytes> payloads, const RunId& run) = 0;
   // A new link to the origin, in its run `run`: every slice not merged goes again, whole. Slices
@@ -100,7 +101,9 @@ class SliceOutbox {
   virtual void on_welcome(std::uint64_t merged, const RunId& run, const std::function<SharedBytes(const SharedBytes&)>& reseal) = 0;
   // The origin's newest version (Heartbeat): slices it merged are let go.
   virtual void release(std::uint64_t merged) = 0;
-  // The origin asks for (part of) a slice again. Returns true if it asks for an anchor instead.
+  // The origin asks for (part of) a slice again. Returns true if it asks for an anchor instead:
+  // asked to, or asked for an anchor slice of a version this process keeps none of (another
+  // shard restarted and could send only an anchor) while it keeps no newer anchor slice.
   virtual bool on_need(const Need& need) = 0;
   // Sends what the outbox holds, until the link refuses.
   virtual void flush() = 0;
@@ -112,7 +115,7 @@ class SliceOutbox {
 class NoSliceOutbox final : public SliceOutbox {
  public:
   bool sends_slices() const override { return false; }
-  Status ready(std::uint64_t) override { return Status::ok(); }
+  Status ready(std::uint64_t, const VersionKey&) override { return Status::ok(); }
   void publish(const VersionKey&, SharedBytes, std::vector<SharedBytes>, const RunId&) override;
   void on_welcome(std::uint64_t, const RunId&, const std::function<SharedBytes(const SharedBytes&)>&) override {}
   void release(std::uint64_t) override {}
@@ -148,6 +151,8 @@ class SliceIntake {
   // missing of its slice (`connected`: whether a link is still up).
   virtual void ask_for_missing(std::uint64_t now_ms, const std::function<bool(PeerId)>& connected) = 0;
   virtual bool idle() const = 0;
+  // The newest version any shard sent a slice of that is not merged yet (0: none).
+  virtual std::uint64_t newest_slice() const = 0;
 };
 
 // A node that merges no slices ignores them.
@@ -158,6 +163,7 @@ class NoSliceIntake final : public SliceIntake {
   std::optional<Merged> on_chunk(PeerId, const ChunkMsg&) override { return std::nullopt; }
   void ask_for_missing(std::uint64_t, const std::function<bool(PeerId)>&) override {}
   bool idle() const override { return true; }
+  std::uint64_t newest_slice() const override { return 0; }
 };
 
 std::unique_ptr<SliceIntake> make_slice_intake(NodeContext& ctx);

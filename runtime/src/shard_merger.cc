@@ -66,6 +66,12 @@ Status ShardMerger::on_manifest(PeerId from, const ManifestMsg& m, bool merged, 
     s.shards = m.shards;
     s.slices.resize(m.shards);
     s.missing_chunks.assign(m.shards, 0);
+    // The first anchor slice of a version (made on request, or by a shard that restarted and has
+    // no base): the other shards are asked for theirs now, so that the shards' anchors meet at
+    // one version while they go on publishing.
+    if (m.key.anchor)
+      for (const auto& [shard, peer] : peers_)
+        if (shard != m.shard) ctx_.send(peer, Need{m.key, {}, false});
   }
   if (s.slices[m.shard]) return Status::ok();
   EncodedVersion ev;
@@ -121,6 +127,9 @@ std::optional<ShardMerger::Merged> ShardMerger::merge(std::map<VersionKey, Slice
   for (auto& sl : it->second.slices) slices.push_back(std::move(*sl));
   const VersionKey key = it->first;
   versions_.erase(it);
+  // Versions only move forward: slices of older versions can no longer make one (a shard that
+  // restarted sent an anchor of a version the others had moved past).
+  for (auto old = versions_.begin(); old != versions_.end() && old->first.version < key.version;) old = versions_.erase(old);
   const bool digests_known = std::all_of(slices.begin(), slices.end(), [](const EncodedVersion& e) { return e.manifest.is_signed; });
   auto merged = merge_shards(std::move(slices));
   // Slices within the limits may still make a version beyond them (its image, its chunks).

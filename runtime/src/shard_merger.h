@@ -28,6 +28,7 @@ class ShardMerger final : public SliceIntake {
   // A shard that reconnects sends everything again.
   void ask_for_missing(std::uint64_t now_ms, const std::function<bool(PeerId)>& connected) override;
   bool idle() const override { return versions_.empty(); }
+  std::uint64_t newest_slice() const override { return versions_.empty() ? 0 : versions_.rbegin()->first.version; }
 
  private:
   struct Slices {

@@ -4,15 +4,22 @@
 
 namespace deltacast::runtime {
 
-Status ShardPublisher::ready(std::uint64_t merged) {
+Status ShardPublisher::ready(std::uint64_t merged, const VersionKey& next) {
   if (!outbox_.empty()) return Status::resource_exhausted("the previous slice is still being sent");
   release(merged);
-  if (retained_.size() >= std::max<std::size_t>(1, ctx_.config.shard_slices_retained_max))
+  // An anchor slice of version v lets the origin merge v from anchors: this shard's slices of
+  // older versions are no longer needed (publish() lets them go).
+  const std::size_t kept = next.anchor ? static_cast<std::size_t>(std::count_if(retained_.begin(), retained_.end(), [&](const Slice& r) {
+                                           return r.key.version >= next.version;
+                                         }))
+                                       : retained_.size();
+  if (kept >= std::max<std::size_t>(1, ctx_.config.shard_slices_retained_max))
     return Status::resource_exhausted("the origin has not merged the previous slices yet");
   return Status::ok();
 }
 
 void ShardPublisher::publish(const VersionKey& key, SharedBytes manifest, std::vector<SharedBytes> payloads, const RunId& run) {
+  if (key.anchor) std::erase_if(retained_, [&](const Slice& r) { return r.key.version < key.version; });
   retained_.push_back(Slice{key, std::move(manifest), std::move(payloads), run});
   queue(retained_.back(), nullptr);
   flush();
@@ -62,7 +69,9 @@ bool ShardPublisher::on_need(const Need& need) {
       flush();
       return false;
     }
-  return false;
+  return need.key.anchor && std::none_of(retained_.begin(), retained_.end(), [&](const Slice& r) {
+           return r.key.anchor && r.key.version >= need.key.version;
+         });
 }
 
 void ShardPublisher::flush() {

@@ -17,7 +17,7 @@ class ShardPublisher final : public SliceOutbox {
   ShardPublisher(NodeContext& ctx, UpstreamLink& upstream) : ctx_(ctx), upstream_(upstream) {}
   bool sends_slices() const override { return true; }
   // What each call does is said at SliceOutbox (roles.h).
-  Status ready(std::uint64_t merged) override;
+  Status ready(std::uint64_t merged, const VersionKey& next) override;
   void publish(const VersionKey& key, SharedBytes manifest, std::vector<SharedBytes> payloads, const RunId& run) override;
   // What was in flight on the old link may be lost; the origin ignores what it has.
   void on_welcome(std::uint64_t merged, const RunId& run, const std::function<SharedBytes(const SharedBytes&)>& reseal) override;

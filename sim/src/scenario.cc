@@ -663,7 +663,7 @@ class ScenarioRun {
   // The anchor of version 1 at once (kept for whoever asks), then a delta per step; anchors
   // every anchor_every versions, and whenever someone needs one the cache lacks.
   void schedule_publishing() {
-    net_->node(origin_).set_on_anchor_wanted([this] { net_->events().after(0, [this, v = newest_] { publish(v, true); }); });
+    net_->node(origin_).set_on_anchor_wanted([this](std::uint64_t) { net_->events().after(0, [this, v = newest_] { publish(v, true); }); });
     publish(1, true);
     publish_us_[1] = 0;
     period_us_ = sc_.run.step_period_s * 1e6;

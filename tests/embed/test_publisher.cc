@@ -74,6 +74,33 @@ TEST_CASE("a publisher sends anchors first, on a new layout and every anchor_eve
   REQUIRE((*w)->stop().is_ok());
 }
 
+TEST_CASE("a publisher numbers versions as it is told, forward only; one that skips numbers is an anchor", "[transport][publisher]") {
+  auto layout = test::make_layout({{DType::kBF16, 20000}});
+  Bytes a = test::random_bytes(layout.image_size, 3), b = a;
+  for (std::size_t k = 0; k < b.size(); k += 97) b[k] ^= 1;
+  auto started = embed::Publisher::start(origin_options());
+  REQUIRE(started.is_ok());
+  embed::Publisher& pub = **started;
+  auto v = pub.publish(checkpoint(layout, a), 7);  // a trainer that resumed at step 7
+  REQUIRE(v.is_ok());
+  CHECK(*v == 7);
+  CHECK(pub.publish(checkpoint(layout, b), 7).status().code() == StatusCode::kInvalidArgument);
+  CHECK(pub.publish(checkpoint(layout, b), 3).status().code() == StatusCode::kInvalidArgument);
+  CHECK(pub.version() == 7);
+  auto cached = [&](std::uint64_t version, bool anchor) {
+    return pub.host().call([&] { return pub.host().node().cache().find({version, anchor}) != nullptr; });
+  };
+  v = pub.publish(checkpoint(layout, b), 10);  // steps 8 and 9 not published: a new chain
+  REQUIRE(v.is_ok());
+  CHECK(*v == 10);
+  CHECK(cached(10, true));
+  CHECK(!cached(10, false));
+  v = pub.publish(checkpoint(layout, a));  // the next: a delta from 10
+  REQUIRE(v.is_ok());
+  CHECK(*v == 11);
+  CHECK(cached(11, false));
+}
+
 TEST_CASE("a publisher's options that cannot work are refused with the reason", "[transport][publisher]") {
   auto refused = [](embed::PublisherOptions o, const std::string& words) {
     auto p = embed::Publisher::start(std::move(o));

@@ -896,7 +896,7 @@ struct Shard {
     up.from_parent.clear();
   }
   Status publish(const EncodedVersion& ev) {
-    DC_RETURN_IF_ERROR(pub.ready(0));
+    DC_RETURN_IF_ERROR(pub.ready(0, {ev.manifest.version, ev.manifest.kind == VersionKind::kAnchor}));
     EncodedVersion copy = ev;
     pub.publish({ev.manifest.version, ev.manifest.kind == VersionKind::kAnchor}, share(serialize_manifest(ev.manifest)),
                 share_payloads(copy.payloads), {});
@@ -962,7 +962,7 @@ TEST_CASE("slices from two shard publishers merge into one version; a lost chunk
   CHECK(origin.merged.empty());
   CHECK(!origin.merger.idle());
   // One slice kept until merged: the next waits.
-  CHECK(s1.pub.ready(0).code() == StatusCode::kResourceExhausted);
+  CHECK(s1.pub.ready(0, {2, false}).code() == StatusCode::kResourceExhausted);
   // After need_after_ms without progress the origin asks shard 1 for its missing chunk.
   net.clock.advance(origin.config.timing.need_after_ms);
   origin.merger.ask_for_missing(net.clock.now_ms(), [&](PeerId p) { return origin.links.count(p) > 0; });
@@ -982,5 +982,5 @@ TEST_CASE("slices from two shard publishers merge into one version; a lost chunk
   // Merged (the origin's newest is past it): the anchor slice is let go.
   s1.pub.release(2);
   CHECK(s1.pub.retained() == 0);
-  CHECK(s1.pub.ready(2).is_ok());
+  CHECK(s1.pub.ready(2, {3, false}).is_ok());
 }

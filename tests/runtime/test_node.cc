@@ -408,7 +408,7 @@ TEST_CASE("a worker restored with a wrong image notices and rebuilds from an anc
   for (std::uint64_t v = 2; v <= 5; ++v) REQUIRE(origin.publish(s.delta(v)).is_ok());
   // The publisher makes an anchor of its newest version when asked (as deltacast publish does).
   bool wanted = false;
-  origin.set_on_anchor_wanted([&] { wanted = true; });
+  origin.set_on_anchor_wanted([&](std::uint64_t) { wanted = true; });
   // Claims version 3, holds version 1's bytes: the first delta's base hashes do not match, and
   // the only anchor cached (1) is older than what it holds.
   Node& w = net.add(worker_config("w", {"origin"}), false, saved(s, 3, s.images[0]));
@@ -460,7 +460,7 @@ TEST_CASE("a tree that forms before the first version gets the first anchor", "[
   net.add(worker_config("w2", {"relay"}), /*deferred_tasks=*/true);
   net.run_for(1000);  // everyone joined; nothing published yet
   int anchor_requests = 0;
-  origin.set_on_anchor_wanted([&] { anchor_requests++; });
+  origin.set_on_anchor_wanted([&](std::uint64_t) { anchor_requests++; });
   net.run_for(3000);
   CHECK(anchor_requests > 0);  // the workers' wish for an anchor reached the publisher
   REQUIRE(origin.publish(s.anchor(1)).is_ok());
@@ -571,7 +571,7 @@ TEST_CASE("a worker's scrub finds a flipped bit, stops exposing the image and re
     int bad = 0;
     watch(w, s, seen, bad);
     int anchor_requests = 0;
-    origin.set_on_anchor_wanted([&] { anchor_requests++; });
+    origin.set_on_anchor_wanted([&](std::uint64_t) { anchor_requests++; });
     for (std::uint64_t v = 2; v <= 3; ++v) {
       REQUIRE(origin.publish(s.delta(v)).is_ok());
       REQUIRE(net.run_until([&] { return w.current_version() == v; }));
@@ -763,12 +763,57 @@ TEST_CASE("a trainer shard whose link breaks mid-slice sends the slice again on 
   CHECK(w.current()->image == sh.whole(2));
 }
 
+TEST_CASE("a trainer shard restarted mid-run resumes with an anchor slice; the other shards send anchors and the fleet moves on",
+          "[runtime][node]") {
+  Shards sh;
+  FakeNet& net = sh.net;
+  Node& w = net.add(worker_config("w", {"origin"}));
+  net.run_for(500);
+  for (std::uint64_t v = 1; v <= 2; ++v) {
+    REQUIRE(net.run_until([&] { return sh.ta->publish(sh.slice_a(v)).is_ok(); }));
+    REQUIRE(net.run_until([&] { return sh.tb->publish(sh.slice_b(v)).is_ok(); }));
+    REQUIRE(net.run_until([&] { return w.current_version() == v; }));
+  }
+  // Shard 1's process dies; shard 0 goes on with versions 3 and 4 (its deltas wait at the origin).
+  net.kill("trainer-1");
+  REQUIRE(net.run_until([&] { return sh.ta->publish(sh.slice_a(3)).is_ok(); }));
+  REQUIRE(net.run_until([&] { return sh.ta->publish(sh.slice_a(4)).is_ok(); }));
+  net.run_for(1000);
+  CHECK(w.current_version() == 2);
+  // A new process of shard 1 (a new run) resumes at step 3 with what it has: an anchor slice.
+  NodeConfig sb = net.node("trainer-1").config();
+  sb.run = RunId{sb.run.started_us + 1, sb.run.nonce + 1};
+  Node& tb = net.add(sb);
+  int wanted_a = 0;
+  sh.ta->set_on_anchor_wanted([&](std::uint64_t) { wanted_a++; });
+  net.run_for(500);
+  REQUIRE(net.run_until([&] { return tb.publish(sh.slice_b(3, true)).is_ok(); }));
+  // Shard 0 keeps no anchor of version 3: the origin's need for one asks it for an anchor, and it
+  // has moved on to version 4.
+  REQUIRE(net.run_until([&] { return wanted_a > 0; }));
+  REQUIRE(net.run_until([&] { return sh.ta->publish(sh.slice_a(4, true)).is_ok(); }));
+  // Shard 1 goes on to version 4. The merged delta 4 has a base (3) that was never merged: the
+  // worker, at 2, asks for 3, and the origin asks the shards for anchors of what they have.
+  int wanted_b = 0;
+  tb.set_on_anchor_wanted([&](std::uint64_t) { wanted_b++; });
+  REQUIRE(net.run_until([&] { return tb.publish(sh.slice_b(4)).is_ok(); }));
+  REQUIRE(net.run_until([&] { return wanted_b > 0; }));
+  CHECK(w.current_version() == 2);
+  REQUIRE(net.run_until([&] { return tb.publish(sh.slice_b(4, true)).is_ok(); }));
+  REQUIRE(net.run_until([&] { return w.current_version() == 4; }));
+  CHECK(w.current()->image == sh.whole(4));
+  REQUIRE(net.run_until([&] { return sh.ta->publish(sh.slice_a(5)).is_ok(); }));
+  REQUIRE(net.run_until([&] { return tb.publish(sh.slice_b(5)).is_ok(); }));
+  REQUIRE(net.run_until([&] { return w.current_version() == 5; }));
+  CHECK(w.current()->image == sh.whole(5));
+}
+
 TEST_CASE("an origin merging shards gets an anchor on demand from every shard", "[runtime][node]") {
   Shards sh;
   FakeNet& net = sh.net;
   int wanted_a = 0, wanted_b = 0;
-  sh.ta->set_on_anchor_wanted([&] { wanted_a++; });
-  sh.tb->set_on_anchor_wanted([&] { wanted_b++; });
+  sh.ta->set_on_anchor_wanted([&](std::uint64_t) { wanted_a++; });
+  sh.tb->set_on_anchor_wanted([&](std::uint64_t) { wanted_b++; });
   net.run_for(500);
   // The origin starts mid-run (say it was restarted): its first versions are deltas.
   for (std::uint64_t v = 2; v <= 3; ++v) {

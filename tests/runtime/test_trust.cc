@@ -386,7 +386,7 @@ TEST_CASE("an anchor asked for beyond the newest version costs the origin nothin
   Node& origin = net.add(origin_config());
   publish_run(origin, s, 3);
   int anchors_made = 0;
-  origin.set_on_anchor_wanted([&] { anchors_made++; });
+  origin.set_on_anchor_wanted([&](std::uint64_t) { anchors_made++; });
   RogueChild c = attach(net, "asker");
   REQUIRE(c.send(Need{{std::uint64_t{1} << 19, true}, {}, true, false}));
   net.run_for(5000);

@@ -43,7 +43,12 @@ struct NodeSettings {
   std::map<std::string, std::uint64_t> timing;
   std::string sign_key_path;              // "sign_key", origin and trainer shards: Ed25519 key file (deltacast keygen --sign)
   std::vector<std::string> trust_keys;    // relays, workers: publishers' public keys (hex, or key files)
-  std::vector<std::string> shard_keys;    // origin merging shards: the shards' public keys
+  std::vector<std::string> shard_keys;    // origin merging shards: the shards' public keys, in shard order
+  // Publishers only (docs/RUNTIME.md, "Trainer shards"): "I/N" makes a trainer shard that sends
+  // slice I of N to its one parent, the origin; expect_shards makes an origin that merges what
+  // N shards send instead of publishing itself.
+  std::string shard;
+  std::optional<std::uint32_t> expect_shards;
   std::string log_level;                  // empty: info
   std::optional<std::uint32_t> stripes;   // connections per parent link, 1 to 64; unset: 8 for a relay, 1 for a worker
   std::string congestion_control;         // of the connections children open to this node; empty: the host's
@@ -56,6 +61,13 @@ struct NodeSettings {
   // Not in files (a secret does not belong in a config): this node's CURVE key pair given
   // inline by an embedding program, instead of keys_path.
   std::optional<transport::CurveKeys> curve;
+};
+
+// What a node is: the checks and defaults load_node applies depend on it.
+enum class NodeRole {
+  kWorker,     // needs parents; rebuilds versions; serves children only when it listens
+  kRelay,      // needs parents and an endpoint to listen on
+  kPublisher,  // the origin (listens, no parents), or a trainer shard (one parent, the origin)
 };
 
 struct LoadedNode {
@@ -75,10 +87,11 @@ std::string node_settings_json(const NodeSettings& s);
 // `over`'s fields that are set replace `base`'s (command-line flags over a file, an embedding
 // program's arguments over its settings). Parents given replace the file's trees.
 void overlay_node_settings(NodeSettings& base, const NodeSettings& over);
-// Checks the settings and reads the key files they name; applies log_level to spdlog.
-Result<LoadedNode> load_node(const NodeSettings& s, bool worker);
+// Checks the settings for a node of `role` and reads the key files they name; applies log_level
+// to spdlog. A publisher without an id is "origin", or "trainer-I" as shard I.
+Result<LoadedNode> load_node(const NodeSettings& s, NodeRole role);
 // read_node_settings, then load_node.
-Result<LoadedNode> load_node_config(const std::string& path, bool worker);
+Result<LoadedNode> load_node_config(const std::string& path, NodeRole role);
 // Sets the named fields of `timing` and checks the result (runtime::check_timing).
 Status apply_timing(const std::map<std::string, std::uint64_t>& fields, runtime::Timing& timing);
 

@@ -3,8 +3,8 @@
 // the ledger reports it. The CLI's `deltacast publish` and the Python package are front ends
 // of this class.
 //
-// Policy: the first checkpoint, and any checkpoint whose tensor table differs from the one
-// before, is published as an anchor; the others as a delta from the one before. After every
+// Policy: the first checkpoint, any checkpoint whose tensor table differs from the one before,
+// and one numbered past the next version (publish's `number`), is published as an anchor; the others as a delta from the one before. After every
 // `anchor_every` versions, and whenever a relay or worker asked for one, an anchor of the
 // newest version follows its delta.
 #pragma once
@@ -16,6 +16,7 @@
 #include <map>
 #include <optional>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
@@ -80,11 +81,14 @@ class Publisher {
   Publisher(const Publisher&) = delete;
   Publisher& operator=(const Publisher&) = delete;
 
-  // Publishes `next` as the next version (see the policy above) and returns its number. A
-  // trainer shard waits while its previous slice is still on its way to the origin; interrupt()
-  // ends that wait with ResourceExhausted. A version that fails is not counted: the next
-  // publish() reuses its number.
-  Result<std::uint64_t> publish(Checkpoint next);
+  // Publishes `next` (see the policy above) as version `number`, or with 0 as the one after the
+  // last, and returns its number; a number at or below the last is refused. Trainer shards give
+  // each step the same number (the training step, say): a shard process that restarted resumes
+  // at its step with an anchor slice, and the origin asks the other shards for anchors
+  // (docs/RUNTIME.md, "Trainer shards"). A trainer shard waits while its previous slices are
+  // still on their way to the origin; interrupt() ends that wait with ResourceExhausted. A
+  // version that fails is not counted: its number may be published again.
+  Result<std::uint64_t> publish(Checkpoint next, std::uint64_t number = 0);
   // Publishes an anchor of the newest version if a relay or worker asked for one since the last
   // anchor; call it while idle. OK when there was nothing to do.
   Status serve_anchor_request();
@@ -122,7 +126,13 @@ class Publisher {
   std::optional<Checkpoint> prev_;
   std::uint64_t version_ = 0;
   std::optional<CodecDecision> last_codec_;
-  std::atomic<bool> anchor_wanted_{false};
+  // An anchor asked for by the node (of this version or newer; 0: the newest), until one is
+  // published. Set on the loop thread, taken by publish() and serve_anchor_request().
+  std::mutex anchor_mu_;
+  std::optional<std::uint64_t> anchor_wanted_;
+  void want_anchor(std::uint64_t at_least);
+  // Whether an anchor of `version` answers what was asked; if so the request is taken.
+  bool take_anchor_request(std::uint64_t version);
   std::atomic<bool> interrupted_{false};
 };
 

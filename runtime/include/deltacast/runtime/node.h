@@ -133,7 +133,11 @@ class Node {
   // Origin: called when a child wants an anchor the cache does not hold (an origin merging
   // trainer shards also asks every shard, whose own callback fires).
   // Trainer-shard publisher: called when the origin wants an anchor.
-  void set_on_anchor_wanted(std::function<void()> callback) { on_anchor_wanted_ = std::move(callback); }
+  // `at_least`: the anchor is to be of this version or a newer one (0: the newest). An origin
+  // merging shards asks every shard for the same version, the newest any of them sent, so that
+  // the shards' anchors meet: a shard behind it makes its anchor once it publishes that version.
+  using AnchorWanted = std::function<void(std::uint64_t at_least)>;
+  void set_on_anchor_wanted(AnchorWanted callback) { on_anchor_wanted_ = std::move(callback); }
   // What the node has to say to a person: refused peers, new runs, errors. Called on the loop thread.
   void set_on_log(std::function<void(LogLevel, const std::string&)> callback);
   // The run whose versions this node holds and serves (empty until it sees one). run() on the
@@ -285,7 +289,7 @@ class Node {
   std::uint64_t ledger_evicted_ms_ = 0;
   std::uint64_t ledger_full_logged_ms_ = 0;
   std::function<void(std::shared_ptr<const ModelVersion>)> on_ready_;
-  std::function<void()> on_anchor_wanted_;
+  AnchorWanted on_anchor_wanted_;
 };
 
 }  // namespace deltacast::runtime

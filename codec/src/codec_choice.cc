@@ -54,24 +54,33 @@ Result<DeliveryCost> delivery_cost(const EncodedVersion& version, const Delivery
   return DeliveryCost{bytes / model.wan_bytes_per_s, core_s / model.worker_cores};
 }
 
+VersionEncodeOptions with_delta_codec(VersionEncodeOptions o, DeltaCodec codec) {
+  o.chunk.delta_kinds = {ChunkKind::kDeltaV1};
+  if (codec == DeltaCodec::kV2) o.chunk.delta_kinds.push_back(ChunkKind::kDeltaV2);
+  return o;
+}
+
+Result<CodecDecision> fixed_codec_decision(const EncodedVersion& delta, DeltaCodec codec, const DeliveryModel& model) {
+  CodecDecision d;
+  d.chosen = codec;
+  d.v2_tried = codec == DeltaCodec::kV2;
+  DC_ASSIGN_OR_RETURN(DeliveryCost cost, delivery_cost(delta, model));
+  (d.v2_tried ? d.v2 : d.v1) = cost;
+  return d;
+}
+
 Result<EncodedVersion> encode_delta(DeltaCodec codec, const DeliveryModel& model, const ModelLayout& layout, std::uint64_t version,
                                     std::uint64_t base_version, ByteSpan base, ByteSpan next, VersionEncodeOptions options,
                                     Executor& executor, ChunkEncoderPool* encoders, CodecDecision* decision) {
   if (base.empty()) return Status::invalid_argument("encode_delta needs a base image");
   auto encode = [&](DeltaCodec c) {
-    options.chunk.delta_kinds = {ChunkKind::kDeltaV1};
-    if (c == DeltaCodec::kV2) options.chunk.delta_kinds.push_back(ChunkKind::kDeltaV2);
-    return encode_version(layout, version, base_version, base, next, options, executor, encoders);
+    return encode_version(layout, version, base_version, base, next, with_delta_codec(options, c), executor, encoders);
   };
   CodecDecision d;
   if (codec != DeltaCodec::kAuto) {
     auto ev = encode(codec);
     if (ev.is_ok() && decision) {
-      d.chosen = codec;
-      d.v2_tried = codec == DeltaCodec::kV2;
-      DC_ASSIGN_OR_RETURN(DeliveryCost cost, delivery_cost(*ev, model));
-      (d.v2_tried ? d.v2 : d.v1) = cost;
-      *decision = d;
+      DC_ASSIGN_OR_RETURN(*decision, fixed_codec_decision(*ev, codec, model));
     }
     return ev;
   }

@@ -38,12 +38,19 @@ Status run_chunks(Executor& executor, std::size_t count, const std::function<Sta
 
 }  // namespace
 
-Result<EncodedVersion> encode_version(const ModelLayout& layout, std::uint64_t version, std::uint64_t base_version,
-                                      ByteSpan base, ByteSpan next, const VersionEncodeOptions& options, Executor& executor,
-                                      ChunkEncoderPool* encoders) {
-  const bool delta = !base.empty();
-  if (next.size() != layout.image_size) return Status::invalid_argument("image size does not match the layout");
-  if (delta && base.size() != next.size()) return Status::invalid_argument("base and new images differ in size");
+namespace {
+
+// Where a version's new bytes come from: the whole image, or a reader a chunk at a time, written
+// over `write_back` (the base of a delta made in place) once the chunk is encoded.
+struct NextSource {
+  ByteSpan whole;
+  const ImageReader* read = nullptr;
+  MutableByteSpan write_back;
+};
+
+Result<EncodedVersion> encode_from(const ModelLayout& layout, std::uint64_t version, std::uint64_t base_version, bool delta,
+                                   ByteSpan base, const NextSource& next, const VersionEncodeOptions& options, Executor& executor,
+                                   ChunkEncoderPool* encoders) {
   if (Status st = validate_tensors(layout.tensors, layout.image_size); !st.is_ok()) return Status::invalid_argument(st.message());
   if (Status st = validate_names(layout.tensors, layout.metadata); !st.is_ok()) return Status::invalid_argument(st.message());
   std::vector<std::uint64_t> cuts;  // around every tensor that is only part of one
@@ -84,7 +91,16 @@ Result<EncodedVersion> encode_version(const ModelLayout& layout, std::uint64_t v
   Status st = run_chunks(executor, ranges.size(), [&](std::size_t i) -> Status {
     const auto [off, len] = ranges[i];
     const auto segs = segments_for_range(layout.tensors, off, len);
-    ByteSpan nb = next.subspan(off, len);
+    // A chunk read through the reader lives in this thread's buffer until it is written back.
+    thread_local Bytes read_buffer;
+    ByteSpan nb;
+    if (next.read) {
+      read_buffer.resize(len);
+      DC_RETURN_IF_ERROR((*next.read)(off, MutableByteSpan(read_buffer.data(), len)).with_context(chunk_label(i)));
+      nb = ByteSpan(read_buffer.data(), len);
+    } else {
+      nb = next.whole.subspan(off, len);
+    }
     ChunkHashes h;
     h.scheme = m.hash_scheme;
     const auto encoder = encoders->acquire();
@@ -100,6 +116,7 @@ Result<EncodedVersion> encode_version(const ModelLayout& layout, std::uint64_t v
     c.content_hash = delta ? *h.content : chunk_hash(m.hash_scheme, nb);
     c.base_hash = delta ? *h.base : 0;
     ev.payloads[i] = std::move(payload).value();
+    if (!next.write_back.empty()) std::memcpy(next.write_back.data() + off, nb.data(), len);
     const std::uint64_t d = done.fetch_add(len) + len;
     if (options.progress) options.progress(d, layout.image_size);
     return Status::ok();
@@ -110,6 +127,26 @@ Result<EncodedVersion> encode_version(const ModelLayout& layout, std::uint64_t v
   for (auto& s : stats) ev.stats.add(s);
   ev.payload_digests = static_cast<bool>(options.payload_digest);
   return ev;
+}
+
+}  // namespace
+
+Result<EncodedVersion> encode_version(const ModelLayout& layout, std::uint64_t version, std::uint64_t base_version,
+                                      ByteSpan base, ByteSpan next, const VersionEncodeOptions& options, Executor& executor,
+                                      ChunkEncoderPool* encoders) {
+  if (next.size() != layout.image_size) return Status::invalid_argument("image size does not match the layout");
+  if (!base.empty() && base.size() != next.size()) return Status::invalid_argument("base and new images differ in size");
+  return encode_from(layout, version, base_version, !base.empty(), base, NextSource{next}, options, executor, encoders);
+}
+
+Result<EncodedVersion> encode_version_into(const ModelLayout& layout, std::uint64_t version, std::uint64_t base_version,
+                                           MutableByteSpan image, const ImageReader& read_next, const VersionEncodeOptions& options,
+                                           Executor& executor, ChunkEncoderPool* encoders) {
+  if (image.size() != layout.image_size) return Status::invalid_argument("image size does not match the layout");
+  if (!read_next) return Status::invalid_argument("encode_version_into needs a reader of the new image");
+  const bool delta = base_version > 0;
+  return encode_from(layout, version, base_version, delta, delta ? ByteSpan(image) : ByteSpan{}, NextSource{{}, &read_next, image}, options,
+                     executor, encoders);
 }
 
 namespace {

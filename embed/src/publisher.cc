@@ -117,8 +117,32 @@ Result<std::uint64_t> Publisher::publish(Checkpoint next, std::uint64_t number) 
   // Deltas go from one version to the next: a version that skips numbers starts a new chain.
   const bool same_layout = prev_ && prev_->layout.tensors == next.layout.tensors && prev_->layout.parts == next.layout.parts &&
                            version == version_ + 1;
+  if (next.read && options_.codec == DeltaCodec::kAuto) {
+    // Codec auto encodes a version twice: the image is read whole first.
+    auto whole = std::make_shared<Bytes>(next.layout.image_size);
+    constexpr std::uint64_t kPieceBytes = 1u << 20;
+    std::mutex mu;
+    Status read_status;
+    pool_.parallel_for((whole->size() + kPieceBytes - 1) / kPieceBytes, [&](std::size_t i) {
+      const std::uint64_t off = i * kPieceBytes, len = std::min<std::uint64_t>(kPieceBytes, whole->size() - off);
+      if (Status st = next.read(off, MutableByteSpan(whole->data() + off, len)); !st.is_ok()) {
+        std::lock_guard lock(mu);
+        read_status = st;
+      }
+    });
+    DC_RETURN_IF_ERROR(read_status);
+    next = Checkpoint{std::move(next.layout), ByteSpan(*whole), whole, {}};
+  }
   Status st;
-  if (!same_layout) {
+  if (next.read) {
+    if (!same_layout) (void)take_anchor_request(version);
+    st = encode_in_place(next, version, same_layout);
+    if (!st.is_ok()) {
+      prev_.reset();  // the image holds parts of two versions: the next one is an anchor
+      return st;
+    }
+    next = Checkpoint{std::move(next.layout), ByteSpan(*own_image_), own_image_, {}};
+  } else if (!same_layout) {
     // The first checkpoint, the model changed shape, or numbers were skipped: a new chain
     // starts with an anchor.
     (void)take_anchor_request(version);
@@ -135,6 +159,24 @@ Result<std::uint64_t> Publisher::publish(Checkpoint next, std::uint64_t number) 
   prev_ = std::move(next);
   if (same_layout && (version % options_.anchor_every == 0 || take_anchor_request(version))) DC_RETURN_IF_ERROR(publish_anchor());
   return version;
+}
+
+Status Publisher::encode_in_place(const Checkpoint& next, std::uint64_t version, bool delta) {
+  if (!delta) {
+    own_image_->resize(next.layout.image_size);
+    Status st = publish_encoded(encode_version_into(next.layout, version, 0, *own_image_, next.read, options_.encode, pool_, &encoders_));
+    if (st.is_ok()) last_codec_.reset();
+    return st;
+  }
+  // The base is the previous version: in this image unless that one was given whole.
+  if (prev_->image.data() != own_image_->data()) own_image_->assign(prev_->image.begin(), prev_->image.end());
+  auto ev = encode_version_into(next.layout, version, version_, *own_image_, next.read, with_delta_codec(options_.encode, options_.codec),
+                                pool_, &encoders_);
+  if (!ev.is_ok()) return ev.status();
+  DC_ASSIGN_OR_RETURN(CodecDecision codec, fixed_codec_decision(*ev, options_.codec, options_.delivery));
+  DC_RETURN_IF_ERROR(publish_encoded(std::move(ev)));
+  last_codec_ = codec;
+  return Status::ok();
 }
 
 Status Publisher::serve_anchor_request() {

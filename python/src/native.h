@@ -109,6 +109,9 @@ struct TensorRef {
 ModelLayout layout_of(const std::vector<TensorRef>& tensors);
 // Copies the tensors into `image`, resized to the layout's size (the GIL released).
 void gather(const std::vector<TensorRef>& tensors, const ModelLayout& layout, Bytes& image);
+// Copies the image bytes [offset, offset + out.size()) of the tensors laid out as `layout` into
+// `out` (no GIL needed: the caller keeps the tensors alive).
+void read_range(const std::vector<TensorRef>& tensors, const ModelLayout& layout, std::uint64_t offset, MutableByteSpan out);
 
 // Encodes `next` as an anchor (no base) or as a delta from `base`, into a container (docs/FORMAT.md).
 pybind11::bytes encode_container(const std::vector<TensorRef>* base, const std::vector<TensorRef>& next, std::uint64_t version,
@@ -168,11 +171,9 @@ class Publisher {
   std::shared_ptr<embed::Publisher> p_;
   bool merges_ = false;    // an origin of trainer shards: its versions are the merged ones
   std::mutex mu_;          // publish() and serving anchors both use the newest checkpoint
-  std::mutex publish_mu_;  // one publish() at a time: images_ and the version order
+  std::mutex publish_mu_;  // one publish() at a time: the version order
   std::thread anchor_server_;
   std::atomic<bool> stopping_{false};
-  // Images reused between versions: the publisher keeps the newest as the next delta's base.
-  std::vector<std::shared_ptr<Bytes>> images_;
 };
 
 // A Result's value, or deltacast.Error with its message.

@@ -89,25 +89,19 @@ std::uint64_t Publisher::publish(const std::vector<TensorRef>& tensors, std::uin
     py::gil_scoped_release release;
     turn.lock();
   }
-  ModelLayout layout = layout_of(tensors);
-  // An image no version holds any more, else a new one.
-  std::shared_ptr<Bytes> image;
-  for (auto& i : images_)
-    if (i.use_count() == 1) image = i;
-  if (!image) {
-    image = std::make_shared<Bytes>();
-    images_.push_back(image);
-  }
-  gather(tensors, layout, *image);
+  // The publisher reads the tensors a chunk at a time while it encodes, into the one image it
+  // keeps (embed::Checkpoint::read): no gathered copy of the whole state dict.
+  embed::Checkpoint checkpoint{layout_of(tensors), {}, nullptr, {}};
+  checkpoint.read = [&tensors, layout = checkpoint.layout](std::uint64_t offset, MutableByteSpan out) {
+    read_range(tensors, layout, offset, out);
+    return Status::ok();
+  };
   Result<std::uint64_t> version = Status::ok();
   {
     py::gil_scoped_release release;
     std::lock_guard lock(mu_);
-    version = p.publish(embed::Checkpoint{std::move(layout), *image, image}, number);
+    version = p.publish(std::move(checkpoint), number);
   }
-  // The publisher holds the newest image as the next delta's base; keep one spare beside it.
-  bool spare = false;
-  std::erase_if(images_, [&](const auto& i) { return i.use_count() == 1 && std::exchange(spare, true); });
   if (!version.is_ok()) throw Error(version.status().to_string());
   return *version;
 }

@@ -57,6 +57,15 @@ ModelLayout layout_of(const std::vector<TensorRef>& tensors) {
   return layout;
 }
 
+void read_range(const std::vector<TensorRef>& tensors, const ModelLayout& layout, std::uint64_t offset, MutableByteSpan out) {
+  const std::uint64_t end = offset + out.size();
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const std::uint64_t lo = std::max(offset, layout.tensors[i].offset), hi = std::min(end, layout.tensors[i].offset + tensors[i].nbytes);
+    if (lo >= hi) continue;
+    std::memcpy(out.data() + (lo - offset), reinterpret_cast<const std::uint8_t*>(tensors[i].data) + (lo - layout.tensors[i].offset), hi - lo);
+  }
+}
+
 void gather(const std::vector<TensorRef>& tensors, const ModelLayout& layout, Bytes& image) {
   py::gil_scoped_release release;
   image.resize(layout.image_size);
@@ -66,11 +75,7 @@ void gather(const std::vector<TensorRef>& tensors, const ModelLayout& layout, By
   const std::uint64_t pieces = (layout.image_size + kPieceBytes - 1) / kPieceBytes;
   const unsigned threads = static_cast<unsigned>(std::clamp<std::uint64_t>(pieces, 1, std::max(1u, std::thread::hardware_concurrency())));
   auto copy_range = [&](std::uint64_t begin, std::uint64_t end) {  // image bytes [begin, end)
-    for (std::size_t i = 0; i < tensors.size(); ++i) {
-      const std::uint64_t lo = std::max(begin, layout.tensors[i].offset), hi = std::min(end, layout.tensors[i].offset + tensors[i].nbytes);
-      if (lo >= hi) continue;
-      std::memcpy(image.data() + lo, reinterpret_cast<const std::uint8_t*>(tensors[i].data) + (lo - layout.tensors[i].offset), hi - lo);
-    }
+    if (begin < end) read_range(tensors, layout, begin, MutableByteSpan(image.data() + begin, end - begin));
   };
   const std::uint64_t share = (pieces + threads - 1) / threads * kPieceBytes;
   std::vector<std::thread> helpers;

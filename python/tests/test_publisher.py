@@ -390,6 +390,35 @@ def test_four_trainer_shards_one_killed_and_restarted_merge_bit_for_bit(processe
             assert got[name].shape == t.shape and bits(got[name]) == bits(t), (number, name)
 
 
+def test_signed_trainer_shards_merge_only_with_their_own_keys(tmp_path):
+    """Each shard signs its slices with its own key; the origin, given the shards' keys in order
+    (settings "shard_keys"), merges only slices signed by their shard's key, and signs the merged
+    versions with its own key, which the worker trusts. A shard signing with another key adds
+    nothing."""
+    from conftest import DELTACAST
+
+    def keygen(name):
+        out = subprocess.run([DELTACAST, "keygen", "--sign", "-o", str(tmp_path / name)], check=True, capture_output=True, text=True)
+        return str(tmp_path / name), out.stdout.strip().split()[-1]
+
+    (origin_key, origin_public), (k0, p0), (k1, p1), (stranger, _) = (keygen(n) for n in ("origin", "s0", "s1", "stranger"))
+    whole = {"a": torch.arange(64, dtype=torch.int16).view(torch.bfloat16).reshape(8, 8), "b": torch.ones(5, dtype=torch.bfloat16)}
+    with deltacast.Publisher("tcp://127.0.0.1:0", expect_shards=2, sign_key=origin_key, settings={"shard_keys": [p0, p1]}) as origin, \
+            deltacast.Worker("w", [origin.listening], trust_keys=[origin_public]) as w:
+        with deltacast.Publisher(origin=origin.listening, shard=(0, 2), sign_key=k0) as s0, \
+                deltacast.Publisher(origin=origin.listening, shard=(1, 2), sign_key=stranger) as s1:
+            s0.publish({"a": deltacast.Rows(whole["a"][:4], 0, 8), "b": whole["b"]}, version=1)
+            s1.publish({"a": deltacast.Rows(whole["a"][4:], 4, 8)}, version=1)
+            time.sleep(2)
+            assert origin.version == 0  # shard 1's slice is not signed by shard 1's key
+        with deltacast.Publisher(origin=origin.listening, shard=(0, 2), sign_key=k0) as s0, \
+                deltacast.Publisher(origin=origin.listening, shard=(1, 2), sign_key=k1) as s1:
+            s0.publish({"a": deltacast.Rows(whole["a"][:4], 0, 8), "b": whole["b"]}, version=2)
+            s1.publish({"a": deltacast.Rows(whole["a"][4:], 4, 8)}, version=2)
+            got = dict(w.wait(2, timeout=30).tensors())
+    assert bits(got["a"]) == bits(whole["a"]) and bits(got["b"]) == bits(whole["b"])
+
+
 def test_trainer_shard_arguments_are_checked():
     with pytest.raises(deltacast.Error, match="one parent, the origin"):
         deltacast.Publisher(shard=(0, 2))

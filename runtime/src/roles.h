@@ -90,9 +90,10 @@ class SliceOutbox {
   // own cache.
   virtual bool sends_slices() const = 0;
   // OK if a new slice may go now; ResourceExhausted while the previous one is still being
-  // sent, or shard_slices_retained_max slices are not merged yet (for an anchor `next`, of
-  // its version and newer: publishing it lets the older ones go). `merged` is the newest
-  // version the origin says it has.
+  // sent, or while `next` would make more than shard_slices_retained_max versions not merged
+  // yet (a version's delta and anchor count once; for an anchor `next`, only its version and
+  // newer: publishing it lets the older ones go). `merged` is the newest version the origin
+  // says it has.
   virtual Status ready(std::uint64_t merged, const VersionKey& next) = 0;
   // Sends a slice (manifest sealed in the origin's run `run`) and keeps it until merged.
   virtual void publish(const VersionKey& key, SharedBytes manifest, std::vector<SharedBytes> payloads, const RunId& run) = 0;

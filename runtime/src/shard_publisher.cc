@@ -1,25 +1,28 @@
 #include "shard_publisher.h"
 
 #include <algorithm>
+#include <set>
 
 namespace deltacast::runtime {
 
 Status ShardPublisher::ready(std::uint64_t merged, const VersionKey& next) {
   if (!outbox_.empty()) return Status::resource_exhausted("the previous slice is still being sent");
   release(merged);
-  // An anchor slice of version v lets the origin merge v from anchors: this shard's slices of
-  // older versions are no longer needed (publish() lets them go).
-  const std::size_t kept = next.anchor ? static_cast<std::size_t>(std::count_if(retained_.begin(), retained_.end(), [&](const Slice& r) {
-                                           return r.key.version >= next.version;
-                                         }))
-                                       : retained_.size();
-  if (kept >= std::max<std::size_t>(1, ctx_.config.shard_slices_retained_max))
+  // Versions kept with `next` (a version's delta and anchor slices count once). An anchor slice
+  // of version v lets the origin merge v from anchors: this shard's slices of older versions
+  // are no longer needed (publish() lets them go).
+  std::set<std::uint64_t> versions{next.version};
+  for (const Slice& r : retained_)
+    if (!next.anchor || r.key.version >= next.version) versions.insert(r.key.version);
+  if (versions.size() > std::max<std::size_t>(1, ctx_.config.shard_slices_retained_max))
     return Status::resource_exhausted("the origin has not merged the previous slices yet");
   return Status::ok();
 }
 
 void ShardPublisher::publish(const VersionKey& key, SharedBytes manifest, std::vector<SharedBytes> payloads, const RunId& run) {
   if (key.anchor) std::erase_if(retained_, [&](const Slice& r) { return r.key.version < key.version; });
+  // Made again (an anchor asked for twice): the new one replaces it.
+  std::erase_if(retained_, [&](const Slice& r) { return r.key == key; });
   retained_.push_back(Slice{key, std::move(manifest), std::move(payloads), run});
   queue(retained_.back(), nullptr);
   flush();

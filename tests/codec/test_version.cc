@@ -94,6 +94,50 @@ TEST_CASE("versions round trip on one thread and on a pool, with identical bytes
   CHECK(out3 == p.next);
 }
 
+TEST_CASE("a version encoded into one image, read chunk by chunk, is byte for byte the one made from two", "[codec][version]") {
+  const Pair p = make_pair(21);
+  VersionEncodeOptions opt;
+  opt.chunk_bytes = 64 << 10;
+  ThreadPool pool(3);
+  std::mutex mu;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> reads;
+  auto reader = [&](const Bytes& from) {
+    return [&, src = &from](std::uint64_t offset, MutableByteSpan out) {
+      std::lock_guard lock(mu);
+      reads.emplace_back(offset, out.size());
+      std::memcpy(out.data(), src->data() + offset, out.size());
+      return Status::ok();
+    };
+  };
+  auto same = [](const EncodedVersion& a, const EncodedVersion& b) { return a.manifest == b.manifest && a.payloads == b.payloads; };
+  // An anchor into an empty image: the image then holds the version.
+  Bytes image(p.layout.image_size, 0xee);
+  auto anchor = encode_version_into(p.layout, 1, 0, image, reader(p.base), opt, pool);
+  REQUIRE(anchor.is_ok());
+  CHECK(same(*anchor, *encode_version(p.layout, 1, 0, {}, p.base, opt, pool)));
+  CHECK(image == p.base);
+  // Every byte read once, a chunk at a time.
+  std::uint64_t read_bytes = 0;
+  for (const auto& read : reads) {
+    read_bytes += read.second;
+    CHECK(read.second <= opt.chunk_bytes);
+  }
+  CHECK(read_bytes == p.layout.image_size);
+  // A delta over the base it holds, in place.
+  auto delta = encode_version_into(p.layout, 2, 1, image, reader(p.next), opt, pool);
+  REQUIRE(delta.is_ok());
+  CHECK(same(*delta, *encode_version(p.layout, 2, 1, p.base, p.next, opt, pool)));
+  CHECK(image == p.next);
+  // A reader that fails names the chunk.
+  auto failing = [](std::uint64_t offset, MutableByteSpan) {
+    return offset > 0 ? Status::io_error("tensor gone") : Status::ok();
+  };
+  auto bad = encode_version_into(p.layout, 3, 2, image, failing, opt, pool);
+  REQUIRE(!bad.is_ok());
+  CHECK(bad.status().message().find("chunk") != std::string::npos);
+  CHECK(!encode_version_into(p.layout, 3, 2, MutableByteSpan(image.data(), 10), reader(p.next), opt, pool).is_ok());
+}
+
 TEST_CASE("a delta applied to the wrong base is refused as a mismatch", "[codec][version]") {
   Pair p = make_pair(2);
   InlineExecutor ex;

@@ -808,6 +808,25 @@ TEST_CASE("a trainer shard restarted mid-run resumes with an anchor slice; the o
   CHECK(w.current()->image == sh.whole(5));
 }
 
+TEST_CASE("a trainer shard asked for the same anchor twice keeps it once and goes on publishing", "[runtime][node]") {
+  Shards sh;
+  FakeNet& net = sh.net;
+  Node& w = net.add(worker_config("w", {"origin"}));
+  net.run_for(500);
+  // Version 1 (an anchor), then the same anchor made again on request, twice: one version kept,
+  // so version 2 may go while the origin still waits for shard 1.
+  REQUIRE(net.run_until([&] { return sh.ta->publish(sh.slice_a(1)).is_ok(); }));
+  REQUIRE(net.run_until([&] { return sh.ta->publish(sh.slice_a(1, true)).is_ok(); }));
+  REQUIRE(net.run_until([&] { return sh.ta->publish(sh.slice_a(1, true)).is_ok(); }));
+  CHECK(sh.ta->slices_retained() == 1);
+  REQUIRE(net.run_until([&] { return sh.ta->publish(sh.slice_a(2)).is_ok(); }, 5000));
+  CHECK(sh.origin->cache().newest_version() == 0);
+  REQUIRE(net.run_until([&] { return sh.tb->publish(sh.slice_b(1)).is_ok(); }));
+  REQUIRE(net.run_until([&] { return sh.tb->publish(sh.slice_b(2)).is_ok(); }));
+  REQUIRE(net.run_until([&] { return w.current_version() == 2; }));
+  CHECK(w.current()->image == sh.whole(2));
+}
+
 TEST_CASE("an origin merging shards gets an anchor on demand from every shard", "[runtime][node]") {
   Shards sh;
   FakeNet& net = sh.net;

@@ -54,6 +54,11 @@ struct CodecDecision {
   DeliveryCost v1, v2;
 };
 
+// `o` with its delta chunks in the fixed `codec`: v1, or v2 where smaller per chunk.
+VersionEncodeOptions with_delta_codec(VersionEncodeOptions o, DeltaCodec codec);
+// What a delta encoded in the fixed `codec` (with_delta_codec) costs, as encode_delta reports it.
+Result<CodecDecision> fixed_codec_decision(const EncodedVersion& delta, DeltaCodec codec, const DeliveryModel& model);
+
 // Encodes a delta from `base` to `next` as encode_version does, its delta chunks in `codec`
 // (options.chunk.delta_kinds is set from it). kAuto encodes v1 first; only when the WAN is that
 // encoding's bottleneck (v2 sends fewer bytes and costs more CPU, so nothing else can gain) does

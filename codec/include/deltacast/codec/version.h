@@ -62,6 +62,19 @@ Result<EncodedVersion> encode_version(const ModelLayout& layout, std::uint64_t v
                                       ByteSpan base, ByteSpan next, const VersionEncodeOptions& options, Executor& executor,
                                       ChunkEncoderPool* encoders = nullptr);
 
+// Writes the new image's bytes [offset, offset + out.size()) into `out`; called from the
+// executor's threads, for disjoint ranges.
+using ImageReader = std::function<Status(std::uint64_t offset, MutableByteSpan out)>;
+
+// encode_version with the new image read through `read_next` a chunk at a time instead of held
+// whole, and written over `image` as each chunk is encoded: a delta from the version `image`
+// holds (base_version > 0), or an anchor (base_version 0; `image` is only written). `image` then
+// holds the new version; after a failure it holds parts of both and is no one's base. Memory:
+// `image` and a chunk per task running at once, where encode_version needs two images.
+Result<EncodedVersion> encode_version_into(const ModelLayout& layout, std::uint64_t version, std::uint64_t base_version,
+                                           MutableByteSpan image, const ImageReader& read_next, const VersionEncodeOptions& options,
+                                           Executor& executor, ChunkEncoderPool* encoders = nullptr);
+
 // Checks and decodes chunk `index` of `manifest`:
 //   payload size and hash -> segments -> decode, hashing the base bytes (deltas) -> base hash
 //   -> write, hashing the result -> content hash.

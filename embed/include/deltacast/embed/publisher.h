@@ -30,10 +30,17 @@ namespace deltacast::embed {
 // A checkpoint to publish: its tensor table and image. `owner` keeps the image's bytes alive
 // (a mapped file, a buffer): the publisher holds it until the next checkpoint, which it
 // encodes against this one.
+//
+// Or, instead of `image`, `read`: the image's bytes read a chunk at a time (from a trainer's
+// tensors, say), during publish() only. The publisher then keeps one image of its own, which each
+// version is encoded against and written over in place (codec::encode_version_into): about one
+// image besides the caller's tensors, where checkpoints held whole need two. Codec auto encodes
+// a version twice, so it reads the whole image first and needs the second.
 struct Checkpoint {
   ModelLayout layout;
   ByteSpan image;
   std::shared_ptr<const void> owner;
+  ImageReader read;
 };
 
 // A safetensors checkpoint file as a Checkpoint: mapped, not copied.
@@ -124,6 +131,10 @@ class Publisher {
   ThreadPool pool_;
   ChunkEncoderPool encoders_;  // one per pool thread, kept between versions
   std::optional<Checkpoint> prev_;
+  // The image checkpoints given by a reader are written over, version by version; prev_ points
+  // into it then.
+  std::shared_ptr<Bytes> own_image_ = std::make_shared<Bytes>();
+  Status encode_in_place(const Checkpoint& next, std::uint64_t version, bool delta);
   std::uint64_t version_ = 0;
   std::optional<CodecDecision> last_codec_;
   // An anchor asked for by the node (of this version or newer; 0: the newest), until one is

@@ -103,7 +103,8 @@ struct NodeConfig {
   std::uint32_t shard_count = 0;
   // Trainer-shard publisher: slices kept until the origin has merged them, so a slice cut
   // off by a broken link or lost on the way is sent again (whole after a reconnect, or the
-  // chunks the origin asks for). publish() waits (ResourceExhausted) while this many are kept.
+  // chunks the origin asks for). publish() waits (ResourceExhausted) while it would keep more
+  // than this many versions (a version's delta and anchor slices count once).
   std::size_t shard_slices_retained_max = 2;
   // Relays: forward a version only once all of it is here (store-and-forward), instead of
   // each chunk as it arrives. Only for comparisons in the simulator.

@@ -313,9 +313,10 @@ def main():
             if not all(p.is_alive() for p in ranks.processes) and any(p.exitcode for p in ranks.processes):
                 print("a rank failed", file=sys.stderr)
                 return 1
-            for v in range(reported + 1, origin.version + 1):
+            newest = origin.version  # read once: it may move while this reports
+            for v in range(reported + 1, newest + 1):
                 print(f"merged version {v} from {args.ranks} shards", flush=True)
-            reported = max(reported, origin.version)
+            reported = max(reported, newest)
             time.sleep(0.05)
         merged_all.set()
         ranks.join()

@@ -27,6 +27,10 @@ void add_node_options(CLI::App* sub, NodeOptions& o, bool worker) {
   sub->add_option("--metrics", o.metrics, "Serve Prometheus metrics on host:port (GET /metrics; deltacast status reads it)");
   if (worker) sub->add_flag("--in-place", o.in_place, "Apply versions into the one image (half the memory; readers pause during updates)");
   if (worker)
+    sub->add_option("--share", o.share,
+                    "Share each verified version with this host's processes: they attach to this Unix socket path "
+                    "(deltacast.attach) and map the images read-only (docs/RUNTIME.md, \"One image per host\")");
+  if (worker)
     sub->add_option("--scrub-rate", o.scrub_rate,
                     "Re-hash the exposed image against its chunk state hashes at most this many bytes a second, to find memory that "
                     "changed outside of a delta (0: off); default 256MiB");

@@ -90,18 +90,17 @@ int run_worker(const NodeOptions& o) {
   auto cfg = load_node_options(o, embed::NodeRole::kWorker, &printed);
   if (!cfg.is_ok()) return fail(cfg.status().to_string());
   if (printed) return 0;
-  embed::WorkerOptions wo;
-  wo.node = cfg->node;
-  wo.host = cfg->host;
+  const std::string id = cfg->node.node_id;
+  embed::WorkerOptions wo = embed::worker_options(std::move(*cfg));
   wo.out_dir = o.out_dir;
   wo.keep_versions = o.keep_versions;
   wo.resume = !o.no_resume;
-  wo.on_version = [id = cfg->node.node_id](std::shared_ptr<const ModelVersion> v, const Node& node) { print_version_line(id, *v, node); };
+  wo.on_version = [id](std::shared_ptr<const ModelVersion> v, const Node& node) { print_version_line(id, *v, node); };
   stop_on_signals(nullptr);
   auto worker = embed::Worker::start(std::move(wo));
   if (!worker.is_ok()) return fail(worker.status().to_string());
   if (auto saved = (*worker)->resumed()) {
-    std::printf("%s: resumed version %" PRIu64 ", checksum %016" PRIx64 "\n", cfg->node.node_id.c_str(), saved->version, saved->checksum);
+    std::printf("%s: resumed version %" PRIu64 ", checksum %016" PRIx64 "\n", id.c_str(), saved->version, saved->checksum);
     std::fflush(stdout);
   }
   // The newest version seen, by run and number only: holding the version itself would keep an

@@ -151,6 +151,55 @@ Status validate_names(const std::vector<TensorInfo>& tensors, const std::vector<
   return Status::ok();
 }
 
+void write_layout_tables(ByteWriter& w, const std::vector<std::pair<std::string, std::string>>& metadata,
+                         const std::vector<TensorInfo>& tensors) {
+  w.varint(metadata.size());
+  for (const auto& [k, v] : metadata) {
+    w.string(k);
+    w.string(v);
+  }
+  w.varint(tensors.size());
+  for (const auto& t : tensors) {
+    w.string(t.name);
+    w.u8(static_cast<std::uint8_t>(t.dtype));
+    w.varint(t.shape.size());
+    for (auto d : t.shape) w.varint(d);
+    w.varint(t.offset);
+    w.varint(t.nbytes);
+  }
+}
+
+Status read_layout_tables(ByteReader& r, std::uint64_t tensors_max, std::vector<std::pair<std::string, std::string>>& metadata,
+                          std::vector<TensorInfo>& tensors) {
+  std::uint64_t count;
+  if (!r.varint(count) || count > r.remaining() / 2) return Status::corruption("bad metadata count");
+  std::uint64_t meta_bytes = 0;
+  for (std::uint64_t i = 0; i < count; ++i) {
+    std::string k, v;
+    if (!r.string(k, kMetadataBytesMax) || !r.string(v, kMetadataBytesMax)) return Status::corruption("bad metadata entry");
+    meta_bytes += k.size() + v.size();
+    if (meta_bytes > kMetadataBytesMax) return Status::corruption("metadata too large");
+    metadata.emplace_back(std::move(k), std::move(v));
+  }
+  if (!r.varint(count) || count > kTensorsMax || count > r.remaining() / 5) return Status::corruption("bad tensor count");
+  if (count > tensors_max)
+    return Status::resource_exhausted(std::to_string(count) + " tensors, above the limit of " + std::to_string(tensors_max));
+  tensors.resize(count);
+  for (auto& t : tensors) {
+    std::uint8_t dt;
+    std::uint64_t rank;
+    if (!r.string(t.name, kNameBytesMax) || !r.u8(dt) || !r.varint(rank)) return Status::corruption("truncated tensor entry");
+    if (dt >= kDTypeCount) return Status::corruption("tensor '" + t.name + "': unknown dtype " + std::to_string(dt));
+    if (rank > kTensorRankMax) return Status::corruption("tensor '" + t.name + "': rank too large");
+    t.dtype = static_cast<DType>(dt);
+    t.shape.resize(rank);
+    for (auto& d : t.shape)
+      if (!r.varint(d)) return Status::corruption("truncated tensor shape");
+    if (!r.varint(t.offset) || !r.varint(t.nbytes)) return Status::corruption("truncated tensor entry");
+  }
+  return Status::ok();
+}
+
 Bytes serialize_manifest(const Manifest& m) {
   Bytes out;
   ByteWriter w(out);
@@ -167,20 +216,7 @@ Bytes serialize_manifest(const Manifest& m) {
     w.u64(m.run.nonce);
     w.u8((m.is_signed ? kFlagSigned : 0) | (m.parts.empty() ? 0 : kFlagParts));
   }
-  w.varint(m.metadata.size());
-  for (const auto& [k, v] : m.metadata) {
-    w.string(k);
-    w.string(v);
-  }
-  w.varint(m.tensors.size());
-  for (const auto& t : m.tensors) {
-    w.string(t.name);
-    w.u8(static_cast<std::uint8_t>(t.dtype));
-    w.varint(t.shape.size());
-    for (auto d : t.shape) w.varint(d);
-    w.varint(t.offset);
-    w.varint(t.nbytes);
-  }
+  write_layout_tables(w, m.metadata, m.tensors);
   for (const auto& p : m.parts) {
     w.varint(p.row_begin);
     w.varint(p.rows);
@@ -236,32 +272,7 @@ Status read_header(ByteReader& r, const ManifestLimits& limits, Manifest& m, boo
 // Metadata and the tensor table. Counts are bounded by what is left (a tensor entry takes 5
 // bytes or more), so a hostile count cannot make us allocate.
 Status read_tables(ByteReader& r, const ManifestLimits& limits, Manifest& m, bool has_parts) {
-  std::uint64_t count;
-  if (!r.varint(count) || count > r.remaining() / 2) return Status::corruption("bad metadata count");
-  std::uint64_t meta_bytes = 0;
-  for (std::uint64_t i = 0; i < count; ++i) {
-    std::string k, v;
-    if (!r.string(k, kMetadataBytesMax) || !r.string(v, kMetadataBytesMax)) return Status::corruption("bad metadata entry");
-    meta_bytes += k.size() + v.size();
-    if (meta_bytes > kMetadataBytesMax) return Status::corruption("metadata too large");
-    m.metadata.emplace_back(std::move(k), std::move(v));
-  }
-  if (!r.varint(count) || count > kTensorsMax || count > r.remaining() / 5) return Status::corruption("bad tensor count");
-  if (count > limits.tensors_max)
-    return Status::resource_exhausted(std::to_string(count) + " tensors, above the limit of " + std::to_string(limits.tensors_max));
-  m.tensors.resize(count);
-  for (auto& t : m.tensors) {
-    std::uint8_t dt;
-    std::uint64_t rank;
-    if (!r.string(t.name, kNameBytesMax) || !r.u8(dt) || !r.varint(rank)) return Status::corruption("truncated tensor entry");
-    if (dt >= kDTypeCount) return Status::corruption("tensor '" + t.name + "': unknown dtype " + std::to_string(dt));
-    if (rank > kTensorRankMax) return Status::corruption("tensor '" + t.name + "': rank too large");
-    t.dtype = static_cast<DType>(dt);
-    t.shape.resize(rank);
-    for (auto& d : t.shape)
-      if (!r.varint(d)) return Status::corruption("truncated tensor shape");
-    if (!r.varint(t.offset) || !r.varint(t.nbytes)) return Status::corruption("truncated tensor entry");
-  }
+  DC_RETURN_IF_ERROR(read_layout_tables(r, limits.tensors_max, m.metadata, m.tensors));
   DC_RETURN_IF_ERROR(validate_names(m.tensors, m.metadata));
   DC_RETURN_IF_ERROR(validate_tensors(m.tensors, m.image_size));
   if (!has_parts) return Status::ok();

@@ -189,6 +189,7 @@ void for_each_setting(F&& f, Settings&... s) {
   f("congestion_control", s.congestion_control...);
   f("relay", s.relay...);
   f("in_place", s.in_place...);
+  f("share", s.share...);
   f("scrub_rate", s.scrub_rate...);
   f("change_history", s.change_history...);
   f("change_history_bytes", s.change_history_bytes...);
@@ -366,6 +367,13 @@ Result<LoadedNode> load_node(const NodeSettings& s, NodeRole role) {
     for (const auto& p : tree) DC_RETURN_IF_ERROR(check_endpoint(p, "trees", false));
   out.node.reconstruct = worker;
   out.node.in_place = worker && o.in_place;
+  if (!o.share.empty()) {
+    if (!worker) return Status::invalid_argument("only a worker shares its versions with its host (\"share\")");
+    if (o.in_place) return Status::invalid_argument("\"share\" and \"in_place\" do not go together: a reader holds the version it reads until the next one is current");
+    if (o.share.size() > 107) return Status::invalid_argument("share: a socket path of at most 107 bytes, not " + std::to_string(o.share.size()));
+    out.share_path = o.share;
+    out.node.share_images = true;
+  }
   if (!o.scrub_rate.empty()) {
     DC_ASSIGN_OR_RETURN(out.node.scrub_bytes_per_s, parse_bytes(o.scrub_rate));
     if (out.node.scrub_bytes_per_s > runtime::kScrubBytesPerSMax)

@@ -1,13 +1,27 @@
 #include "deltacast/embed/worker.h"
+#include "deltacast/embed/share.h"
 #include "deltacast/transport/system.h"
 
 #include <spdlog/spdlog.h>
 
 namespace deltacast::embed {
 
+WorkerOptions worker_options(LoadedNode loaded) {
+  WorkerOptions o;
+  o.node = std::move(loaded.node);
+  o.host = std::move(loaded.host);
+  o.share_path = std::move(loaded.share_path);
+  return o;
+}
+
 Result<std::unique_ptr<Worker>> Worker::start(WorkerOptions o) {
   if (o.node.node_id.empty()) return Status::invalid_argument("a worker needs a node id");
   if (!o.node.has_parents()) return Status::invalid_argument("a worker needs at least one parent");
+  if (!o.share_path.empty()) {
+    if (o.node.in_place)
+      return Status::invalid_argument("a worker that shares its versions (--share) cannot update in place (--in-place): its readers hold the version they read");
+    o.node.share_images = true;
+  }
   DC_RETURN_IF_ERROR(runtime::check_parents(o.node));
   o.node.reconstruct = true;
   o.node.serve_children = !o.host.bind_endpoint.empty();
@@ -25,11 +39,26 @@ Result<std::unique_ptr<Worker>> Worker::start(WorkerOptions o) {
       w->host_->restore(std::move(saved));
     }
   }
-  if (o.on_version)
-    w->host_->set_on_version([cb = std::move(o.on_version), host = w->host_.get()](std::shared_ptr<const runtime::ModelVersion> v) {
-      cb(std::move(v), host->node());
+  if (!o.share_path.empty()) {
+    transport::NodeHost* host = w->host_.get();
+    ImageSharer::Callbacks callbacks;
+    callbacks.hold_history_from = [host](const RunId& run, std::uint64_t version) {
+      host->post([host, run, version] { host->node().hold_history_from(run, version); });
+    };
+    callbacks.report_model = [host](const runtime::ModelState& model, const std::string& error) {
+      host->post([host, model, error] { host->node().report_model(model, error); });
+    };
+    DC_ASSIGN_OR_RETURN(w->sharer_, ImageSharer::start(o.share_path, std::move(callbacks)));
+  }
+  if (o.on_version || w->sharer_)
+    w->host_->set_on_version([cb = std::move(o.on_version), host = w->host_.get(), sharer = w->sharer_.get()](std::shared_ptr<const runtime::ModelVersion> v) {
+      if (sharer) sharer->offer(v);
+      if (cb) cb(std::move(v), host->node());
     });
   DC_RETURN_IF_ERROR(w->host_->start_thread());
+  if (w->sharer_) {
+    if (auto v = w->resumed_ ? w->resumed_ : w->host_->current()) w->sharer_->offer(std::move(v));
+  }
   if (w->store_) w->saver_ = std::thread([p = w.get()] { p->save_loop(); });
   return w;
 }
@@ -90,6 +119,7 @@ Status Worker::stop(bool save_current) {
   save_current_ = save_current;
   stopping_ = true;
   if (saver_.joinable()) saver_.join();
+  sharer_.reset();  // readers keep the versions they mapped
   host_->stop();
   if (unsaved_) return Status::io_error("version " + std::to_string(*unsaved_) + " is ready but not saved: " + save_error_);
   return Status::ok();

@@ -115,9 +115,7 @@ Result<embed::NodeSettings> settings_of(const dc_worker_options* o) {
 Result<embed::WorkerOptions> options_of(const dc_worker_options* o) {
   DC_ASSIGN_OR_RETURN(embed::NodeSettings s, settings_of(o));
   DC_ASSIGN_OR_RETURN(embed::LoadedNode loaded, embed::load_node(s, embed::NodeRole::kWorker));
-  embed::WorkerOptions wo;
-  wo.node = std::move(loaded.node);
-  wo.host = std::move(loaded.host);
+  embed::WorkerOptions wo = embed::worker_options(std::move(loaded));
   if (o->state_dir && *o->state_dir) wo.out_dir = o->state_dir;
   wo.keep_versions = o->keep_versions ? o->keep_versions : 2;
   return wo;

@@ -68,7 +68,7 @@ class VersionGone(Error):
     its change history no longer reaches back to it."""
 
 
-__all__ = ["Delivery", "Error", "Publisher", "Request", "Rows", "Version", "VersionGone", "Worker", "decode_delta", "encode_anchor", "encode_delta"]
+__all__ = ["Attached", "Delivery", "Error", "Publisher", "Request", "Rows", "Version", "VersionGone", "Worker", "attach", "decode_delta", "encode_anchor", "encode_delta"]
 
 # safetensors dtype -> (numpy dtype, torch dtype name). Types torch 1.13 lacks (unsigned wider
 # than 8 bits, float8) are given as the signed integer of the same width, a bit-exact view.
@@ -391,65 +391,22 @@ def _settings_json(settings: Optional[dict]) -> str:
 
 
 def _worker_args(id, parents=None, *, keys=None, parent_keys=None, trust_keys=None, state_dir=None, in_place=False,
-                 listen=None, metrics=None, change_history=DEFAULT_CHANGE_HISTORY, change_history_bytes=None, stripes=None,
+                 share=None, listen=None, metrics=None, change_history=DEFAULT_CHANGE_HISTORY, change_history_bytes=None, stripes=None,
                  trees=None, tree_parent_keys=None, settings=None) -> dict:
     """The keyword arguments of the native worker: None leaves a setting to ``settings`` or the
     node's default."""
     if isinstance(parents, str):
         parents = [parents]
     return dict(id=id, parents=list(parents or []), keys=keys, parent_keys=list(parent_keys or []),
-                trust_keys=list(trust_keys or []), state_dir=state_dir or "", in_place=bool(in_place), listen=listen or "",
+                trust_keys=list(trust_keys or []), state_dir=state_dir or "", in_place=bool(in_place), share=str(share or ""),
+                listen=listen or "",
                 metrics=metrics or "", change_history=change_history, change_history_bytes=change_history_bytes, stripes=stripes,
                 trees=[list(t) for t in trees or []], tree_parent_keys=[list(k) for k in tree_parent_keys or []],
                 settings=_settings_json(settings))
 
 
-class Worker:
-    """A rollout process's worker: joins ``parents`` (endpoints, most preferred first).
-
-    In a multi-tree fleet (``deltacast fleet-init --trees N``) give ``trees`` instead: each
-    tree's parents, most preferred first, as the config file's ``"trees"``; with CURVE,
-    ``tree_parent_keys`` in the same shape (the config's ``"tree_parent_keys"``).
-
-    ``change_history``: how many versions back ``Version.patches`` and ``version()`` can reach
-    (each kept costs 4 bytes per changed value, and the value's own size; 0 keeps none);
-    ``change_history_bytes``: at most this many bytes of it, also when ``hold_history_from`` asks
-    for more (0: as many as the image). ``stripes``: TCP connections per parent link (1 to
-    64), for a parent across a long link that one connection's window cannot fill
-    (docs/RUNTIME.md, "Striped links"). ``settings``: any other field of a node config file, as a
-    dict (``{"limits": {...}, "timing": {...}, "cache_size": "8GB", "scrub_rate": "64MB"}``;
-    docs/RUNTIME.md, "Config files"), under the named arguments; checked as the config file's.
-    """
-
-    def __init__(self, id: str, parents: Optional[list[str]] = None, *, keys=None, parent_keys=None, trust_keys=None,
-                 state_dir=None, in_place=False, listen=None, metrics=None, change_history=DEFAULT_CHANGE_HISTORY,
-                 change_history_bytes=None, stripes=None, trees=None, tree_parent_keys=None, settings: Optional[dict] = None):
-        self._setup(_native.Worker(**_worker_args(id, parents, keys=keys, parent_keys=parent_keys, trust_keys=trust_keys,
-                                                  state_dir=state_dir, in_place=in_place, listen=listen, metrics=metrics,
-                                                  change_history=change_history, change_history_bytes=change_history_bytes,
-                                                  stripes=stripes, trees=trees, tree_parent_keys=tree_parent_keys, settings=settings)))
-
-    @classmethod
-    def from_config(cls, path, *, state_dir=None, change_history=DEFAULT_CHANGE_HISTORY, change_history_bytes=None,
-                    settings: Optional[dict] = None) -> "Worker":
-        """A worker from a node config file, as ``deltacast worker --config`` reads it
-        (docs/RUNTIME.md, "Config files"): the files ``deltacast fleet-init`` writes, with their
-        parents or trees, key files, trust keys, limits, timing and ``in_place``, ``listen``,
-        ``metrics``, ``stripes`` and ``scrub_rate``; ``settings`` over them. A config that does not
-        check raises deltacast.Error."""
-        worker = cls.__new__(cls)
-        worker._setup(_native.Worker(config_path=str(path), state_dir=str(state_dir or ""), change_history=change_history,
-                                     change_history_bytes=change_history_bytes, settings=_settings_json(settings)))
-        return worker
-
-    @staticmethod
-    def settings(id: str = "", parents: Optional[list[str]] = None, *, config_path=None, **kwargs) -> dict:
-        """The node settings a ``Worker`` with these arguments runs with, as a config file holds
-        them, checked as starting the worker checks them (deltacast.Error if they do not check)."""
-        args = _worker_args(id, parents, **kwargs)
-        if config_path:
-            args["config_path"] = str(config_path)
-        return json.loads(_native.Worker.settings(**args))
+class _Reader:
+    """The reading API a Worker and an Attached reader share."""
 
     def _setup(self, native) -> None:
         self._native = native
@@ -533,10 +490,6 @@ class Worker:
                     logging.getLogger("deltacast").exception("on_version callback failed for version %d", version.number)
             del version
 
-    @property
-    def listening(self) -> str:
-        return self._native.listening()
-
     def close(self) -> None:
         """Stops the worker; with a ``state_dir``, the version it holds is saved first if it was not."""
         self._closing.set()
@@ -544,11 +497,86 @@ class Worker:
             self._thread.join()
         self._native.close()
 
-    def __enter__(self) -> "Worker":
+    def __enter__(self):
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class Worker(_Reader):
+    """A rollout process's worker: joins ``parents`` (endpoints, most preferred first).
+
+    In a multi-tree fleet (``deltacast fleet-init --trees N``) give ``trees`` instead: each
+    tree's parents, most preferred first, as the config file's ``"trees"``; with CURVE,
+    ``tree_parent_keys`` in the same shape (the config's ``"tree_parent_keys"``).
+
+    ``share``: a Unix socket path; the worker shares each verified version with the host's other
+    processes, which ``attach`` to it and read its images with no copy (docs/RUNTIME.md, "One
+    image per host"). Not with ``in_place``.
+
+    ``change_history``: how many versions back ``Version.patches`` and ``version()`` can reach
+    (each kept costs 4 bytes per changed value, and the value's own size; 0 keeps none);
+    ``change_history_bytes``: at most this many bytes of it, also when ``hold_history_from`` asks
+    for more (0: as many as the image). ``stripes``: TCP connections per parent link (1 to
+    64), for a parent across a long link that one connection's window cannot fill
+    (docs/RUNTIME.md, "Striped links"). ``settings``: any other field of a node config file, as a
+    dict (``{"limits": {...}, "timing": {...}, "cache_size": "8GB", "scrub_rate": "64MB"}``;
+    docs/RUNTIME.md, "Config files"), under the named arguments; checked as the config file's.
+    """
+
+    def __init__(self, id: str, parents: Optional[list[str]] = None, *, keys=None, parent_keys=None, trust_keys=None,
+                 state_dir=None, in_place=False, share=None, listen=None, metrics=None, change_history=DEFAULT_CHANGE_HISTORY,
+                 change_history_bytes=None, stripes=None, trees=None, tree_parent_keys=None, settings: Optional[dict] = None):
+        self._setup(_native.Worker(**_worker_args(id, parents, keys=keys, parent_keys=parent_keys, trust_keys=trust_keys,
+                                                  state_dir=state_dir, in_place=in_place, share=share, listen=listen, metrics=metrics,
+                                                  change_history=change_history, change_history_bytes=change_history_bytes,
+                                                  stripes=stripes, trees=trees, tree_parent_keys=tree_parent_keys, settings=settings)))
+
+    @classmethod
+    def from_config(cls, path, *, state_dir=None, change_history=DEFAULT_CHANGE_HISTORY, change_history_bytes=None,
+                    settings: Optional[dict] = None) -> "Worker":
+        """A worker from a node config file, as ``deltacast worker --config`` reads it
+        (docs/RUNTIME.md, "Config files"): the files ``deltacast fleet-init`` writes, with their
+        parents or trees, key files, trust keys, limits, timing and ``in_place``, ``listen``,
+        ``metrics``, ``stripes`` and ``scrub_rate``; ``settings`` over them. A config that does not
+        check raises deltacast.Error."""
+        worker = cls.__new__(cls)
+        worker._setup(_native.Worker(config_path=str(path), state_dir=str(state_dir or ""), change_history=change_history,
+                                     change_history_bytes=change_history_bytes, settings=_settings_json(settings)))
+        return worker
+
+    @staticmethod
+    def settings(id: str = "", parents: Optional[list[str]] = None, *, config_path=None, **kwargs) -> dict:
+        """The node settings a ``Worker`` with these arguments runs with, as a config file holds
+        them, checked as starting the worker checks them (deltacast.Error if they do not check)."""
+        args = _worker_args(id, parents, **kwargs)
+        if config_path:
+            args["config_path"] = str(config_path)
+        return json.loads(_native.Worker.settings(**args))
+
+    @property
+    def listening(self) -> str:
+        return self._native.listening()
+
+
+class Attached(_Reader):
+    """A reader of the versions a worker on this host shares (``Worker(share=PATH)``,
+    ``deltacast worker --share PATH``): ``attach(PATH)`` makes one. It has the Worker's reading
+    API; its versions are the worker's images, mapped read-only, so that the ranks of an engine
+    on one host hold and download each version once. A version it gives stays unchanged until
+    it is let go of. ``report_model`` and ``hold_history_from`` go to the worker, which reports
+    its readers' models as one and keeps history back to the oldest any reader asks for. When
+    the worker goes away, the versions held stay readable and ``wait`` raises deltacast.Error."""
+
+    def __init__(self, path, timeout: Optional[float] = 30.0):
+        self._setup(_native.Worker.attach(str(path), -1.0 if timeout is None else float(timeout)))
+
+
+def attach(path, timeout: Optional[float] = 30.0) -> Attached:
+    """Attaches to the worker sharing ``path`` on this host, waiting up to ``timeout`` seconds
+    for it to start listening (None: no limit)."""
+    return Attached(path, timeout)
 
 
 class Delivery(NamedTuple):

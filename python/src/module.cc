@@ -71,7 +71,7 @@ WorkerArgs worker_args(const py::kwargs& kw) {
   Kwargs k(kw);
   k.get("id", a.id).get("parents", a.parents).get("keys", a.keys).get("parent_keys", a.parent_keys).get("trees", a.trees);
   k.get("tree_parent_keys", a.tree_parent_keys).get("trust_keys", a.trust_keys).get("state_dir", a.state_dir).get("in_place", a.in_place);
-  k.get("listen", a.listen).get("metrics", a.metrics).get("change_history", a.change_history);
+  k.get("share", a.share).get("listen", a.listen).get("metrics", a.metrics).get("change_history", a.change_history);
   k.get("change_history_bytes", a.change_history_bytes).get("stripes", a.stripes).get("config_path", a.config_path);
   k.get("settings", a.settings).done();
   return a;
@@ -135,6 +135,7 @@ PYBIND11_MODULE(_native, m) {
   py::class_<Worker>(m, "Worker")
       .def(py::init([](const py::kwargs& kw) { return std::make_unique<Worker>(worker_args(kw)); }))
       .def_static("settings", [](const py::kwargs& kw) { return checked_json(worker_settings(worker_args(kw)), deltacast::embed::NodeRole::kWorker); })
+      .def_static("attach", &Worker::attach, py::arg("path"), py::arg("timeout_s"))
       .def("wait", &Worker::wait, py::arg("min_version"), py::arg("timeout_s"))
       .def("wait_newer", &Worker::wait_newer, py::arg("after"), py::arg("timeout_s"))
       .def("current", &Worker::current)

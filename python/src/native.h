@@ -195,6 +195,7 @@ struct WorkerArgs {
   std::vector<std::string> trust_keys;                        // Ed25519 publisher keys (hex or key files)
   std::string state_dir;
   bool in_place = false;
+  std::string share;  // a Unix socket path the host's other processes attach to
   std::string listen;
   std::string metrics;
   std::optional<std::uint64_t> change_history;
@@ -206,9 +207,13 @@ struct WorkerArgs {
 // The settings a Worker with these arguments runs with (load_node checks them).
 embed::NodeSettings worker_settings(const WorkerArgs& a);
 
+// A rollout process's worker, or a reader attached to the worker its host shares (the same
+// reading API over embed::VersionSource).
 class Worker {
  public:
   explicit Worker(const WorkerArgs& args);
+  // A reader of the versions the worker sharing `path` serves, waiting up to timeout_s for it.
+  static std::unique_ptr<Worker> attach(const std::string& path, double timeout_s);
   ~Worker();
   // A version >= min_version, waiting up to timeout_s (negative: no limit). Raises TimeoutError.
   std::shared_ptr<Version> wait(std::uint64_t min_version, double timeout_s);
@@ -229,10 +234,11 @@ class Worker {
   std::string listening() const;
 
  private:
+  Worker() = default;
   void start(embed::WorkerOptions o);
-  // The worker, held by the caller while it waits: close() in another thread cannot free it.
-  std::shared_ptr<embed::Worker> live() const;
-  std::shared_ptr<embed::Worker> w_;
+  // The source, held by the caller while it waits: close() in another thread cannot free it.
+  std::shared_ptr<embed::VersionSource> live() const;
+  std::shared_ptr<embed::VersionSource> w_;
   std::atomic<bool> closed_{false};
 };
 

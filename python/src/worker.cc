@@ -2,6 +2,7 @@
 
 #include "native.h"
 #include "deltacast/embed/node_config.h"
+#include "deltacast/embed/share.h"
 #include "deltacast/transport/wire.h"
 #include "version_capsule.h"
 
@@ -104,6 +105,7 @@ embed::NodeSettings worker_settings(const WorkerArgs& a) {
   named.tree_parent_keys = a.tree_parent_keys;
   named.trust_keys = a.trust_keys;
   named.in_place = a.in_place;
+  named.share = a.share;
   named.listen = a.listen;
   named.metrics = a.metrics;
   named.change_history = a.change_history;
@@ -118,9 +120,7 @@ embed::NodeSettings worker_settings(const WorkerArgs& a) {
 
 Worker::Worker(const WorkerArgs& args) {
   embed::LoadedNode loaded = checked(embed::load_node(worker_settings(args), embed::NodeRole::kWorker));
-  embed::WorkerOptions o;
-  o.node = std::move(loaded.node);
-  o.host = std::move(loaded.host);
+  embed::WorkerOptions o = embed::worker_options(std::move(loaded));
   o.out_dir = args.state_dir;
   start(std::move(o));
 }
@@ -134,13 +134,24 @@ void Worker::start(embed::WorkerOptions o) {
   w_ = std::move(w).value();
 }
 
+std::unique_ptr<Worker> Worker::attach(const std::string& path, double timeout_s) {
+  auto a = [&] {
+    py::gil_scoped_release release;
+    return embed::Attached::attach(path, timeout_s < 0 ? UINT64_MAX / 2 : static_cast<std::uint64_t>(timeout_s * 1000));
+  }();
+  if (!a.is_ok()) throw Error(a.status().to_string());
+  std::unique_ptr<Worker> w(new Worker);
+  w->w_ = std::move(a).value();
+  return w;
+}
+
 Worker::~Worker() {
   closed_ = true;
   py::gil_scoped_release release;
   w_.reset();
 }
 
-std::shared_ptr<embed::Worker> Worker::live() const {
+std::shared_ptr<embed::VersionSource> Worker::live() const {
   if (!w_ || closed_) throw Error("the worker is closed");
   return w_;
 }
@@ -159,12 +170,15 @@ std::shared_ptr<Version> Worker::wait(std::uint64_t min_version, double timeout_
   std::shared_ptr<const runtime::ModelVersion> v;
   std::string refused;
   const bool got = wait_sliced(timeout_s, [&](std::uint64_t ms) {
-    if (refused = w->refusal(); !refused.empty()) return true;
-    v = closed_ ? nullptr : w->wait_for_version(std::max<std::uint64_t>(min_version, 1), ms);
-    return v != nullptr || closed_;
+    // A version that is there is given even after a refusal (an attached reader's worker gone).
+    const bool refused_before = !w->refusal().empty();
+    v = closed_ ? nullptr : w->wait_for_version(std::max<std::uint64_t>(min_version, 1), refused_before ? 0 : ms);
+    if (v != nullptr || closed_) return true;
+    refused = w->refusal();
+    return !refused.empty();
   });
   if (closed_) throw Error("the worker was closed while waiting");
-  if (!refused.empty()) throw Error(refused);
+  if (!v && !refused.empty()) throw Error(refused);
   if (!got) {
     PyErr_SetString(PyExc_TimeoutError, ("no version >= " + std::to_string(min_version) + " within the timeout").c_str());
     throw py::error_already_set();
@@ -174,7 +188,8 @@ std::shared_ptr<Version> Worker::wait(std::uint64_t min_version, double timeout_
 
 std::shared_ptr<Version> Worker::wait_newer(const std::shared_ptr<Version>& after, double timeout_s) {
   const auto w = live();
-  const std::shared_ptr<const runtime::ModelVersion> base = after ? after->get() : nullptr;
+  std::optional<embed::VersionTag> base;
+  if (after) base = embed::VersionTag::of(*after->get());
   std::shared_ptr<const runtime::ModelVersion> v;
   wait_sliced(timeout_s, [&](std::uint64_t ms) {
     v = closed_ ? nullptr : w->wait_for_newer(base, ms);
@@ -201,12 +216,15 @@ std::shared_ptr<Version> Worker::wait_for(const std::string& run_text, std::uint
   std::shared_ptr<const runtime::ModelVersion> v;
   std::string refused;
   wait_sliced(timeout_s, [&](std::uint64_t ms) {
-    if (refused = w->refusal(); !refused.empty()) return true;
-    v = closed_ ? nullptr : w->wait_for_run_version(run, version, ms);
-    return v != nullptr || closed_;
+    // A version that is there is given even after a refusal (an attached reader's worker gone).
+    const bool refused_before = !w->refusal().empty();
+    v = closed_ ? nullptr : w->wait_for_run_version(run, version, refused_before ? 0 : ms);
+    if (v != nullptr || closed_) return true;
+    refused = w->refusal();
+    return !refused.empty();
   });
   if (closed_) throw Error("the worker was closed while waiting");
-  if (!refused.empty()) throw Error(refused);
+  if (!v && !refused.empty()) throw Error(refused);
   return v ? std::make_shared<Version>(std::move(v)) : nullptr;
 }
 
@@ -230,7 +248,7 @@ std::shared_ptr<Version> Worker::current() const {
 
 void Worker::close() {
   closed_ = true;
-  const std::shared_ptr<embed::Worker> w = std::move(w_);  // waits in other threads keep their own reference
+  const std::shared_ptr<embed::VersionSource> w = std::move(w_);  // waits in other threads keep their own reference
   if (!w) return;
   py::gil_scoped_release release;
   // With a state_dir, the version held is on disk when close() returns: a version that became
@@ -238,6 +256,9 @@ void Worker::close() {
   (void)w->stop(/*save_current=*/true);
 }
 
-std::string Worker::listening() const { return live()->host().bound_endpoint(); }
+std::string Worker::listening() const {
+  auto* worker = dynamic_cast<embed::Worker*>(live().get());
+  return worker ? worker->host().bound_endpoint() : std::string();
+}
 
 }  // namespace deltacast::python

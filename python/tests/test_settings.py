@@ -56,6 +56,7 @@ def samples(keys):
         "congestion_control": {"congestion_control": "cubic"},
         "relay": {"relay": True},
         "in_place": {"in_place": True},
+        "share": {"share": "/tmp/deltacast-settings-sample.sock"},
         "scrub_rate": {"scrub_rate": "64MB"},
         "change_history": {"change_history": 7},
         "change_history_bytes": {"change_history_bytes": 1 << 20},
@@ -64,6 +65,8 @@ def samples(keys):
 
 # Fields only a publisher takes: a worker (or relay) given one refuses it.
 PUBLISHER_ONLY = {"shard", "expect_shards"}
+# And the reverse: a publisher given one refuses it.
+WORKER_ONLY = {"share"}
 
 
 class Refused(Exception):
@@ -140,6 +143,10 @@ def test_every_config_field_reaches_the_node_from_every_front_end(front_end, key
             settings = as_publisher(settings)
             if not settings:
                 continue  # parents, trees: not a publisher's
+            if WORKER_ONLY & set(settings):
+                with pytest.raises((Refused, deltacast.Error), match="only a worker"):
+                    FRONT_ENDS[front_end](settings, tmp_path)
+                continue
         elif PUBLISHER_ONLY & set(settings):
             with pytest.raises((Refused, deltacast.Error), match="for publishers"):
                 FRONT_ENDS[front_end](settings, tmp_path)

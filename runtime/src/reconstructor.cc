@@ -260,6 +260,7 @@ void Reconstructor::stage_copy(Assembly& a) {
     a.staging = std::move(spare_);
   } else {
     a.staging = std::make_shared<ModelVersion>();
+    a.staging->image.set_shared(ctx_.config.share_images);
     ctx_.stats.images_allocated++;
   }
   spare_.reset();

@@ -8,30 +8,15 @@
 #include <thread>
 
 #include "deltacast/embed/worker.h"
+#include "origin.h"
 #include "test_util.h"
 
 using namespace deltacast;
 using namespace deltacast::runtime;
+using test::Origin;
 using test::TempDir;
 
 namespace {
-
-struct Origin {
-  transport::NodeHost host;
-  explicit Origin(NodeConfig c) : host(std::move(c), listener()) { REQUIRE(host.start_thread().is_ok()); }
-  static transport::HostConfig listener() {
-    transport::HostConfig h;
-    h.bind_endpoint = "tcp://127.0.0.1:*";
-    return h;
-  }
-  static NodeConfig config() {
-    NodeConfig c;
-    c.node_id = "origin";
-    c.serve_children = true;
-    return c;
-  }
-  ~Origin() { host.stop(); }
-};
 
 embed::WorkerOptions options(const std::string& parent, const std::string& out_dir) {
   embed::WorkerOptions o;

@@ -428,7 +428,7 @@ TEST_CASE("restore() refuses what a worker cannot hold", "[runtime][node]") {
   Series s(2);
   FakeNet net;
   auto v = saved(s, 2, s.images[1]);
-  v->image.pop_back();
+  v->image.resize(v->image.size() - 1);
   Node& w = net.add(worker_config("w", {}));
   CHECK(w.restore(v).code() == StatusCode::kInvalidArgument);
   Node& relay = net.add(relay_config("r", {}));
@@ -523,7 +523,7 @@ TEST_CASE("in-place workers keep one image and pause readers while applying", "[
   // A reader holds version 1: version 2 waits for it, and meanwhile nobody gets a version.
   std::shared_ptr<const ModelVersion> reader = w.current();
   REQUIRE(reader);
-  const Bytes v1_bytes = reader->image;
+  const Bytes v1_bytes = reader->image.to_bytes();
   REQUIRE(origin.publish(s.delta(2)).is_ok());
   net.run_for(1000);
   CHECK(w.current_version() == 1);

@@ -149,6 +149,14 @@ std::vector<std::pair<std::uint64_t, std::uint64_t>> plan_chunks(const std::vect
 // tensor of at most `image_bytes_max` bytes.
 Status validate_parts(const std::vector<TensorInfo>& tensors, const std::vector<TensorPart>& parts, std::uint64_t image_bytes_max);
 
+// The metadata and tensor table as manifests hold them (docs/FORMAT.md, "Manifest"). The reader
+// bounds every count by the bytes left and by tensors_max, and checks dtypes and ranks; the
+// caller checks the table against its image (validate_names, validate_tensors).
+void write_layout_tables(ByteWriter& w, const std::vector<std::pair<std::string, std::string>>& metadata,
+                         const std::vector<TensorInfo>& tensors);
+Status read_layout_tables(ByteReader& r, std::uint64_t tensors_max, std::vector<std::pair<std::string, std::string>>& metadata,
+                          std::vector<TensorInfo>& tensors);
+
 // Checks a tensor table against an image size: sorted, inside, non-overlapping, sizes matching shapes.
 Status validate_tensors(const std::vector<TensorInfo>& tensors, std::uint64_t image_size);
 // Checks the names a layout gives its tensors and metadata, so that a safetensors header can be

@@ -54,6 +54,7 @@ struct NodeSettings {
   std::string congestion_control;         // of the connections children open to this node; empty: the host's
   bool relay = false;                     // workers: also serve children (peer to peer)
   bool in_place = false;                  // workers: one image, readers paused during updates
+  std::string share;                      // workers: a Unix socket path the host's processes attach to (share.h)
   std::string scrub_rate;                 // workers: image bytes re-hashed a second, e.g. 256MB; 0: off
   // Workers: versions, and bytes, of change history kept (runtime::NodeConfig::change_history_*).
   std::optional<std::uint64_t> change_history, change_history_bytes;
@@ -73,6 +74,7 @@ enum class NodeRole {
 struct LoadedNode {
   runtime::NodeConfig node;
   transport::HostConfig host;
+  std::string share_path;  // workers: WorkerOptions::share_path
 };
 
 // The names a config file may hold.

@@ -13,11 +13,39 @@
 #include <string>
 #include <thread>
 
+#include "deltacast/embed/node_config.h"
 #include "deltacast/transport/host.h"
 #include "deltacast/runtime/version_store.h"
 #include "deltacast/transport/directory_storage.h"
 
 namespace deltacast::embed {
+
+using VersionTag = transport::NodeHost::VersionTag;
+
+// Where a rollout process reads verified versions from: a Worker of its own, or one on the same
+// host it attached to (share.h). The Python package and the C ABI read through this.
+class VersionSource {
+ public:
+  virtual ~VersionSource() = default;
+  // The newest verified version (null before the first), from any thread.
+  virtual std::shared_ptr<const runtime::ModelVersion> current() const = 0;
+  // Block until a version >= min_version is current, or timeout_ms passes (null).
+  virtual std::shared_ptr<const runtime::ModelVersion> wait_for_version(std::uint64_t min_version, std::uint64_t timeout_ms) = 0;
+  // NodeHost::wait_for_run_version.
+  virtual std::shared_ptr<const runtime::ModelVersion> wait_for_run_version(const RunId& run, std::uint64_t version,
+                                                                           std::uint64_t timeout_ms) = 0;
+  // Block until a version newer than `after` (or of a newer run; any when empty) is current.
+  virtual std::shared_ptr<const runtime::ModelVersion> wait_for_newer(const std::optional<VersionTag>& after, std::uint64_t timeout_ms) = 0;
+  // Keep every version from `version` of `run` on readable (runtime::Node::hold_history_from).
+  virtual void hold_history_from(const RunId& run, std::uint64_t version) = 0;
+  // What the engine fed from here holds (runtime::Node::report_model).
+  virtual void report_model(const runtime::ModelState& model, const std::string& error) = 0;
+  // Why no more versions will come (the worker was refused by its parents, the shared worker
+  // went away); empty while they may.
+  virtual std::string refusal() const = 0;
+  // Stop; Worker::stop says what save_current does. Idempotent.
+  virtual Status stop(bool save_current = false) = 0;
+};
 
 struct WorkerOptions {
   runtime::NodeConfig node;  // node_id and parents required; reconstruct is set
@@ -30,9 +58,18 @@ struct WorkerOptions {
   // Called on the loop thread each time a version becomes current (keep it short), with the
   // node for its timings and counters.
   std::function<void(std::shared_ptr<const runtime::ModelVersion>, const runtime::Node&)> on_version;
+  // A Unix socket path: the worker shares each version with the host's other processes, which
+  // attach to it (share.h; docs/RUNTIME.md, "One image per host"). Needs node.share_images.
+  std::string share_path;
 };
 
-class Worker {
+// The options of a worker from its loaded settings (node, host, share path); out_dir and the
+// rest left to the caller.
+WorkerOptions worker_options(LoadedNode loaded);
+
+class ImageSharer;
+
+class Worker final : public VersionSource {
  public:
   // Checks the options, prepares out_dir (created if missing; temporary files of earlier runs
   // removed), resumes from it, and starts the host and the saver. The error names the option.
@@ -45,27 +82,22 @@ class Worker {
   // if it is not on disk yet. Returns IOError naming the version when one that was ready is
   // not on disk (a full disk, say, or an in-place update under way over it); the worker is
   // stopped either way. Idempotent.
-  Status stop(bool save_current = false);
+  Status stop(bool save_current = false) override;
 
-  // The newest verified version (null before the first), from any thread.
-  std::shared_ptr<const runtime::ModelVersion> current() const { return host_->current(); }
-  // Blocks until a version >= min_version is current, or timeout_ms passes (null).
-  std::shared_ptr<const runtime::ModelVersion> wait_for_version(std::uint64_t min_version, std::uint64_t timeout_ms) {
+  std::shared_ptr<const runtime::ModelVersion> current() const override { return host_->current(); }
+  std::shared_ptr<const runtime::ModelVersion> wait_for_version(std::uint64_t min_version, std::uint64_t timeout_ms) override {
     return host_->wait_for_version(min_version, timeout_ms);
   }
-  // NodeHost::wait_for_run_version.
-  std::shared_ptr<const runtime::ModelVersion> wait_for_run_version(const RunId& run, std::uint64_t version, std::uint64_t timeout_ms) {
+  std::shared_ptr<const runtime::ModelVersion> wait_for_run_version(const RunId& run, std::uint64_t version, std::uint64_t timeout_ms) override {
     return host_->wait_for_run_version(run, version, timeout_ms);
   }
-  // What the engine embedding this worker holds (runtime::Node::report_model).
-  void report_model(const runtime::ModelState& model, const std::string& error) {
+  void report_model(const runtime::ModelState& model, const std::string& error) override {
     host_->post([host = host_.get(), model, error] { host->node().report_model(model, error); });
   }
   // Why the worker stopped asking its parents (another live process holds its id); empty while
   // it has not.
-  std::string refusal() const { return host_->refusal(); }
-  // Keeps every version from `version` of `run` on readable (runtime::Node::hold_history_from).
-  void hold_history_from(const RunId& run, std::uint64_t version) {
+  std::string refusal() const override { return host_->refusal(); }
+  void hold_history_from(const RunId& run, std::uint64_t version) override {
     host_->post([host = host_.get(), run, version] { host->node().hold_history_from(run, version); });
   }
   // Blocks until a version newer than `after` (or of a newer run) is current, or timeout_ms.
@@ -75,18 +107,21 @@ class Worker {
   }
   // The same after a version known by its run and number only: a caller that holds no version
   // between calls lets an in-place worker apply the next one.
-  std::shared_ptr<const runtime::ModelVersion> wait_for_newer(const std::optional<transport::NodeHost::VersionTag>& after, std::uint64_t timeout_ms) {
+  std::shared_ptr<const runtime::ModelVersion> wait_for_newer(const std::optional<VersionTag>& after, std::uint64_t timeout_ms) override {
     return host_->wait_for_newer(after, timeout_ms);
   }
   // The version resumed from out_dir at start, or null.
   const std::shared_ptr<const runtime::ModelVersion>& resumed() const { return resumed_; }
   transport::NodeHost& host() { return *host_; }
+  // The sharer of share_path, or null.
+  ImageSharer* sharer() { return sharer_.get(); }
 
  private:
   Worker() = default;
   void save_loop();
 
   std::unique_ptr<transport::NodeHost> host_;
+  std::unique_ptr<ImageSharer> sharer_;  // stopped before the host
   std::optional<runtime::VersionStore> store_;
   std::shared_ptr<const runtime::ModelVersion> resumed_;
   std::thread saver_;

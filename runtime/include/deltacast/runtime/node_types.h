@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "deltacast/common/image.h"
 #include "deltacast/common/settings.h"
 #include "deltacast/codec/version.h"
 #include "deltacast/runtime/trust.h"
@@ -75,6 +76,10 @@ struct NodeConfig {
   // Workers: apply each version into the one image instead of a second (staging) copy, for
   // hosts short of memory. Readers are paused meanwhile: see current().
   bool in_place = false;
+  // Workers: images in memfds, which a host's other processes map read-only (transport's
+  // ImageSharer; docs/RUNTIME.md, "One image per host"). Not with in_place: a reader holds the
+  // version it reads until the next one is current.
+  bool share_images = false;
   // Workers: re-hash the exposed image against its chunk state hashes at most this fast
   // (Scrubber), finding memory that changed outside of a delta; 0: never. The default scrubs a
   // 2 TB image in about 2.3 hours for about 1% of a core (docs/BENCHMARKS.md).
@@ -212,7 +217,7 @@ struct ModelVersion {
   std::uint64_t ready_us = 0;
   std::vector<TensorInfo> tensors;
   std::vector<std::pair<std::string, std::string>> metadata;
-  Bytes image;
+  Image image;  // on the heap, or in a memfd the host shares (NodeConfig::share_images)
   // The state hash (docs/FORMAT.md, "Chunk hashes") of each chunk of the image, in the chunking
   // of the manifest it verified against: a sparse apply of the next delta starts from them, and
   // a scrub checks the image against them. Empty when unknown (a manifest of xxh3 hashes, an

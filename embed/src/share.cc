@@ -639,7 +639,7 @@ struct Attached::State {
     std::shared_ptr<const runtime::ModelVersion> v;
     cv.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] {
       if (current && wanted(*current)) v = current;
-      return v != nullptr || !refusal.empty() || stopping;
+      return v != nullptr || stopping;  // after a refusal too: the caller asks refusal(), a wait in a loop does not spin
     });
     return v;
   }

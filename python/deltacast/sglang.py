@@ -36,7 +36,7 @@ import threading
 import weakref
 from typing import Optional
 
-from . import DEFAULT_CHANGE_HISTORY, Error, Request, Worker
+from . import DEFAULT_CHANGE_HISTORY, Error, Request, Worker, attach
 from .engine import ModelUpdater, UpdateError, default_group, default_worker_id
 
 __all__ = ["REQUEST_TENSOR", "UpdateError", "configure", "load_weights", "request", "serialized_request", "shutdown"]
@@ -51,25 +51,31 @@ _worker: Optional[Worker] = None
 _updaters: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def configure(parents, *, worker_id: str = "", trust_keys=None, keys=None, parent_keys=None, state_dir: str = "",
-              change_history: int = DEFAULT_CHANGE_HISTORY, change_history_bytes: int = 0, timeout_s: float = 600.0, placement: bool = True) -> None:
-    """Sets how this process joins the fleet (before the first update; else the environment is read)."""
+def configure(parents=None, *, worker_id: str = "", trust_keys=None, keys=None, parent_keys=None, state_dir: str = "",
+              change_history: int = DEFAULT_CHANGE_HISTORY, change_history_bytes: int = 0, timeout_s: float = 600.0, placement: bool = True,
+              attach: str = "") -> None:
+    """Sets how this process joins the fleet (before the first update; else the environment is read).
+    ``attach``: the socket of a worker this host runs with ``--share``; each rank reads its versions
+    (``deltacast.attach``) instead of running a worker, and ``parents`` are not needed."""
     if isinstance(parents, str):
         parents = [parents]
     with _lock:
         if _worker is not None:
             raise Error("the worker is running already; configure() before the first update")
         _config.clear()
-        _config.update(parents=list(parents), worker_id=worker_id, trust_keys=list(trust_keys or []), keys=keys,
+        if not parents and not attach:
+            raise Error("deltacast.sglang needs parents, or a host's worker to attach to")
+        _config.update(parents=list(parents or []), attach=str(attach), worker_id=worker_id, trust_keys=list(trust_keys or []), keys=keys,
                        parent_keys=list(parent_keys or []), state_dir=state_dir, change_history=change_history,
                        change_history_bytes=change_history_bytes, timeout_s=float(timeout_s), placement=placement)
 
 
 def _from_environment() -> dict:
     parents = [p for p in os.environ.get("DELTACAST_PARENTS", "").split(",") if p]
-    if not parents:
-        raise Error("deltacast.sglang has no parents: call configure() or set DELTACAST_PARENTS")
-    return dict(parents=parents, worker_id=os.environ.get("DELTACAST_WORKER_ID", ""),
+    shared = os.environ.get("DELTACAST_ATTACH", "")
+    if not parents and not shared:
+        raise Error("deltacast.sglang has no parents: call configure() or set DELTACAST_PARENTS (or DELTACAST_ATTACH)")
+    return dict(parents=parents, attach=shared, worker_id=os.environ.get("DELTACAST_WORKER_ID", ""),
                 trust_keys=[k for k in os.environ.get("DELTACAST_TRUST_KEYS", "").split(",") if k], keys=None, parent_keys=[],
                 state_dir=os.environ.get("DELTACAST_STATE_DIR", ""), change_history=DEFAULT_CHANGE_HISTORY, change_history_bytes=0,
                 timeout_s=float(os.environ.get("DELTACAST_TIMEOUT_S", "600")), placement=True)
@@ -92,6 +98,9 @@ def _running_worker(model) -> Worker:
             device = next(iter(model.parameters())).device
             worker_id = f"{c['worker_id']}-r{rank}" if c["worker_id"] else default_worker_id("sglang", device, 0, rank)
             state_dir = os.path.join(c["state_dir"], worker_id) if c["state_dir"] else None
+            if c.get("attach"):
+                _worker = attach(c["attach"])
+                return _worker
             _worker = Worker(worker_id, c["parents"], keys=c["keys"], parent_keys=c["parent_keys"], trust_keys=c["trust_keys"],
                              state_dir=state_dir, change_history=c["change_history"], change_history_bytes=c["change_history_bytes"])
         return _worker

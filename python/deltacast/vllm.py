@@ -37,7 +37,7 @@ from vllm.config.weight_transfer import WeightTransferConfig
 from vllm.distributed.weight_transfer import base as _base
 from vllm.distributed.weight_transfer.base import WeightTransferEngine, WeightTransferInitInfo, WeightTransferUpdateInfo
 
-from . import DEFAULT_CHANGE_HISTORY, Error, Publisher, Request, Worker
+from . import DEFAULT_CHANGE_HISTORY, Error, Publisher, Request, Worker, attach
 from .engine import ModelUpdater, UpdateError, default_group, default_worker_id
 
 __all__ = ["DeltacastInitInfo", "DeltacastTrainerInitInfo", "DeltacastTrainerWeightTransferEngine", "DeltacastUpdateInfo",
@@ -50,7 +50,7 @@ BACKEND = "deltacast"
 class DeltacastInitInfo(WeightTransferInitInfo):
     """How each rank's worker joins the fleet (the arguments of ``deltacast.Worker``)."""
 
-    parents: list[str]
+    parents: list[str] = field(default_factory=list)
     # Default: <host>-vllm-gpu<physical GPU> (stable across restarts, different for every engine
     # instance on the host). Given, each rank adds -dp<data-parallel rank>-r<rank>.
     worker_id: str = ""
@@ -61,12 +61,15 @@ class DeltacastInitInfo(WeightTransferInitInfo):
     change_history: int = DEFAULT_CHANGE_HISTORY
     change_history_bytes: int = 0
     placement: bool = True  # in-place writes where the loader's own map says (False: changed tensors through load_weights)
+    # The socket of a worker this host runs with --share: each rank reads its versions
+    # (deltacast.attach) instead of running a worker of its own; parents are then not needed.
+    attach: str = ""
 
     def __post_init__(self):
         if isinstance(self.parents, str):
             self.parents = [self.parents]
-        if not self.parents:
-            raise ValueError("deltacast needs at least one parent endpoint")
+        if not self.parents and not self.attach:
+            raise ValueError("deltacast needs at least one parent endpoint, or a host's worker to attach to")
 
 
 @dataclass
@@ -142,7 +145,7 @@ class DeltacastWeightTransferEngine(WeightTransferEngine[DeltacastInitInfo, Delt
                             "whose post-load step leaves the parameters as loaded") from e
         worker_id = self.worker_id(init_info.worker_id)
         state_dir = os.path.join(init_info.state_dir, worker_id) if init_info.state_dir else None
-        self.worker = Worker(worker_id, init_info.parents, keys=init_info.keys, parent_keys=init_info.parent_keys,
+        self.worker = attach(init_info.attach) if init_info.attach else Worker(worker_id, init_info.parents, keys=init_info.keys, parent_keys=init_info.parent_keys,
                              trust_keys=init_info.trust_keys, state_dir=state_dir, change_history=init_info.change_history,
                              change_history_bytes=init_info.change_history_bytes)
         self._placement = init_info.placement

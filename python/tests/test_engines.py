@@ -142,6 +142,34 @@ def test_vllm_ranks_in_processes_apply_exactly_the_version_asked_for_while_the_t
         assert all(got[rank] == expected(ckpt[last], rank) for rank in range(TP))
 
 
+def test_vllm_ranks_attached_to_their_hosts_one_worker_apply_exactly_the_version_asked_for(llm, processes, tmp_path):
+    """One image per host: the CLI worker shares its versions, both ranks attach to it and apply
+    an older version than the newest from its change history; the ledger sees one worker."""
+    sd = llama_checkpoint(seed=23)
+    sock = tmp_path / "host.sock"
+    with deltacast.Publisher("tcp://127.0.0.1:0") as pub:
+        config = tmp_path / "host.json"
+        config.write_text(json.dumps({"id": "host", "parents": [pub.listening], "share": str(sock), "change_history": 8}))
+        processes.start(os.environ.get("DELTACAST_BIN", "deltacast"), "worker", "--config", config, stdout=subprocess.DEVNULL)
+        ckpt = {}
+        for k in range(6):
+            step(sd, k)
+            ckpt[pub.publish(sd)] = {n: t.clone() for n, t in sd.items()}
+        pub.wait_ready(6, min_workers=1, timeout=60)
+        llm.init_weight_transfer_engine({"init_info": {"attach": str(sock)}})
+        for version in (4, 6):
+            request = pub.request(version)
+            llm.start_weight_update()
+            llm.update_weights({"update_info": {**request.as_dict(), "timeout_s": 30}})
+            llm.finish_weight_update()
+            assert llm.collective_rpc(vllm_held) == [(pub.run, version)] * TP
+            got = llm.collective_rpc(fingerprint)
+            for rank in range(TP):
+                assert got[rank] == expected(ckpt[version], rank), (version, rank)
+            assert eventually(lambda: (pub.ledger()["host"].get("model") or {}).get("version") == version), pub.ledger()
+        assert list(pub.ledger()) == ["host"]
+
+
 def post(url, body=None):
     data = json.dumps(body).encode() if body is not None else b""
     req = urllib.request.Request(url, data=data, method="POST", headers={"Content-Type": "application/json"})

@@ -1,0 +1,129 @@
+"""One image per host: a CLI worker shares its versions (--share), the ranks of a host attach
+from their own processes and read every version bit for bit from the one image, and a rank
+killed mid-read leaks nothing."""
+import hashlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import deltacast
+from conftest import DELTACAST, free_port
+
+READER = Path(__file__).with_name("share_reader.py")
+TENSORS, ELEMENTS = 14, 8 << 20  # 224 MiB of BF16
+
+
+def model(seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {f"layers.{i}.weight": torch.randn(ELEMENTS, generator=g).to(torch.bfloat16) for i in range(TENSORS)}
+
+
+def step(tensors: dict, k: int) -> dict:
+    """The next version: one ulp up at about 1% of the values."""
+    out = {}
+    for name, t in tensors.items():
+        t = t.clone()
+        t.view(torch.int16)[k::97] += 1
+        out[name] = t
+    return out
+
+
+def digests(tensors: dict) -> dict:
+    return {n: hashlib.blake2b(memoryview(t.view(torch.int16).numpy()), digest_size=16).hexdigest() for n, t in tensors.items()}
+
+
+def image_mappings(pid: int) -> list[tuple[str, int]]:
+    """(inode, Pss bytes) of each mapping of a shared deltacast image in process `pid`."""
+    out, inode = [], None
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5:
+                inode = head[4] if line.rstrip().endswith("/memfd:deltacast-image (deleted)") else None
+            elif inode is not None and head[0] == "Pss:":
+                out.append((inode, int(head[1]) * 1024))
+    return out
+
+
+def read_line(proc: subprocess.Popen, timeout: float) -> dict:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.5)
+        if ready:
+            line = proc.stdout.readline()
+            assert line, f"reader {proc.pid} exited ({proc.poll()})"
+            return json.loads(line)
+    raise TimeoutError(f"reader {proc.pid} said nothing in {timeout} s")
+
+
+def test_four_ranks_share_one_image_and_a_rank_killed_mid_read_leaks_nothing(processes, tmp_path):
+    sock = str(tmp_path / "host.sock")
+    env = dict(os.environ)
+    with deltacast.Publisher("tcp://127.0.0.1:0") as pub:
+        worker = processes.start(DELTACAST, "worker", "--id", "host-0", "--parent", pub.listening, "--share", sock, "--scrub-rate", "0",
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        tensors = model(1)
+        image_bytes = TENSORS * ELEMENTS * 2
+        pub.publish(tensors)
+        readers = [processes.start(sys.executable, READER, sock, 3, stdout=subprocess.PIPE, text=True, env=env) for _ in range(4)]
+        slow = processes.start(sys.executable, READER, sock, 3, "--slow", stdout=subprocess.PIPE, text=True, env=env)
+        for number in range(1, 4):
+            expected = digests(tensors)
+            if number == 1:
+                assert read_line(slow, 120) == {"reading": 1}
+                time.sleep(1.0)  # some tensors read, most not
+                slow.send_signal(signal.SIGKILL)
+                slow.wait(timeout=10)
+            for r in readers:
+                line = read_line(r, 120)
+                assert line["version"] == number
+                assert line["digests"] == expected, f"reader {r.pid}: version {number} differs from what was published"
+                # Each rank maps the whole image, and pays a share of it, not a copy.
+                assert line["memory"]["rss"] >= 0.95 * image_bytes
+            if number < 3:
+                tensors = step(tensors, number)
+                pub.publish(tensors)
+        assert worker.poll() is None, "the worker died"
+        # The host holds two images at most (the version and the one before), whatever the number of
+        # ranks, and the killed rank's version was let go of: no third image. The worker holds one
+        # version from its parent, so the parent serves one copy.
+        processes_pss = [image_mappings(worker.pid)] + [image_mappings(r.pid) for r in readers]
+        inodes = {inode for maps in processes_pss for inode, _ in maps}
+        total_pss = sum(pss for maps in processes_pss for _, pss in maps)
+        assert len(inodes) <= 2, f"{len(inodes)} shared images on the host"
+        assert total_pss <= 2.05 * image_bytes, f"the host's shared images take {total_pss / 2**20:.0f} MiB for one of {image_bytes / 2**20:.0f}"
+        assert list(pub.ledger()) == ["host-0"], pub.ledger()
+        for r in readers:
+            assert r.wait(timeout=60) == 0
+
+
+def test_attach_to_nothing_and_share_with_in_place_are_refused(tmp_path):
+    with pytest.raises(deltacast.Error, match="--share"):
+        deltacast.attach(tmp_path / "nobody.sock", timeout=0.2)
+    with pytest.raises(deltacast.Error, match="in_place"):
+        deltacast.Worker("w", [f"tcp://127.0.0.1:{free_port()}"], share=tmp_path / "s.sock", in_place=True)
+
+
+def test_a_rank_keeps_what_it_holds_when_the_hosts_worker_goes_away(tmp_path):
+    sock = tmp_path / "host.sock"
+    tensors = {"w": torch.arange(4096, dtype=torch.float32).to(torch.bfloat16)}
+    with deltacast.Publisher("tcp://127.0.0.1:0") as pub:
+        worker = deltacast.Worker("host", [pub.listening], share=sock)
+        pub.publish(tensors)
+        rank = deltacast.attach(sock)
+        held = rank.wait(1, timeout=30)
+        assert rank.wait(1, timeout=1).number == 1  # a version that is there is given
+        worker.close()
+        with pytest.raises(deltacast.Error, match="went away"):
+            rank.wait(2, timeout=5)
+        assert rank.wait(1, timeout=1).number == 1  # ... even after the worker went away
+        assert torch.equal(dict(held.tensors())["w"], tensors["w"])
+        rank.close()

@@ -240,3 +240,36 @@ TEST_CASE("a shared version's tables parse back whole, and any cut or flipped by
   }
   REQUIRE((*w)->stop().is_ok());
 }
+
+TEST_CASE("a reader that sends what the protocol does not have is dropped, and the others are served", "[embed][share]") {
+  Series s(3);
+  Sharing f(s);
+  auto good = embed::Attached::attach(f.path, 5000);
+  REQUIRE(good.is_ok());
+  REQUIRE((*good)->wait_for_version(1, 20000));
+  auto raw = [&] {
+    const int fd = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, f.path.c_str(), sizeof addr.sun_path - 1);
+    REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    return fd;
+  };
+  // An unknown type, a lease never given, a packet past the bound, a truncated report.
+  std::vector<Bytes> packets = {Bytes{9}, Bytes{1, 0xff, 0xff, 0, 0, 0, 0, 0, 7}, Bytes(20000, 3), Bytes{3, 1, 2}};
+  for (const Bytes& p : packets) {
+    const int fd = raw();
+    REQUIRE(send(fd, p.data(), p.size(), 0) == static_cast<ssize_t>(p.size()));
+    // Dropped: the connection reads end of file (after the version it was sent on connecting).
+    char buf[64];
+    ssize_t n = 1;
+    for (int i = 0; i < 4 && n > 0; ++i) n = recv(fd, buf, sizeof buf, 0);
+    CHECK(n == 0);
+    close(fd);
+  }
+  CHECK(eventually([&] { return (*f.worker)->sharer()->counts().readers == 1; }));
+  s.publish(f.origin, 2);
+  auto v = (*good)->wait_for_version(2, 20000);
+  REQUIRE(v);
+  CHECK(v->image == s.images[1]);
+}

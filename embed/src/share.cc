@@ -41,6 +41,7 @@ constexpr std::uint64_t kTensorsMax = 1u << 22;
 constexpr std::uint64_t kChangeSetsMax = 1u << 16;
 constexpr std::size_t kErrorBytesMax = 4096;
 constexpr std::size_t kPacketBytesMax = 8192;
+constexpr std::uint64_t kReconnectMsMin = 100, kReconnectMsMax = 2000;  // a reader attaching again
 enum : std::uint8_t { kVersion = 1, kRefused = 2 };
 enum : std::uint8_t { kRelease = 1, kHold = 2, kReport = 3 };
 
@@ -461,7 +462,7 @@ Result<std::unique_ptr<ImageSharer>> ImageSharer::start(const std::string& path,
   }
   impl->listen_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (impl->listen_fd < 0) return Status::io_error("socket: " + errno_text());
-  const mode_t old_mask = umask(0077);  // 0600 from the start: no window for another user
+  const mode_t old_mask = umask(0117);  // 0660 from the start: the worker's user and group attach, nobody else
   const int bound = bind(impl->listen_fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr);
   umask(old_mask);
   if (bound != 0) return Status::io_error("cannot bind share socket " + path + ": " + errno_text());
@@ -509,21 +510,18 @@ struct Attached::State {
   mutable std::mutex mu;
   std::condition_variable cv;
   std::shared_ptr<const runtime::ModelVersion> current;  // guarded by mu
-  std::string refusal;                                   // guarded by mu
+  std::string disconnected;                              // guarded by mu: why, while attaching again
   bool stopping = false;                                 // guarded by mu
+  std::uint64_t epoch = 0;                               // guarded by mu: connections made so far, less one
   std::vector<std::uint64_t> releases;                   // guarded by mu: leases let go, to send
   std::optional<Bytes> hold, report;                     // guarded by mu: the newest of each, to send
+  std::optional<Bytes> last_hold, last_report;           // guarded by mu: sent again to a worker attached to again
 
   ~State() {
     close_fd(fd);
     close_fd(wake_fd);
   }
   void wake() { wake_up(wake_fd); }
-  void refuse(const std::string& why) {
-    std::lock_guard lock(mu);
-    if (refusal.empty()) refusal = why;
-    cv.notify_all();
-  }
 
   // A version packet and its descriptors: mapped, parsed, current.
   Status on_version(ByteReader& in, std::span<const int> fds, const std::shared_ptr<State>& self) {
@@ -536,12 +534,17 @@ struct Attached::State {
     DC_ASSIGN_OR_RETURN(auto parsed, parse_shared_version(tables, std::move(image)));
     // Let go of the lease when the last holder of the version does.
     std::weak_ptr<State> weak = self;
-    std::shared_ptr<const runtime::ModelVersion> v(parsed.release(), [weak, lease](const runtime::ModelVersion* p) {
+    std::uint64_t given_in;
+    {
+      std::lock_guard lock(mu);
+      given_in = epoch;
+    }
+    std::shared_ptr<const runtime::ModelVersion> v(parsed.release(), [weak, lease, given_in](const runtime::ModelVersion* p) {
       delete p;
       if (auto s = weak.lock()) {
         {
           std::lock_guard lock(s->mu);
-          s->releases.push_back(lease);
+          if (s->epoch == given_in) s->releases.push_back(lease);
         }
         s->wake();
       }
@@ -549,6 +552,9 @@ struct Attached::State {
     std::shared_ptr<const runtime::ModelVersion> old;
     {
       std::lock_guard lock(mu);
+      // A worker restarted from an older saved version does not take this reader back: it keeps
+      // its newer one until the worker catches up (the older one's lease goes back at once).
+      if (current && current->run == v->run && current->version > v->version) return Status::ok();
       old = std::move(current);
       current = std::move(v);
       cv.notify_all();
@@ -556,7 +562,8 @@ struct Attached::State {
     return Status::ok();  // `old` goes here, outside the lock (its release takes it)
   }
 
-  void flush() {
+  // Sends what waits to be sent; false when the connection broke.
+  bool flush() {
     std::vector<Bytes> out;
     {
       std::lock_guard lock(mu);
@@ -574,25 +581,24 @@ struct Attached::State {
       report.reset();
     }
     for (const Bytes& p : out)
-      if (!send_packet(fd, p)) {
-        refuse("the worker sharing " + path + " went away: " + errno_text());
-        return;
-      }
+      if (!send_packet(fd, p)) return false;
+    return true;
   }
 
-  void run(const std::shared_ptr<State>& self) {
+  // Serves one connection until it ends: the reason, or empty when stopping.
+  std::string serve(const std::shared_ptr<State>& self) {
     std::uint8_t buf[kPacketBytesMax];
     for (;;) {
       pollfd polled[2] = {{fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
-      if (poll(polled, 2, -1) < 0 && errno != EINTR) return refuse("poll: " + errno_text());
+      if (poll(polled, 2, -1) < 0 && errno != EINTR) return "poll: " + errno_text();
       if (polled[1].revents) {
         std::uint64_t n;
         (void)!::read(wake_fd, &n, sizeof n);
         {
           std::lock_guard lock(mu);
-          if (stopping) return;
+          if (stopping) return {};
         }
-        flush();
+        if (!flush()) return "the worker sharing " + path + " went away: " + errno_text();
       }
       if (!polled[0].revents) continue;
       iovec iov{buf, sizeof buf};
@@ -617,11 +623,11 @@ struct Attached::State {
       };
       if (n <= 0) {
         close_all();
-        return refuse("the worker sharing " + path + " went away" + (n == 0 ? std::string() : ": " + errno_text()));
+        return "the worker sharing " + path + " went away" + (n == 0 ? std::string() : ": " + errno_text());
       }
       if (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
         close_all();
-        return refuse("a packet from " + path + " larger than this reader takes");
+        return "a packet from " + path + " larger than this reader takes";
       }
       ByteReader in(ByteSpan(buf, static_cast<std::size_t>(n)));
       std::uint8_t type = 0;
@@ -630,7 +636,61 @@ struct Attached::State {
                   : type == kRefused ? Status::io_error(std::string(reinterpret_cast<const char*>(buf) + 1, static_cast<std::size_t>(n) - 1))
                                      : Status::corruption("a packet of unknown type " + std::to_string(type));
       close_all();  // the mappings keep what they map
-      if (!st.is_ok()) return refuse("the worker sharing " + path + ": " + st.message());
+      if (!st.is_ok()) return "the worker sharing " + path + ": " + st.message();
+    }
+  }
+
+  // Connects to the path; false with errno set.
+  bool connect_now() {
+    sockaddr_un addr;
+    if (!socket_address(path, addr).is_ok()) return false;
+    fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (fd < 0) return false;
+    if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0) return true;
+    const int err = errno;
+    close_fd(fd);
+    errno = err;
+    return false;
+  }
+
+  // Serves connection after connection: a worker that restarts (a unit's Restart=) is attached
+  // to again, the versions held here staying mapped meanwhile.
+  void run(const std::shared_ptr<State>& self) {
+    std::uint64_t backoff_ms = kReconnectMsMin;
+    for (;;) {
+      const std::string why = serve(self);
+      if (why.empty()) return;
+      close_fd(fd);
+      {
+        std::lock_guard lock(mu);
+        disconnected = why;
+        epoch++;  // leases of the connection gone are nobody's to release
+        releases.clear();
+        cv.notify_all();
+      }
+      spdlog::warn("{}; attaching again", why);
+      for (;;) {
+        pollfd stop{wake_fd, POLLIN, 0};
+        (void)poll(&stop, 1, static_cast<int>(backoff_ms));
+        {
+          std::lock_guard lock(mu);
+          if (stopping) return;
+        }
+        if (stop.revents) {
+          std::uint64_t n;
+          (void)!::read(wake_fd, &n, sizeof n);
+        }
+        backoff_ms = std::min(2 * backoff_ms, kReconnectMsMax);
+        if (!connect_now()) continue;
+        std::lock_guard lock(mu);
+        disconnected.clear();
+        // The new worker learns what the ranks hold and keep, as the old one knew it.
+        if (last_hold) hold = last_hold;
+        if (last_report) report = last_report;
+        break;
+      }
+      backoff_ms = kReconnectMsMin;
+      wake();
     }
   }
 
@@ -654,12 +714,8 @@ Result<std::unique_ptr<Attached>> Attached::attach(const std::string& path, std:
   s->path = path;
   s->limits = limits;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  for (;;) {
-    s->fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    if (s->fd < 0) return Status::io_error("socket: " + errno_text());
-    if (connect(s->fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0) break;
+  while (!s->connect_now()) {
     const int err = errno;
-    close_fd(s->fd);
     if ((err != ENOENT && err != ECONNREFUSED) || std::chrono::steady_clock::now() >= deadline)
       return Status::io_error("cannot attach to " + path + ": " + std::strerror(err) + " (is a worker sharing it? deltacast worker --share)");
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -718,6 +774,7 @@ void Attached::hold_history_from(const RunId& run, std::uint64_t version) {
   w.u64(version);
   {
     std::lock_guard lock(state_->mu);
+    state_->last_hold = p;
     state_->hold = std::move(p);
   }
   state_->wake();
@@ -735,14 +792,17 @@ void Attached::report_model(const runtime::ModelState& model, const std::string&
   w.string(error.substr(0, kErrorBytesMax));
   {
     std::lock_guard lock(state_->mu);
+    state_->last_report = p;
     state_->report = std::move(p);
   }
   state_->wake();
 }
 
-std::string Attached::refusal() const {
+std::string Attached::refusal() const { return {}; }
+
+std::string Attached::disconnected() const {
   std::lock_guard lock(state_->mu);
-  return state_->refusal;
+  return state_->disconnected;
 }
 
 }  // namespace deltacast::embed

@@ -398,7 +398,7 @@ def _worker_args(id, parents=None, *, keys=None, parent_keys=None, trust_keys=No
     if isinstance(parents, str):
         parents = [parents]
     return dict(id=id, parents=list(parents or []), keys=keys, parent_keys=list(parent_keys or []),
-                trust_keys=list(trust_keys or []), state_dir=state_dir or "", in_place=bool(in_place), share=str(share or ""),
+                trust_keys=list(trust_keys or []), state_dir=str(state_dir or ""), in_place=bool(in_place), share=str(share or ""),
                 listen=listen or "",
                 metrics=metrics or "", change_history=change_history, change_history_bytes=change_history_bytes, stripes=stripes,
                 trees=[list(t) for t in trees or []], tree_parent_keys=[list(k) for k in tree_parent_keys or []],
@@ -567,10 +567,17 @@ class Attached(_Reader):
     on one host hold and download each version once. A version it gives stays unchanged until
     it is let go of. ``report_model`` and ``hold_history_from`` go to the worker, which reports
     its readers' models as one and keeps history back to the oldest any reader asks for. When
-    the worker goes away, the versions held stay readable and ``wait`` raises deltacast.Error."""
+    the worker goes away, the versions held stay readable and the reader attaches again, every
+    0.1 to 2 s, until a worker serves the path again (a restarted one); ``disconnected`` says
+    why it is not attached meanwhile."""
 
     def __init__(self, path, timeout: Optional[float] = 30.0):
         self._setup(_native.Worker.attach(str(path), -1.0 if timeout is None else float(timeout)))
+
+    @property
+    def disconnected(self) -> Optional[str]:
+        """Why the reader is not attached now; None while it is."""
+        return self._native.disconnected() or None
 
 
 def attach(path, timeout: Optional[float] = 30.0) -> Attached:

@@ -144,6 +144,7 @@ PYBIND11_MODULE(_native, m) {
       .def("report_model", &Worker::report_model, py::arg("run"), py::arg("version"), py::arg("failed_run"), py::arg("failed_version"),
            py::arg("error"))
       .def("listening", &Worker::listening)
+      .def("disconnected", &Worker::disconnected)
       .def("close", &Worker::close);
 
   bind_publisher(m);

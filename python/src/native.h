@@ -232,6 +232,8 @@ class Worker {
   // Stops the worker. A wait in another thread ends with deltacast.Error. Idempotent.
   void close();
   std::string listening() const;
+  // An attached reader: why it is not attached now (empty while it is, and for a worker).
+  std::string disconnected() const;
 
  private:
   Worker() = default;

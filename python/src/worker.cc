@@ -170,7 +170,7 @@ std::shared_ptr<Version> Worker::wait(std::uint64_t min_version, double timeout_
   std::shared_ptr<const runtime::ModelVersion> v;
   std::string refused;
   const bool got = wait_sliced(timeout_s, [&](std::uint64_t ms) {
-    // A version that is there is given even after a refusal (an attached reader's worker gone).
+    // A version that is there is given even after a refusal.
     const bool refused_before = !w->refusal().empty();
     v = closed_ ? nullptr : w->wait_for_version(std::max<std::uint64_t>(min_version, 1), refused_before ? 0 : ms);
     if (v != nullptr || closed_) return true;
@@ -216,7 +216,7 @@ std::shared_ptr<Version> Worker::wait_for(const std::string& run_text, std::uint
   std::shared_ptr<const runtime::ModelVersion> v;
   std::string refused;
   wait_sliced(timeout_s, [&](std::uint64_t ms) {
-    // A version that is there is given even after a refusal (an attached reader's worker gone).
+    // A version that is there is given even after a refusal.
     const bool refused_before = !w->refusal().empty();
     v = closed_ ? nullptr : w->wait_for_run_version(run, version, refused_before ? 0 : ms);
     if (v != nullptr || closed_) return true;
@@ -254,6 +254,11 @@ void Worker::close() {
   // With a state_dir, the version held is on disk when close() returns: a version that became
   // ready just before close() may not have reached the saver's thread yet.
   (void)w->stop(/*save_current=*/true);
+}
+
+std::string Worker::disconnected() const {
+  auto* attached = dynamic_cast<embed::Attached*>(live().get());
+  return attached ? attached->disconnected() : std::string();
 }
 
 std::string Worker::listening() const {

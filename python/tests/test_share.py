@@ -112,18 +112,28 @@ def test_attach_to_nothing_and_share_with_in_place_are_refused(tmp_path):
         deltacast.Worker("w", [f"tcp://127.0.0.1:{free_port()}"], share=tmp_path / "s.sock", in_place=True)
 
 
-def test_a_rank_keeps_what_it_holds_when_the_hosts_worker_goes_away(tmp_path):
+def test_a_rank_keeps_what_it_holds_while_the_hosts_worker_restarts_and_attaches_again(tmp_path):
     sock = tmp_path / "host.sock"
     tensors = {"w": torch.arange(4096, dtype=torch.float32).to(torch.bfloat16)}
     with deltacast.Publisher("tcp://127.0.0.1:0") as pub:
-        worker = deltacast.Worker("host", [pub.listening], share=sock)
+        worker = deltacast.Worker("host", [pub.listening], share=sock, state_dir=tmp_path / "state")
         pub.publish(tensors)
         rank = deltacast.attach(sock)
         held = rank.wait(1, timeout=30)
-        assert rank.wait(1, timeout=1).number == 1  # a version that is there is given
+        assert rank.disconnected is None
         worker.close()
-        with pytest.raises(deltacast.Error, match="went away"):
-            rank.wait(2, timeout=5)
-        assert rank.wait(1, timeout=1).number == 1  # ... even after the worker went away
+        with pytest.raises(TimeoutError):
+            rank.wait(2, timeout=1)
+        assert "went away" in rank.disconnected
+        assert rank.wait(1, timeout=1).number == 1  # what it holds is there
         assert torch.equal(dict(held.tensors())["w"], tensors["w"])
+        # The worker restarts on the same path (from its saved version): the rank attaches again.
+        worker = deltacast.Worker("host", [pub.listening], share=sock, state_dir=tmp_path / "state")
+        first, tensors = tensors, {"w": tensors["w"] + 1}
+        pub.publish(tensors)
+        v2 = rank.wait(2, timeout=30)
+        assert rank.disconnected is None
+        assert torch.equal(dict(v2.tensors())["w"], tensors["w"])
+        assert torch.equal(dict(held.tensors())["w"], first["w"])
         rank.close()
+        worker.close()

@@ -121,8 +121,8 @@ TEST_CASE("readers attached to a sharing worker read its versions bit for bit, r
   held.reset();  // let go: the worker may write into that image again
   CHECK(eventually([&] { return sharer.counts().leases < leases; }));
   CHECK(sharer.counts().versions_sent >= 7);
-  (*a)->stop();
-  (*b)->stop();
+  CHECK((*a)->stop().is_ok());
+  CHECK((*b)->stop().is_ok());
   REQUIRE((*w)->stop().is_ok());
 }
 
@@ -159,11 +159,12 @@ TEST_CASE("a reader that goes away lets go of every version it held, and the wor
     CHECK(eventually([&] { return (*w)->sharer()->counts().leases <= 1; }));
   }
   CHECK(images_allocated(**w) <= before + 1);
-  // The worker stops: the reader says why no more come, and keeps what it holds.
+  // The worker stops: the reader says why it is not attached, and keeps what it holds.
   auto last = (*b)->current();
   REQUIRE((*w)->stop().is_ok());
-  CHECK(eventually([&] { return !(*b)->refusal().empty(); }));
-  CHECK((*b)->refusal().find("went away") != std::string::npos);
+  CHECK(eventually([&] { return !(*b)->disconnected().empty(); }));
+  CHECK((*b)->disconnected().find("went away") != std::string::npos);
+  CHECK((*b)->refusal().empty());  // it attaches again when a worker serves the path
   CHECK(last->image == s.images[7]);
   CHECK((*b)->wait_for_version(9, 100) == nullptr);
 }
@@ -210,7 +211,6 @@ TEST_CASE("a shared version's tables parse back whole, and any cut or flipped by
   Series s(3);
   Sharing f(s);
   Origin& origin = f.origin;
-  const std::string& path = f.path;
   auto& w = f.worker;
   s.publish(origin, 2);
   s.publish(origin, 3);

@@ -34,7 +34,7 @@ class ImageSharer {
     std::function<void(const RunId&, std::uint64_t)> hold_history_from;  // the oldest version a reader holds history from
     std::function<void(const runtime::ModelState&, const std::string&)> report_model;  // the readers' models, as one
   };
-  // Listens on `path`, made 0600. A stale socket file (nobody listening) is replaced; a path
+  // Listens on `path`, made 0660 (the worker's user and group may attach). A stale socket file (nobody listening) is replaced; a path
   // another process serves, or that is not a socket, is an error.
   static Result<std::unique_ptr<ImageSharer>> start(const std::string& path, Callbacks callbacks, ShareLimits limits = {});
   ~ImageSharer();  // closes every connection and removes the socket file
@@ -60,7 +60,7 @@ class ImageSharer {
 };
 
 // A reader attached to a worker's socket: the versions it reads are the worker's images,
-// mapped read-only. hold_history_from and report_model go to the worker, which keeps history
+// mapped read-only. It attaches again by itself after the worker goes away. hold_history_from and report_model go to the worker, which keeps history
 // from the oldest version any reader holds and reports the readers' models to the fleet as one
 // (an error if any reader's update failed, else the oldest version they hold).
 class Attached final : public VersionSource {
@@ -75,9 +75,12 @@ class Attached final : public VersionSource {
   std::shared_ptr<const runtime::ModelVersion> wait_for_newer(const std::optional<VersionTag>& after, std::uint64_t timeout_ms) override;
   void hold_history_from(const RunId& run, std::uint64_t version) override;
   void report_model(const runtime::ModelState& model, const std::string& error) override;
-  // Why no more versions will come: the worker closed the connection or refused this reader,
-  // or it sent what this reader cannot map. The versions held stay readable.
+  // Empty: a reader never stops asking. When the worker goes away (or refuses this reader, or
+  // sends what it cannot map), the reader attaches again every 0.1 to 2 s and the versions held
+  // stay mapped and readable meanwhile; a worker restarted on the path serves it again.
   std::string refusal() const override;
+  // Why the reader is not attached now (empty while it is).
+  std::string disconnected() const;
   Status stop(bool save_current = false) override;
 
  private:

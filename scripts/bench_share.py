@@ -27,7 +27,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import torch
@@ -36,6 +35,9 @@ import deltacast
 
 ROOT = Path(__file__).resolve().parent.parent
 READER = ROOT / "python" / "tests" / "share_reader.py"
+sys.path.insert(0, str(ROOT / "python" / "tests"))
+from share_reader import bytes_in, image_memory, pss_total  # noqa: E402  the measures the test asserts on
+
 DELTACAST = os.environ.get("DELTACAST_BIN", str(ROOT / "build" / "tools" / "deltacast"))
 
 
@@ -59,34 +61,6 @@ def versions(model_mb: int, count: int):
         t = {n: x.clone() for n, x in t.items()}
         for x in t.values():
             x.view(torch.int16)[k::97] += 1
-
-
-def pss_total(pid: int) -> int:
-    with open(f"/proc/{pid}/smaps_rollup") as f:
-        for line in f:
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def pss_images(pid: int) -> int:
-    total, inside = 0, False
-    with open(f"/proc/{pid}/smaps") as f:
-        for line in f:
-            head = line.split()
-            if "-" in head[0] and len(head) >= 5:
-                inside = line.rstrip().endswith("/memfd:deltacast-image (deleted)")
-            elif inside and head[0] == "Pss:":
-                total += int(head[1]) * 1024
-    return total
-
-
-def bytes_in(metrics_port: int) -> int:
-    body = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
-    for line in body.splitlines():
-        if line.startswith("deltacast_bytes_in_total"):
-            return int(float(line.split()[-1]))
-    return 0
 
 
 def read_line(proc, timeout: float) -> dict:
@@ -115,7 +89,7 @@ def run(model_mb: int, count: int, ranks: int, workdir: str) -> dict:
                     assert read_line(r, 300)["version"] == number
             time.sleep(0.5)
             worker_pss = pss_total(worker.pid)
-            return {"pss": worker_pss + sum(pss_images(r.pid) for r in readers), "bytes_in": bytes_in(port)}
+            return {"pss": worker_pss + sum(image_memory(r.pid)["pss"] for r in readers), "bytes_in": bytes_in(port)}
         finally:
             for p in readers + [worker]:
                 p.terminate()

@@ -63,7 +63,7 @@ void Image::resize(std::size_t n) {
   if (fd_ >= 0 && n == mapped_size_) return;
   if (!want_shared_) {  // back to the heap
     Bytes bytes(n);
-    std::memcpy(bytes.data(), data(), std::min(n, size()));
+    if (std::min(n, size()) > 0) std::memcpy(bytes.data(), data(), std::min(n, size()));
     release();
     heap_ = std::move(bytes);
     return;
@@ -82,7 +82,7 @@ void Image::resize(std::size_t n) {
   // open it again for writing (through /proc/PID/fd) unless it may change the file's mode.
   (void)fchmod(fd, 0400);
   auto* bytes = static_cast<std::uint8_t*>(p);
-  std::memcpy(bytes, data(), std::min(n, size()));
+  if (std::min(n, size()) > 0) std::memcpy(bytes, data(), std::min(n, size()));
   release();
   mapped_ = bytes;
   mapped_size_ = n;

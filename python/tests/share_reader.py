@@ -1,6 +1,8 @@
 """One engine rank of a host: attaches to the worker sharing PATH and reads versions 1..LAST,
 printing one JSON line per version: its number, a BLAKE2b digest of each tensor's bytes, and the
 memory the shared images take in this process (Pss and Rss of the memfd mappings, from smaps).
+Its helpers measure the same of other processes, for python/tests/test_share.py and
+scripts/bench_share.py.
 
 Usage: share_reader.py PATH LAST [--slow]
 With --slow it prints {"reading": 1} and then reads version 1's tensors slowly, for a test to
@@ -10,24 +12,45 @@ import hashlib
 import json
 import sys
 import time
+import urllib.request
 
 import deltacast
 
 
-def image_memory() -> dict:
-    """Pss and Rss, in bytes, of this process's mappings of shared deltacast images."""
-    pss = rss = 0
-    inside = False
-    with open("/proc/self/smaps") as f:
+def image_mappings(pid="self") -> list[tuple[str, int, int]]:
+    """(inode, Pss, Rss), in bytes, of each mapping of a shared deltacast image in process `pid`."""
+    out, inode, rss = [], None, 0
+    with open(f"/proc/{pid}/smaps") as f:
         for line in f:
             head = line.split()
             if "-" in head[0] and len(head) >= 5:  # a mapping's first line
-                inside = line.rstrip().endswith("/memfd:deltacast-image (deleted)")
-            elif inside and head[0] == "Pss:":
-                pss += int(head[1]) * 1024
-            elif inside and head[0] == "Rss:":
-                rss += int(head[1]) * 1024
-    return {"pss": pss, "rss": rss}
+                inode = head[4] if line.rstrip().endswith("/memfd:deltacast-image (deleted)") else None
+            elif inode is not None and head[0] == "Rss:":
+                rss = int(head[1]) * 1024
+            elif inode is not None and head[0] == "Pss:":  # after Rss
+                out.append((inode, int(head[1]) * 1024, rss))
+    return out
+
+
+def image_memory(pid="self") -> dict:
+    """Pss and Rss, in bytes, of a process's mappings of shared deltacast images."""
+    maps = image_mappings(pid)
+    return {"pss": sum(m[1] for m in maps), "rss": sum(m[2] for m in maps)}
+
+
+def pss_total(pid) -> int:
+    """A process's whole PSS, in bytes."""
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no Pss for process {pid}")
+
+
+def bytes_in(metrics_port: int) -> int:
+    """A node's deltacast_bytes_in_total, from its metrics."""
+    body = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+    return int(float(next(line.split()[-1] for line in body.splitlines() if line.startswith("deltacast_bytes_in_total"))))
 
 
 def digests(version) -> dict:

@@ -313,6 +313,30 @@ def test_sglang_engine_ranks_apply_exactly_the_version_asked_for_and_never_raise
             assert all(got[rank] == expected(sd, rank) for rank in range(TP))
 
 
+def test_sglang_ranks_attached_to_their_hosts_one_worker_apply_exactly_the_version_asked_for(processes, tmp_path):
+    sd = llama_checkpoint(seed=25)
+    sock = tmp_path / "host.sock"
+    with deltacast.Publisher("tcp://127.0.0.1:0") as pub:
+        config = tmp_path / "host.json"
+        config.write_text(json.dumps({"id": "host", "parents": [pub.listening], "share": str(sock), "change_history": 8}))
+        processes.start(os.environ.get("DELTACAST_BIN", "deltacast"), "worker", "--config", config, stdout=subprocess.DEVNULL)
+        env = {"DELTACAST_ATTACH": str(sock), "DELTACAST_TIMEOUT_S": "30"}
+        with Engine(make_model=make_llama, checkpoint=llama_checkpoint(seed=82), env=env, tp_size=TP,
+                    custom_weight_loader=[LOADER]) as engine:
+            ckpt = {}
+            for _ in range(5):
+                step(sd, pub.version + 70)
+                ckpt[pub.publish(sd)] = {n: t.clone() for n, t in sd.items()}
+            for version in (2, 5):  # 2 after 3..5 arrived: read back from the host worker's history
+                assert engine.update_weights_from_tensor(deltacast.sglang.request(pub.request(version)), load_format=LOADER) == \
+                    (True, "Success")
+                assert engine.tokenizer_manager.call(sglang_held) == [(pub.run, version)] * TP
+                got = engine.tokenizer_manager.call(fingerprint)
+                assert all(got[rank] == expected(ckpt[version], rank) for rank in range(TP))
+            assert eventually(lambda: (pub.ledger()["host"].get("model") or {}).get("version") == 5), pub.ledger()
+            assert list(pub.ledger()) == ["host"]
+
+
 def start_server(processes, tmp_path, loader, env):
     port = free_port()
     log = open(tmp_path / f"server-{port}.log", "w")

@@ -16,6 +16,7 @@ import torch
 
 import deltacast
 from conftest import DELTACAST, free_port
+from share_reader import bytes_in, image_mappings, pss_total
 
 READER = Path(__file__).with_name("share_reader.py")
 TENSORS, ELEMENTS = 14, 8 << 20  # 224 MiB of BF16
@@ -40,19 +41,6 @@ def digests(tensors: dict) -> dict:
     return {n: hashlib.blake2b(memoryview(t.view(torch.int16).numpy()), digest_size=16).hexdigest() for n, t in tensors.items()}
 
 
-def image_mappings(pid: int) -> list[tuple[str, int]]:
-    """(inode, Pss bytes) of each mapping of a shared deltacast image in process `pid`."""
-    out, inode = [], None
-    with open(f"/proc/{pid}/smaps") as f:
-        for line in f:
-            head = line.split()
-            if "-" in head[0] and len(head) >= 5:
-                inode = head[4] if line.rstrip().endswith("/memfd:deltacast-image (deleted)") else None
-            elif inode is not None and head[0] == "Pss:":
-                out.append((inode, int(head[1]) * 1024))
-    return out
-
-
 def read_line(proc: subprocess.Popen, timeout: float) -> dict:
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -68,8 +56,12 @@ def test_four_ranks_share_one_image_and_a_rank_killed_mid_read_leaks_nothing(pro
     sock = str(tmp_path / "host.sock")
     env = dict(os.environ)
     with deltacast.Publisher("tcp://127.0.0.1:0") as pub:
+        ports = {"host-0": free_port(), "plain": free_port()}
         worker = processes.start(DELTACAST, "worker", "--id", "host-0", "--parent", pub.listening, "--share", sock, "--scrub-rate", "0",
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                 "--metrics", f"127.0.0.1:{ports['host-0']}", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # What a single rank's worker needs, in the same run: the baseline of the figures below.
+        plain = processes.start(DELTACAST, "worker", "--id", "plain", "--parent", pub.listening, "--scrub-rate", "0",
+                                "--metrics", f"127.0.0.1:{ports['plain']}", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         tensors = model(1)
         image_bytes = TENSORS * ELEMENTS * 2
         pub.publish(tensors)
@@ -88,6 +80,7 @@ def test_four_ranks_share_one_image_and_a_rank_killed_mid_read_leaks_nothing(pro
                 assert line["digests"] == expected, f"reader {r.pid}: version {number} differs from what was published"
                 # Each rank maps the whole image, and pays a share of it, not a copy.
                 assert line["memory"]["rss"] >= 0.95 * image_bytes
+            pub.wait_ready(number, min_workers=2, timeout=120)
             if number < 3:
                 tensors = step(tensors, number)
                 pub.publish(tensors)
@@ -96,11 +89,18 @@ def test_four_ranks_share_one_image_and_a_rank_killed_mid_read_leaks_nothing(pro
         # ranks, and the killed rank's version was let go of: no third image. The worker holds one
         # version from its parent, so the parent serves one copy.
         processes_pss = [image_mappings(worker.pid)] + [image_mappings(r.pid) for r in readers]
-        inodes = {inode for maps in processes_pss for inode, _ in maps}
-        total_pss = sum(pss for maps in processes_pss for _, pss in maps)
+        inodes = {inode for maps in processes_pss for inode, _, _ in maps}
+        total_pss = sum(pss for maps in processes_pss for _, pss, _ in maps)
         assert len(inodes) <= 2, f"{len(inodes)} shared images on the host"
         assert total_pss <= 2.05 * image_bytes, f"the host's shared images take {total_pss / 2**20:.0f} MiB for one of {image_bytes / 2**20:.0f}"
-        assert list(pub.ledger()) == ["host-0"], pub.ledger()
+        # Against the single worker: the host's PSS (the worker's whole, the ranks' shared images)
+        # and the bytes from the parent.
+        host_pss = pss_total(worker.pid) + sum(pss for maps in processes_pss[1:] for _, pss, _ in maps)
+        single_pss = pss_total(plain.pid)
+        assert host_pss <= 1.1 * single_pss, f"4 ranks: {host_pss / 2**20:.0f} MiB of PSS against {single_pss / 2**20:.0f} MiB for one worker"
+        host_bytes, single_bytes = bytes_in(ports["host-0"]), bytes_in(ports["plain"])
+        assert 0 < host_bytes <= 1.05 * single_bytes, (host_bytes, single_bytes)
+        assert sorted(pub.ledger()) == ["host-0", "plain"], pub.ledger()
         for r in readers:
             assert r.wait(timeout=60) == 0
 

@@ -245,6 +245,9 @@ struct ImageSharer::Impl {
   std::shared_ptr<const runtime::ModelVersion> offered;  // guarded by mu
   bool stopping = false;                                 // guarded by mu
   Counts counts;                                         // guarded by mu
+  // The sharing process's own engine, folded in with the readers' (hold_local, report_local).
+  std::optional<std::pair<RunId, std::uint64_t>> local_hold;              // guarded by mu
+  std::optional<std::pair<runtime::ModelState, std::string>> local_report;  // guarded by mu
 
   // The serving thread's own.
   std::vector<Reader> readers;
@@ -323,22 +326,30 @@ struct ImageSharer::Impl {
   void summarize() {
     std::optional<std::pair<RunId, std::uint64_t>> hold;
     std::optional<std::pair<runtime::ModelState, std::string>> report;
+    // History from the oldest version held in the newest run anyone holds from.
+    auto fold_hold = [&](const std::optional<std::pair<RunId, std::uint64_t>>& h) {
+      if (!h || h->second == 0) return;
+      if (!hold || h->first > hold->first) hold = h;
+      else if (h->first == hold->first) hold->second = std::min(hold->second, h->second);
+    };
+    // The first failed update, else the oldest version a model holds.
+    auto fold_report = [&](const std::optional<std::pair<runtime::ModelState, std::string>>& r) {
+      if (!r) return;
+      const bool failed = r->first.failed_version != 0, chosen_failed = report && report->first.failed_version != 0;
+      if (!report || (failed && !chosen_failed) || (failed == chosen_failed && r->first.version < report->first.version)) report = r;
+    };
     std::uint64_t leases = 0;
     for (const Reader& r : readers) {
       leases += r.leases.size();
-      if (r.hold && r.hold->second > 0) {
-        if (!hold || r.hold->first > hold->first) hold = r.hold;
-        else if (r.hold->first == hold->first) hold->second = std::min(hold->second, r.hold->second);
-      }
-      if (r.report) {
-        const bool failed = r.report->first.failed_version != 0, chosen_failed = report && report->first.failed_version != 0;
-        if (!report || (failed && !chosen_failed) || (failed == chosen_failed && r.report->first.version < report->first.version)) report = r.report;
-      }
+      fold_hold(r.hold);
+      fold_report(r.report);
     }
     {
       std::lock_guard lock(mu);
       counts.readers = readers.size();
       counts.leases = leases;
+      fold_hold(local_hold);
+      fold_report(local_report);
     }
     if (!hold) hold = std::make_pair(RunId{}, std::uint64_t{0});
     if (hold != hold_sent && callbacks.hold_history_from) callbacks.hold_history_from(hold->first, hold->second);
@@ -425,6 +436,7 @@ struct ImageSharer::Impl {
           if (stopping) return;
           v = offered;
         }
+        summarize();  // the sharing process's own hold or report may have changed
         if (v && v.get() != newest_offered) {
           newest_offered = v.get();
           auto s = prepare(std::move(v));
@@ -474,14 +486,23 @@ Result<std::unique_ptr<ImageSharer>> ImageSharer::start(const std::string& path,
   return std::unique_ptr<ImageSharer>(new ImageSharer(std::move(impl)));
 }
 
-ImageSharer::~ImageSharer() {
+ImageSharer::~ImageSharer() { stop(); }
+
+void ImageSharer::stop() {
   {
     std::lock_guard lock(impl_->mu);
+    if (impl_->stopping) return;
     impl_->stopping = true;
   }
   impl_->wake();
   if (impl_->thread.joinable()) impl_->thread.join();
   for (Reader& r : impl_->readers) close_fd(r.fd);
+  impl_->readers.clear();
+  impl_->newest.reset();
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->offered.reset();
+  }
   ::unlink(impl_->path.c_str());
 }
 
@@ -489,6 +510,22 @@ void ImageSharer::offer(std::shared_ptr<const runtime::ModelVersion> v) {
   {
     std::lock_guard lock(impl_->mu);
     impl_->offered = std::move(v);
+  }
+  impl_->wake();
+}
+
+void ImageSharer::hold_local(const RunId& run, std::uint64_t version) {
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->local_hold = std::make_pair(run, version);
+  }
+  impl_->wake();
+}
+
+void ImageSharer::report_local(const runtime::ModelState& model, const std::string& error) {
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->local_report = std::make_pair(model, error);
   }
   impl_->wake();
 }

@@ -113,13 +113,23 @@ void Worker::save_loop() {
   }
 }
 
+void Worker::report_model(const runtime::ModelState& model, const std::string& error) {
+  if (sharer_) return sharer_->report_local(model, error);
+  host_->post([host = host_.get(), model, error] { host->node().report_model(model, error); });
+}
+
+void Worker::hold_history_from(const RunId& run, std::uint64_t version) {
+  if (sharer_) return sharer_->hold_local(run, version);
+  host_->post([host = host_.get(), run, version] { host->node().hold_history_from(run, version); });
+}
+
 Status Worker::stop(bool save_current) {
   if (stopped_) return Status::ok();
   stopped_ = true;
   save_current_ = save_current;
   stopping_ = true;
   if (saver_.joinable()) saver_.join();
-  sharer_.reset();  // readers keep the versions they mapped
+  if (sharer_) sharer_->stop();  // readers keep the versions they mapped
   host_->stop();
   if (unsaved_) return Status::io_error("version " + std::to_string(*unsaved_) + " is ready but not saved: " + save_error_);
   return Status::ok();

@@ -273,3 +273,38 @@ TEST_CASE("a reader that sends what the protocol does not have is dropped, and t
   REQUIRE(v);
   CHECK(v->image == s.images[1]);
 }
+
+TEST_CASE("the sharing process's own report and its ranks' reach the ledger as one: a failure first, else the oldest version",
+          "[embed][share]") {
+  Series s(3);
+  Sharing f(s);
+  s.publish(f.origin, 2);
+  s.publish(f.origin, 3);
+  auto& w = **f.worker;
+  REQUIRE(w.wait_for_version(3, 20000));
+  auto rank = embed::Attached::attach(f.path, 5000);
+  REQUIRE(rank.is_ok());
+  const RunId run = w.current()->run;
+  auto model_in_ledger = [&] {
+    return f.origin.host.call([&] {
+      const auto& ledger = f.origin.host.node().ledger();
+      auto it = ledger.find("w");
+      return it == ledger.end() ? ModelState{} : it->second.model;
+    });
+  };
+  ModelState own;
+  own.reported = true;
+  own.run = run;
+  own.version = 3;
+  w.report_model(own, "");
+  ModelState ranks = own;
+  ranks.version = 2;
+  (*rank)->report_model(ranks, "");
+  CHECK(eventually([&] { return model_in_ledger().version == 2; }));  // the older of the two
+  ranks.failed_version = 3;
+  ranks.failed_run = run;
+  ranks.version = 2;
+  (*rank)->report_model(ranks, "out of memory");
+  CHECK(eventually([&] { return model_in_ledger().failed_version == 3; }));  // a failure wins
+  CHECK(eventually([&] { return f.origin.host.call([&] { return f.origin.host.node().ledger().at("w").last_error; }).find("out of memory") != std::string::npos; }));
+}

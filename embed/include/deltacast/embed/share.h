@@ -37,12 +37,19 @@ class ImageSharer {
   // Listens on `path`, made 0660 (the worker's user and group may attach). A stale socket file (nobody listening) is replaced; a path
   // another process serves, or that is not a socket, is an error.
   static Result<std::unique_ptr<ImageSharer>> start(const std::string& path, Callbacks callbacks, ShareLimits limits = {});
-  ~ImageSharer();  // closes every connection and removes the socket file
+  ~ImageSharer();  // stop()
+  // Closes every connection (readers keep what they mapped) and removes the socket file; what
+  // is offered afterwards goes nowhere. Idempotent.
+  void stop();
   ImageSharer(const ImageSharer&) = delete;
   ImageSharer& operator=(const ImageSharer&) = delete;
 
   // The newest verified version, from any thread: sent to every reader.
   void offer(std::shared_ptr<const runtime::ModelVersion> v);
+  // The sharing process's own engine's history hold and report, from any thread: folded in with
+  // the readers' before they reach the worker (a process that reads its own worker and shares it).
+  void hold_local(const RunId& run, std::uint64_t version);
+  void report_local(const runtime::ModelState& model, const std::string& error);
 
   struct Counts {
     std::uint64_t readers = 0;        // connected now

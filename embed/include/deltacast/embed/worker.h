@@ -91,15 +91,12 @@ class Worker final : public VersionSource {
   std::shared_ptr<const runtime::ModelVersion> wait_for_run_version(const RunId& run, std::uint64_t version, std::uint64_t timeout_ms) override {
     return host_->wait_for_run_version(run, version, timeout_ms);
   }
-  void report_model(const runtime::ModelState& model, const std::string& error) override {
-    host_->post([host = host_.get(), model, error] { host->node().report_model(model, error); });
-  }
+  // With a sharer, folded in with its readers' reports (and holds, below).
+  void report_model(const runtime::ModelState& model, const std::string& error) override;
   // Why the worker stopped asking its parents (another live process holds its id); empty while
   // it has not.
   std::string refusal() const override { return host_->refusal(); }
-  void hold_history_from(const RunId& run, std::uint64_t version) override {
-    host_->post([host = host_.get(), run, version] { host->node().hold_history_from(run, version); });
-  }
+  void hold_history_from(const RunId& run, std::uint64_t version) override;
   // Blocks until a version newer than `after` (or of a newer run) is current, or timeout_ms.
   std::shared_ptr<const runtime::ModelVersion> wait_for_newer(const std::shared_ptr<const runtime::ModelVersion>& after,
                                                                std::uint64_t timeout_ms) {

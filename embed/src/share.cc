@@ -750,7 +750,8 @@ Result<std::unique_ptr<Attached>> Attached::attach(const std::string& path, std:
   auto s = std::make_shared<State>();
   s->path = path;
   s->limits = limits;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  // Capped (at 35 years) so that "no limit" cannot overflow the clock.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(std::min<std::uint64_t>(timeout_ms, 1ull << 40));
   while (!s->connect_now()) {
     const int err = errno;
     if ((err != ENOENT && err != ECONNREFUSED) || std::chrono::steady_clock::now() >= deadline)

@@ -137,7 +137,7 @@ void Worker::start(embed::WorkerOptions o) {
 std::unique_ptr<Worker> Worker::attach(const std::string& path, double timeout_s) {
   auto a = [&] {
     py::gil_scoped_release release;
-    return embed::Attached::attach(path, timeout_s < 0 ? UINT64_MAX / 2 : static_cast<std::uint64_t>(timeout_s * 1000));
+    return embed::Attached::attach(path, timeout_s < 0 ? UINT64_MAX : static_cast<std::uint64_t>(timeout_s * 1000));
   }();
   if (!a.is_ok()) throw Error(a.status().to_string());
   std::unique_ptr<Worker> w(new Worker);

@@ -8,6 +8,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -137,3 +138,18 @@ def test_a_rank_keeps_what_it_holds_while_the_hosts_worker_restarts_and_attaches
         assert torch.equal(dict(held.tensors())["w"], first["w"])
         rank.close()
         worker.close()
+
+
+def test_attach_without_a_time_limit_waits_for_the_worker_to_start(tmp_path):
+    sock = tmp_path / "host.sock"
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(deltacast.attach(sock, timeout=None)))
+    waiter.start()
+    time.sleep(0.5)
+    assert not got, "attached to a socket nobody serves"
+    with deltacast.Publisher("tcp://127.0.0.1:0") as pub, deltacast.Worker("host", [pub.listening], share=sock):
+        waiter.join(timeout=30)
+        assert got, "attach(timeout=None) gave up before the worker started"
+        pub.publish({"w": torch.ones(64, dtype=torch.bfloat16)})
+        assert got[0].wait(1, timeout=30).number == 1
+        got[0].close()

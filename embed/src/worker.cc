@@ -40,14 +40,10 @@ Result<std::unique_ptr<Worker>> Worker::start(WorkerOptions o) {
     }
   }
   if (!o.share_path.empty()) {
-    transport::NodeHost* host = w->host_.get();
+    Worker* self = w.get();
     ImageSharer::Callbacks callbacks;
-    callbacks.hold_history_from = [host](const RunId& run, std::uint64_t version) {
-      host->post([host, run, version] { host->node().hold_history_from(run, version); });
-    };
-    callbacks.report_model = [host](const runtime::ModelState& model, const std::string& error) {
-      host->post([host, model, error] { host->node().report_model(model, error); });
-    };
+    callbacks.hold_history_from = [self](const RunId& run, std::uint64_t version) { self->post_hold(run, version); };
+    callbacks.report_model = [self](const runtime::ModelState& model, const std::string& error) { self->post_report(model, error); };
     DC_ASSIGN_OR_RETURN(w->sharer_, ImageSharer::start(o.share_path, std::move(callbacks)));
   }
   if (o.on_version || w->sharer_)
@@ -115,11 +111,19 @@ void Worker::save_loop() {
 
 void Worker::report_model(const runtime::ModelState& model, const std::string& error) {
   if (sharer_) return sharer_->report_local(model, error);
-  host_->post([host = host_.get(), model, error] { host->node().report_model(model, error); });
+  post_report(model, error);
 }
 
 void Worker::hold_history_from(const RunId& run, std::uint64_t version) {
   if (sharer_) return sharer_->hold_local(run, version);
+  post_hold(run, version);
+}
+
+void Worker::post_report(const runtime::ModelState& model, const std::string& error) {
+  host_->post([host = host_.get(), model, error] { host->node().report_model(model, error); });
+}
+
+void Worker::post_hold(const RunId& run, std::uint64_t version) {
   host_->post([host = host_.get(), run, version] { host->node().hold_history_from(run, version); });
 }
 

@@ -142,21 +142,27 @@ def test_vllm_ranks_in_processes_apply_exactly_the_version_asked_for_while_the_t
         assert all(got[rank] == expected(ckpt[last], rank) for rank in range(TP))
 
 
+def start_sharing_worker(processes, tmp_path, pub) -> str:
+    """A CLI worker "host" of `pub` that shares its versions (keeping 8 of change history); its socket."""
+    sock = str(tmp_path / "host.sock")
+    config = tmp_path / "host.json"
+    config.write_text(json.dumps({"id": "host", "parents": [pub.listening], "share": sock, "change_history": 8}))
+    processes.start(os.environ.get("DELTACAST_BIN", "deltacast"), "worker", "--config", config, stdout=subprocess.DEVNULL)
+    return sock
+
+
 def test_vllm_ranks_attached_to_their_hosts_one_worker_apply_exactly_the_version_asked_for(llm, processes, tmp_path):
     """One image per host: the CLI worker shares its versions, both ranks attach to it and apply
     an older version than the newest from its change history; the ledger sees one worker."""
     sd = llama_checkpoint(seed=23)
-    sock = tmp_path / "host.sock"
     with deltacast.Publisher("tcp://127.0.0.1:0") as pub:
-        config = tmp_path / "host.json"
-        config.write_text(json.dumps({"id": "host", "parents": [pub.listening], "share": str(sock), "change_history": 8}))
-        processes.start(os.environ.get("DELTACAST_BIN", "deltacast"), "worker", "--config", config, stdout=subprocess.DEVNULL)
+        sock = start_sharing_worker(processes, tmp_path, pub)
         ckpt = {}
         for k in range(6):
             step(sd, k)
             ckpt[pub.publish(sd)] = {n: t.clone() for n, t in sd.items()}
         pub.wait_ready(6, min_workers=1, timeout=60)
-        llm.init_weight_transfer_engine({"init_info": {"attach": str(sock)}})
+        llm.init_weight_transfer_engine({"init_info": {"attach": sock}})
         for version in (4, 6):
             request = pub.request(version)
             llm.start_weight_update()
@@ -315,12 +321,9 @@ def test_sglang_engine_ranks_apply_exactly_the_version_asked_for_and_never_raise
 
 def test_sglang_ranks_attached_to_their_hosts_one_worker_apply_exactly_the_version_asked_for(processes, tmp_path):
     sd = llama_checkpoint(seed=25)
-    sock = tmp_path / "host.sock"
     with deltacast.Publisher("tcp://127.0.0.1:0") as pub:
-        config = tmp_path / "host.json"
-        config.write_text(json.dumps({"id": "host", "parents": [pub.listening], "share": str(sock), "change_history": 8}))
-        processes.start(os.environ.get("DELTACAST_BIN", "deltacast"), "worker", "--config", config, stdout=subprocess.DEVNULL)
-        env = {"DELTACAST_ATTACH": str(sock), "DELTACAST_TIMEOUT_S": "30"}
+        sock = start_sharing_worker(processes, tmp_path, pub)
+        env = {"DELTACAST_ATTACH": sock, "DELTACAST_TIMEOUT_S": "30"}
         with Engine(make_model=make_llama, checkpoint=llama_checkpoint(seed=82), env=env, tp_size=TP,
                     custom_weight_loader=[LOADER]) as engine:
             ckpt = {}

@@ -72,7 +72,8 @@ class ImageSharer {
 // (an error if any reader's update failed, else the oldest version they hold).
 class Attached final : public VersionSource {
  public:
-  // Connects to `path`, waiting up to timeout_ms for the socket to appear (a worker starting).
+  // Connects to `path`, waiting up to timeout_ms for the socket to appear (a worker starting;
+  // UINT64_MAX: no limit).
   static Result<std::unique_ptr<Attached>> attach(const std::string& path, std::uint64_t timeout_ms, ShareLimits limits = {});
   ~Attached() override;
 

@@ -116,6 +116,9 @@ class Worker final : public VersionSource {
  private:
   Worker() = default;
   void save_loop();
+  // To the node, on its loop: what the engines fed from here report and hold, as one.
+  void post_report(const runtime::ModelState& model, const std::string& error);
+  void post_hold(const RunId& run, std::uint64_t version);
 
   std::unique_ptr<transport::NodeHost> host_;
   std::unique_ptr<ImageSharer> sharer_;  // stopped before the host

@@ -53,7 +53,12 @@ Result<EncodedVersion> encode_from(const ModelLayout& layout, std::uint64_t vers
                                    ChunkEncoderPool* encoders) {
   if (Status st = validate_tensors(layout.tensors, layout.image_size); !st.is_ok()) return Status::invalid_argument(st.message());
   if (Status st = validate_names(layout.tensors, layout.metadata); !st.is_ok()) return Status::invalid_argument(st.message());
-  std::vector<std::uint64_t> cuts;  // around every tensor that is only part of one
+  std::vector<std::uint64_t> cuts;  // around every tensor that is only part of one, and large ones
+  if (options.tensor_cuts) {
+    const std::uint64_t large = std::max<std::uint64_t>(1, options.chunk_bytes / 4);
+    for (const TensorInfo& t : layout.tensors)
+      if (t.nbytes >= large) cuts.insert(cuts.end(), {t.offset, t.offset + t.nbytes});
+  }
   if (!layout.parts.empty()) {
     if (Status st = validate_parts(layout.tensors, layout.parts, UINT64_MAX); !st.is_ok()) return Status::invalid_argument(st.message());
     for (std::size_t i = 0; i < layout.parts.size(); ++i) {
@@ -63,6 +68,8 @@ Result<EncodedVersion> encode_from(const ModelLayout& layout, std::uint64_t vers
       cuts.push_back(t.offset + t.nbytes);
     }
   }
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
 
   EncodedVersion ev;
   Manifest& m = ev.manifest;

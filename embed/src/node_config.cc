@@ -359,6 +359,7 @@ Result<LoadedNode> load_node(const NodeSettings& s, NodeRole role) {
   out.node.parents = o.parents;
   out.node.tree_parents = o.trees;
   DC_RETURN_IF_ERROR(runtime::check_parents(out.node));
+  DC_RETURN_IF_ERROR(runtime::check_tensors(out.node));
   if (role != NodeRole::kPublisher && !out.node.has_parents())
     return Status::invalid_argument(std::string("a ") + (worker ? "worker" : "relay") + " needs at least one parent (--parent; \"parents\" or \"trees\")");
   if (role == NodeRole::kRelay && o.listen.empty())

@@ -23,6 +23,7 @@ Result<std::unique_ptr<Worker>> Worker::start(WorkerOptions o) {
     o.node.share_images = true;
   }
   DC_RETURN_IF_ERROR(runtime::check_parents(o.node));
+  DC_RETURN_IF_ERROR(runtime::check_tensors(o.node));
   o.node.reconstruct = true;
   o.node.serve_children = !o.host.bind_endpoint.empty();
   std::unique_ptr<Worker> w(new Worker);

@@ -51,6 +51,7 @@ void ChildServer::drop(PeerId peer, const std::string& why) {
   auto it = children_.find(peer);
   ctx_.log(LogLevel::kError, "child " + (it == children_.end() ? std::string("?") : it->second.node_id) + " dropped: " + why);
   if (it != children_.end()) children_.erase(it);
+  tensors_changed_ = true;
   ctx_.transport.disconnect(peer);
 }
 
@@ -59,6 +60,7 @@ void ChildServer::on_leave(PeerId from, const std::string& node_id) {
   if (it == children_.end() || it->second.node_id != node_id) return;
   ctx_.transport.disconnect(from);
   children_.erase(it);
+  tensors_changed_ = true;
 }
 
 // ---- sending --------------------------------------------------------------------------------
@@ -124,7 +126,7 @@ void ChildServer::on_writable(PeerId peer) {
 void ChildServer::send_version(PeerId peer, Child& c, const CachedVersion& v) {
   offer_manifest(peer, c, v);
   for (std::uint32_t i = 0; i < v.chunks.size(); ++i)
-    if (v.chunks[i] && c.carries(v.key, i) && !c.was_sent(v.key, i)) offer_chunk(peer, c, v, i);
+    if (v.chunks[i] && carries(c, v, i) && !c.was_sent(v.key, i)) offer_chunk(peer, c, v, i);
 }
 
 void ChildServer::broadcast(const Message& m) {
@@ -148,6 +150,11 @@ void ChildServer::on_hello(PeerId from, const Hello& hello) {
   }
   if (!config.serve_children) {
     ctx_.send(from, Refuse{"node " + config.node_id + " does not serve children"});
+    ctx_.transport.disconnect(from);
+    return;
+  }
+  if (Status st = validate_subset(hello.tensors); !st.is_ok()) {
+    ctx_.send(from, Refuse{st.message()});
     ctx_.transport.disconnect(from);
     return;
   }
@@ -186,6 +193,8 @@ void ChildServer::on_hello(PeerId from, const Hello& hello) {
   c.serves_children = hello.serves_children;
   c.tree = hello.tree;
   c.trees = std::max<std::uint32_t>(1, hello.trees);
+  c.tensors = hello.tensors;
+  tensors_changed_ = true;
   c.last_heard_ms = ctx_.now_ms();
   c.need_tokens = config.needs_per_s_max;
   c.need_tokens_ms = c.last_heard_ms;
@@ -266,7 +275,7 @@ void ChildServer::forward_manifest(const CachedVersion& v, bool chain_start) {
 
 void ChildServer::forward_chunk(const CachedVersion& v, std::uint32_t index) {
   for (auto& [peer, c] : children_) {
-    if (!c.receives() || !c.subscribed(v.key) || !c.carries(v.key, index)) continue;
+    if (!c.receives() || !c.subscribed(v.key) || !carries(c, v, index)) continue;
     offer_chunk(peer, c, v, index);
     ctx_.stats.chunks_forwarded++;
   }
@@ -282,6 +291,40 @@ void ChildServer::offer_again(const CachedVersion& v) {
 }
 
 // ---- requests -------------------------------------------------------------------------------
+
+bool ChildServer::carries(Child& c, const CachedVersion& v, std::uint32_t index) {
+  if (!c.carries(v.key, index)) return false;
+  if (c.tensors.all()) return true;
+  if (c.layout_of != v.manifest.get() || !c.layout) {
+    c.layout = ctx_.subsets.layout(v.manifest, c.tensors);
+    c.layout_of = v.manifest.get();
+  }
+  return index < c.layout->chunks.size() && c.layout->chunks[index];
+}
+
+void ChildServer::on_peer_down(PeerId peer) {
+  if (children_.erase(peer)) tensors_changed_ = true;
+}
+
+void ChildServer::on_subscribe(PeerId from, Child& child, const Subscribe& sub) {
+  if (Status st = validate_subset(sub.tensors); !st.is_ok()) {
+    drop(from, st.message());
+    return;
+  }
+  child.tensors = sub.tensors;
+  child.tensors.normalize();
+  child.layout.reset();
+  child.layout_of = nullptr;
+  tensors_changed_ = true;
+}
+
+void ChildServer::union_tensors(std::optional<TensorSubset>& into) const {
+  for (const auto& [peer, c] : children_) {
+    if (!c.receives()) continue;
+    into = into ? subset_union(*into, c.tensors) : c.tensors;
+    if (into->all()) return;
+  }
+}
 
 bool ChildServer::take_need_token(Child& c) {
   const std::uint64_t now = ctx_.now_ms();
@@ -351,11 +394,12 @@ void ChildServer::on_need(PeerId from, Child& child, const Need& need) {
   // when bandwidth is short), unless the child got them damaged.
   // Only chunks of the link's tree: another tree's parent serves the rest.
   std::vector<std::uint32_t> wanted;
+  // Only chunks of the tensors the child takes.
   for (const std::uint32_t i : need.chunks)
-    if (child.carries(v->key, i)) wanted.push_back(i);
+    if (i < v->chunks.size() && carries(child, *v, i)) wanted.push_back(i);
   if (need.chunks.empty())
     for (std::uint32_t i = 0; i < v->chunks.size(); ++i)
-      if (child.carries(v->key, i)) wanted.push_back(i);
+      if (carries(child, *v, i)) wanted.push_back(i);
   if (need.again && !count_resends(from, child, *v, wanted.size())) return;
   // A child that names chunks has the manifest (for a 2 TB model it is tens of MB); one that
   // asks for a whole version may not.
@@ -395,6 +439,7 @@ void ChildServer::tick(std::uint64_t now) {
     if (now - it->second.last_heard_ms > ctx_.config.timing.child_timeout_ms) {
       ctx_.transport.disconnect(it->first);
       it = children_.erase(it);
+      tensors_changed_ = true;
     } else {
       ++it;
     }

@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "deltacast/runtime/version_cache.h"
@@ -53,6 +54,11 @@ class ChildServer {
     bool serves_children = false;  // may pass up Ready messages of nodes below it
     // The tree of a multi-tree fleet this link belongs to, of how many (Hello::tree).
     std::uint32_t tree = 0, trees = 1;
+    // The tensors whose chunks go down this link (Hello::tensors, Subscribe), and what they take
+    // of the version last asked about (subset_of).
+    TensorSubset tensors;
+    const Manifest* layout_of = nullptr;
+    std::shared_ptr<const SubsetLayout> layout;
     std::uint64_t last_heard_ms = 0;
     // Need messages it may still send now: refilled at needs_per_s_max a second, up to that many.
     double need_tokens = 0;
@@ -101,7 +107,14 @@ class ChildServer {
   void drop(PeerId peer, const std::string& why);
   // A child said Leave (it must name itself): disconnected now rather than after a timeout.
   void on_leave(PeerId from, const std::string& node_id);
-  void on_peer_down(PeerId peer) { children_.erase(peer); }
+  void on_peer_down(PeerId peer);
+  // The child takes only these tensors' chunks from now on.
+  void on_subscribe(PeerId from, Child& child, const Subscribe& sub);
+  // Joins into `into` the tensors of every child that receives versions (nullopt: none yet).
+  void union_tensors(std::optional<TensorSubset>& into) const;
+  // Whether the children's tensors may have changed since the last call (a child came, went, or
+  // subscribed).
+  bool take_tensors_changed() { return std::exchange(tensors_changed_, false); }
   // Its queue has room again: what was held back goes out.
   void on_writable(PeerId peer);
 
@@ -138,6 +151,8 @@ class ChildServer {
 
  private:
   bool take_need_token(Child& c);
+  // Chunk `index` of `v` goes down the link to `c`: in its tree, and of its tensors.
+  bool carries(Child& c, const CachedVersion& v, std::uint32_t index);
   bool wants(const Child& c, const VersionKey& key, bool chain_start) const;
   // `resend`: what the link carried of these versions before goes again (Need::again).
   void serve_catch_up(PeerId peer, Child& c, std::uint64_t have, bool want_anchor, bool resend);
@@ -160,6 +175,7 @@ class ChildServer {
   std::map<PeerId, Child> children_;  // welcomed children
   std::uint64_t broadcast_newest_ = 0;  // deltas up to here were forwarded to every child
   std::uint64_t pruned_ms_ = 0;
+  bool tensors_changed_ = true;
 };
 
 }  // namespace deltacast::runtime

@@ -22,6 +22,7 @@ const char* message_name(const Message& m) {
                               [](const Ready&) { return "ready"; },
                               [](const Heartbeat&) { return "heartbeat"; },
                               [](const Leave&) { return "leave"; },
+                              [](const Subscribe&) { return "subscribe"; },
                           });
 }
 
@@ -38,6 +39,11 @@ std::uint64_t message_bytes(const Message& m) {
                               [](const Ready&) -> Bytes { return kHeaderBytes; },
                               [](const Heartbeat&) -> Bytes { return kHeaderBytes; },
                               [](const Leave&) -> Bytes { return kHeaderBytes; },
+                              [](const Subscribe& sub) -> Bytes {
+                                Bytes b = kHeaderBytes;
+                                for (const auto& p : sub.tensors.patterns) b += p.size() + 2;
+                                return b;
+                              },
                           });
 }
 

@@ -60,6 +60,13 @@ Status check_parents(const NodeConfig& c) {
   return Status::ok();
 }
 
+Status check_tensors(const NodeConfig& c) {
+  DC_RETURN_IF_ERROR(validate_subset(c.tensors));
+  if (!c.tensors.all() && !c.reconstruct) return Status::invalid_argument("tensors: only a worker serves some tensors; a relay takes what its children serve");
+  if (!c.tensors.all() && c.in_place) return Status::invalid_argument("tensors: not with in_place");
+  return Status::ok();
+}
+
 Node::Node(NodeConfig config, Transport& transport, Clock& clock, TaskRunner* tasks)
     : config_(std::move(config)),
       ctx_(std::make_unique<NodeContext>(config_, transport, clock)),
@@ -73,7 +80,9 @@ Node::Node(NodeConfig config, Transport& transport, Clock& clock, TaskRunner* ta
       slices_out_(make_slice_outbox(*ctx_, upstreams_->first())),
       slices_in_(make_slice_intake(*ctx_)),
       ledger_(config_.ledger_workers_max),
-      run_(config_.has_parents() ? RunId{} : config_.run) {}
+      run_(config_.has_parents() ? RunId{} : config_.run) {
+  subscription_ = wanted_tensors();
+}
 
 Node::~Node() { *alive_ = false; }
 
@@ -123,6 +132,7 @@ void Node::drop_peer(PeerId peer, const std::string& why) {
     return;
   }
   children_->drop(peer, why);
+  update_subscription();
 }
 
 void Node::on_writable(PeerId peer) {
@@ -138,6 +148,7 @@ void Node::on_peer_down(PeerId peer) {
   for (const auto& link : *upstreams_)
     if (link->on_peer_down(peer)) return;
   children_->on_peer_down(peer);
+  update_subscription();
 }
 
 void Node::on_traffic(PeerId from) {
@@ -162,11 +173,9 @@ void Node::on_message(PeerId from, const Message& m) {
         break;
     }
   }
-  if (const auto* hello = std::get_if<Hello>(&m)) {
-    children_->on_hello(from, *hello);
-    return;
-  }
-  handle_child(from, m);
+  if (const auto* hello = std::get_if<Hello>(&m)) children_->on_hello(from, *hello);
+  else handle_child(from, m);
+  update_subscription();
 }
 
 // ---- timers ---------------------------------------------------------------------------------
@@ -192,6 +201,7 @@ void Node::tick() {
   if (!has_parents() && fresh_->issue_due(now)) fresh_->issue(run_, cache_.newest_version());
   check_parents_fresh(now);
   children_->tick(now);
+  update_subscription();
   upstreams_->flush_needs();
   request_missing(/*force=*/false);
   slices_in_->ask_for_missing(now, [this](PeerId peer) { return children_->is_child(peer); });

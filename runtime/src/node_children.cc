@@ -22,6 +22,7 @@ void Node::handle_child(PeerId from, const Message& m) {
   visit_message(m, Overloaded{
                        [&](const Leave& leave) { on_leave_message(from, leave); },
                        [&](const Need& need) { children_->on_need(from, *child, need); },
+                       [&](const Subscribe& sub) { children_->on_subscribe(from, *child, sub); },
                        [&](const Ready& ready) { on_ready_message(from, ready); },
                        // A trainer shard's slice of a version.
                        [&](const ManifestMsg& mm) {

@@ -7,6 +7,7 @@
 
 #include "deltacast/runtime/interfaces.h"
 #include "deltacast/runtime/node_types.h"
+#include "subsets.h"
 
 namespace deltacast::runtime {
 
@@ -28,6 +29,7 @@ class NodeContext {
   Transport& transport;
   Clock& clock;
   NodeStats stats;
+  SubsetMemo subsets;
   std::function<void(LogLevel, const std::string&)> on_log;
 
  private:

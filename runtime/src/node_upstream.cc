@@ -36,7 +36,26 @@ Hello Node::make_hello(std::uint32_t tree, std::uint32_t trees) const {
   hello.run = config_.shard_count > 0 ? config_.run : run_;
   // After a refusal, the parent sends nothing unasked (the anchor this node refused).
   hello.resume = !cache_.entries().empty() || refused_.has_value();
+  hello.tensors = subscription_;
   return hello;
+}
+
+TensorSubset Node::wanted_tensors() const {
+  std::optional<TensorSubset> wanted;
+  if (config_.reconstruct) wanted = config_.tensors;
+  children_->union_tensors(wanted);
+  return wanted.value_or(TensorSubset{});  // a relay without children takes every tensor
+}
+
+void Node::update_subscription() {
+  if (!children_->take_tensors_changed() || !has_parents()) return;
+  TensorSubset wanted = wanted_tensors();
+  if (wanted == subscription_) return;
+  ctx_->log(LogLevel::kInfo, "takes " + to_string(wanted) + " (was " + to_string(subscription_) + ")");
+  subscription_ = std::move(wanted);
+  for (auto& [key, v] : cache_.entries()) cache_.set_wanted(*cache_.find(key), ctx_->subsets.layout(v.manifest, subscription_));
+  upstreams_->send_to_all(Subscribe{subscription_});
+  request_missing(/*force=*/false);
 }
 
 std::uint64_t Node::usable_parent_newest() const { return parent_run_ == run_ ? parent_newest_ : 0; }
@@ -128,6 +147,7 @@ void Node::handle_parent(UpstreamLink& link, const Message& m) {
                          // The origin asks a trainer shard for an anchor, or for (part of) a slice again.
                          if (slices_out_->on_need(need) && on_anchor_wanted_) on_anchor_wanted_(need.key.version);
                        },
+                       [](const Subscribe&) {},  // a child's message
                        [&](const Leave& leave) {
                          // The parent is going away: move to the next one now, keeping what is here.
                          ctx_->set_error("parent " + leave.node_id + " left: " + leave.reason);

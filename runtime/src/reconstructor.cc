@@ -15,6 +15,15 @@ bool same_chunking(const std::vector<ModelVersion::ChunkState>& states, const Ma
   return true;
 }
 
+// Whether an image holds every chunk of `m` that `subset` takes (null: every chunk).
+bool holds(const ModelVersion& v, const Manifest& m, const SubsetLayout* subset) {
+  if (v.chunk_states.empty()) return true;  // restored whole from disk, or xxh3 hashes: all of it
+  if (v.chunk_states.size() != m.chunks.size()) return false;
+  for (std::size_t i = 0; i < m.chunks.size(); ++i)
+    if ((!subset || subset->chunks[i]) && !v.chunk_states[i].held) return false;
+  return true;
+}
+
 }  // namespace
 
 // The version being rebuilt: its manifest, the staging image and per-chunk state.
@@ -23,6 +32,9 @@ struct Reconstructor::Assembly {
   std::shared_ptr<const Manifest> manifest;
   std::shared_ptr<const ModelVersion> base;  // null for anchors
   std::shared_ptr<ModelVersion> staging;
+  // The chunks of the tensors this worker serves (NodeConfig::tensors); null: every chunk. The
+  // others are never decoded: they count as done from the start.
+  std::shared_ptr<const SubsetLayout> subset;
   enum class ChunkState : std::uint8_t { kWaiting, kDecoding, kDone };
   std::vector<ChunkState> state;
   // Chunks that arrived and may be decodable, in arrival order: pump() takes from here instead
@@ -260,7 +272,9 @@ void Reconstructor::stage_copy(Assembly& a) {
     a.staging = std::move(spare_);
   } else {
     a.staging = std::make_shared<ModelVersion>();
-    a.staging->image.set_shared(ctx_.config.share_images);
+    // A worker serving some tensors touches only their pages: in a memfd, the others never take
+    // memory (a zero-filled heap image would write them all).
+    a.staging->image.set_shared(ctx_.config.share_images || !ctx_.config.tensors.all());
     ctx_.stats.images_allocated++;
   }
   spare_.reset();
@@ -306,6 +320,11 @@ void Reconstructor::start(const CachedVersion& v) {
     abandon("layout changed", true);
     return;
   }
+  a->subset = ctx_.subsets.layout(v.manifest, config.tensors);
+  if (live && !v.key.anchor && !config.virtual_payloads && !holds(*live, *v.manifest, a->subset.get())) {
+    abandon("the image held lacks tensors this worker serves", true);
+    return;
+  }
   a->base = v.key.anchor ? nullptr : live;
   if (config.in_place && !config.virtual_payloads && live && live->image.size() == v.manifest->image_size) {
     expose(nullptr);  // readers paused: nobody gets this image until the new version verified in it
@@ -332,6 +351,11 @@ void Reconstructor::start(const CachedVersion& v) {
   if (a->record_patch) a->patches.resize(v.manifest->chunks.size());
   live.reset();
   a->state.assign(v.manifest->chunks.size(), Assembly::ChunkState::kWaiting);
+  if (a->subset) {
+    for (std::size_t i = 0; i < a->state.size(); ++i)
+      if (!a->subset->chunks[i]) a->state[i] = Assembly::ChunkState::kDone;
+    a->done = a->state.size() - a->subset->chunk_count;
+  }
   a->record_changes = !v.key.anchor && config.change_history_versions_max > 0 && !config.virtual_payloads;
   // In place, the base's bytes are the ones being overwritten: no old values.
   a->record_old = a->record_changes && !a->in_place;
@@ -475,11 +499,18 @@ void Reconstructor::finish() {
   image.base_version = a->key.anchor ? 0 : a->manifest->base_version;
   image.run = a->manifest->run;
   image.checksum = a->manifest->version_checksum;
-  image.tensors = a->manifest->tensors;
+  image.tensors.clear();
+  if (a->subset)
+    for (const std::uint32_t t : a->subset->tensors) image.tensors.push_back(a->manifest->tensors[t]);
+  else
+    image.tensors = a->manifest->tensors;
   image.metadata = a->manifest->metadata;
   image.chunk_states.clear();
   if (a->manifest->hash_scheme == ChunkHashScheme::kState)
-    for (const ChunkEntry& c : a->manifest->chunks) image.chunk_states.push_back({c.offset, c.length, c.content_hash});
+    for (std::size_t i = 0; i < a->manifest->chunks.size(); ++i) {
+      const ChunkEntry& c = a->manifest->chunks[i];
+      image.chunk_states.push_back({c.offset, c.length, c.content_hash, !a->subset || a->subset->chunks[i]});
+    }
   image.patch = a->record_patch ? std::make_shared<const std::vector<ChunkPatch>>(std::move(a->patches)) : nullptr;
   image.changes = history_after(*a);
   image.ready_us = ctx_.clock.now_us();
@@ -526,6 +557,12 @@ std::vector<std::shared_ptr<const ChangeSet>> Reconstructor::history_after(Assem
       Bytes().swap(o);
     }
     if (Status st = index_old_values(*set, a.manifest->tensors); !st.is_ok()) ctx_.log(LogLevel::kError, st.to_string());
+    // The version lists the subset's tensors only (finish()): their old values by that list.
+    if (a.subset && set->has_old_values()) {
+      std::vector<std::uint64_t> first;
+      for (const std::uint32_t t : a.subset->tensors) first.push_back(set->tensor_old_first[t]);
+      set->tensor_old_first = std::move(first);
+    }
   }
   std::uint64_t bytes = set->bytes();
   history.push_back(std::move(set));

@@ -13,10 +13,11 @@ class Scrubber::Task final : public runtime::Task {
   Task(Scrubber& s, std::shared_ptr<const ModelVersion> v, std::size_t first, std::size_t end)
       : owner_(&s), alive_(s.alive_), version_(std::move(v)), first_(first), end_(end), bad_(end) {}
   void work() override {
-    for (std::size_t i = first_; i < end_; ++i) bytes_ += version_->chunk_states[i].length;
+    for (std::size_t i = first_; i < end_; ++i) bytes_ += version_->chunk_states[i].held ? version_->chunk_states[i].length : 0;
     if (version_->image.empty()) return;  // virtual payloads: the time it takes is all there is to it
     for (std::size_t i = first_; i < end_; ++i) {
       const ModelVersion::ChunkState& c = version_->chunk_states[i];
+      if (!c.held) continue;  // a tensor this worker does not serve
       if (state_hash(ByteSpan(version_->image).subspan(c.offset, c.length)) != c.state) {
         bad_ = i;
         return;
@@ -58,7 +59,9 @@ void Scrubber::tick(std::uint64_t now_ms, std::shared_ptr<const ModelVersion> cu
   // As many chunks as the budget covers, at least one once it covers that one.
   std::size_t end = next_chunk_;
   std::uint64_t bytes = 0;
-  while (end < chunks.size() && bytes + chunks[end].length <= budget_bytes_) bytes += chunks[end++].length;
+  // Chunks not held cost nothing: they are skipped.
+  auto cost = [&](std::size_t i) { return chunks[i].held ? chunks[i].length : 0; };
+  while (end < chunks.size() && bytes + cost(end) <= budget_bytes_) bytes += cost(end++);
   if (end == next_chunk_) return;
   budget_bytes_ -= bytes;
   in_flight_ = true;

@@ -11,8 +11,19 @@ namespace deltacast::runtime {
 std::vector<std::uint32_t> CachedVersion::missing() const {
   std::vector<std::uint32_t> out;
   for (std::size_t i = 0; i < chunks.size(); ++i)
-    if (!chunks[i]) out.push_back(static_cast<std::uint32_t>(i));
+    if (!chunks[i] && wants(static_cast<std::uint32_t>(i))) out.push_back(static_cast<std::uint32_t>(i));
   return out;
+}
+
+void VersionCache::set_wanted(CachedVersion& v, std::shared_ptr<const SubsetLayout> wanted) {
+  DC_CHECK(!wanted || wanted->chunks.size() == v.chunks.size(), "a subset of another manifest");
+  const bool was_complete = v.complete();
+  v.wanted = std::move(wanted);
+  v.wanted_present = 0;
+  if (v.wanted)
+    for (std::uint32_t i = 0; i < v.chunks.size(); ++i) v.wanted_present += v.chunks[i] && v.wanted->chunks[i];
+  if (was_complete && !v.complete()) incomplete_++;
+  if (!was_complete && v.complete()) incomplete_--;
 }
 
 Result<CachedVersion*> VersionCache::add_manifest(const VersionKey& key, SharedBytes manifest, std::uint64_t now_ms,
@@ -55,10 +66,12 @@ Result<bool> VersionCache::add_chunk(const VersionKey& key, std::uint32_t index,
     return Status::corruption(to_string(key) + " chunk " + std::to_string(index) + ": payload hash mismatch");
   if (verify && v->manifest->is_signed && payload_digest(*payload) != e.payload_digest)
     return Status::corruption(to_string(key) + " chunk " + std::to_string(index) + ": payload does not match its signed digest");
+  const bool was_complete = v->complete();
   v->chunks[index] = std::move(payload);
   v->present++;
+  if (v->wants(index)) v->wanted_present++;
   DC_CHECK(v->present <= v->chunks.size(), "a cached version holds more chunks than its manifest lists");
-  if (v->complete()) incomplete_--;
+  if (!was_complete && v->complete()) incomplete_--;
   v->bytes += e.payload_bytes;
   v->last_activity_ms = now_ms;
   bytes_ += e.payload_bytes;
@@ -72,9 +85,11 @@ void VersionCache::drop_chunk(const VersionKey& key, std::uint32_t index) {
            "the cache's byte count is below a chunk it holds");
   v->bytes -= v->chunks[index]->size();
   bytes_ -= v->chunks[index]->size();
+  const bool was_complete = v->complete();
   v->chunks[index].reset();
-  if (v->complete()) incomplete_++;
   v->present--;
+  if (v->wants(index)) v->wanted_present--;
+  if (was_complete && !v->complete()) incomplete_++;
 }
 
 void VersionCache::erase(const VersionKey& key) {

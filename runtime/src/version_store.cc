@@ -123,9 +123,28 @@ Status VersionStore::prepare() {
 
 Status VersionStore::save(const ModelVersion& version) const {
   const std::string name = name_of(version.version);
-  const ModelLayout layout{version.tensors, version.metadata, version.image.size()};
+  // A worker that serves some tensors (NodeConfig::tensors) saves those, packed one after another
+  // (its image holds nothing else worth keeping); a whole image is saved as it is.
+  const bool subset = std::any_of(version.chunk_states.begin(), version.chunk_states.end(), [](const auto& c) { return !c.held; });
+  ModelLayout layout{version.tensors, version.metadata, version.image.size()};
+  std::vector<ByteSpan> parts{ByteSpan(), version.image};
+  if (subset) {
+    parts.resize(1);
+    layout.image_size = 0;
+    for (TensorInfo& t : layout.tensors) {
+      const ByteSpan bytes = ByteSpan(version.image).subspan(t.offset, t.nbytes);
+      t.offset = layout.image_size;
+      layout.image_size += t.nbytes;
+      if (parts.size() > 1 && parts.back().data() + parts.back().size() == bytes.data())
+        parts.back() = ByteSpan(parts.back().data(), parts.back().size() + bytes.size());  // contiguous: one part
+      else
+        parts.push_back(bytes);
+    }
+  }
+  Hasher64 data_hash;
+  for (std::size_t i = 1; i < parts.size(); ++i) data_hash.update(parts[i]);
   const Bytes header = safetensors_header(layout);
-  const ByteSpan parts[] = {header, version.image};
+  parts[0] = header;
   // A disk that cannot hold the new version beside the kept ones makes room: the oldest saved
   // versions go first, but only when removing them can make it fit (else they stay: the newest
   // good version on disk is not given up for a save that fails anyway).
@@ -150,7 +169,7 @@ Status VersionStore::save(const ModelVersion& version) const {
       older_bytes += size_of(file) + size_of(record_of(file));
     }
     const std::optional<std::uint64_t> available = storage_->available_bytes();
-    const std::uint64_t needed = header.size() + version.image.size() + kRecordBytesMax;
+    const std::uint64_t needed = header.size() + layout.image_size + kRecordBytesMax;
     if (older.empty() || !available || *available + older_bytes < needed) break;
     log(LogLevel::kWarn, node_id_ + ": no room for version " + std::to_string(version.version) + " in " + storage_->where() +
                              ": removing the oldest saved version, " + older.back());
@@ -158,7 +177,7 @@ Status VersionStore::save(const ModelVersion& version) const {
     (void)storage_->remove(older.back());
   }
   DC_RETURN_IF_ERROR(written);
-  nlohmann::json j = {{"version", version.version}, {"checksum", hex64(version.checksum)}, {"image_xxh3", hex64(hash64(version.image))}};
+  nlohmann::json j = {{"version", version.version}, {"checksum", hex64(version.checksum)}, {"image_xxh3", hex64(data_hash.digest())}};
   if (!version.run.empty()) j["run"] = {{"started_us", version.run.started_us}, {"nonce", hex64(version.run.nonce)}};
   const std::string text = j.dump(2) + "\n";
   const ByteSpan record[] = {ByteSpan(reinterpret_cast<const std::uint8_t*>(text.data()), text.size())};

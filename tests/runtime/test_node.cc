@@ -41,13 +41,6 @@ void kill_after_chunks(FakeNet& net, const std::string& relay, int chunks) {
   };
 }
 
-// True when every named node exposes version v.
-bool all_at(FakeNet& net, const std::vector<std::string>& nodes, std::uint64_t v) {
-  for (const auto& n : nodes)
-    if (net.node(n).current_version() != v) return false;
-  return true;
-}
-
 }  // namespace
 
 TEST_CASE("versions stream down origin -> relays -> workers, bit-exact", "[runtime][node]") {

@@ -58,4 +58,10 @@ inline NodeConfig worker_config(const std::string& id, std::vector<std::string> 
   c.serve_children = relays;
   return c;
 }
+// True when every named node of `net` exposes version v.
+inline bool all_at(FakeNet& net, const std::vector<std::string>& nodes, std::uint64_t v) {
+  for (const auto& n : nodes)
+    if (net.node(n).current_version() != v) return false;
+  return true;
+}
 }  // namespace deltacast::test

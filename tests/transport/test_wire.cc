@@ -141,6 +141,9 @@ std::vector<GoldenFrame> golden_messages() {
       {"part", std::nullopt, {0, 0, 0x5eed5eed5eed5eedull, 1234569}, 0, bytes(" payload")},
       // A child's link in tree 1 of 3 of a multi-tree fleet.
       {"hello-tree", Hello{kProtocolVersion, "eu-west.w17", Role::kWorker, 41, run, false, false, 1, 3}, {0xfeedfacecafebeefull, 1, 0, 0}},
+      // A worker that serves some tensors, and a relay whose children's union changed.
+      {"hello-tensors", Hello{kProtocolVersion, "eu-west.w18", Role::kWorker, 41, run, false, false, 0, 1, 7, 0, TensorSubset{{"lm_head.weight", "model.layers.1[0-5].*"}}}, {}},
+      {"subscribe", Subscribe{TensorSubset{{"model.layers.*.mlp.experts.[0-7].*"}}}, {}},
   };
 }
 

@@ -215,6 +215,7 @@ struct NodeHost::Impl final : TaskRunner {
 
   Status open() {
     DC_RETURN_IF_ERROR(check_parents(node_config));
+    DC_RETURN_IF_ERROR(check_tensors(node_config));
     DC_RETURN_IF_ERROR(start_run());
     uv_loop_init(&loop);
     loop_open = true;

@@ -83,6 +83,17 @@ struct Body {
 };
 using NoPayload = std::nullptr_t;
 
+// A subset's patterns as a peer sent them: counted and checked before they are kept.
+Result<TensorSubset> get_subset(const google::protobuf::RepeatedPtrField<std::string>& patterns) {
+  if (static_cast<std::size_t>(patterns.size()) > kSubsetPatternsMax)
+    return Status::corruption("more than " + std::to_string(kSubsetPatternsMax) + " tensor patterns");
+  TensorSubset s;
+  s.patterns.assign(patterns.begin(), patterns.end());
+  if (Status st = validate_subset(s); !st.is_ok()) return Status::corruption(st.message());
+  s.normalize();
+  return s;
+}
+
 template <>
 struct Body<Hello> {
   static constexpr auto kCase = wire::Envelope::kHello;
@@ -104,6 +115,7 @@ struct Body<Hello> {
     }
     h->set_instance(m.instance);
     h->set_workers_below_max(m.workers_below_max);
+    for (const auto& t : m.tensors.patterns) h->add_tensors(t);
   }
   // Parsed whatever the peer's protocol version, carrying it, so the node can refuse the peer
   // with a reason.
@@ -121,6 +133,7 @@ struct Body<Hello> {
     h.tree = env.hello().tree();
     h.instance = env.hello().instance();
     h.workers_below_max = env.hello().workers_below_max();
+    DC_ASSIGN_OR_RETURN(h.tensors, get_subset(env.hello().tensors()));
     if (!valid_tree(h.tree, h.trees))
       return Status::corruption("tree " + std::to_string(h.tree) + " of " + std::to_string(h.trees) + " (at most " + std::to_string(kTreesMax) + " trees)");
     DC_RETURN_IF_ERROR(check_node_id(h.node_id));
@@ -273,6 +286,20 @@ struct Body<Leave> {
     DC_RETURN_IF_ERROR(check_node_id(env.leave().node_id()));
     DC_RETURN_IF_ERROR(check_string(env.leave().reason(), kReasonBytesMax, "leave reason"));
     return Leave{env.leave().node_id(), env.leave().reason(), env.leave().moved()};
+  }
+};
+
+template <>
+struct Body<Subscribe> {
+  static constexpr auto kCase = wire::Envelope::kSubscribe;
+  static constexpr NoPayload kPayload = nullptr;
+  static void encode(const Subscribe& m, const LinkFields&, wire::Envelope& env) {
+    auto* sub = env.mutable_subscribe();
+    for (const auto& t : m.tensors.patterns) sub->add_tensors(t);
+  }
+  static Result<Subscribe> decode(wire::Envelope& env, SharedBytes) {
+    DC_ASSIGN_OR_RETURN(TensorSubset t, get_subset(env.subscribe().tensors()));
+    return Subscribe{std::move(t)};
   }
 };
 

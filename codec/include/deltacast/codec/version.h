@@ -28,6 +28,10 @@ using ProgressFn = std::function<void(std::uint64_t done_bytes, std::uint64_t to
 
 struct VersionEncodeOptions {
   std::uint64_t chunk_bytes = kDefaultChunkBytes;
+  // Every tensor of at least a quarter of chunk_bytes starts and ends chunks of its own, so that a
+  // worker serving some tensors only (codec/subset.h) takes few bytes of its neighbours; small
+  // tensors still share chunks.
+  bool tensor_cuts = true;
   ChunkEncodeOptions chunk = ChunkEncodeOptions::defaults();
   // The chunk hashes: state hashes (manifest format 3), or xxh3 (formats 1 and 2, as deltacast
   // wrote before state hashes; for comparisons and for readers that know only those).

@@ -15,6 +15,7 @@
 
 #include "deltacast/common/bytes.h"
 #include "deltacast/codec/manifest.h"
+#include "deltacast/codec/subset.h"
 
 namespace deltacast::runtime {
 
@@ -23,8 +24,9 @@ namespace deltacast::runtime {
 // would send a multi-tree child every chunk on every link). 6: Hello's and Ready's instance, a
 // Refuse that says the id is taken, Ready's model state (a parent that ignored the instance would
 // admit two live workers under one id). 7: the timestamp statement in Welcome and Heartbeat (a
-// worker that trusts keys exposes nothing without it).
-inline constexpr std::uint32_t kProtocolVersion = 7;
+// worker that trusts keys exposes nothing without it). 8: Hello's tensors and Subscribe (a parent
+// that ignored them would send a subset worker every chunk).
+inline constexpr std::uint32_t kProtocolVersion = 8;
 
 // Bounds on what a peer may send (docs/RELIABILITY.md): strings longer than these are refused.
 inline constexpr std::size_t kNodeIdBytesMax = 128;
@@ -106,6 +108,14 @@ struct Hello {
   // A child that relays: how many workers below it it may report for (0: as many as its parent
   // allows a child, NodeConfig::child_workers_max). A child that does not relay reports for itself.
   std::uint32_t workers_below_max = 0;
+  // The tensors whose chunks the child takes (codec/subset.h; all: every chunk): a worker's own,
+  // a relay's the union of its children's. Subscribe changes it.
+  TensorSubset tensors;
+};
+// child -> parent: from now on the link carries only the chunks of these tensors (a relay whose
+// children's union changed). Chunks it lacks of cached versions it asks for with Need.
+struct Subscribe {
+  TensorSubset tensors;
 };
 // parent -> child: accepted.
 struct Welcome {
@@ -206,7 +216,7 @@ struct UnhandledForTest {};
 #else
 #define DELTACAST_TEST_MESSAGE
 #endif
-using Message = std::variant<Hello, Welcome, Refuse, ManifestMsg, ChunkMsg, Need, Ready, Heartbeat, Leave DELTACAST_TEST_MESSAGE>;
+using Message = std::variant<Hello, Welcome, Refuse, ManifestMsg, ChunkMsg, Need, Ready, Heartbeat, Leave, Subscribe DELTACAST_TEST_MESSAGE>;
 #undef DELTACAST_TEST_MESSAGE
 
 // Dispatch that cannot miss a message type. `visit_message(m, handler)` calls the handler's

@@ -187,6 +187,11 @@ class Node {
   // The newest version the parent has that this node can use (0 when the parent is in another run).
   std::uint64_t usable_parent_newest() const;
   void request_missing(bool force);
+  // What this node takes (Hello::tensors): a worker's own tensors with its children's, a relay's
+  // children's (every tensor while it has none). When that changed, cached versions want the new
+  // chunks and the parents are told (Subscribe).
+  TensorSubset wanted_tensors() const;
+  void update_subscription();
   // Asks for an anchor newer than `newer_than` (what the asker holds; it cannot use older ones).
   void request_anchor(std::uint64_t newer_than);
 
@@ -253,6 +258,7 @@ class Node {
   std::unique_ptr<SliceIntake> slices_in_;   // an origin merging trainer shards' slices
   FleetLedger ledger_;                       // origin
 
+  TensorSubset subscription_;  // wanted_tensors() as the parents were last told
   std::uint64_t parent_newest_ = 0;
   std::uint64_t last_heartbeat_ms_ = 0;
   std::uint64_t last_need_ms_ = 0;

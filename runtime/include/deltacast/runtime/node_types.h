@@ -14,6 +14,7 @@
 
 #include "deltacast/common/image.h"
 #include "deltacast/common/settings.h"
+#include "deltacast/codec/subset.h"
 #include "deltacast/codec/version.h"
 #include "deltacast/runtime/trust.h"
 
@@ -80,6 +81,11 @@ struct NodeConfig {
   // ImageSharer; docs/RUNTIME.md, "One image per host"). Not with in_place: a reader holds the
   // version it reads until the next one is current.
   bool share_images = false;
+  // Workers: the tensors this one serves (codec/subset.h; all: every tensor). It receives,
+  // verifies, holds and saves only the chunks that cover them, and its versions list only them
+  // (docs/RUNTIME.md, "Hosts that hold only what they serve"). Relays take the union of their
+  // children's.
+  TensorSubset tensors;
   // Workers: re-hash the exposed image against its chunk state hashes at most this fast
   // (Scrubber), finding memory that changed outside of a delta; 0: never. The default scrubs a
   // 2 TB image in about 2.3 hours for about 1% of a core (docs/BENCHMARKS.md).
@@ -175,6 +181,8 @@ struct NodeConfig {
 // The parents a config names are within bounds: `parents` or `tree_parents` (not both), 2 to
 // kTreesMax trees, 1 to kParentsMax parents each, and at most kParentsMax plain parents.
 Status check_parents(const NodeConfig& config);
+// The tensors a config names are a valid subset, and only a worker's (relays take their children's).
+Status check_tensors(const NodeConfig& config);
 
 enum class LogLevel : std::uint8_t { kInfo, kWarn, kError };
 
@@ -224,6 +232,7 @@ struct ModelVersion {
   // image restored from disk): the next delta is then applied to the whole image.
   struct ChunkState {
     std::uint64_t offset = 0, length = 0, state = 0;
+    bool held = true;  // false: a worker serving some tensors (NodeConfig::tensors) lacks its bytes
     bool operator==(const ChunkState&) const = default;
   };
   std::vector<ChunkState> chunk_states;

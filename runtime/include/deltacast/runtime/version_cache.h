@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "deltacast/codec/manifest.h"
+#include "deltacast/codec/subset.h"
 #include "deltacast/runtime/messages.h"
 
 namespace deltacast::runtime {
@@ -21,7 +22,12 @@ struct CachedVersion {
   std::size_t present = 0;
   std::uint64_t bytes = 0;          // manifest + present payloads
   std::uint64_t last_activity_ms = 0;
-  bool complete() const { return present == chunks.size(); }
+  // The chunks the node takes (its subscription, codec/subset.h), null for every chunk: complete
+  // and missing count only these. VersionCache::set_wanted changes it.
+  std::shared_ptr<const SubsetLayout> wanted;
+  std::size_t wanted_present = 0;  // present chunks that are wanted
+  bool wants(std::uint32_t index) const { return !wanted || wanted->chunks[index]; }
+  bool complete() const { return wanted ? wanted_present == wanted->chunk_count : present == chunks.size(); }
   std::vector<std::uint32_t> missing() const;
 };
 
@@ -65,6 +71,8 @@ class VersionCache {
   Result<bool> add_chunk(const VersionKey& key, std::uint32_t index, SharedBytes payload, std::uint64_t now_ms,
                          bool hashes_checked = false);
   void drop_chunk(const VersionKey& key, std::uint32_t index);
+  // The chunks of `v` the node takes from now on (null: all; of v's manifest).
+  void set_wanted(CachedVersion& v, std::shared_ptr<const SubsetLayout> wanted);
   void erase(const VersionKey& key);
   // Drops every version (a new run began).
   void clear();

@@ -1,0 +1,173 @@
+// Workers that serve some tensors only (NodeConfig::tensors): what they receive, verify and hold,
+// and relays that take the union of what their children serve.
+#include <catch2/catch.hpp>
+#include <set>
+
+#include "node_fixtures.h"
+#include "test_util.h"
+
+using namespace deltacast;
+using namespace deltacast::test;
+
+namespace {
+
+TensorSubset subset(std::vector<std::string> patterns) {
+  TensorSubset t{std::move(patterns)};
+  t.normalize();
+  return t;
+}
+
+NodeConfig subset_worker(const std::string& id, std::vector<std::string> parents, std::vector<std::string> patterns) {
+  NodeConfig c = worker_config(id, std::move(parents));
+  c.tensors = subset(std::move(patterns));
+  return c;
+}
+
+// Checks every version a subset worker exposes: it lists exactly the subset's tensors, each
+// bit-exact against the publisher's image, and holds the chunks that cover them only.
+void watch_subset(Node& worker, const Series& s, const TensorSubset& t, std::vector<std::uint64_t>& seen, int& bad) {
+  worker.set_on_ready([&s, t, &seen, &bad](std::shared_ptr<const ModelVersion> v) {
+    seen.push_back(v->version);
+    std::set<std::string> want, got;
+    for (const auto& ti : s.layout.tensors)
+      if (t.matches(ti.name)) want.insert(ti.name);
+    const Bytes& image = s.images[v->version - 1];
+    for (const auto& ti : v->tensors) {
+      got.insert(ti.name);
+      if (!std::equal(image.begin() + ti.offset, image.begin() + ti.offset + ti.nbytes, v->image.begin() + ti.offset)) bad++;
+    }
+    if (got != want || want.empty()) bad++;
+  });
+}
+
+// Payload bytes of the chunks `t` takes of version `ev`.
+std::uint64_t subset_payload(const EncodedVersion& ev, const TensorSubset& t) { return subset_layout(ev.manifest, t).payload_bytes; }
+
+}  // namespace
+
+TEST_CASE("a worker serving some tensors receives, verifies and holds only their chunks", "[runtime][subsets]") {
+  Series s(5);
+  FakeNet net;
+  Node& origin = net.add(origin_config());
+  REQUIRE(origin.publish(s.anchor(1)).is_ok());
+  net.add(relay_config("relay", {"origin"}));
+  const TensorSubset l0 = subset({"model.layers.0.*"}), l1 = subset({"model.layers.1.*", "lm_head.weight"});
+  std::vector<std::uint64_t> seen0, seen1;
+  int bad = 0;
+  watch_subset(net.add(subset_worker("w0", {"relay"}, l0.patterns)), s, l0, seen0, bad);
+  watch_subset(net.add(subset_worker("w1", {"relay"}, l1.patterns)), s, l1, seen1, bad);
+  Node& whole = net.add(worker_config("w-all", {"relay"}));
+  const std::vector<std::string> workers = {"w0", "w1", "w-all"};
+  REQUIRE(net.run_until([&] { return all_at(net, workers, 1); }));
+
+  for (std::uint64_t v = 2; v <= 5; ++v) {
+    const std::uint64_t before0 = net.bytes_sent_to("w0"), before1 = net.bytes_sent_to("w1"), before_all = net.bytes_sent_to("w-all");
+    const EncodedVersion ev = s.delta(v);
+    REQUIRE(origin.publish(ev).is_ok());
+    REQUIRE(net.run_until([&] { return all_at(net, workers, v); }));
+    const std::uint64_t manifest = serialize_manifest(ev.manifest).size() + 1024;
+    // Each subset worker got its chunks and little else; the whole worker got all of them.
+    const std::uint64_t got0 = net.bytes_sent_to("w0") - before0, got1 = net.bytes_sent_to("w1") - before1;
+    CHECK(got0 >= subset_payload(ev, l0));
+    CHECK(got0 <= subset_payload(ev, l0) + manifest + 64 * ev.manifest.chunks.size());
+    CHECK(got1 >= subset_payload(ev, l1));
+    CHECK(got1 <= subset_payload(ev, l1) + manifest + 64 * ev.manifest.chunks.size());
+    CHECK(net.bytes_sent_to("w-all") - before_all >= ev.manifest.payload_bytes_total());
+    CHECK(subset_payload(ev, l0) < ev.manifest.payload_bytes_total() / 2);
+  }
+  CHECK(bad == 0);
+  CHECK(seen0 == std::vector<std::uint64_t>{1, 2, 3, 4, 5});
+  CHECK(seen1 == seen0);
+  CHECK(whole.current()->image == s.images[4]);
+  // What w0 holds: the chunks of its tensors, marked; none of the others.
+  const auto v = net.node("w0").current();
+  const SubsetLayout layout = subset_layout(s.delta(5).manifest, l0);
+  REQUIRE(v->chunk_states.size() == layout.chunks.size());
+  for (std::size_t i = 0; i < layout.chunks.size(); ++i) CHECK(v->chunk_states[i].held == layout.chunks[i]);
+  CHECK(net.node("w0").stats().chunks_applied_sparse + net.node("w0").stats().chunks_applied_dense == layout.chunk_count * 4 + subset_layout(s.anchor(1).manifest, l0).chunk_count);
+  // Every worker is in the ledger at the newest version.
+  for (const auto& id : workers) CHECK(origin.ledger().at(id).version == 5);
+}
+
+TEST_CASE("a relay takes the union of what its children serve, and a child that joins later catches up", "[runtime][subsets]") {
+  Series s(6);
+  FakeNet net;
+  Node& origin = net.add(origin_config());
+  REQUIRE(origin.publish(s.anchor(1)).is_ok());
+  net.add(relay_config("relay", {"origin"}));
+  const TensorSubset l0 = subset({"model.layers.0.*"}), l1 = subset({"model.layers.1.*"});
+  std::vector<std::uint64_t> seen0, seen1;
+  int bad = 0;
+  watch_subset(net.add(subset_worker("w0", {"relay"}, l0.patterns)), s, l0, seen0, bad);
+  REQUIRE(net.run_until([&] { return all_at(net, {"w0"}, 1); }));
+
+  // Only w0 below it: the relay takes layer 0's chunks from the origin, not the whole version.
+  std::uint64_t before = net.bytes_sent_to("relay");
+  EncodedVersion ev = s.delta(2);
+  REQUIRE(origin.publish(ev).is_ok());
+  REQUIRE(net.run_until([&] { return all_at(net, {"w0"}, 2); }));
+  std::uint64_t slack = serialize_manifest(ev.manifest).size() + 64 * ev.manifest.chunks.size() + 1024;
+  CHECK(net.bytes_sent_to("relay") - before >= subset_payload(ev, l0));
+  CHECK(net.bytes_sent_to("relay") - before <= subset_payload(ev, l0) + slack);
+
+  // w1 joins: it catches up (anchor and deltas of its tensors), and the relay now takes both.
+  watch_subset(net.add(subset_worker("w1", {"relay"}, l1.patterns)), s, l1, seen1, bad);
+  REQUIRE(net.run_until([&] { return all_at(net, {"w1"}, 2); }));
+  const TensorSubset both = subset_union(l0, l1);
+  before = net.bytes_sent_to("relay");
+  ev = s.delta(3);
+  REQUIRE(origin.publish(ev).is_ok());
+  REQUIRE(net.run_until([&] { return all_at(net, {"w0", "w1"}, 3); }));
+  slack = serialize_manifest(ev.manifest).size() + 64 * ev.manifest.chunks.size() + 1024;
+  CHECK(net.bytes_sent_to("relay") - before >= subset_payload(ev, both));
+  CHECK(net.bytes_sent_to("relay") - before <= subset_payload(ev, both) + slack);
+  CHECK(subset_payload(ev, both) < ev.manifest.payload_bytes_total());
+
+  // w0 goes: the relay takes layer 1's chunks only again.
+  net.kill("w0");
+  REQUIRE(net.run_until([&] { return net.node("relay").child_count() == 1; }, 120000));
+  before = net.bytes_sent_to("relay");
+  ev = s.delta(4);
+  REQUIRE(origin.publish(ev).is_ok());
+  REQUIRE(net.run_until([&] { return all_at(net, {"w1"}, 4); }));
+  slack = serialize_manifest(ev.manifest).size() + 64 * ev.manifest.chunks.size() + 1024;
+  CHECK(net.bytes_sent_to("relay") - before <= subset_payload(ev, l1) + slack);
+  CHECK(bad == 0);
+  CHECK(seen1.back() == 4);
+}
+
+TEST_CASE("tensor subsets a peer sends are bounded", "[runtime][subsets]") {
+  FakeNet net;
+  Node& origin = net.add(origin_config());
+  FakeTransport rogue(net, "rogue");
+  Hello h;
+  h.node_id = "rogue";
+  h.tensors.patterns = {""};  // an empty pattern
+  REQUIRE(rogue.send(rogue.connect("origin"), h));
+  net.run();
+  CHECK(origin.child_count() == 0);
+  h.tensors.patterns = {"model.*"};
+  const PeerId link = rogue.connect("origin");
+  REQUIRE(rogue.send(link, h));
+  net.run();
+  CHECK(origin.child_count() == 1);
+  // More patterns than any subset may have: the child is dropped.
+  Subscribe sub;
+  for (std::size_t i = 0; i <= kSubsetPatternsMax; ++i) sub.tensors.patterns.push_back("t" + std::to_string(i));
+  REQUIRE(rogue.send(link, sub));
+  net.run();
+  CHECK(origin.child_count() == 0);
+}
+
+TEST_CASE("a config's tensors are checked", "[runtime][subsets]") {
+  NodeConfig c = worker_config("w", {"p"});
+  c.tensors = subset({"model.*"});
+  CHECK(check_tensors(c).is_ok());
+  c.reconstruct = false;
+  CHECK_FALSE(check_tensors(c).is_ok());  // a relay takes its children's
+  c = worker_config("w", {"p"});
+  c.tensors.patterns = {std::string(kSubsetPatternBytesMax + 1, 'a')};
+  CHECK_FALSE(check_tensors(c).is_ok());
+  c.tensors.patterns = {"ok", std::string("\xff\xfe")};
+  CHECK_FALSE(check_tensors(c).is_ok());
+}

@@ -31,6 +31,11 @@ void add_node_options(CLI::App* sub, NodeOptions& o, bool worker) {
                     "Share each verified version with this host's processes: they attach to this Unix socket path "
                     "(deltacast.attach) and map the images read-only (docs/RUNTIME.md, \"One image per host\")");
   if (worker)
+    sub->add_option("--tensors", o.tensors,
+                    "Serve only the tensors whose names match this glob (repeat; * matches dots too): receive, verify, hold and save "
+                    "only their chunks (docs/RUNTIME.md, \"Hosts that hold only what they serve\")")
+        ->allow_extra_args(false);
+  if (worker)
     sub->add_option("--scrub-rate", o.scrub_rate,
                     "Re-hash the exposed image against its chunk state hashes at most this many bytes a second, to find memory that "
                     "changed outside of a delta (0: off); default 256MiB");

@@ -190,6 +190,7 @@ void for_each_setting(F&& f, Settings&... s) {
   f("relay", s.relay...);
   f("in_place", s.in_place...);
   f("share", s.share...);
+  f("tensors", s.tensors...);
   f("scrub_rate", s.scrub_rate...);
   f("change_history", s.change_history...);
   f("change_history_bytes", s.change_history_bytes...);
@@ -359,7 +360,6 @@ Result<LoadedNode> load_node(const NodeSettings& s, NodeRole role) {
   out.node.parents = o.parents;
   out.node.tree_parents = o.trees;
   DC_RETURN_IF_ERROR(runtime::check_parents(out.node));
-  DC_RETURN_IF_ERROR(runtime::check_tensors(out.node));
   if (role != NodeRole::kPublisher && !out.node.has_parents())
     return Status::invalid_argument(std::string("a ") + (worker ? "worker" : "relay") + " needs at least one parent (--parent; \"parents\" or \"trees\")");
   if (role == NodeRole::kRelay && o.listen.empty())
@@ -368,6 +368,10 @@ Result<LoadedNode> load_node(const NodeSettings& s, NodeRole role) {
     for (const auto& p : tree) DC_RETURN_IF_ERROR(check_endpoint(p, "trees", false));
   out.node.reconstruct = worker;
   out.node.in_place = worker && o.in_place;
+  if (!o.tensors.empty() && !worker) return Status::invalid_argument("\"tensors\": only a worker serves some tensors; a relay takes what its children serve");
+  out.node.tensors.patterns = o.tensors;
+  out.node.tensors.normalize();
+  DC_RETURN_IF_ERROR(runtime::check_tensors(out.node));
   if (!o.share.empty()) {
     if (!worker) return Status::invalid_argument("only a worker shares its versions with its host (\"share\")");
     if (o.in_place) return Status::invalid_argument("\"share\" and \"in_place\" do not go together: a reader holds the version it reads until the next one is current");

@@ -36,7 +36,7 @@ namespace deltacast::embed {
 namespace {
 
 constexpr std::uint32_t kTablesMagic = 0x56534344;  // "DCSV"
-constexpr std::uint8_t kTablesFormat = 1;
+constexpr std::uint8_t kTablesFormat = 2;
 constexpr std::uint64_t kTensorsMax = 1u << 22;
 constexpr std::uint64_t kChangeSetsMax = 1u << 16;
 constexpr std::size_t kErrorBytesMax = 4096;
@@ -112,6 +112,7 @@ Bytes serialize_shared_version(const runtime::ModelVersion& v) {
     w.u64(c.offset);
     w.u64(c.length);
     w.u64(c.state);
+    w.u8(c.held ? 1 : 0);
   }
   std::size_t sets = 0;
   for (const auto& set : v.changes) sets += set != nullptr;
@@ -150,11 +151,13 @@ Result<std::unique_ptr<runtime::ModelVersion>> parse_shared_version(ByteSpan met
   DC_RETURN_IF_ERROR(validate_names(v->tensors, v->metadata).with_context("a shared version's tables"));
   DC_RETURN_IF_ERROR(validate_tensors(v->tensors, image.size()).with_context("a shared version's tables"));
   std::uint64_t count = 0;
-  if (!r.varint(count) || count > r.remaining() / 24) return bad("bad chunk state count");
+  if (!r.varint(count) || count > r.remaining() / 25) return bad("bad chunk state count");
   v->chunk_states.resize(count);
   std::uint64_t end = 0;
   for (auto& c : v->chunk_states) {
-    if (!r.u64(c.offset) || !r.u64(c.length) || !r.u64(c.state)) return bad("truncated chunk states");
+    std::uint8_t held = 0;
+    if (!r.u64(c.offset) || !r.u64(c.length) || !r.u64(c.state) || !r.u8(held) || held > 1) return bad("truncated chunk states");
+    c.held = held == 1;
     if (c.offset != end || c.length > image.size() - c.offset) return bad("chunk states that do not tile the image");
     end = c.offset + c.length;
   }

@@ -392,17 +392,19 @@ def _settings_json(settings: Optional[dict]) -> str:
 
 def _worker_args(id, parents=None, *, keys=None, parent_keys=None, trust_keys=None, state_dir=None, in_place=False,
                  share=None, listen=None, metrics=None, change_history=DEFAULT_CHANGE_HISTORY, change_history_bytes=None, stripes=None,
-                 trees=None, tree_parent_keys=None, settings=None) -> dict:
+                 trees=None, tree_parent_keys=None, tensors=None, settings=None) -> dict:
     """The keyword arguments of the native worker: None leaves a setting to ``settings`` or the
     node's default."""
     if isinstance(parents, str):
         parents = [parents]
+    if isinstance(tensors, str):
+        tensors = [tensors]
     return dict(id=id, parents=list(parents or []), keys=keys, parent_keys=list(parent_keys or []),
                 trust_keys=list(trust_keys or []), state_dir=str(state_dir or ""), in_place=bool(in_place), share=str(share or ""),
                 listen=listen or "",
                 metrics=metrics or "", change_history=change_history, change_history_bytes=change_history_bytes, stripes=stripes,
                 trees=[list(t) for t in trees or []], tree_parent_keys=[list(k) for k in tree_parent_keys or []],
-                settings=_settings_json(settings))
+                tensors=list(tensors or []), settings=_settings_json(settings))
 
 
 class _Reader:
@@ -515,6 +517,11 @@ class Worker(_Reader):
     processes, which ``attach`` to it and read its images with no copy (docs/RUNTIME.md, "One
     image per host"). Not with ``in_place``.
 
+    ``tensors``: glob patterns (``*`` matches dots too) of the tensors this worker serves, for an
+    engine rank that holds some experts or one pipeline stage: it receives, verifies, holds and
+    saves only the chunks that cover them, its parent sends only those, and its versions list only
+    those tensors (docs/RUNTIME.md, "Hosts that hold only what they serve"). None: every tensor.
+
     ``change_history``: how many versions back ``Version.patches`` and ``version()`` can reach
     (each kept costs 4 bytes per changed value, and the value's own size; 0 keeps none);
     ``change_history_bytes``: at most this many bytes of it, also when ``hold_history_from`` asks
@@ -527,11 +534,13 @@ class Worker(_Reader):
 
     def __init__(self, id: str, parents: Optional[list[str]] = None, *, keys=None, parent_keys=None, trust_keys=None,
                  state_dir=None, in_place=False, share=None, listen=None, metrics=None, change_history=DEFAULT_CHANGE_HISTORY,
-                 change_history_bytes=None, stripes=None, trees=None, tree_parent_keys=None, settings: Optional[dict] = None):
+                 change_history_bytes=None, stripes=None, trees=None, tree_parent_keys=None, tensors=None,
+                 settings: Optional[dict] = None):
         self._setup(_native.Worker(**_worker_args(id, parents, keys=keys, parent_keys=parent_keys, trust_keys=trust_keys,
                                                   state_dir=state_dir, in_place=in_place, share=share, listen=listen, metrics=metrics,
                                                   change_history=change_history, change_history_bytes=change_history_bytes,
-                                                  stripes=stripes, trees=trees, tree_parent_keys=tree_parent_keys, settings=settings)))
+                                                  stripes=stripes, trees=trees, tree_parent_keys=tree_parent_keys, tensors=tensors,
+                                                  settings=settings)))
 
     @classmethod
     def from_config(cls, path, *, state_dir=None, change_history=DEFAULT_CHANGE_HISTORY, change_history_bytes=None,

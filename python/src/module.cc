@@ -73,7 +73,7 @@ WorkerArgs worker_args(const py::kwargs& kw) {
   k.get("tree_parent_keys", a.tree_parent_keys).get("trust_keys", a.trust_keys).get("state_dir", a.state_dir).get("in_place", a.in_place);
   k.get("share", a.share).get("listen", a.listen).get("metrics", a.metrics).get("change_history", a.change_history);
   k.get("change_history_bytes", a.change_history_bytes).get("stripes", a.stripes).get("config_path", a.config_path);
-  k.get("settings", a.settings).done();
+  k.get("tensors", a.tensors).get("settings", a.settings).done();
   return a;
 }
 

@@ -196,6 +196,7 @@ struct WorkerArgs {
   std::string state_dir;
   bool in_place = false;
   std::string share;  // a Unix socket path the host's other processes attach to
+  std::vector<std::string> tensors;  // globs of the tensors served (NodeConfig::tensors); none: all
   std::string listen;
   std::string metrics;
   std::optional<std::uint64_t> change_history;

@@ -106,6 +106,7 @@ embed::NodeSettings worker_settings(const WorkerArgs& a) {
   named.trust_keys = a.trust_keys;
   named.in_place = a.in_place;
   named.share = a.share;
+  named.tensors = a.tensors;
   named.listen = a.listen;
   named.metrics = a.metrics;
   named.change_history = a.change_history;

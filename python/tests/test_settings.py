@@ -57,6 +57,7 @@ def samples(keys):
         "relay": {"relay": True},
         "in_place": {"in_place": True},
         "share": {"share": "/tmp/deltacast-settings-sample.sock"},
+        "tensors": {"tensors": ["model.layers.1[0-5].*", "lm_head.weight"]},
         "scrub_rate": {"scrub_rate": "64MB"},
         "change_history": {"change_history": 7},
         "change_history_bytes": {"change_history_bytes": 1 << 20},
@@ -66,7 +67,7 @@ def samples(keys):
 # Fields only a publisher takes: a worker (or relay) given one refuses it.
 PUBLISHER_ONLY = {"shard", "expect_shards"}
 # And the reverse: a publisher given one refuses it.
-WORKER_ONLY = {"share"}
+WORKER_ONLY = {"share", "tensors"}
 
 
 class Refused(Exception):

@@ -174,6 +174,7 @@ nlohmann::json node_config(const FleetFiles& f, int i) {
   for (int c : f.clients[i]) allowed.push_back(f.keys[c].public_key);
   if (!allowed.empty()) cfg["allow_keys"] = allowed;
   if (n.kind == NodeKind::kWorker && !f.worker_cache_size.empty()) cfg["cache_size"] = f.worker_cache_size;
+  if (n.kind == NodeKind::kWorker && !n.tensors.empty()) cfg["tensors"] = n.tensors;  // the region's `serves`
   if (!f.timing.is_null()) cfg["timing"] = f.timing;
   return cfg;
 }

@@ -98,12 +98,16 @@ Status rate(const json& j, const std::string& where, const char* key, double& ou
 namespace {
 
 Status parse_model(const json& m, ModelSpec& model) {
-  DC_RETURN_IF_ERROR(check_fields(m, "scenario.model", {"parameters", "delta_fraction", "anchor_fraction", "chunks", "real_bytes"}));
+  DC_RETURN_IF_ERROR(check_fields(m, "scenario.model", {"parameters", "delta_fraction", "anchor_fraction", "chunks", "real_bytes", "tensors"}));
   DC_RETURN_IF_ERROR(number(m, "scenario.model", "parameters", model.parameters, 1, 1e15));
   DC_RETURN_IF_ERROR(number(m, "scenario.model", "delta_fraction", model.delta_fraction, 1e-6, 2));
   DC_RETURN_IF_ERROR(number(m, "scenario.model", "anchor_fraction", model.anchor_fraction, 1e-6, 2));
   DC_RETURN_IF_ERROR(number(m, "scenario.model", "chunks", model.chunks, 1, 65536));
   DC_RETURN_IF_ERROR(number(m, "scenario.model", "real_bytes", model.real_bytes, 0, 1 << 30));
+  DC_RETURN_IF_ERROR(number(m, "scenario.model", "tensors", model.tensors, 1, 65536));
+  if (model.chunks % model.tensors != 0)
+    return field_error("scenario.model.tensors", std::to_string(model.tensors) + " tensors do not divide " + std::to_string(model.chunks) +
+                                                     " chunks: chunks follow tensor boundaries, so give a multiple");
   const double image = model.real_bytes > 0 ? static_cast<double>(model.real_bytes) : 2 * model.parameters;
   if (image / model.chunks > static_cast<double>(kChunkBytesMax))
     return field_error("scenario.model.chunks", "each chunk would cover " + std::to_string(static_cast<std::uint64_t>(image / model.chunks)) +
@@ -335,13 +339,23 @@ struct Versions {
   bool real = false;
 };
 
-std::vector<TensorInfo> one_tensor(std::uint64_t image_bytes) {
-  TensorInfo t;
-  t.name = "model.weight";
-  t.dtype = DType::kBF16;
-  t.shape = {image_bytes / 2};
-  t.nbytes = image_bytes / 2 * 2;
-  return {t};
+// `count` BF16 tensors of equal size (to an element) covering the image: "model.weight" for one,
+// else "t.0", "t.1", ... zero-padded to one width, so that names sort in image order.
+std::vector<TensorInfo> model_tensors(std::uint64_t image_bytes, std::uint32_t count) {
+  const std::uint64_t elements = image_bytes / 2;
+  const std::size_t width = std::to_string(std::max<std::uint32_t>(1, count) - 1).size();
+  std::vector<TensorInfo> out;
+  for (std::uint32_t i = 0; i < count; ++i) {
+    TensorInfo t;
+    const std::string n = std::to_string(i);
+    t.name = count == 1 ? "model.weight" : "t." + std::string(width - n.size(), '0') + n;
+    t.dtype = DType::kBF16;
+    t.offset = elements * i / count * 2;
+    t.nbytes = elements * (i + 1) / count * 2 - t.offset;
+    t.shape = {t.nbytes / 2};
+    out.push_back(std::move(t));
+  }
+  return out;
 }
 
 // Sizes only: chunk i of version v has content hash (v, i); a delta's base hashes are the
@@ -380,7 +394,7 @@ Result<Versions> real_versions(const ModelSpec& model, std::uint32_t last, std::
   Versions vs;
   vs.real = true;
   vs.image_bytes = model.real_bytes / 2 * 2;
-  vs.tensors = one_tensor(vs.image_bytes);
+  vs.tensors = model_tensors(vs.image_bytes, model.tensors);
   std::mt19937_64 rng(seed);
   Bytes img(vs.image_bytes);
   for (std::size_t i = 0; i + 1 < img.size(); i += 2) {
@@ -419,7 +433,7 @@ Result<Versions> real_versions(const ModelSpec& model, std::uint32_t last, std::
 Versions make_virtual_versions(const ModelSpec& model, std::uint32_t last, double delta_bytes, double anchor_bytes) {
   Versions vs;
   vs.image_bytes = static_cast<std::uint64_t>(model.parameters) * 2;
-  vs.tensors = one_tensor(vs.image_bytes);
+  vs.tensors = model_tensors(vs.image_bytes, model.tensors);
   for (std::uint32_t v = 1; v <= last; ++v) {
     if (v > 1) {
       vs.deltas[v] = virtual_manifest(v, false, vs, model.chunks, delta_bytes);
@@ -446,7 +460,7 @@ std::shared_ptr<ModelVersion> held_version(const Versions& vs, std::uint64_t v) 
 // ---- running ----------------------------------------------------------------------------------
 
 struct EncodedVersionCache::Series {
-  std::tuple<std::uint64_t, std::uint32_t, std::uint32_t> key;  // real_bytes, chunks, last version
+  std::tuple<std::uint64_t, std::uint32_t, std::uint32_t, std::uint32_t> key;  // real_bytes, chunks, last version, tensors
   Versions versions;
 };
 EncodedVersionCache::EncodedVersionCache() = default;
@@ -489,7 +503,7 @@ class ScenarioRun {
     if (sc_.model.real_bytes > 0 && !o_.compressed)
       return Status::invalid_argument("uncompressed runs need virtual payloads: drop model.real_bytes (real payloads are encoded for real)");
     if (sc_.model.real_bytes > 0) {
-      const auto key = std::make_tuple(sc_.model.real_bytes, sc_.model.chunks, last_);
+      const auto key = std::make_tuple(sc_.model.real_bytes, sc_.model.chunks, last_, sc_.model.tensors);
       EncodedVersionCache own;
       EncodedVersionCache& cache = o_.encoded ? *o_.encoded : own;
       if (!cache.series || cache.series->key != key) {
@@ -612,6 +626,8 @@ class ScenarioRun {
 
   void add_planned_node(NodeConfig c, const topology::PlannedNode& n, bool start_later = false) {
     c.reconstruct = n.kind == topology::NodeKind::kWorker;
+    c.tensors.patterns = n.tensors;  // what the host serves (the region's `serves`)
+    c.tensors.normalize();
     c.store_and_forward = o_.strategy == Strategy::kStoreAndForward && n.kind != topology::NodeKind::kOrigin;
     const std::uint32_t stripes = n.kind == topology::NodeKind::kRelay ? sc_.run.stripes.relay : sc_.run.stripes.worker;
     // The origin is not one of its region's hosts for the WAN caps.
@@ -678,13 +694,28 @@ class ScenarioRun {
     }
   }
 
+  // Whether a real-mode version holds the published bytes: the whole image, or each tensor a
+  // worker that serves some holds (packed, as it saves them, or in place).
+  bool real_contents(const ModelVersion& v) const {
+    if (!vs_.image_hash.count(v.version)) return false;
+    if (v.tensors.size() == vs_.tensors.size()) return hash64(v.image) == vs_.image_hash.at(v.version);
+    const Bytes& img = vs_.images.at(v.version);
+    for (const TensorInfo& t : v.tensors) {
+      auto it = std::find_if(vs_.tensors.begin(), vs_.tensors.end(), [&](const TensorInfo& o) { return o.name == t.name; });
+      if (it == vs_.tensors.end() || it->nbytes != t.nbytes || t.offset + t.nbytes > v.image.size() ||
+          std::memcmp(v.image.data() + t.offset, img.data() + it->offset, t.nbytes) != 0)
+        return false;
+    }
+    return true;
+  }
+
   // Ready times, and the checks on what workers expose.
   void watch_ready() {
     for (int w : workers_) held_[w] = 1;
     net_->on_ready = [this](int i, const std::shared_ptr<const ModelVersion>& v) {
       if (!net_->config(i).reconstruct) return;
       held_[i] = v->version;
-      const bool good = vs_.real ? (vs_.image_hash.count(v->version) && hash64(v->image) == vs_.image_hash.at(v->version))
+      const bool good = vs_.real ? real_contents(*v)
                                  : (vs_.anchors.count(v->version) && v->checksum == vs_.anchors.at(v->version).version_checksum);
       if (!good) violation(net_->config(i).node_id + " exposed version " + std::to_string(v->version) + " with wrong contents");
       if (v->version >= kFirst && publish_us_.count(v->version))
@@ -764,7 +795,7 @@ class ScenarioRun {
       if (has(name) && has(name.substr(0, name.size() - std::strlen(".safetensors")) + ".json")) newest_intact = std::max(newest_intact, v);
     std::shared_ptr<ModelVersion> resumed = wd.store->resume();
     const std::uint64_t got = resumed ? resumed->version : 0;
-    if (resumed && (!vs_.image_hash.count(got) || hash64(resumed->image) != vs_.image_hash.at(got)))
+    if (resumed && !real_contents(*resumed))
       violation(id + " resumed from version " + std::to_string(got) + " with wrong contents");
     // A read corrupted now may send it to an older version; that is a read fault, not a loss.
     if (got < newest_intact && !wd.disk->corrupt_reads())

@@ -484,3 +484,42 @@ TEST_CASE("the event queue runs events in time order, those due at once in the o
   CHECK(in_order);
   CHECK(r.prefetched * 10 > r.fired.size() * 9);  // every event that had one after it was hinted
 }
+
+TEST_CASE("hosts that serve some tensors take their share of the WAN bytes", "[sim][subsets]") {
+  // Region b's 6 workers serve two tensors of four, in turn: b's relay takes their union, half.
+  auto run = [](const std::string& serves, const std::string& model) {
+    std::string text = scenario_json(model, R"({"versions": 3, "step_period_s": 30, "decode": "100GB/s"})");
+    const std::string region = R"({"name": "b", "workers": 6, "relays": 1})";
+    if (!serves.empty()) text.replace(text.find(region), region.size(), R"({"name": "b", "workers": 6, "relays": 1, "serves": )" + serves + "}");
+    auto r = run_scenario(parse(text), RunOptions{});
+    REQUIRE(r.is_ok());
+    for (const auto& v : r->violations) FAIL(v);
+    CHECK(r->missed == 0);
+    return *r;
+  };
+  const std::string virtual_model = R"({"parameters": 5e8, "chunks": 64, "tensors": 4})";
+  const Report whole = run("", virtual_model);
+  const Report half = run(R"([["t.0"], ["t.1"]])", virtual_model);
+  const Report quarter = run(R"([["t.2"]])", virtual_model);
+  const double h = static_cast<double>(half.wan_bytes) / static_cast<double>(whole.wan_bytes);
+  const double q = static_cast<double>(quarter.wan_bytes) / static_cast<double>(whole.wan_bytes);
+  CHECK(h >= 0.45);
+  CHECK(h <= 0.55);
+  CHECK(q >= 0.2);
+  CHECK(q <= 0.3);
+  CHECK(quarter.max_s < whole.max_s);
+  // Real payloads: every subset worker holds its tensors bit-exact (the run checks each version
+  // it exposes and each it resumes from disk).
+  run(R"([["t.0", "t.3"], ["t.1"]])", R"({"parameters": 1e6, "chunks": 16, "tensors": 4, "real_bytes": 2000000})");
+}
+
+TEST_CASE("a fleet's serves and a model's tensors are checked", "[sim][subsets]") {
+  CHECK_FALSE(parse_scenario(scenario_json(R"({"parameters": 5e8, "chunks": 64, "tensors": 5})", R"({"versions": 2})")).is_ok());
+  std::string text = scenario_json(R"({"parameters": 5e8, "chunks": 64, "tensors": 4})", R"({"versions": 2})");
+  const std::string region = R"({"name": "b", "workers": 6, "relays": 1})";
+  for (const std::string bad : {R"("t.0")", R"([[]])", R"([[""]])", R"([[1]])"}) {
+    std::string t = text;
+    t.replace(t.find(region), region.size(), R"({"name": "b", "workers": 6, "relays": 1, "serves": )" + bad + "}");
+    CHECK_FALSE(parse_scenario(t).is_ok());
+  }
+}

@@ -327,3 +327,21 @@ TEST_CASE("trees take turns at a region's WAN-capable hosts", "[topology][trees]
     for (std::size_t i = 1; i < e.bytes_per_s.size(); ++i)
       if (plan->trees[0].nodes[i].region == b.region && plan->trees[0].nodes[i].kind == NodeKind::kWorker) CHECK(e.bytes_per_s[i] == Approx(b.bytes_per_s).epsilon(0.01));
 }
+
+TEST_CASE("a region's serves name what each of its workers serves, in turn", "[topology]") {
+  const FleetSpec spec = parse(fleet_json(R"({"name": "a", "workers": 2},
+                                             {"name": "b", "workers": 5, "relays": 1, "serves": [["*.experts.[0-7].*", "*.attn.*"], ["*.experts.[89].*"]]})",
+                                          R"({"between": ["a", "b"], "latency_ms": 20, "bandwidth": "10Gbit"})"));
+  REQUIRE(spec.region("b")->serves.size() == 2);
+  auto plan = plan_fleet(spec);
+  REQUIRE(plan.is_ok());
+  for (int w = 0; w < 5; ++w) {
+    const int i = plan->find("b.w" + std::to_string(w));
+    REQUIRE(i > 0);
+    CHECK(plan->nodes[i].tensors == spec.region("b")->serves[w % 2]);
+  }
+  CHECK(plan->nodes[plan->find("a.w0")].tensors.empty());
+  CHECK(plan->nodes[plan->find("b.relay-0")].tensors.empty());  // a relay takes its children's union
+  for (const std::string bad : {R"("x")", R"([[]])", R"([[""]])", R"([[7]])", R"(["x"])"})
+    CHECK(error_of(fleet_json(R"({"name": "a", "workers": 2, "serves": )" + bad + "}", "")).find("serves") != std::string::npos);
+}

@@ -1,5 +1,7 @@
 #include "deltacast/topology/fleet.h"
 
+#include "deltacast/common/text.h"
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -116,6 +118,25 @@ Status read_nic(const json& j, const std::string& where, Nic& nic) {
   return Status::ok();
 }
 
+// A region's `serves`: groups of glob patterns, each as `deltacast worker --tensors` takes them
+// (1 to 1024 patterns of 1 to 1024 bytes of UTF-8).
+Status read_serves(const json& j, const std::string& where, std::vector<std::vector<std::string>>& out) {
+  if (!j.is_array() || j.size() > kServesGroupsMax) return Status::invalid_argument(where + ": want a list of at most 1024 lists of tensor patterns");
+  out.clear();
+  for (const json& group : j) {
+    if (!group.is_array() || group.empty() || group.size() > 1024)
+      return Status::invalid_argument(where + ": each group is a list of 1 to 1024 tensor patterns, as --tensors takes them");
+    std::vector<std::string>& g = out.emplace_back();
+    for (const json& p : group) {
+      if (!p.is_string() || p.get<std::string>().empty() || p.get<std::string>().size() > 1024 || !is_utf8(p.get<std::string>()) ||
+          p.get<std::string>().find('\0') != std::string::npos)
+        return Status::invalid_argument(where + ": a tensor pattern is 1 to 1024 bytes of text");
+      g.push_back(p.get<std::string>());
+    }
+  }
+  return Status::ok();
+}
+
 // A region's settings: the defaults, then the region's own.
 Status read_region_settings(const Fields& f, RegionSpec& r) {
   if (f.has("lan")) DC_RETURN_IF_ERROR(read_link(f.at("lan"), f.where("lan"), r.lan));
@@ -127,6 +148,7 @@ Status read_region_settings(const Fields& f, RegionSpec& r) {
   if (wan_hosts != static_cast<double>(static_cast<std::uint32_t>(wan_hosts))) return Status::invalid_argument(f.where("wan_hosts") + ": want a whole number");
   r.wan_hosts = static_cast<std::uint32_t>(wan_hosts);
   DC_RETURN_IF_ERROR(f.rate("wan_host_bandwidth", r.wan_host_bytes_per_s));
+  if (f.has("serves")) DC_RETURN_IF_ERROR(read_serves(f.at("serves"), f.where("serves"), r.serves));
   return Status::ok();
 }
 
@@ -157,7 +179,7 @@ Result<FleetSpec> parse_fleet_or_scenario(std::string_view text) {
 namespace {
 
 Result<RegionSpec> read_region(Fields& f, const RegionSpec& defaults, const FleetSpec& spec) {
-  DC_RETURN_IF_ERROR(f.check({"name", "workers", "relays", "lan", "worker_nic", "relay_nic", "worker_relays", "wan_hosts", "wan_host_bandwidth"}));
+  DC_RETURN_IF_ERROR(f.check({"name", "workers", "relays", "lan", "worker_nic", "relay_nic", "worker_relays", "wan_hosts", "wan_host_bandwidth", "serves"}));
   RegionSpec r = defaults;
   DC_RETURN_IF_ERROR(f.string("name", r.name));
   if (r.name.empty()) return Status::invalid_argument(f.where("name") + " is missing");
@@ -234,7 +256,7 @@ Result<FleetSpec> fleet_from_json(const json& j) {
   RegionSpec defaults;
   if (top.has("defaults")) {
     Fields d(top.at("defaults"), "fleet.defaults");
-    DC_RETURN_IF_ERROR(d.check({"lan", "worker_nic", "relay_nic", "worker_relays", "wan_hosts", "wan_host_bandwidth"}));
+    DC_RETURN_IF_ERROR(d.check({"lan", "worker_nic", "relay_nic", "worker_relays", "wan_hosts", "wan_host_bandwidth", "serves"}));
     DC_RETURN_IF_ERROR(read_region_settings(d, defaults));
   }
   if (!top.has("regions") || !top.at("regions").is_array() || top.at("regions").empty())

@@ -262,7 +262,10 @@ class Planner {
     std::vector<int>& nodes = region_nodes_[r.name];
     if (shape_ == Shape::kTree)
       for (std::uint32_t i = 0; i < r.relays; ++i) nodes.push_back(add(r.name + ".relay-" + std::to_string(i), NodeKind::kRelay, r));
-    for (std::uint32_t i = 0; i < r.workers; ++i) nodes.push_back(add(r.name + ".w" + std::to_string(i), NodeKind::kWorker, r));
+    for (std::uint32_t i = 0; i < r.workers; ++i) {
+      nodes.push_back(add(r.name + ".w" + std::to_string(i), NodeKind::kWorker, r));
+      if (!r.serves.empty()) plan_.nodes[nodes.back()].tensors = r.serves[i % r.serves.size()];
+    }
   }
 
   void plan_region(const RegionSpec& r) {

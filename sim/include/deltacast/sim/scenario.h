@@ -23,6 +23,10 @@ struct ModelSpec {
   // > 0: a small model of this many bytes whose versions are generated and encoded for real,
   // so that workers decode and verify real bytes (fault tests); 0: virtual payloads (sizes).
   std::uint64_t real_bytes = 0;
+  // Tensors the image is cut into, equal in size and named "t.0", "t.1", ... (zero-padded to one
+  // width): what a fleet's `serves` patterns name (docs/SIM.md). Divides `chunks`, so chunks
+  // follow tensor boundaries.
+  std::uint32_t tensors = 1;
 };
 
 // Host CPU (docs/SIM.md, "Host CPU"). With cores = 0 none is modelled: every worker decodes

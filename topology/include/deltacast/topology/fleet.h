@@ -40,6 +40,10 @@ struct RegionSpec {
   // wan_host_bytes_per_s each way (0: its card). The origin is not counted.
   std::uint32_t wan_hosts = 0;
   double wan_host_bytes_per_s = 0;
+  // What the region's rollout hosts serve (experts per host, pipeline stages): worker i serves
+  // the tensors matching serves[i mod serves.size()] (glob patterns, as `deltacast worker
+  // --tensors`); empty: every worker serves every tensor. At most kServesGroupsMax groups.
+  std::vector<std::vector<std::string>> serves;
   // How many hosts may carry WAN traffic: wan_hosts, or all of them.
   std::uint32_t wan_capable_hosts() const {
     const std::uint32_t hosts = relays + workers;
@@ -51,6 +55,8 @@ struct WanSpec {
   std::string a, b;  // region names; the link is symmetric
   Link link;
 };
+
+inline constexpr std::size_t kServesGroupsMax = 1024;
 
 struct FleetSpec {
   std::string origin_region;

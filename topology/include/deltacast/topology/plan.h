@@ -39,6 +39,8 @@ struct PlannedNode {
   int depth = 0;            // hops from the origin
   std::vector<int> children;
   Nic nic;
+  // A worker: the glob patterns of the tensors it serves (its region's `serves`); empty: all.
+  std::vector<std::string> tensors;
 };
 
 enum class Shape : std::uint8_t {

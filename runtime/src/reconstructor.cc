@@ -317,7 +317,9 @@ void Reconstructor::start(const CachedVersion& v) {
   if (!live) live = restored_;  // not exposed yet, but held: the next delta applies to it
   if (!v.key.anchor && (!live || live->version != v.manifest->base_version)) return;
   if (live && !v.key.anchor && !config.virtual_payloads && live->image.size() != v.manifest->image_size) {
-    abandon("layout changed", true);
+    // A worker serving some tensors restarts from its saved file, which holds them packed: the
+    // next version comes from an anchor of those tensors.
+    abandon(config.tensors.all() ? "layout changed" : "the version held is the saved file of the tensors this worker serves; an anchor of them follows", true);
     return;
   }
   a->subset = ctx_.subsets.layout(v.manifest, config.tensors);

@@ -171,3 +171,44 @@ TEST_CASE("a config's tensors are checked", "[runtime][subsets]") {
   c.tensors.patterns = {"ok", std::string("\xff\xfe")};
   CHECK_FALSE(check_tensors(c).is_ok());
 }
+
+TEST_CASE("a subset worker restarted from its saved tensors takes an anchor of them, not of the model", "[runtime][subsets]") {
+  Series s(4);
+  FakeNet net;
+  Node& origin = net.add(origin_config());
+  REQUIRE(origin.publish(s.anchor(1)).is_ok());
+  REQUIRE(origin.publish(s.delta(2)).is_ok());
+  const TensorSubset l1 = subset({"model.layers.1.*"});
+  // What VersionStore saves of version 2 for this worker: its tensors, packed.
+  auto saved = std::make_shared<ModelVersion>();
+  saved->version = 2;
+  saved->checksum = s.delta(2).manifest.version_checksum;
+  for (const auto& t : s.layout.tensors) {
+    if (!l1.matches(t.name)) continue;
+    TensorInfo packed = t;
+    packed.offset = saved->image.size();
+    Bytes bytes(s.images[1].begin() + t.offset, s.images[1].begin() + t.offset + t.nbytes);
+    Bytes image = saved->image.to_bytes();
+    image.insert(image.end(), bytes.begin(), bytes.end());
+    saved->image.assign(image.begin(), image.end());
+    saved->tensors.push_back(packed);
+  }
+  std::vector<std::uint64_t> seen;
+  int bad = 0;
+  Node& w = net.add(subset_worker("w1", {"origin"}, l1.patterns), false, saved);
+  CHECK(w.current_version() == 2);  // the saved version, exposed at once
+  watch_subset(w, s, l1, seen, bad);
+  const std::uint64_t before = net.bytes_sent_to("w1");
+  const EncodedVersion v3 = s.delta(3);
+  REQUIRE(origin.publish(v3).is_ok());
+  // The worker asks for an anchor (a publisher makes one on request; here the test does).
+  const EncodedVersion a3 = s.anchor(3);
+  REQUIRE(origin.publish(a3).is_ok());
+  REQUIRE(net.run_until([&] { return all_at(net, {"w1"}, 3); }));
+  CHECK(bad == 0);
+  CHECK(seen.back() == 3);
+  // An anchor of its tensors and the delta after it at most: well under the model's anchor.
+  const std::uint64_t got = net.bytes_sent_to("w1") - before;
+  CHECK(got <= subset_payload(a3, l1) + subset_payload(s.delta(2), l1) + subset_payload(v3, l1) + 4 * serialize_manifest(a3.manifest).size() + 4096);
+  CHECK(got < a3.manifest.payload_bytes_total() * 3 / 4);
+}

@@ -17,7 +17,9 @@ bool same_chunking(const std::vector<ModelVersion::ChunkState>& states, const Ma
 
 // Whether an image holds every chunk of `m` that `subset` takes (null: every chunk).
 bool holds(const ModelVersion& v, const Manifest& m, const SubsetLayout* subset) {
-  if (v.chunk_states.empty()) return true;  // restored whole from disk, or xxh3 hashes: all of it
+  // A whole image holds every tensor, in whatever chunking it came (a delta in another chunking
+  // applies densely).
+  if (!subset || v.chunk_states.empty()) return true;  // restored whole from disk, or xxh3 hashes: all of it
   if (v.chunk_states.size() != m.chunks.size()) return false;
   for (std::size_t i = 0; i < m.chunks.size(); ++i)
     if ((!subset || subset->chunks[i]) && !v.chunk_states[i].held) return false;

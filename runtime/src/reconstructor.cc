@@ -22,7 +22,7 @@ bool holds(const ModelVersion& v, const Manifest& m, const SubsetLayout* subset)
   if (!subset || v.chunk_states.empty()) return true;  // restored whole from disk, or xxh3 hashes: all of it
   if (v.chunk_states.size() != m.chunks.size()) return false;
   for (std::size_t i = 0; i < m.chunks.size(); ++i)
-    if ((!subset || subset->chunks[i]) && !v.chunk_states[i].held) return false;
+    if (subset->chunks[i] && !v.chunk_states[i].held) return false;
   return true;
 }
 

@@ -212,3 +212,21 @@ TEST_CASE("a subset worker restarted from its saved tensors takes an anchor of t
   CHECK(got <= subset_payload(a3, l1) + subset_payload(s.delta(2), l1) + subset_payload(v3, l1) + 4 * serialize_manifest(a3.manifest).size() + 4096);
   CHECK(got < a3.manifest.payload_bytes_total() * 3 / 4);
 }
+
+TEST_CASE("a whole-image worker applies a delta cut into other chunks, without an anchor", "[runtime][subsets]") {
+  Series s(3);
+  FakeNet net;
+  Node& origin = net.add(origin_config());
+  REQUIRE(origin.publish(s.anchor(1)).is_ok());
+  Node& w = net.add(worker_config("w", {"origin"}));
+  REQUIRE(net.run_until([&] { return all_at(net, {"w"}, 1); }));
+  // Version 2 in half the chunk size: the chunk states w holds are of another chunking.
+  Series other = s;
+  other.options.chunk_bytes = s.options.chunk_bytes / 2;
+  const EncodedVersion v2 = other.delta(2);
+  REQUIRE(v2.manifest.chunks.size() != s.delta(2).manifest.chunks.size());
+  REQUIRE(origin.publish(v2).is_ok());
+  REQUIRE(net.run_until([&] { return all_at(net, {"w"}, 2); }, 20000));
+  CHECK(w.current()->base_version == 1);  // from the delta, not an anchor
+  CHECK(w.current()->image == s.images[1]);
+}

@@ -252,7 +252,10 @@ void Node::on_messages_lost(PeerId from) {
 // ---- freshness ------------------------------------------------------------------------------
 
 bool Node::on_timestamp(UpstreamLink& link, const SharedBytes& bytes) {
-  if (!bytes) return true;
+  if (!bytes) {
+    if (fresh_->verifying()) link.unfresh();
+    return true;
+  }
   const Freshness::Taken taken = fresh_->take(bytes, run_);
   using Verdict = Freshness::Taken::Verdict;
   switch (taken.verdict) {
@@ -273,6 +276,7 @@ bool Node::on_timestamp(UpstreamLink& link, const SharedBytes& bytes) {
       return false;
   }
   if (!fresh_->verifying()) return true;
+  if (!taken.fresh) link.unfresh();
   if (taken.fresh) {
     link.fresh();
     if (taken.statement->run == run_) link.proven();
@@ -282,14 +286,21 @@ bool Node::on_timestamp(UpstreamLink& link, const SharedBytes& bytes) {
   return true;
 }
 
+// A parent is stale when it keeps speaking (heartbeats) without a fresh statement for
+// parent_timeout_ms: cut off from the origin, or replaying. One that says nothing for itself
+// meanwhile is busy sending what it queued before (its heartbeats wait behind the chunks; a
+// silent one is the silence check's): it is given up to freshness_ms_max.
 void Node::check_parents_fresh(std::uint64_t now) {
   if (!fresh_->verifying()) return;
+  const std::uint64_t quiet_ms_max = std::max(config_.timing.parent_timeout_ms, config_.freshness_ms_max);
   for (const auto& link : *upstreams_) {
-    if (!link->welcomed() || now - link->fresh_since_ms() <= config_.timing.parent_timeout_ms) continue;
+    if (!link->welcomed()) continue;
+    const std::uint64_t unfresh_ms = link->unfresh_for_ms(), since_ms = now - link->fresh_since_ms();
+    if (unfresh_ms <= config_.timing.parent_timeout_ms && since_ms <= quiet_ms_max) continue;
     ctx_->stats.stale_parents++;
     refuse_parent(*link, "it gave no timestamp statement within freshness_ms_max (" + std::to_string(config_.freshness_ms_max / 1000) +
-                             " s) of this host's clock for " + std::to_string(now - link->fresh_since_ms()) + " ms (the newest: " +
-                             fresh_->held_age() + "): it is cut off from the origin or replays an old run, or this host's clock or the origin's is off");
+                             " s) of this host's clock for " + std::to_string(since_ms) + " ms (the newest: " + fresh_->held_age() +
+                             "): it is cut off from the origin or replays an old run, or this host's clock or the origin's is off");
   }
 }
 

@@ -45,6 +45,12 @@ class UpstreamLink {
   // when it welcomed this node if later.
   void fresh() { fresh_ms_ = ctx_.now_ms(); }
   std::uint64_t fresh_since_ms() const { return std::max(fresh_ms_, welcomed_ms_); }
+  // The parent spoke for itself (Welcome, Heartbeat) without a fresh statement / for how long it
+  // has done so since its last fresh one, as of its latest such message (0: it has not). A
+  // heartbeat waits behind the chunks queued before it, so a parent busy sending says nothing
+  // for seconds: only what it says counts against it.
+  void unfresh() { unfresh_ms_ = ctx_.now_ms(); }
+  std::uint64_t unfresh_for_ms() const { return unfresh_ms_ > fresh_since_ms() ? unfresh_ms_ - fresh_since_ms() : 0; }
   // The parent said something (it is alive) / welcomed this node.
   void heard() { heard_ms_ = ctx_.now_ms(); }
   // The node could not listen for `ms` (its loop stalled): that long does not count as silence.
@@ -108,6 +114,7 @@ class UpstreamLink {
   bool down_ = false;              // no welcoming parent since down_since_ms_
   std::uint64_t down_since_ms_ = 0;
   std::uint64_t heard_ms_ = 0;
+  std::uint64_t unfresh_ms_ = 0;  // unfresh()
   std::uint64_t connected_ms_ = 0;  // when the last parent link was opened
   PeerId probe_ = 0;                // link to the preferred parent while trying it
   std::uint64_t probe_ms_ = 0;      // when the last try began (or the move to a fallback)

@@ -590,6 +590,42 @@ TEST_CASE("a worker exposes a replayed run only while a statement of it is young
   CHECK(late.stats().stale_parents <= 6);
 }
 
+TEST_CASE("a parent whose heartbeats wait behind its chunks is not taken for stale; one that speaks without a fresh statement is",
+          "[runtime][trust][freshness]") {
+  Series a(8, 1);
+  auto key = std::make_shared<const SigningKey>(make_signing_key());
+  FakeNet net;
+  net.clock.unix_start_us = kRunA.started_us;
+  Node& origin = net.add(origin_in(kRunA, key));
+  NodeConfig wc = worker_config("w", {"origin"});
+  wc.trust_keys = {key->public_key};
+  Node& w = net.add(wc);
+  net.run_for(1000);
+  REQUIRE(origin.publish(a.anchor(1)).is_ok());
+  REQUIRE(net.run_until([&] { return w.current_version() == 1; }));
+  // A link busy with chunks: the origin's heartbeats (and the statements in them) wait behind
+  // them for three parent timeouts, while a version after another crosses.
+  bool busy = true;
+  net.hold = [&](const std::string&, const std::string& to, const Message& m) { return busy && to == "w" && std::holds_alternative<Heartbeat>(m); };
+  const std::uint64_t busy_ms = 3 * wc.timing.parent_timeout_ms;
+  for (std::uint64_t v = 2; v <= 7; ++v) {
+    REQUIRE(origin.publish(a.delta(v)).is_ok());
+    net.run_for(busy_ms / 6);
+  }
+  busy = false;
+  net.release();
+  REQUIRE(net.run_until([&] { return w.current_version() == 7; }));
+  CHECK(w.stats().stale_parents == 0);
+  CHECK(w.current()->image == a.images[6]);
+  // Heartbeats that come without a statement, for longer than parent_timeout_ms: stale.
+  net.filter = [&](const std::string&, const std::string& to, Message& m) {
+    if (auto* hb = std::get_if<Heartbeat>(&m); hb && to == "w") hb->timestamp = nullptr;
+    return true;
+  };
+  REQUIRE(net.run_until([&] { return w.stats().stale_parents > 0; }, 3 * wc.timing.parent_timeout_ms));
+  CHECK(w.current_version() == 7);  // the last good version stays
+}
+
 TEST_CASE("a worker holding a run drops a parent that replays an older one of the same key, and fails over",
           "[runtime][trust][freshness]") {
   Series a(2, 1), b(3, 2);

@@ -48,14 +48,19 @@ TensorSubset Node::wanted_tensors() const {
 }
 
 void Node::update_subscription() {
-  if (!children_->take_tensors_changed() || !has_parents()) return;
-  TensorSubset wanted = wanted_tensors();
-  if (wanted == subscription_) return;
-  ctx_->log(LogLevel::kInfo, "takes " + to_string(wanted) + " (was " + to_string(subscription_) + ")");
-  subscription_ = std::move(wanted);
-  for (auto& [key, v] : cache_.entries()) cache_.set_wanted(*cache_.find(key), ctx_->subsets.layout(v.manifest, subscription_));
-  upstreams_->send_to_all(Subscribe{subscription_});
-  request_missing(/*force=*/false);
+  if (!has_parents()) return;
+  bool changed = false;
+  if (children_->take_tensors_changed()) {
+    TensorSubset wanted = wanted_tensors();
+    if (wanted != subscription_) {
+      ctx_->log(LogLevel::kInfo, "takes " + to_string(wanted) + " (was " + to_string(subscription_) + ")");
+      subscription_ = std::move(wanted);
+      for (auto& [key, v] : cache_.entries()) cache_.set_wanted(*cache_.find(key), ctx_->subsets.layout(v.manifest, subscription_));
+      changed = true;
+    }
+  }
+  for (const auto& link : *upstreams_) link->tell(subscription_);  // before the Needs below
+  if (changed) request_missing(/*force=*/false);
 }
 
 std::uint64_t Node::usable_parent_newest() const { return parent_run_ == run_ ? parent_newest_ : 0; }

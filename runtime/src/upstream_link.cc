@@ -39,7 +39,9 @@ void UpstreamLink::connect() {
   said_ = false;
   heard_ms_ = ctx_.now_ms();
   probe_ms_ = heard_ms_;
-  ctx_.send(parent_, hello_());
+  Hello hello = hello_();
+  told_ = hello.tensors;
+  ctx_.send(parent_, hello);
 }
 
 void UpstreamLink::next() {
@@ -81,6 +83,7 @@ bool UpstreamLink::on_probe_message(const Message& m) {
     left_parent_ms_ = ctx_.now_ms();
   }
   parent_ = probe;
+  told_ = std::move(probe_told_);
   chunks_failed_ = 0;
   index_ = 0;
   welcomed_ = false;
@@ -133,7 +136,14 @@ void UpstreamLink::probe_preferred(std::uint64_t now) {
   if (now - probe_ms_ < config.timing.parent_return_ms) return;
   probe_ms_ = now;
   probe_ = ctx_.transport.connect(parents_[0]);
-  ctx_.send(probe_, hello_());
+  Hello hello = hello_();
+  probe_told_ = hello.tensors;
+  ctx_.send(probe_, hello);
+}
+
+void UpstreamLink::tell(const TensorSubset& tensors) {
+  if (parent_ == 0 || told_ == tensors) return;
+  if (ctx_.send(parent_, Subscribe{tensors})) told_ = tensors;
 }
 
 std::uint64_t UpstreamLink::next_duty_ms(std::uint64_t due) const {

@@ -78,6 +78,10 @@ class UpstreamLink {
   // When tick() has something timed to do.
   std::uint64_t next_duty_ms(std::uint64_t due) const;
   bool send(const Message& m) { return parent_ != 0 && ctx_.send(parent_, m); }
+  // Makes sure the parent knows the tensors this node takes: what the Hello to it said, or the
+  // last Subscribe it took. Sent again on every call until the send is taken (a full queue), and
+  // after a move back to the preferred parent, whose Hello was said before a change.
+  void tell(const TensorSubset& tensors);
   // What the parent said it has (Welcome, Heartbeat): its run and newest version in it. Reset
   // when the link moves to another parent.
   void said(std::uint64_t newest, const RunId& run) {
@@ -120,6 +124,7 @@ class UpstreamLink {
   std::uint64_t probe_ms_ = 0;      // when the last try began (or the move to a fallback)
   PeerId left_parent_ = 0;          // the fallback just left, closed after kLeaveLingerMs
   bool said_ = false;
+  TensorSubset told_, probe_told_;  // tell(): what the parent / the probe was told
   RunId said_run_;
   std::uint64_t said_newest_ = 0;
   std::uint64_t left_parent_ms_ = 0;

@@ -230,3 +230,42 @@ TEST_CASE("a whole-image worker applies a delta cut into other chunks, without a
   CHECK(w.current()->base_version == 1);  // from the delta, not an anchor
   CHECK(w.current()->image == s.images[1]);
 }
+
+TEST_CASE("a relay that moves back to its preferred parent while its children change tells it what they now serve", "[runtime][subsets]") {
+  Series s(4);
+  FakeNet net;
+  Node& origin = net.add(origin_config());
+  REQUIRE(origin.publish(s.anchor(1)).is_ok());
+  net.add(relay_config("backup", {"origin"}));
+  NodeConfig rc = relay_config("relay", {"origin", "backup"});
+  rc.timing.parent_return_ms = 3000;
+  net.add(rc);
+  const TensorSubset l0 = subset({"model.layers.0.*"}), l1 = subset({"model.layers.1.*"});
+  std::vector<std::uint64_t> seen0, seen1;
+  int bad = 0;
+  watch_subset(net.add(subset_worker("w0", {"relay"}, l0.patterns)), s, l0, seen0, bad);
+  REQUIRE(net.run_until([&] { return all_at(net, {"w0"}, 1); }));
+  // The origin falls silent toward the relay: it fails over to the backup.
+  bool cut = true;
+  net.filter = [&](const std::string& from, const std::string& to, Message&) { return !(cut && from == "origin" && to == "relay"); };
+  REQUIRE(net.run_until([&] { return net.node("backup").child_count() == 1; }));
+  cut = false;
+  // It tries the origin again; while that Welcome is on its way, w1 joins it, serving other
+  // tensors: what the relay said in its Hello to the origin is out of date when it moves back.
+  bool welcome_held = false;
+  net.hold = [&](const std::string& from, const std::string& to, const Message& m) {
+    if (from != "origin" || to != "relay" || !std::holds_alternative<Welcome>(m)) return false;
+    welcome_held = true;
+    return true;
+  };
+  REQUIRE(net.run_until([&] { return welcome_held; }));
+  watch_subset(net.add(subset_worker("w1", {"relay"}, l1.patterns)), s, l1, seen1, bad);
+  REQUIRE(net.run_until([&] { return net.node("relay").child_count() == 2; }));
+  net.run_for(500);
+  net.hold = nullptr;
+  net.release();
+  REQUIRE(net.run_until([&] { return net.node("backup").child_count() == 0; }));  // back on the origin
+  for (std::uint64_t v = 2; v <= 4; ++v) REQUIRE(origin.publish(s.delta(v)).is_ok());
+  CHECK(net.run_until([&] { return all_at(net, {"w0", "w1"}, 4); }, 30000));
+  CHECK(bad == 0);
+}

@@ -1,9 +1,12 @@
 #include "deltacast/codec/subset.h"
 
 #include <fnmatch.h>
+#include <xxhash.h>
 
 #include <algorithm>
+#include <chrono>
 
+#include "deltacast/common/check.h"
 #include "deltacast/common/text.h"
 
 namespace deltacast {
@@ -21,9 +24,21 @@ void TensorSubset::normalize() {
   patterns.erase(std::unique(patterns.begin(), patterns.end()), patterns.end());
 }
 
+namespace {
+
+std::size_t pattern_bytes(const TensorSubset& subset) {
+  std::size_t n = 0;
+  for (const auto& p : subset.patterns) n += p.size();
+  return n;
+}
+
+}  // namespace
+
 Status validate_subset(const TensorSubset& subset) {
   if (subset.patterns.size() > kSubsetPatternsMax)
     return Status::invalid_argument("tensors: at most " + std::to_string(kSubsetPatternsMax) + " patterns, not " + std::to_string(subset.patterns.size()));
+  if (const std::size_t bytes = pattern_bytes(subset); bytes > kSubsetBytesMax)
+    return Status::invalid_argument("tensors: patterns of " + std::to_string(bytes) + " bytes in all, more than " + std::to_string(kSubsetBytesMax));
   for (const auto& p : subset.patterns) {
     if (p.empty()) return Status::invalid_argument("tensors: an empty pattern");
     if (p.size() > kSubsetPatternBytesMax)
@@ -38,7 +53,7 @@ TensorSubset subset_union(const TensorSubset& a, const TensorSubset& b) {
   TensorSubset u = a;
   u.patterns.insert(u.patterns.end(), b.patterns.begin(), b.patterns.end());
   u.normalize();
-  if (u.patterns.size() > kSubsetPatternsMax) return {};
+  if (u.patterns.size() > kSubsetPatternsMax || pattern_bytes(u) > kSubsetBytesMax) return {};
   return u;
 }
 
@@ -49,31 +64,75 @@ std::string to_string(const TensorSubset& subset) {
   return s;
 }
 
-SubsetLayout subset_layout(const Manifest& m, const TensorSubset& subset) {
-  SubsetLayout out;
-  out.chunks.assign(m.chunks.size(), subset.all());
-  if (subset.all()) {
-    out.tensors.resize(m.tensors.size());
-    for (std::uint32_t i = 0; i < out.tensors.size(); ++i) out.tensors[i] = i;
-  } else {
-    // Chunks cover the image in order and tensors do not overlap: one sweep marks the chunks
-    // that meet each tensor of the subset.
-    std::size_t c = 0;
-    for (std::uint32_t t = 0; t < m.tensors.size(); ++t) {
-      const TensorInfo& ti = m.tensors[t];
-      if (!subset.matches(ti.name)) continue;
-      out.tensors.push_back(t);
-      if (ti.nbytes == 0) continue;
-      while (c < m.chunks.size() && m.chunks[c].offset + m.chunks[c].length <= ti.offset) ++c;
-      for (std::size_t k = c; k < m.chunks.size() && m.chunks[k].offset < ti.offset + ti.nbytes; ++k) out.chunks[k] = true;
-    }
+std::optional<std::vector<bool>> match_tensors(const Manifest& m, const TensorSubset& subset, std::uint64_t time_ms_max) {
+  using Clock = std::chrono::steady_clock;
+  const bool timed = time_ms_max != kNoTimeLimit;
+  const Clock::time_point until = timed ? Clock::now() + std::chrono::milliseconds(time_ms_max) : Clock::time_point::max();
+  std::vector<bool> matched(m.tensors.size(), subset.all());
+  if (subset.all()) return matched;
+  constexpr std::size_t kNamesBetweenChecks = 64;
+  for (std::size_t t = 0; t < m.tensors.size(); ++t) {
+    if (timed && t % kNamesBetweenChecks == 0 && Clock::now() > until) return std::nullopt;
+    matched[t] = subset.matches(m.tensors[t].name);
   }
+  return matched;
+}
+
+std::vector<bool> match_tensors(const Manifest& m, const TensorSubset& subset) { return *match_tensors(m, subset, kNoTimeLimit); }
+
+namespace {
+
+void count_chunks(const Manifest& m, SubsetLayout& out) {
   for (std::size_t i = 0; i < m.chunks.size(); ++i) {
     if (!out.chunks[i]) continue;
     out.chunk_count++;
     out.image_bytes += m.chunks[i].length;
     out.payload_bytes += m.chunks[i].payload_bytes;
   }
+}
+
+}  // namespace
+
+SubsetLayout subset_layout(const Manifest& m, const std::vector<bool>& matched) {
+  DC_CHECK(matched.size() == m.tensors.size(), "a tensor match list of another manifest");
+  SubsetLayout out;
+  out.chunks.assign(m.chunks.size(), false);
+  // Chunks cover the image in order and tensors do not overlap: one sweep marks the chunks that
+  // meet each tensor of the subset.
+  std::size_t c = 0;
+  for (std::uint32_t t = 0; t < m.tensors.size(); ++t) {
+    if (!matched[t]) continue;
+    const TensorInfo& ti = m.tensors[t];
+    out.tensors.push_back(t);
+    if (ti.nbytes == 0) continue;
+    while (c < m.chunks.size() && m.chunks[c].offset + m.chunks[c].length <= ti.offset) ++c;
+    for (std::size_t k = c; k < m.chunks.size() && m.chunks[k].offset < ti.offset + ti.nbytes; ++k) out.chunks[k] = true;
+  }
+  count_chunks(m, out);
+  return out;
+}
+
+std::array<std::uint64_t, 2> tensor_names_digest(const Manifest& m) {
+  XXH3_state_t* state = XXH3_createState();
+  DC_CHECK(state != nullptr, "out of memory for a hash state");
+  XXH3_128bits_reset(state);
+  for (const auto& t : m.tensors) {
+    const std::uint64_t n = t.name.size();  // lengths too: no two name lists run together alike
+    XXH3_128bits_update(state, &n, sizeof n);
+    XXH3_128bits_update(state, t.name.data(), t.name.size());
+  }
+  const XXH128_hash_t h = XXH3_128bits_digest(state);
+  XXH3_freeState(state);
+  return {h.low64, h.high64};
+}
+
+SubsetLayout subset_layout(const Manifest& m, const TensorSubset& subset) {
+  if (!subset.all()) return subset_layout(m, match_tensors(m, subset));
+  SubsetLayout out;  // every chunk, those no tensor meets too
+  out.chunks.assign(m.chunks.size(), true);
+  out.tensors.resize(m.tensors.size());
+  for (std::uint32_t i = 0; i < out.tensors.size(); ++i) out.tensors[i] = i;
+  count_chunks(m, out);
   return out;
 }
 

@@ -194,10 +194,11 @@ void ChildServer::on_hello(PeerId from, const Hello& hello) {
   c.tree = hello.tree;
   c.trees = std::max<std::uint32_t>(1, hello.trees);
   c.tensors = hello.tensors;
+  c.tensors.normalize();
   tensors_changed_ = true;
   c.last_heard_ms = ctx_.now_ms();
-  c.need_tokens = config.needs_per_s_max;
-  c.need_tokens_ms = c.last_heard_ms;
+  c.needs = Tokens{static_cast<double>(config.needs_per_s_max), c.last_heard_ms};
+  c.subscribes = Tokens{kSubscribesBurstMax, c.last_heard_ms};
   const Heartbeat hb = owner_.heartbeat();
   ctx_.send(from, Welcome{hb.newest_version, hb.run, hb.timestamp});
   if (!c.receives()) return;  // a trainer shard sends, it does not receive
@@ -295,11 +296,11 @@ void ChildServer::offer_again(const CachedVersion& v) {
 bool ChildServer::carries(Child& c, const CachedVersion& v, std::uint32_t index) {
   if (!c.carries(v.key, index)) return false;
   if (c.tensors.all()) return true;
-  if (c.layout_of != v.manifest.get() || !c.layout) {
-    c.layout = ctx_.subsets.layout(v.manifest, c.tensors);
-    c.layout_of = v.manifest.get();
+  if (c.layout_of != v.manifest) {
+    c.layout = ctx_.subsets.layout(v.manifest, c.tensors, /*from_peers=*/true);
+    c.layout_of = v.manifest;
   }
-  return index < c.layout->chunks.size() && c.layout->chunks[index];
+  return !c.layout || (index < c.layout->chunks.size() && c.layout->chunks[index]);  // null: every chunk
 }
 
 void ChildServer::on_peer_down(PeerId peer) {
@@ -311,10 +312,14 @@ void ChildServer::on_subscribe(PeerId from, Child& child, const Subscribe& sub) 
     drop(from, st.message());
     return;
   }
+  if (!child.subscribes.take(ctx_.now_ms(), kSubscribesPerSMax, kSubscribesBurstMax)) {
+    drop(from, "it sent Subscribe more than " + std::to_string(static_cast<int>(kSubscribesPerSMax)) + " times a second");
+    return;
+  }
   child.tensors = sub.tensors;
   child.tensors.normalize();
   child.layout.reset();
-  child.layout_of = nullptr;
+  child.layout_of.reset();
   tensors_changed_ = true;
 }
 
@@ -326,14 +331,17 @@ void ChildServer::union_tensors(std::optional<TensorSubset>& into) const {
   }
 }
 
-bool ChildServer::take_need_token(Child& c) {
-  const std::uint64_t now = ctx_.now_ms();
-  const double per_s = ctx_.config.needs_per_s_max;
-  c.need_tokens = std::min(per_s, c.need_tokens + static_cast<double>(now - c.need_tokens_ms) * per_s / 1000.0);
-  c.need_tokens_ms = now;
-  if (c.need_tokens < 1) return false;
-  c.need_tokens -= 1;
+bool ChildServer::Tokens::take(std::uint64_t now_ms, double per_s, double burst) {
+  left = std::min(burst, left + static_cast<double>(now_ms - at_ms) * per_s / 1000.0);
+  at_ms = now_ms;
+  if (left < 1) return false;
+  left -= 1;
   return true;
+}
+
+bool ChildServer::take_need_token(Child& c) {
+  const double per_s = ctx_.config.needs_per_s_max;
+  return c.needs.take(ctx_.now_ms(), per_s, per_s);
 }
 
 bool ChildServer::count_resends(PeerId from, Child& child, const CachedVersion& v, std::size_t chunks) {
@@ -466,6 +474,8 @@ void ChildServer::forget_versions() {
     c.backlog.clear();
     c.resent.clear();
     c.wants_anchor = false;
+    c.layout_of.reset();
+    c.layout.reset();
   }
   broadcast_newest_ = 0;
 }

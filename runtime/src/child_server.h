@@ -41,6 +41,16 @@ class ChildServer {
     bool manifest = false;
     std::set<std::uint32_t> chunks;
   };
+  // Messages of a kind a child may still send now: refilled at `per_s` a second, up to `burst`.
+  struct Tokens {
+    double left = 0;
+    std::uint64_t at_ms = 0;
+    bool take(std::uint64_t now_ms, double per_s, double burst);
+  };
+  // Subscribe messages a child may send, a second and at once (a relay sends at most one every
+  // UpstreamLink::kSubscribeIntervalMs): each can cost a match of its patterns against the
+  // model's tensor names.
+  static constexpr double kSubscribesPerSMax = 4, kSubscribesBurstMax = 8;
   struct Child {
     std::string node_id;
     std::uint64_t instance = 0;  // Hello::instance
@@ -57,12 +67,12 @@ class ChildServer {
     // The tensors whose chunks go down this link (Hello::tensors, Subscribe), and what they take
     // of the version last asked about (subset_of).
     TensorSubset tensors;
-    const Manifest* layout_of = nullptr;
+    std::shared_ptr<const Manifest> layout_of;  // the manifest `layout` is of
     std::shared_ptr<const SubsetLayout> layout;
     std::uint64_t last_heard_ms = 0;
     // Need messages it may still send now: refilled at needs_per_s_max a second, up to that many.
-    double need_tokens = 0;
-    std::uint64_t need_tokens_ms = 0;
+    Tokens needs;
+    Tokens subscribes;  // kSubscribesPerSMax
     // Chunks sent again because it said `again`, per cached version (pruned with `sent`).
     std::vector<std::pair<VersionKey, std::uint64_t>> resent;
     // Versions whose chunks go to it as they arrive, with when each was added. Kept while the

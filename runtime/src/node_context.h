@@ -29,7 +29,7 @@ class NodeContext {
   Transport& transport;
   Clock& clock;
   NodeStats stats;
-  SubsetMemo subsets;
+  SubsetMemo subsets{[this](const std::string& message) { log(LogLevel::kWarn, message); }};
   std::function<void(LogLevel, const std::string&)> on_log;
 
  private:

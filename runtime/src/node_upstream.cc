@@ -47,6 +47,11 @@ TensorSubset Node::wanted_tensors() const {
   return wanted.value_or(TensorSubset{});  // a relay without children takes every tensor
 }
 
+std::shared_ptr<const SubsetLayout> Node::wanted_layout(const std::shared_ptr<const Manifest>& manifest) {
+  // Patterns of children (a relay's union) are bounded in the time they take to match.
+  return ctx_->subsets.layout(manifest, subscription_, /*from_peers=*/subscription_ != config_.tensors);
+}
+
 void Node::update_subscription() {
   if (!has_parents()) return;
   bool changed = false;
@@ -55,7 +60,7 @@ void Node::update_subscription() {
     if (wanted != subscription_) {
       ctx_->log(LogLevel::kInfo, "takes " + to_string(wanted) + " (was " + to_string(subscription_) + ")");
       subscription_ = std::move(wanted);
-      for (auto& [key, v] : cache_.entries()) cache_.set_wanted(*cache_.find(key), ctx_->subsets.layout(v.manifest, subscription_));
+      for (auto& [key, v] : cache_.entries()) cache_.set_wanted(*cache_.find(key), wanted_layout(v.manifest));
       changed = true;
     }
   }

@@ -133,7 +133,7 @@ void Node::on_manifest(PeerId from, const ManifestMsg& m) {
     return;
   }
   CachedVersion* v = *r;
-  if (!known) cache_.set_wanted(*v, ctx_->subsets.layout(v->manifest, subscription_));
+  if (!known) cache_.set_wanted(*v, wanted_layout(v->manifest));
   if (m.published_us) published_us_[m.key.version] = m.published_us;
   VersionTiming& t = timings_[m.key.version];
   if (!t.manifest_us) {

@@ -324,7 +324,7 @@ void Reconstructor::start(const CachedVersion& v) {
     abandon(config.tensors.all() ? "layout changed" : "the version held is the saved file of the tensors this worker serves; an anchor of them follows", true);
     return;
   }
-  a->subset = ctx_.subsets.layout(v.manifest, config.tensors);
+  a->subset = ctx_.subsets.layout(v.manifest, config.tensors, /*from_peers=*/false);
   if (live && !v.key.anchor && !config.virtual_payloads && !holds(*live, *v.manifest, a->subset.get())) {
     abandon("the image held lacks tensors this worker serves", true);
     return;

@@ -1,11 +1,16 @@
 // What a tensor subset takes of each manifest (codec/subset.h), worked out once per manifest and
 // subset and shared: by the node's own subscription, its reconstructor and every child that
-// asks for the same tensors.
+// asks for the same tensors. Matching names against patterns, the costly part, is done once per
+// subset and list of tensor names: the versions of a run share it.
 #pragma once
 
+#include <array>
+#include <functional>
 #include <map>
 #include <memory>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "deltacast/codec/subset.h"
 
@@ -13,18 +18,42 @@ namespace deltacast::runtime {
 
 class SubsetMemo {
  public:
-  // Entries kept, at most: past it, those of manifests gone go, then all.
-  static constexpr std::size_t kEntriesMax = 256;
-  // Null for a subset of every tensor (every chunk).
-  std::shared_ptr<const SubsetLayout> layout(const std::shared_ptr<const Manifest>& manifest, const TensorSubset& subset);
-  std::size_t size() const { return entries_.size(); }
+  // Manifests and tensor match lists kept, at most: past either, those of manifests gone go,
+  // then all.
+  static constexpr std::size_t kManifestsMax = 256;
+  static constexpr std::size_t kMatchListsMax = 256;
+  // How long patterns from peers (a child's, a relay's union of them) may take to match against
+  // one list of names, on the event loop; past it they take every chunk (said once, as a
+  // warning). Glob matching is slow in the worst case: 1024 patterns with a few `*` and `[...]`
+  // can take most of a minute against a 47k-tensor MoE model.
+  static constexpr std::uint64_t kPeerMatchMsMax = 200;
+
+  explicit SubsetMemo(std::function<void(const std::string&)> warn) : warn_(std::move(warn)) {}
+  // Null for a subset of every tensor (every chunk). `from_peers`: bounded by kPeerMatchMsMax
+  // (a node's own configured tensors are matched however long it takes).
+  std::shared_ptr<const SubsetLayout> layout(const std::shared_ptr<const Manifest>& manifest, const TensorSubset& subset, bool from_peers);
+  std::size_t size() const { return manifests_.size(); }
+  // How often names were matched against patterns (match_tensors), and how often that was cut
+  // short.
+  std::uint64_t match_passes() const { return match_passes_; }
+  std::uint64_t matches_cut_short() const { return matches_cut_short_; }
 
  private:
-  struct Entry {
+  using Patterns = std::vector<std::string>;
+  using Digest = std::array<std::uint64_t, 2>;
+  struct PerManifest {
     std::weak_ptr<const Manifest> manifest;
-    std::shared_ptr<const SubsetLayout> layout;
+    Digest names{};  // tensor_names_digest
+    std::map<Patterns, std::shared_ptr<const SubsetLayout>> layouts;
   };
-  std::map<std::pair<const Manifest*, std::vector<std::string>>, Entry> entries_;  // by manifest and patterns
+  PerManifest& entry(const std::shared_ptr<const Manifest>& manifest);
+  // Null: the match was cut short (every tensor taken).
+  std::shared_ptr<const std::vector<bool>> matches(const Manifest& manifest, const Digest& names, const TensorSubset& subset, bool from_peers);
+
+  std::function<void(const std::string&)> warn_;
+  std::map<const Manifest*, PerManifest> manifests_;
+  std::map<std::pair<Digest, Patterns>, std::shared_ptr<const std::vector<bool>>> matches_;
+  std::uint64_t match_passes_ = 0, matches_cut_short_ = 0;
 };
 
 }  // namespace deltacast::runtime

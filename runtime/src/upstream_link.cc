@@ -143,7 +143,11 @@ void UpstreamLink::probe_preferred(std::uint64_t now) {
 
 void UpstreamLink::tell(const TensorSubset& tensors) {
   if (parent_ == 0 || told_ == tensors) return;
-  if (ctx_.send(parent_, Subscribe{tensors})) told_ = tensors;
+  const std::uint64_t now = ctx_.now_ms();
+  if (told_ms_ != 0 && now - told_ms_ < kSubscribeIntervalMs) return;
+  if (!ctx_.send(parent_, Subscribe{tensors})) return;
+  told_ = tensors;
+  told_ms_ = now;
 }
 
 std::uint64_t UpstreamLink::next_duty_ms(std::uint64_t due) const {

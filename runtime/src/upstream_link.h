@@ -82,6 +82,9 @@ class UpstreamLink {
   // last Subscribe it took. Sent again on every call until the send is taken (a full queue), and
   // after a move back to the preferred parent, whose Hello was said before a change.
   void tell(const TensorSubset& tensors);
+  // At most one Subscribe per this long on a link (a relay whose children come one by one says
+  // their union once they settled, and a parent drops a child past ChildServer's rate).
+  static constexpr std::uint64_t kSubscribeIntervalMs = 500;
   // What the parent said it has (Welcome, Heartbeat): its run and newest version in it. Reset
   // when the link moves to another parent.
   void said(std::uint64_t newest, const RunId& run) {
@@ -125,6 +128,7 @@ class UpstreamLink {
   PeerId left_parent_ = 0;          // the fallback just left, closed after kLeaveLingerMs
   bool said_ = false;
   TensorSubset told_, probe_told_;  // tell(): what the parent / the probe was told
+  std::uint64_t told_ms_ = 0;        // when the last Subscribe went
   RunId said_run_;
   std::uint64_t said_newest_ = 0;
   std::uint64_t left_parent_ms_ = 0;

@@ -4,10 +4,14 @@
 #include <set>
 
 #include "node_fixtures.h"
+#include "child_server.h"
+#include "subsets.h"
 #include "test_util.h"
 
 using namespace deltacast;
 using namespace deltacast::test;
+using deltacast::runtime::ChildServer;
+using deltacast::runtime::SubsetMemo;
 
 namespace {
 
@@ -159,6 +163,92 @@ TEST_CASE("tensor subsets a peer sends are bounded", "[runtime][subsets]") {
   CHECK(origin.child_count() == 0);
 }
 
+TEST_CASE("a child that subscribes again and again is dropped; a relay whose children join one by one is not", "[runtime][subsets]") {
+  Series s(2);
+  FakeNet net;
+  Node& origin = net.add(origin_config());
+  REQUIRE(origin.publish(s.anchor(1)).is_ok());
+  FakeTransport rogue(net, "rogue");
+  Hello h;
+  h.node_id = "rogue";
+  h.tensors.patterns = {"model.*"};
+  const PeerId link = rogue.connect("origin");
+  REQUIRE(rogue.send(link, h));
+  net.run();
+  REQUIRE(origin.child_count() == 1);
+  for (int i = 0; i < 2 * static_cast<int>(ChildServer::kSubscribesBurstMax); ++i)
+    REQUIRE(rogue.send(link, Subscribe{subset({"model.layers." + std::to_string(i) + ".*"})}));
+  net.run();
+  CHECK(origin.child_count() == 0);
+  // Ten children of a relay, 50 ms apart, each serving other tensors: the relay says their
+  // union as it settles, and stays.
+  net.add(relay_config("relay", {"origin"}));
+  std::vector<std::string> workers;
+  for (int i = 0; i < 10; ++i) {
+    workers.push_back("w" + std::to_string(i));
+    net.add(subset_worker(workers.back(), {"relay"}, {"model.layers." + std::to_string(i % 2) + ".*", "t" + std::to_string(i)}));
+    net.run_for(50);
+  }
+  REQUIRE(origin.publish(s.delta(2)).is_ok());
+  CHECK(net.run_until([&] { return all_at(net, workers, 2); }));
+  CHECK(origin.child_count() == 1);
+  CHECK(net.node("relay").stats().peers_dropped == 0);
+}
+
+TEST_CASE("tensor names are matched against a subset once per run, and peers' patterns only for so long", "[runtime][subsets]") {
+  Series s(4);
+  std::vector<std::string> warnings;
+  SubsetMemo memo([&](const std::string& w) { warnings.push_back(w); });
+  const TensorSubset l0 = subset({"model.layers.0.*"}), l1 = subset({"model.layers.1.*"});
+  for (std::uint64_t v = 2; v <= 4; ++v) {
+    auto m = std::make_shared<const Manifest>(s.delta(v).manifest);
+    const auto layout = memo.layout(m, l0, true);
+    REQUIRE(layout);
+    CHECK(layout->chunks == subset_layout(*m, l0).chunks);
+    CHECK(layout->tensors == subset_layout(*m, l0).tensors);
+    CHECK(memo.layout(m, l0, false) == layout);
+  }
+  CHECK(memo.match_passes() == 1);  // the versions of a run share their tensor names
+  auto m4 = std::make_shared<const Manifest>(s.delta(4).manifest);
+  CHECK(memo.layout(m4, l1, true));
+  CHECK(memo.match_passes() == 2);
+  CHECK(memo.layout(m4, TensorSubset{}, true) == nullptr);  // every tensor: every chunk
+  // Another model, named otherwise: matched again.
+  Manifest other = s.delta(4).manifest;
+  other.tensors[0].name += ".renamed";
+  CHECK(memo.layout(std::make_shared<const Manifest>(other), l0, true));
+  CHECK(memo.match_passes() == 3);
+
+  // A 47k-tensor MoE model and patterns that glob matching takes most of a minute over: from a
+  // peer, cut short (every chunk), said once.
+  Manifest moe;
+  for (int l = 0; l < 61; ++l)
+    for (int e = 0; e < 256; ++e)
+      for (const char* w : {"gate_proj", "up_proj", "down_proj"}) {
+        TensorInfo t;
+        t.name = "model.layers." + std::to_string(l) + ".mlp.experts." + std::to_string(e) + "." + w + ".weight";
+        t.offset = moe.image_size;
+        t.nbytes = 2;
+        t.shape = {1};
+        moe.image_size += 2;
+        moe.tensors.push_back(t);
+      }
+  moe.chunks.push_back(ChunkEntry{});
+  moe.chunks.back().length = moe.image_size;
+  auto costly = std::make_shared<const Manifest>(moe);
+  TensorSubset slow;
+  for (int i = 0; i < 1024; ++i) slow.patterns.push_back("*[a-z]*[a-z]*[a-z]*[a-z][a-z][a-z][a-z][a-z][a-z][a-z][a-z]" + std::to_string(i));
+  slow.normalize();
+  REQUIRE(validate_subset(slow).is_ok());
+  const std::uint64_t passes = memo.match_passes();
+  CHECK(memo.layout(costly, slow, true) == nullptr);
+  CHECK(memo.matches_cut_short() == 1);
+  CHECK(memo.layout(costly, slow, true) == nullptr);  // remembered: not matched again
+  CHECK(memo.match_passes() == passes + 1);
+  REQUIRE(warnings.size() == 1);
+  CHECK(warnings[0].find("take every chunk") != std::string::npos);
+}
+
 TEST_CASE("a config's tensors are checked", "[runtime][subsets]") {
   NodeConfig c = worker_config("w", {"p"});
   c.tensors = subset({"model.*"});
@@ -170,6 +260,20 @@ TEST_CASE("a config's tensors are checked", "[runtime][subsets]") {
   CHECK_FALSE(check_tensors(c).is_ok());
   c.tensors.patterns = {"ok", std::string("\xff\xfe")};
   CHECK_FALSE(check_tensors(c).is_ok());
+  // Patterns of more than kSubsetBytesMax in all; a union past it takes every tensor.
+  TensorSubset big;
+  for (std::size_t i = 0, bytes = 0; bytes <= kSubsetBytesMax; ++i) {
+    big.patterns.push_back(std::string(990, 'a') + std::to_string(i));
+    bytes += big.patterns.back().size();
+  }
+  big.normalize();
+  REQUIRE(big.patterns.size() < kSubsetPatternsMax);
+  c.tensors = big;
+  CHECK_FALSE(check_tensors(c).is_ok());
+  TensorSubset half_a, half_b;
+  for (std::size_t i = 0; i < big.patterns.size(); ++i) (i % 2 ? half_a : half_b).patterns.push_back(big.patterns[i]);
+  CHECK(validate_subset(half_a).is_ok());
+  CHECK(subset_union(half_a, half_b).all());
 }
 
 TEST_CASE("a subset worker restarted from its saved tensors takes an anchor of them, not of the model", "[runtime][subsets]") {

@@ -7,7 +7,9 @@
 // Exported from libdeltacast, as everything the installed headers declare.
 #pragma GCC visibility push(default)
 
+#include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -18,9 +20,12 @@
 namespace deltacast {
 
 // Patterns a subset may have, and bytes a pattern may have (what a peer may send is refused
-// beyond them; a relay whose children's union is larger takes every tensor).
+// beyond these bounds; a relay whose children's union is larger takes every tensor).
 inline constexpr std::size_t kSubsetPatternsMax = 1024;
 inline constexpr std::size_t kSubsetPatternBytesMax = 1024;
+// Bytes of all of a subset's patterns together: a Hello or Subscribe stays small, and matching
+// a model's names against them stays cheap.
+inline constexpr std::size_t kSubsetBytesMax = 64 * 1024;
 
 struct TensorSubset {
   // Sorted and unique (normalize()); empty: every tensor.
@@ -35,7 +40,7 @@ struct TensorSubset {
 // Every pattern non-empty, UTF-8 without NUL, within the bounds above.
 Status validate_subset(const TensorSubset& subset);
 // The subset whose tensors are those of either (every tensor if either takes all of them, or if
-// the patterns together are more than kSubsetPatternsMax).
+// the patterns together are more than kSubsetPatternsMax or kSubsetBytesMax).
 TensorSubset subset_union(const TensorSubset& a, const TensorSubset& b);
 // "every tensor", or the patterns joined by ", ".
 std::string to_string(const TensorSubset& subset);
@@ -51,6 +56,18 @@ struct SubsetLayout {
 };
 // In one pass over the tensor and chunk tables (both in image order).
 SubsetLayout subset_layout(const Manifest& m, const TensorSubset& subset);
+// The same in two steps: which of m's tensors the subset names (the costly part: every name
+// against every pattern; the same for every manifest of the same tensor names, in order), then
+// the chunks that cover them (a sweep over both tables).
+std::vector<bool> match_tensors(const Manifest& m, const TensorSubset& subset);
+// The same within `time_ms_max` (nothing past it; kNoTimeLimit: however long): patterns a peer
+// sends can cost seconds of matching against a large model's names.
+inline constexpr std::uint64_t kNoTimeLimit = ~std::uint64_t{0};
+std::optional<std::vector<bool>> match_tensors(const Manifest& m, const TensorSubset& subset, std::uint64_t time_ms_max);
+SubsetLayout subset_layout(const Manifest& m, const std::vector<bool>& matched);
+// A 128-bit digest (XXH3) of m's tensor names in order: manifests with the same one have the
+// same match_tensors for every subset.
+std::array<std::uint64_t, 2> tensor_names_digest(const Manifest& m);
 
 }  // namespace deltacast
 

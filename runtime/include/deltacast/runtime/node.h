@@ -192,6 +192,8 @@ class Node {
   // chunks and the parents are told (Subscribe).
   TensorSubset wanted_tensors() const;
   void update_subscription();
+  // What this node takes of a version: its subscription's chunks (null: every chunk).
+  std::shared_ptr<const SubsetLayout> wanted_layout(const std::shared_ptr<const Manifest>& manifest);
   // Asks for an anchor newer than `newer_than` (what the asker holds; it cannot use older ones).
   void request_anchor(std::uint64_t newer_than);
 

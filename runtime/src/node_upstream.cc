@@ -60,7 +60,13 @@ void Node::update_subscription() {
     if (wanted != subscription_) {
       ctx_->log(LogLevel::kInfo, "takes " + to_string(wanted) + " (was " + to_string(subscription_) + ")");
       subscription_ = std::move(wanted);
-      for (auto& [key, v] : cache_.entries()) cache_.set_wanted(*cache_.find(key), wanted_layout(v.manifest));
+      for (auto& [key, v] : cache_.entries()) {
+        CachedVersion& cached = *cache_.find(key);
+        const bool was_complete = cached.complete();
+        cache_.set_wanted(cached, wanted_layout(v.manifest));
+        // Narrowed, a version may now be whole here: a store-and-forward relay sends it on.
+        if (!was_complete && cached.complete() && config_.serve_children && config_.store_and_forward) forward_whole(cached);
+      }
       changed = true;
     }
   }

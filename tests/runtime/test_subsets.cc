@@ -373,3 +373,32 @@ TEST_CASE("a relay that moves back to its preferred parent while its children ch
   CHECK(net.run_until([&] { return all_at(net, {"w0", "w1"}, 4); }, 30000));
   CHECK(bad == 0);
 }
+
+TEST_CASE("a store-and-forward relay sends a subset child each version once, however many chunks it takes beyond its own", "[runtime][subsets]") {
+  Series s(3);
+  FakeNet net;
+  Node& origin = net.add(origin_config());
+  REQUIRE(origin.publish(s.anchor(1)).is_ok());
+  NodeConfig rc = relay_config("relay", {"origin"});
+  rc.store_and_forward = true;
+  net.add(rc);
+  // The relay's Subscribe stays on its way: the origin sends it every chunk, as to a relay
+  // without children, and the chunks of other tensors come after w0's version is whole here.
+  net.hold = [](const std::string& from, const std::string&, const Message& m) { return from == "relay" && std::holds_alternative<Subscribe>(m); };
+  const TensorSubset l0 = subset({"model.layers.0.*"});
+  std::vector<std::uint64_t> seen;
+  int bad = 0;
+  watch_subset(net.add(subset_worker("w0", {"relay"}, l0.patterns)), s, l0, seen, bad);
+  REQUIRE(net.run_until([&] { return all_at(net, {"w0"}, 1); }));
+  const std::uint64_t before = net.bytes_sent_to("w0");
+  const EncodedVersion ev = s.delta(2);
+  REQUIRE(origin.publish(ev).is_ok());
+  REQUIRE(net.run_until([&] { return all_at(net, {"w0"}, 2); }));
+  net.run_for(1000);
+  CHECK(net.bytes_sent_to("relay") >= ev.manifest.payload_bytes_total());  // it did take them all
+  const std::uint64_t slack = serialize_manifest(ev.manifest).size() + 64 * ev.manifest.chunks.size() + 1024;
+  CHECK(net.bytes_sent_to("w0") - before <= subset_payload(ev, l0) + slack);
+  CHECK(bad == 0);
+  net.hold = nullptr;
+  net.release();
+}

@@ -192,6 +192,8 @@ class Node {
   // chunks and the parents are told (Subscribe).
   TensorSubset wanted_tensors() const;
   void update_subscription();
+  // Store-and-forward: sends every chunk of a version now whole here to the children subscribed.
+  void forward_whole(const CachedVersion& v);
   // What this node takes of a version: its subscription's chunks (null: every chunk).
   std::shared_ptr<const SubsetLayout> wanted_layout(const std::shared_ptr<const Manifest>& manifest);
   // Asks for an anchor newer than `newer_than` (what the asker holds; it cannot use older ones).

@@ -44,7 +44,11 @@ TensorSubset Node::wanted_tensors() const {
   std::optional<TensorSubset> wanted;
   if (config_.reconstruct) wanted = config_.tensors;
   children_->union_tensors(wanted);
-  return wanted.value_or(TensorSubset{});  // a relay without children takes every tensor
+  if (wanted) return *wanted;
+  // A relay without children takes every tensor, so a child that comes finds its chunks here;
+  // one whose children all left keeps taking what they took (widened, it would fetch every
+  // cached version again whole).
+  return subscription_;
 }
 
 std::shared_ptr<const SubsetLayout> Node::wanted_layout(const std::shared_ptr<const Manifest>& manifest) {

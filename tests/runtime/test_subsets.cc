@@ -402,3 +402,28 @@ TEST_CASE("a store-and-forward relay sends a subset child each version once, how
   net.hold = nullptr;
   net.release();
 }
+
+TEST_CASE("a relay whose children all left keeps taking what they took", "[runtime][subsets]") {
+  Series s(3);
+  FakeNet net;
+  Node& origin = net.add(origin_config());
+  REQUIRE(origin.publish(s.anchor(1)).is_ok());
+  net.add(relay_config("relay", {"origin"}));
+  const TensorSubset l0 = subset({"model.layers.0.*"});
+  net.add(subset_worker("w0", {"relay"}, l0.patterns));
+  REQUIRE(net.run_until([&] { return all_at(net, {"w0"}, 1); }));
+  REQUIRE(origin.publish(s.delta(2)).is_ok());
+  REQUIRE(net.run_until([&] { return all_at(net, {"w0"}, 2); }));
+  std::uint64_t before = net.bytes_sent_to("relay");
+  net.kill("w0");
+  REQUIRE(net.run_until([&] { return net.node("relay").child_count() == 0; }, 120000));
+  net.run_for(2000);
+  CHECK(net.bytes_sent_to("relay") - before < 4096);  // the versions it caches are not fetched again whole
+  before = net.bytes_sent_to("relay");
+  const EncodedVersion ev = s.delta(3);
+  REQUIRE(origin.publish(ev).is_ok());
+  REQUIRE(net.run_until([&] { return net.node("relay").cache().newest_version() == 3; }));
+  net.run_for(1000);
+  const std::uint64_t slack = serialize_manifest(ev.manifest).size() + 64 * ev.manifest.chunks.size() + 1024;
+  CHECK(net.bytes_sent_to("relay") - before <= subset_payload(ev, l0) + slack);
+}

@@ -64,6 +64,21 @@ std::string to_string(const TensorSubset& subset) {
   return s;
 }
 
+std::uint64_t subset_digest(const TensorSubset& subset) {
+  if (subset.all()) return 0;
+  XXH3_state_t* state = XXH3_createState();
+  DC_CHECK(state != nullptr, "out of memory for a hash state");
+  XXH3_64bits_reset(state);
+  for (const auto& p : subset.patterns) {
+    const std::uint64_t n = p.size();
+    XXH3_64bits_update(state, &n, sizeof n);
+    XXH3_64bits_update(state, p.data(), p.size());
+  }
+  const std::uint64_t h = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  return h == 0 ? 1 : h;
+}
+
 std::optional<std::vector<bool>> match_tensors(const Manifest& m, const TensorSubset& subset, std::uint64_t time_ms_max) {
   using Clock = std::chrono::steady_clock;
   const bool timed = time_ms_max != kNoTimeLimit;

@@ -28,9 +28,11 @@ Result<std::unique_ptr<Worker>> Worker::start(WorkerOptions o) {
   o.node.serve_children = !o.host.bind_endpoint.empty();
   std::unique_ptr<Worker> w(new Worker);
   const std::string id = o.node.node_id;
+  const TensorSubset tensors = o.node.tensors;
   w->host_ = std::make_unique<transport::NodeHost>(std::move(o.node), std::move(o.host));
   if (!o.out_dir.empty()) {
     w->store_.emplace(transport::directory_version_store(o.out_dir, id, o.keep_versions));
+    w->store_->set_tensors(tensors);
     // A wrong out dir is reported now, not at the first version.
     DC_RETURN_IF_ERROR(w->store_->prepare().with_context("out dir " + o.out_dir));
     // A restarted worker starts from the newest version it saved, and fetches only the deltas

@@ -44,6 +44,7 @@ struct Record {
   std::uint64_t checksum = 0;
   std::uint64_t image_hash = 0;
   RunId run;
+  std::uint64_t tensors_digest = 0;  // subset_digest of what it was saved for (absent: every tensor)
 };
 
 Result<Record> read_record(const Storage& storage, const std::string& model_name) {
@@ -65,6 +66,8 @@ Result<Record> read_record(const Storage& storage, const std::string& model_name
       return Status::corruption(where + ": its \"run\" is not {\"started_us\", \"nonce\"}");
     rec.run.started_us = r["started_us"].get<std::uint64_t>();
   }
+  if (j.contains("tensors_xxh3") && (!j["tensors_xxh3"].is_string() || !parse_u64(j["tensors_xxh3"].get<std::string>(), 16, rec.tensors_digest)))
+    return Status::corruption(where + ": its \"tensors_xxh3\" is not a hexadecimal number");
   return rec;
 }
 
@@ -179,6 +182,7 @@ Status VersionStore::save(const ModelVersion& version) const {
   DC_RETURN_IF_ERROR(written);
   nlohmann::json j = {{"version", version.version}, {"checksum", hex64(version.checksum)}, {"image_xxh3", hex64(data_hash.digest())}};
   if (!version.run.empty()) j["run"] = {{"started_us", version.run.started_us}, {"nonce", hex64(version.run.nonce)}};
+  if (!tensors_.all()) j["tensors_xxh3"] = hex64(subset_digest(tensors_));
   const std::string text = j.dump(2) + "\n";
   const ByteSpan record[] = {ByteSpan(reinterpret_cast<const std::uint8_t*>(text.data()), text.size())};
   if (Status st = storage_->write(record_of(name), record, /*uncached=*/false); !st.is_ok()) {
@@ -207,6 +211,9 @@ Result<std::shared_ptr<ModelVersion>> VersionStore::load(std::uint64_t version) 
   const std::string name = name_of(version), where = storage_->where() + "/" + name;
   DC_ASSIGN_OR_RETURN(Record rec, read_record(*storage_, name));
   if (rec.version != version) return Status::corruption(where + ": its record says version " + std::to_string(rec.version));
+  if (rec.tensors_digest != subset_digest(tensors_))
+    return Status::mismatch(where + ": saved for " + (rec.tensors_digest == 0 ? std::string("every tensor") : "other tensors") +
+                                       " than this worker serves (" + to_string(tensors_) + ")");
   // The file holds a header besides the image; an image no node would accept is not read.
   DC_ASSIGN_OR_RETURN(SharedBytes file, storage_->read(name, ManifestLimits{}.image_bytes_max + kSafetensorsHeaderBytesMax + 8));
   auto layout = parse_safetensors(*file);

@@ -133,6 +133,30 @@ TEST_CASE("a worker's saved versions load back bit-exact, and only the newest ar
   CHECK(other.load_newest().status().code() == StatusCode::kNotFound);
 }
 
+TEST_CASE("a version saved for some tensors loads only into a worker serving the same ones", "[transport][store]") {
+  TempDir dir;
+  TensorSubset some{{"t0"}}, others{{"t1"}};
+  VersionStore store = directory_version_store(dir.path.string(), "w1", 2);
+  store.set_tensors(some);
+  REQUIRE(store.save(version(1)).is_ok());
+  CHECK(store.load(1).is_ok());
+  VersionStore whole = directory_version_store(dir.path.string(), "w1", 2);
+  auto got = whole.load(1);
+  REQUIRE_FALSE(got.is_ok());
+  CHECK(got.status().code() == StatusCode::kMismatch);
+  CHECK(got.status().message().find("saved for other tensors than this worker serves (every tensor)") != std::string::npos);
+  whole.set_tensors(others);
+  CHECK_FALSE(whole.load(1).is_ok());
+  CHECK(whole.resume() == nullptr);
+  // Saved whole, it does not load into a worker serving some tensors either.
+  REQUIRE(directory_version_store(dir.path.string(), "w2", 2).save(version(2)).is_ok());
+  VersionStore w2 = directory_version_store(dir.path.string(), "w2", 2);
+  w2.set_tensors(some);
+  got = w2.load(2);
+  REQUIRE_FALSE(got.is_ok());
+  CHECK(got.status().message().find("saved for every tensor") != std::string::npos);
+}
+
 TEST_CASE("a damaged or incomplete saved version is skipped for an older good one", "[transport][store]") {
   TempDir dir;
   VersionStore store = directory_version_store(dir.path.string(), "w", 3);

@@ -66,10 +66,12 @@ std::string to_string(const TensorSubset& subset) {
 
 std::uint64_t subset_digest(const TensorSubset& subset) {
   if (subset.all()) return 0;
+  TensorSubset sorted = subset;  // the same patterns in any order are the same subset
+  sorted.normalize();
   XXH3_state_t* state = XXH3_createState();
   DC_CHECK(state != nullptr, "out of memory for a hash state");
   XXH3_64bits_reset(state);
-  for (const auto& p : subset.patterns) {
+  for (const auto& p : sorted.patterns) {
     const std::uint64_t n = p.size();
     XXH3_64bits_update(state, &n, sizeof n);
     XXH3_64bits_update(state, p.data(), p.size());
@@ -85,6 +87,7 @@ std::optional<std::vector<bool>> match_tensors(const Manifest& m, const TensorSu
   const Clock::time_point until = timed ? Clock::now() + std::chrono::milliseconds(time_ms_max) : Clock::time_point::max();
   std::vector<bool> matched(m.tensors.size(), subset.all());
   if (subset.all()) return matched;
+  if (time_ms_max == 0 && !m.tensors.empty()) return std::nullopt;
   constexpr std::size_t kNamesBetweenChecks = 64;
   for (std::size_t t = 0; t < m.tensors.size(); ++t) {
     if (timed && t % kNamesBetweenChecks == 0 && Clock::now() > until) return std::nullopt;

@@ -282,6 +282,17 @@ void ChildServer::forward_chunk(const CachedVersion& v, std::uint32_t index) {
   }
 }
 
+void ChildServer::forward_whole(const CachedVersion& v) {
+  for (auto& [peer, c] : children_) {
+    if (!c.receives() || !c.subscribed(v.key)) continue;
+    for (std::uint32_t i = 0; i < v.chunks.size(); ++i) {
+      if (!v.chunks[i] || c.was_sent(v.key, i) || !carries(c, v, i)) continue;
+      offer_chunk(peer, c, v, i);
+      ctx_.stats.chunks_forwarded++;
+    }
+  }
+}
+
 void ChildServer::offer_again(const CachedVersion& v) {
   for (auto& [peer, c] : children_) {
     if (c.subscribed(v.key) || !wants(c, v.key, false)) continue;
@@ -296,7 +307,8 @@ void ChildServer::offer_again(const CachedVersion& v) {
 bool ChildServer::carries(Child& c, const CachedVersion& v, std::uint32_t index) {
   if (!c.carries(v.key, index)) return false;
   if (c.tensors.all()) return true;
-  if (c.layout_of != v.manifest) {
+  // The same manifest: same control block (a weak pointer keeps it, so no address is reused).
+  if (c.layout_of.owner_before(v.manifest) || v.manifest.owner_before(c.layout_of) || c.layout_of.expired()) {
     c.layout = ctx_.subsets.layout(v.manifest, c.tensors, /*from_peers=*/true);
     c.layout_of = v.manifest;
   }

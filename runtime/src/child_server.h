@@ -67,7 +67,7 @@ class ChildServer {
     // The tensors whose chunks go down this link (Hello::tensors, Subscribe), and what they take
     // of the version last asked about (subset_of).
     TensorSubset tensors;
-    std::shared_ptr<const Manifest> layout_of;  // the manifest `layout` is of
+    std::weak_ptr<const Manifest> layout_of;  // the manifest `layout` is of (not kept alive here)
     std::shared_ptr<const SubsetLayout> layout;
     std::uint64_t last_heard_ms = 0;
     // Need messages it may still send now: refilled at needs_per_s_max a second, up to that many.
@@ -133,6 +133,9 @@ class ChildServer {
   // delta sent: the first version, or one whose tensors changed, reachable no other way.
   void forward_manifest(const CachedVersion& v, bool chain_start = false);
   void forward_chunk(const CachedVersion& v, std::uint32_t index);
+  // Store-and-forward: every chunk of a version now whole here that a subscribed child takes and
+  // was not handed yet.
+  void forward_whole(const CachedVersion& v);
   // A complete version published again (an anchor made again on request): to the children that
   // want it now and were not sent it.
   void offer_again(const CachedVersion& v);

@@ -180,8 +180,15 @@ void Node::on_message(PeerId from, const Message& m) {
 
 // ---- timers ---------------------------------------------------------------------------------
 
-void Node::on_loop_stalled(std::uint64_t stalled_ms) {
-  if (stalled_ms >= 1000) ctx_->log(LogLevel::kWarn, "the event loop stalled for " + std::to_string(stalled_ms) + " ms; that is not counted as peers' silence");
+void Node::on_loop_stalled(std::uint64_t stalled_ms, std::optional<std::uint64_t> ran_ms) {
+  if (stalled_ms >= 1000) {
+    const std::string ran = ran_ms ? " (its thread ran " + std::to_string(*ran_ms) + " ms of them)" : "";
+    if (ran_ms && *ran_ms * 2 < stalled_ms)
+      ctx_->log(LogLevel::kWarn, "the event loop was held up for " + std::to_string(stalled_ms) + " ms" + ran +
+                                     ": the host is short of CPU, or a call blocked; that is not counted as peers' silence");
+    else
+      ctx_->log(LogLevel::kWarn, "the event loop stalled for " + std::to_string(stalled_ms) + " ms" + ran + "; that is not counted as peers' silence");
+  }
   for (const auto& link : *upstreams_) link->excuse(stalled_ms);
   children_->excuse_all(stalled_ms, ctx_->now_ms());
 }

@@ -53,12 +53,25 @@ TensorSubset Node::wanted_tensors() const {
 
 std::shared_ptr<const SubsetLayout> Node::wanted_layout(const std::shared_ptr<const Manifest>& manifest) {
   // Patterns of children (a relay's union) are bounded in the time they take to match.
-  return ctx_->subsets.layout(manifest, subscription_, /*from_peers=*/subscription_ != config_.tensors);
+  auto layout = ctx_->subsets.layout(manifest, subscription_, /*from_peers=*/subscription_ != config_.tensors);
+  if (!layout && !subscription_.all()) {
+    // Cut short: this node takes every chunk, and must say so upstream (its parents, which may
+    // match the same patterns in time, would send the subset's chunks only, and this node would
+    // wait for the rest for good).
+    subscription_ = TensorSubset{};
+    subscription_widened_ = true;
+  }
+  return layout;
 }
 
 void Node::update_subscription() {
   if (!has_parents()) return;
   bool changed = false;
+  if (subscription_widened_) {
+    subscription_widened_ = false;
+    for (auto& [key, v] : cache_.entries()) cache_.set_wanted(*cache_.find(key), nullptr);
+    changed = true;
+  }
   if (children_->take_tensors_changed()) {
     TensorSubset wanted = wanted_tensors();
     if (wanted != subscription_) {
@@ -69,7 +82,7 @@ void Node::update_subscription() {
         const bool was_complete = cached.complete();
         cache_.set_wanted(cached, wanted_layout(v.manifest));
         // Narrowed, a version may now be whole here: a store-and-forward relay sends it on.
-        if (!was_complete && cached.complete() && config_.serve_children && config_.store_and_forward) forward_whole(cached);
+        if (!was_complete && cached.complete() && config_.serve_children && config_.store_and_forward) children_->forward_whole(cached);
       }
       changed = true;
     }
@@ -309,14 +322,17 @@ bool Node::on_timestamp(UpstreamLink& link, const SharedBytes& bytes) {
 // A parent is stale when it keeps speaking (heartbeats) without a fresh statement for
 // parent_timeout_ms: cut off from the origin, or replaying. One that says nothing for itself
 // meanwhile is busy sending what it queued before (its heartbeats wait behind the chunks; a
-// silent one is the silence check's): it is given up to freshness_ms_max.
+// silent one is the silence check's): it is given kQuietParentTimeouts parent timeouts, within
+// freshness_ms_max.
 void Node::check_parents_fresh(std::uint64_t now) {
   if (!fresh_->verifying()) return;
-  const std::uint64_t quiet_ms_max = std::max(config_.timing.parent_timeout_ms, config_.freshness_ms_max);
+  constexpr std::uint64_t kQuietParentTimeouts = 10;
+  const std::uint64_t parent_timeout_ms = config_.timing.parent_timeout_ms;
+  const std::uint64_t quiet_ms_max = std::max(parent_timeout_ms, std::min(config_.freshness_ms_max, kQuietParentTimeouts * parent_timeout_ms));
   for (const auto& link : *upstreams_) {
     if (!link->welcomed()) continue;
     const std::uint64_t unfresh_ms = link->unfresh_for_ms(), since_ms = now - link->fresh_since_ms();
-    if (unfresh_ms <= config_.timing.parent_timeout_ms && since_ms <= quiet_ms_max) continue;
+    if (unfresh_ms <= parent_timeout_ms && since_ms <= quiet_ms_max) continue;
     ctx_->stats.stale_parents++;
     refuse_parent(*link, "it gave no timestamp statement within freshness_ms_max (" + std::to_string(config_.freshness_ms_max / 1000) +
                              " s) of this host's clock for " + std::to_string(since_ms) + " ms (the newest: " + fresh_->held_age() +

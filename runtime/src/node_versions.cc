@@ -236,14 +236,10 @@ void Node::accept_chunk(PeerId from, const ChunkMsg& m, bool hashes_checked) {
       children_->forward_chunk(*v, m.index);
     } else if (v->complete() && (!v->wanted || v->wanted->chunks[m.index])) {
       // This chunk completed it (one this node does not take leaves it as it was).
-      forward_whole(*v);
+      children_->forward_whole(*v);
     }
   }
   image_->on_chunk(m.key, m.index);
-}
-
-void Node::forward_whole(const CachedVersion& v) {
-  for (std::uint32_t i = 0; i < v.chunks.size(); ++i) children_->forward_chunk(v, i);
 }
 
 void Node::advance() { image_->advance(); }

@@ -47,6 +47,7 @@ std::span<const SettingBound<NodeConfig>> node_limit_bounds() {
       DC_SETTING(NodeConfig, "run_clock_skew_ms_max", run_clock_skew_ms_max, kSecondMs, kDayMs, false),
       DC_SETTING(NodeConfig, "freshness_ms_max", freshness_ms_max, kSecondMs, kDayMs, false),
       DC_SETTING(NodeConfig, "timestamp_interval_ms", timestamp_interval_ms, 10, 60 * kSecondMs, false),
+      DC_SETTING(NodeConfig, "tensor_match_ms_max", tensor_match_ms_max, 0, 60 * kSecondMs, false),
       DC_SETTING(NodeConfig, "reconnect_backoff_ms_max", reconnect_backoff_ms_max, 500, kDayMs, false),
       DC_SETTING(NodeConfig, "check_bytes_in_flight_max", check_bytes_in_flight_max, MiB, TiB, true),
   };

@@ -5,12 +5,14 @@ namespace deltacast::runtime {
 SubsetMemo::PerManifest& SubsetMemo::entry(const std::shared_ptr<const Manifest>& manifest) {
   if (auto it = manifests_.find(manifest.get()); it != manifests_.end()) {
     if (it->second.manifest.lock() == manifest) return it->second;
+    layouts_ -= it->second.layouts.size();
     manifests_.erase(it);  // another manifest at the same address
   }
-  if (manifests_.size() >= kManifestsMax) {
-    std::erase_if(manifests_, [](const auto& e) { return e.second.manifest.expired(); });
-    if (manifests_.size() >= kManifestsMax) manifests_.clear();
-  }
+  std::erase_if(manifests_, [this](const auto& e) {
+    if (!e.second.manifest.expired()) return false;
+    layouts_ -= e.second.layouts.size();
+    return true;
+  });
   return manifests_[manifest.get()] = PerManifest{manifest, tensor_names_digest(*manifest), {}};
 }
 
@@ -20,14 +22,14 @@ std::shared_ptr<const std::vector<bool>> SubsetMemo::matches(const Manifest& man
   if (auto it = matches_.find(key); it != matches_.end() && (it->second || from_peers)) return it->second;
   if (matches_.size() >= kMatchListsMax) matches_.clear();
   match_passes_++;
-  auto matched = match_tensors(manifest, subset, from_peers ? kPeerMatchMsMax : kNoTimeLimit);
+  auto matched = match_tensors(manifest, subset, from_peers ? peer_match_ms_max_ : kNoTimeLimit);
   std::shared_ptr<const std::vector<bool>> kept;
   if (matched) {
     kept = std::make_shared<const std::vector<bool>>(std::move(*matched));
   } else {
     matches_cut_short_++;
     warn_("tensor patterns from peers (" + std::to_string(subset.patterns.size()) + " of them) took more than " +
-          std::to_string(kPeerMatchMsMax) + " ms to match against the model's " + std::to_string(manifest.tensors.size()) +
+          std::to_string(peer_match_ms_max_) + " ms to match against the model's " + std::to_string(manifest.tensors.size()) +
           " tensor names: they take every chunk");
   }
   matches_[std::move(key)] = kept;
@@ -39,10 +41,12 @@ std::shared_ptr<const SubsetLayout> SubsetMemo::layout(const std::shared_ptr<con
   PerManifest& per = entry(manifest);
   if (auto it = per.layouts.find(subset.patterns); it != per.layouts.end() && (it->second || from_peers)) return it->second;
   const auto matched = matches(*manifest, per.names, subset, from_peers);
-  // Layouts per manifest are as many as the distinct subsets of this node and its children.
-  if (per.layouts.size() >= kMatchListsMax) per.layouts.clear();
   auto layout = matched ? std::make_shared<const SubsetLayout>(subset_layout(*manifest, *matched)) : nullptr;
-  per.layouts[subset.patterns] = layout;
+  if (layouts_ >= kLayoutsMax) {  // more distinct subsets than any fleet has: start again
+    for (auto& [address, m] : manifests_) m.layouts.clear();
+    layouts_ = 0;
+  }
+  if (per.layouts.insert_or_assign(subset.patterns, layout).second) layouts_++;
   return layout;
 }
 

@@ -18,18 +18,18 @@ namespace deltacast::runtime {
 
 class SubsetMemo {
  public:
-  // Manifests and tensor match lists kept, at most: past either, those of manifests gone go,
-  // then all.
-  static constexpr std::size_t kManifestsMax = 256;
-  static constexpr std::size_t kMatchListsMax = 256;
-  // How long patterns from peers (a child's, a relay's union of them) may take to match against
-  // one list of names, on the event loop; past it they take every chunk (said once, as a
-  // warning). Glob matching is slow in the worst case: 1024 patterns with a few `*` and `[...]`
-  // can take most of a minute against a 47k-tensor MoE model.
-  static constexpr std::uint64_t kPeerMatchMsMax = 200;
-
-  explicit SubsetMemo(std::function<void(const std::string&)> warn) : warn_(std::move(warn)) {}
-  // Null for a subset of every tensor (every chunk). `from_peers`: bounded by kPeerMatchMsMax
+  // Layouts (of all manifests together) and tensor match lists kept, at most: past either, all
+  // go. Those of manifests gone go as each new manifest comes.
+  static constexpr std::size_t kLayoutsMax = 256;
+  static constexpr std::size_t kMatchListsMax = 64;
+  // `peer_match_ms_max` (NodeConfig::tensor_match_ms_max): how long patterns from peers (a
+  // child's, a relay's union of them) may take to match against one list of names, on the event
+  // loop; past it they take every chunk (said once, as a warning). Glob matching is slow in the
+  // worst case: 1024 patterns with a few `*` and `[...]` can take most of a minute against a
+  // 47k-tensor MoE model.
+  SubsetMemo(std::uint64_t peer_match_ms_max, std::function<void(const std::string&)> warn)
+      : peer_match_ms_max_(peer_match_ms_max), warn_(std::move(warn)) {}
+  // Null for a subset of every tensor (every chunk). `from_peers`: bounded by peer_match_ms_max
   // (a node's own configured tensors are matched however long it takes).
   std::shared_ptr<const SubsetLayout> layout(const std::shared_ptr<const Manifest>& manifest, const TensorSubset& subset, bool from_peers);
   std::size_t size() const { return manifests_.size(); }
@@ -50,8 +50,10 @@ class SubsetMemo {
   // Null: the match was cut short (every tensor taken).
   std::shared_ptr<const std::vector<bool>> matches(const Manifest& manifest, const Digest& names, const TensorSubset& subset, bool from_peers);
 
+  std::uint64_t peer_match_ms_max_;
   std::function<void(const std::string&)> warn_;
   std::map<const Manifest*, PerManifest> manifests_;
+  std::size_t layouts_ = 0;  // in manifests_, all together
   std::map<std::pair<Digest, Patterns>, std::shared_ptr<const std::vector<bool>>> matches_;
   std::uint64_t match_passes_ = 0, matches_cut_short_ = 0;
 };

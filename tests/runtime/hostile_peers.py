@@ -1454,7 +1454,10 @@ def case_huge_forged_manifest(t):
     manifest = header + tables + varint(n) + entry * n + struct.pack("<QQ", 0, checksum) + os.urandom(32) + os.urandom(64)
     fake = t.sock(zmq.ROUTER)
     fake.bind(t.ep(0))
-    w = t.start("worker", "worker", "--id", "w1", "--trust-key", pub, "--parent", t.ep(0), "--parent", t.ep(1))
+    # The forged parent alone first: the CPU measured is what the forged manifests cost, not the
+    # real versions (an anchor decoded under a sanitizer takes a second). Then one that fails
+    # over to the real origin.
+    w = t.start("worker", "worker", "--id", "w1", "--trust-key", pub, "--parent", t.ep(0))
     t.require(wait_until(lambda: w.rss() is not None, 5), "the worker did not start")
     time.sleep(0.5)
     cpu0, rss0 = w.stat()
@@ -1462,7 +1465,8 @@ def case_huge_forged_manifest(t):
     while time.time() - t0 < 6.0:
         if fake.poll(50):
             frames = fake.recv_multipart()
-            if len(frames) >= 2 and parse_env(frames[1]).WhichOneof("body") == "hello":
+            # Once: the CPU bound is for one forged manifest (the worker comes back after its back-off).
+            if served == 0 and len(frames) >= 2 and parse_env(frames[1]).WhichOneof("body") == "hello":
                 fake.send_multipart([frames[0], m_welcome(1)])
                 fake.send_multipart([frames[0], m_manifest(1, True, published_us=int(time.time() * 1e6)), manifest])
                 served += 1
@@ -1476,8 +1480,17 @@ def case_huge_forged_manifest(t):
     t.expect(re.search(r"manifest of v1/anchor: .*checksum", w.log()) is None, "the worker parsed the forged manifest's tables")
     t.expect(cpu < 1.5, "the worker spent %.2f s of CPU on a forged manifest" % cpu)
     t.expect(peak < rss0 + (400 << 20), "the forged manifest took the worker from %.0f to %.0f MB" % (rss0 / 1e6, peak / 1e6))
-    t.expect(w.wait_log(r"version 4 ready", 30) is not None, "the worker did not get version 4 from the real origin")
-    check_versions(t, w, 4, s["expected"])
+    w.kill()
+    w2 = t.start("worker2", "worker", "--id", "w2", "--trust-key", pub, "--parent", t.ep(0), "--parent", t.ep(1))
+    deadline = time.time() + 30
+    while time.time() < deadline and w2.wait_log(r"version 4 ready", 0.1) is None:
+        if fake.poll(50):
+            frames = fake.recv_multipart()
+            if len(frames) >= 2 and parse_env(frames[1]).WhichOneof("body") == "hello":
+                fake.send_multipart([frames[0], m_welcome(1)])
+                fake.send_multipart([frames[0], m_manifest(1, True, published_us=int(time.time() * 1e6)), manifest])
+    t.expect(w2.wait_log(r"version 4 ready", 1) is not None, "the worker did not get version 4 from the real origin")
+    check_versions(t, w2, 4, s["expected"])
 
 
 # Run as `python3 -c SCRAPERS PORT CLIENTS SECONDS`: CLIENTS threads GET /metrics until SECONDS

@@ -44,6 +44,12 @@ void watch_subset(Node& worker, const Series& s, const TensorSubset& t, std::vec
   });
 }
 
+NodeConfig store_and_forward_relay(const std::string& id, std::vector<std::string> parents) {
+  NodeConfig c = relay_config(id, std::move(parents));
+  c.store_and_forward = true;
+  return c;
+}
+
 // Payload bytes of the chunks `t` takes of version `ev`.
 std::uint64_t subset_payload(const EncodedVersion& ev, const TensorSubset& t) { return subset_layout(ev.manifest, t).payload_bytes; }
 
@@ -198,7 +204,7 @@ TEST_CASE("a child that subscribes again and again is dropped; a relay whose chi
 TEST_CASE("tensor names are matched against a subset once per run, and peers' patterns only for so long", "[runtime][subsets]") {
   Series s(4);
   std::vector<std::string> warnings;
-  SubsetMemo memo([&](const std::string& w) { warnings.push_back(w); });
+  SubsetMemo memo(/*peer_match_ms_max=*/200, [&](const std::string& w) { warnings.push_back(w); });
   const TensorSubset l0 = subset({"model.layers.0.*"}), l1 = subset({"model.layers.1.*"});
   for (std::uint64_t v = 2; v <= 4; ++v) {
     auto m = std::make_shared<const Manifest>(s.delta(v).manifest);
@@ -379,9 +385,7 @@ TEST_CASE("a store-and-forward relay sends a subset child each version once, how
   FakeNet net;
   Node& origin = net.add(origin_config());
   REQUIRE(origin.publish(s.anchor(1)).is_ok());
-  NodeConfig rc = relay_config("relay", {"origin"});
-  rc.store_and_forward = true;
-  net.add(rc);
+  net.add(store_and_forward_relay("relay", {"origin"}));
   // The relay's Subscribe stays on its way: the origin sends it every chunk, as to a relay
   // without children, and the chunks of other tensors come after w0's version is whole here.
   net.hold = [](const std::string& from, const std::string&, const Message& m) { return from == "relay" && std::holds_alternative<Subscribe>(m); };
@@ -426,4 +430,49 @@ TEST_CASE("a relay whose children all left keeps taking what they took", "[runti
   net.run_for(1000);
   const std::uint64_t slack = serialize_manifest(ev.manifest).size() + 64 * ev.manifest.chunks.size() + 1024;
   CHECK(net.bytes_sent_to("relay") - before <= subset_payload(ev, l0) + slack);
+}
+
+TEST_CASE("a store-and-forward relay whose children's union takes too long to match takes every tensor, and says so upstream", "[runtime][subsets]") {
+  Series s(3);
+  FakeNet net;
+  Node& origin = net.add(origin_config());
+  REQUIRE(origin.publish(s.anchor(1)).is_ok());
+  NodeConfig rc = store_and_forward_relay("relay", {"origin"});
+  rc.tensor_match_ms_max = 0;  // every match of peers' patterns is cut short here; the origin's are not
+  Node& relay = net.add(rc);
+  const TensorSubset l0 = subset({"model.layers.0.*"}), l1 = subset({"model.layers.1.*"});
+  std::vector<std::uint64_t> seen0, seen1;
+  int bad = 0;
+  watch_subset(net.add(subset_worker("w0", {"relay"}, l0.patterns)), s, l0, seen0, bad);
+  watch_subset(net.add(subset_worker("w1", {"relay"}, l1.patterns)), s, l1, seen1, bad);
+  REQUIRE(net.run_until([&] { return all_at(net, {"w0", "w1"}, 1); }));
+  const std::uint64_t before = net.bytes_sent_to("relay");
+  const EncodedVersion ev = s.delta(2);
+  REQUIRE(origin.publish(ev).is_ok());
+  // Told the union's patterns, the origin would send their chunks only, and the relay, wanting
+  // every chunk, would wait for the rest for good.
+  CHECK(net.run_until([&] { return all_at(net, {"w0", "w1"}, 2); }, 20000));
+  CHECK(net.bytes_sent_to("relay") - before >= ev.manifest.payload_bytes_total());
+  CHECK(relay.cache().find({2, false})->complete());
+  CHECK(bad == 0);
+}
+
+TEST_CASE("a store-and-forward relay that widens for a new child sends its other children nothing twice", "[runtime][subsets]") {
+  Series s(3);
+  FakeNet net;
+  Node& origin = net.add(origin_config());
+  REQUIRE(origin.publish(s.anchor(1)).is_ok());
+  net.add(store_and_forward_relay("relay", {"origin"}));
+  const TensorSubset l0 = subset({"model.layers.0.*"}), l1 = subset({"model.layers.1.*"});
+  net.add(subset_worker("w0", {"relay"}, l0.patterns));
+  REQUIRE(net.run_until([&] { return all_at(net, {"w0"}, 1); }));
+  REQUIRE(origin.publish(s.delta(2)).is_ok());
+  REQUIRE(net.run_until([&] { return all_at(net, {"w0"}, 2); }));
+  net.run_for(1000);
+  // w1 joins: the relay's cached versions lack layer 1, fetch it and are whole again.
+  const std::uint64_t before = net.bytes_sent_to("w0");
+  net.add(subset_worker("w1", {"relay"}, l1.patterns));
+  REQUIRE(net.run_until([&] { return all_at(net, {"w1"}, 2); }));
+  net.run_for(1000);
+  CHECK(net.bytes_sent_to("w0") - before < 4096);  // heartbeats, not chunks it has
 }

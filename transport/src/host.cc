@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <ctime>
 #include <future>
 #include <mutex>
 #include <optional>
@@ -45,6 +46,12 @@ struct NodeHost::Impl final : TaskRunner {
   uv_loop_t loop{};
   uv_timer_t tick_timer{};
   std::uint64_t last_tick_ms = 0;  // loop time of the last tick
+  std::uint64_t last_tick_cpu_ms = 0;  // the loop thread's CPU time then
+  static std::uint64_t thread_cpu_ms() {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<std::uint64_t>(ts.tv_sec) * 1000 + static_cast<std::uint64_t>(ts.tv_nsec) / 1'000'000;
+  }
   // A gap between ticks longer than this (and 4 ticks) is a stalled loop (Node::on_loop_stalled).
   static constexpr std::uint64_t kLoopStallMs = 500;
   uv_prepare_t prepare{};
@@ -273,10 +280,11 @@ struct NodeHost::Impl final : TaskRunner {
           auto* self = static_cast<Impl*>(t->data);
           // A loop that ran nothing for a while (a long allocation on it, a slow callback) has
           // not read what peers sent meanwhile: the node must not take that for silence.
-          const std::uint64_t now = uv_now(t->loop);
+          const std::uint64_t now = uv_now(t->loop), cpu = thread_cpu_ms();
           if (self->last_tick_ms != 0 && now - self->last_tick_ms > std::max<std::uint64_t>(kLoopStallMs, 4 * self->config.tick_ms))
-            self->node->on_loop_stalled(now - self->last_tick_ms);
+            self->node->on_loop_stalled(now - self->last_tick_ms, cpu - self->last_tick_cpu_ms);
           self->last_tick_ms = now;
+          self->last_tick_cpu_ms = cpu;
           self->node->tick();
           self->links->close_idle_connections();
           self->trim_heap(now);

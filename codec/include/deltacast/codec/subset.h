@@ -44,8 +44,8 @@ Status validate_subset(const TensorSubset& subset);
 TensorSubset subset_union(const TensorSubset& a, const TensorSubset& b);
 // "every tensor", or the patterns joined by ", ".
 std::string to_string(const TensorSubset& subset);
-// 0 for every tensor, else an XXH3-64 of the (normalized) patterns: what a saved version was
-// saved for.
+// 0 for every tensor, else an XXH3-64 of the patterns, sorted and unique: what a saved version
+// was saved for.
 std::uint64_t subset_digest(const TensorSubset& subset);
 
 // What a subset takes of one manifest.

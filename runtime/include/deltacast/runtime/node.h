@@ -79,8 +79,10 @@ class Node {
   // The driver's loop did not run for `stalled_ms` (a long allocation, a slow callback), so
   // what parents and children sent meanwhile is still waiting to be read: those `stalled_ms`
   // do not count as their silence (what came before still does), and a busy node does not
-  // leave a parent that is fine. Call before tick().
-  void on_loop_stalled(std::uint64_t stalled_ms);
+  // leave a parent that is fine. `ran_ms`: CPU time the loop's thread had meanwhile, if known
+  // (less than half the gap: the host starved it, or a call blocked; said so, apart from a
+  // loop busy with work of its own). Call before tick().
+  void on_loop_stalled(std::uint64_t stalled_ms, std::optional<std::uint64_t> ran_ms = std::nullopt);
   // The transport gave up messages `from` sent without closing the link (a striped link whose
   // reorder buffer skipped a gap, or a message whose parts did not all come). From a parent:
   // the missing chunks of every incomplete version are asked for again at once, with
@@ -192,8 +194,6 @@ class Node {
   // chunks and the parents are told (Subscribe).
   TensorSubset wanted_tensors() const;
   void update_subscription();
-  // Store-and-forward: sends every chunk of a version now whole here to the children subscribed.
-  void forward_whole(const CachedVersion& v);
   // What this node takes of a version: its subscription's chunks (null: every chunk).
   std::shared_ptr<const SubsetLayout> wanted_layout(const std::shared_ptr<const Manifest>& manifest);
   // Asks for an anchor newer than `newer_than` (what the asker holds; it cannot use older ones).
@@ -204,7 +204,8 @@ class Node {
   // one held, and a version waiting for it exposed. False if the parent was dropped for it
   // (malformed, untrusted, or a run older than one this node knows: a replay).
   bool on_timestamp(UpstreamLink& link, const SharedBytes& bytes);
-  // A parent that gave no fresh statement for parent_timeout_ms since it welcomed this node is
+  // A parent whose heartbeats carried no fresh statement for parent_timeout_ms since it welcomed
+  // this node (or that gave none for ten parent timeouts, its heartbeats behind its chunks) is
   // cut off from the origin, or replays: dropped, with back-off.
   void check_parents_fresh(std::uint64_t now_ms);
   // Drops a parent whose versions this node refuses (a replay, wrong key, stale): the link
@@ -263,6 +264,7 @@ class Node {
   FleetLedger ledger_;                       // origin
 
   TensorSubset subscription_;  // wanted_tensors() as the parents were last told
+  bool subscription_widened_ = false;  // matching it was cut short: every tensor, set_wanted pending
   std::uint64_t parent_newest_ = 0;
   std::uint64_t last_heartbeat_ms_ = 0;
   std::uint64_t last_need_ms_ = 0;

@@ -166,6 +166,9 @@ struct NodeConfig {
   // origin and workers must agree to well within it.
   std::uint64_t freshness_ms_max = 120000;
   std::uint64_t timestamp_interval_ms = 1000;
+  // How long tensor patterns from peers (a child's, a relay's union of its children's) may take
+  // to match against one list of tensor names on the event loop; past it they take every chunk.
+  std::uint64_t tensor_match_ms_max = 200;
   // A parent dropped for what it sent (a replayed run, versions this node refuses, statements
   // too old) is tried again after a back-off that doubles from 500 ms up to this.
   std::uint64_t reconnect_backoff_ms_max = 60000;

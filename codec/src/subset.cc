@@ -4,8 +4,8 @@
 #include <xxhash.h>
 
 #include <algorithm>
-#include <chrono>
 
+#include "deltacast/codec/hash.h"
 #include "deltacast/common/check.h"
 #include "deltacast/common/text.h"
 
@@ -68,35 +68,30 @@ std::uint64_t subset_digest(const TensorSubset& subset) {
   if (subset.all()) return 0;
   TensorSubset sorted = subset;  // the same patterns in any order are the same subset
   sorted.normalize();
-  XXH3_state_t* state = XXH3_createState();
-  DC_CHECK(state != nullptr, "out of memory for a hash state");
-  XXH3_64bits_reset(state);
+  Hasher64 h;
   for (const auto& p : sorted.patterns) {
-    const std::uint64_t n = p.size();
-    XXH3_64bits_update(state, &n, sizeof n);
-    XXH3_64bits_update(state, p.data(), p.size());
+    const std::uint64_t n = p.size();  // lengths too: no two pattern lists run together alike
+    h.update(&n, sizeof n);
+    h.update(p.data(), p.size());
   }
-  const std::uint64_t h = XXH3_64bits_digest(state);
-  XXH3_freeState(state);
-  return h == 0 ? 1 : h;
+  const std::uint64_t d = h.digest();
+  return d == 0 ? 1 : d;
 }
 
-std::optional<std::vector<bool>> match_tensors(const Manifest& m, const TensorSubset& subset, std::uint64_t time_ms_max) {
-  using Clock = std::chrono::steady_clock;
-  const bool timed = time_ms_max != kNoTimeLimit;
-  const Clock::time_point until = timed ? Clock::now() + std::chrono::milliseconds(time_ms_max) : Clock::time_point::max();
+std::optional<std::vector<bool>> match_tensors(const Manifest& m, const TensorSubset& subset, const std::function<bool()>& go_on) {
   std::vector<bool> matched(m.tensors.size(), subset.all());
   if (subset.all()) return matched;
-  if (time_ms_max == 0 && !m.tensors.empty()) return std::nullopt;
-  constexpr std::size_t kNamesBetweenChecks = 64;
+  constexpr std::size_t kNamesBetweenAsks = 64;
   for (std::size_t t = 0; t < m.tensors.size(); ++t) {
-    if (timed && t % kNamesBetweenChecks == 0 && Clock::now() > until) return std::nullopt;
+    if (t % kNamesBetweenAsks == 0 && !go_on()) return std::nullopt;
     matched[t] = subset.matches(m.tensors[t].name);
   }
   return matched;
 }
 
-std::vector<bool> match_tensors(const Manifest& m, const TensorSubset& subset) { return *match_tensors(m, subset, kNoTimeLimit); }
+std::vector<bool> match_tensors(const Manifest& m, const TensorSubset& subset) {
+  return *match_tensors(m, subset, [] { return true; });
+}
 
 namespace {
 

@@ -29,7 +29,7 @@ class NodeContext {
   Transport& transport;
   Clock& clock;
   NodeStats stats;
-  SubsetMemo subsets{config.tensor_match_ms_max, [this](const std::string& message) { log(LogLevel::kWarn, message); }};
+  SubsetMemo subsets{clock, config.tensor_match_ms_max, [this](const std::string& message) { log(LogLevel::kWarn, message); }};
   std::function<void(LogLevel, const std::string&)> on_log;
 
  private:

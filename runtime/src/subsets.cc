@@ -22,7 +22,8 @@ std::shared_ptr<const std::vector<bool>> SubsetMemo::matches(const Manifest& man
   if (auto it = matches_.find(key); it != matches_.end() && (it->second || from_peers)) return it->second;
   if (matches_.size() >= kMatchListsMax) matches_.clear();
   match_passes_++;
-  auto matched = match_tensors(manifest, subset, from_peers ? peer_match_ms_max_ : kNoTimeLimit);
+  const std::uint64_t until_ms = clock_.now_ms() + peer_match_ms_max_;
+  auto matched = match_tensors(manifest, subset, [&] { return !from_peers || (peer_match_ms_max_ > 0 && clock_.now_ms() <= until_ms); });
   std::shared_ptr<const std::vector<bool>> kept;
   if (matched) {
     kept = std::make_shared<const std::vector<bool>>(std::move(*matched));

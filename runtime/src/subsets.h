@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "deltacast/codec/subset.h"
+#include "deltacast/runtime/interfaces.h"
 
 namespace deltacast::runtime {
 
@@ -22,13 +23,13 @@ class SubsetMemo {
   // go. Those of manifests gone go as each new manifest comes.
   static constexpr std::size_t kLayoutsMax = 256;
   static constexpr std::size_t kMatchListsMax = 64;
-  // `peer_match_ms_max` (NodeConfig::tensor_match_ms_max): how long patterns from peers (a
-  // child's, a relay's union of them) may take to match against one list of names, on the event
-  // loop; past it they take every chunk (said once, as a warning). Glob matching is slow in the
+  // `peer_match_ms_max` (NodeConfig::tensor_match_ms_max): how long, on the node's `clock`,
+  // patterns from peers (a child's, a relay's union of them) may take to match against one list
+  // of names on the event loop; past it they take every chunk (said once, as a warning). Glob matching is slow in the
   // worst case: 1024 patterns with a few `*` and `[...]` can take most of a minute against a
   // 47k-tensor MoE model.
-  SubsetMemo(std::uint64_t peer_match_ms_max, std::function<void(const std::string&)> warn)
-      : peer_match_ms_max_(peer_match_ms_max), warn_(std::move(warn)) {}
+  SubsetMemo(const Clock& clock, std::uint64_t peer_match_ms_max, std::function<void(const std::string&)> warn)
+      : clock_(clock), peer_match_ms_max_(peer_match_ms_max), warn_(std::move(warn)) {}
   // Null for a subset of every tensor (every chunk). `from_peers`: bounded by peer_match_ms_max
   // (a node's own configured tensors are matched however long it takes).
   std::shared_ptr<const SubsetLayout> layout(const std::shared_ptr<const Manifest>& manifest, const TensorSubset& subset, bool from_peers);
@@ -50,6 +51,7 @@ class SubsetMemo {
   // Null: the match was cut short (every tensor taken).
   std::shared_ptr<const std::vector<bool>> matches(const Manifest& manifest, const Digest& names, const TensorSubset& subset, bool from_peers);
 
+  const Clock& clock_;
   std::uint64_t peer_match_ms_max_;
   std::function<void(const std::string&)> warn_;
   std::map<const Manifest*, PerManifest> manifests_;

@@ -11,6 +11,7 @@
 using namespace deltacast;
 using namespace deltacast::test;
 using deltacast::runtime::ChildServer;
+using deltacast::runtime::Clock;
 using deltacast::runtime::SubsetMemo;
 
 namespace {
@@ -204,7 +205,12 @@ TEST_CASE("a child that subscribes again and again is dropped; a relay whose chi
 TEST_CASE("tensor names are matched against a subset once per run, and peers' patterns only for so long", "[runtime][subsets]") {
   Series s(4);
   std::vector<std::string> warnings;
-  SubsetMemo memo(/*peer_match_ms_max=*/200, [&](const std::string& w) { warnings.push_back(w); });
+  // A clock a millisecond later each time it is read: matching costs time, and the same every run.
+  struct SteppingClock : Clock {
+    mutable std::uint64_t ms = 0;
+    std::uint64_t now_ms() const override { return ms++; }
+  } clock;
+  SubsetMemo memo(clock, /*peer_match_ms_max=*/200, [&](const std::string& w) { warnings.push_back(w); });
   const TensorSubset l0 = subset({"model.layers.0.*"}), l1 = subset({"model.layers.1.*"});
   for (std::uint64_t v = 2; v <= 4; ++v) {
     auto m = std::make_shared<const Manifest>(s.delta(v).manifest);

@@ -9,6 +9,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -63,10 +64,10 @@ SubsetLayout subset_layout(const Manifest& m, const TensorSubset& subset);
 // against every pattern; the same for every manifest of the same tensor names, in order), then
 // the chunks that cover them (a sweep over both tables).
 std::vector<bool> match_tensors(const Manifest& m, const TensorSubset& subset);
-// The same within `time_ms_max` (nothing past it; kNoTimeLimit: however long): patterns a peer
-// sends can cost seconds of matching against a large model's names.
-inline constexpr std::uint64_t kNoTimeLimit = ~std::uint64_t{0};
-std::optional<std::vector<bool>> match_tensors(const Manifest& m, const TensorSubset& subset, std::uint64_t time_ms_max);
+// The same while `go_on()` says so (asked before every 64 names; nothing once it says no):
+// patterns a peer sends can cost seconds of matching against a large model's names, and the
+// caller's clock decides how long that may take.
+std::optional<std::vector<bool>> match_tensors(const Manifest& m, const TensorSubset& subset, const std::function<bool()>& go_on);
 SubsetLayout subset_layout(const Manifest& m, const std::vector<bool>& matched);
 // A 128-bit digest (XXH3) of m's tensor names in order: manifests with the same one have the
 // same match_tensors for every subset.

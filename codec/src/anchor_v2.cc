@@ -181,7 +181,7 @@ Status read_lengths(std::uint32_t first, ByteSpan bitmap, ByteSpan nibbles, std:
 
 }  // namespace
 
-std::size_t encode(const std::uint8_t* v, std::size_t n, Bytes& bits, Bytes& low, Bytes& out) {
+std::size_t encode(const std::uint8_t* v, std::size_t n, ScratchBytes& bits, ScratchBytes& low, Bytes& out) {
   // Values are loaded with memcpy: a BF16 segment may start at any byte of the image.
   auto value = [v](std::size_t i) { return load_u16(v + 2 * i); };
   const std::size_t at = out.size();

@@ -32,7 +32,7 @@ inline std::uint64_t stream_values(std::uint64_t n, int q) { return stream_first
 // to `out`: code table, stream lengths, bitstreams. Leaves the packed low fields, low_bytes(n)
 // of them, in `low` for the caller to write as the section's `low` stream. `bits`: working
 // memory (grows to 1.5n + 64 bytes). Returns the coded part's size.
-std::size_t encode(const std::uint8_t* v, std::size_t n, Bytes& bits, Bytes& low, Bytes& out);
+std::size_t encode(const std::uint8_t* v, std::size_t n, ScratchBytes& bits, ScratchBytes& low, Bytes& out);
 
 // A section as it sits in a payload, parsed and its code table checked, but not decoded.
 struct Section {

@@ -16,7 +16,8 @@ namespace deltacast::chunk_internal {
 
 // Grows an encoder's or decoder's scratch buffer without shrinking it, so steady-state encoding and
 // decoding allocate nothing.
-inline std::uint8_t* scratch(Bytes& buf, std::size_t bytes) {
+template <typename Buffer>
+inline std::uint8_t* scratch(Buffer& buf, std::size_t bytes) {
   if (buf.size() < bytes) buf.resize(bytes);
   return buf.data();
 }

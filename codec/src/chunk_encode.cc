@@ -19,10 +19,10 @@ using namespace chunk_internal;
 struct ChunkEncoder::State {
   StreamEncoder streams;
   bf16v2::EncodeScratch v2;
-  Bytes pos, val, exc, xor_bytes, shuffled, exponents, sign_mantissa;
+  ScratchBytes pos, val, exc, xor_bytes, shuffled, exponents, sign_mantissa;
   std::size_t bytes() const {
     std::size_t b = streams.scratch_bytes() + v2.bytes();
-    for (const Bytes* x : {&pos, &val, &exc, &xor_bytes, &shuffled, &exponents, &sign_mantissa}) b += x->capacity();
+    for (const ScratchBytes* x : {&pos, &val, &exc, &xor_bytes, &shuffled, &exponents, &sign_mantissa}) b += x->capacity();
     return b;
   }
 };
@@ -267,6 +267,9 @@ Result<Bytes> ChunkEncoder::encode_delta(std::span<const Segment> segments, Byte
     hashes->content = next_hash->digest();
   }
   trim();
+  // Payloads are kept (a publisher's until they are sent, a cache's for catch-up): not the room
+  // reserved for them.
+  if (best.capacity() - best.size() > best.size() / 4 + 4096) best.shrink_to_fit();
   return best;
 }
 

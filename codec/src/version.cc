@@ -40,6 +40,15 @@ Status run_chunks(Executor& executor, std::size_t count, const std::function<Sta
 
 namespace {
 
+// The chunk options a version is encoded with: anchor v2 chunks need manifest format 4, which
+// has state hashes, so with xxh3 chunk hashes (formats 1 and 2) anchors are v1.
+ChunkEncodeOptions chunk_options_for(const VersionEncodeOptions& options, bool delta) {
+  ChunkEncodeOptions o = options.chunk;
+  const bool v2_anchor = std::ranges::find(o.anchor_kinds, ChunkKind::kAnchorV2) != o.anchor_kinds.end();
+  if (!delta && v2_anchor && options.hash_scheme != ChunkHashScheme::kState) o.anchor_kinds = {ChunkKind::kAnchorV1};
+  return o;
+}
+
 // Where a version's new bytes come from: the whole image, or a reader a chunk at a time, written
 // over `write_back` (the base of a delta made in place) once the chunk is encoded.
 struct NextSource {
@@ -81,12 +90,8 @@ Result<EncodedVersion> encode_from(const ModelLayout& layout, std::uint64_t vers
   m.tensors = layout.tensors;
   m.parts = layout.parts;
   m.hash_scheme = options.hash_scheme;
-  // Anchor v2 chunks need manifest format 4, which has state hashes: with xxh3 chunk hashes
-  // (formats 1 and 2) anchors are v1.
-  ChunkEncodeOptions chunk_options = options.chunk;
-  const bool v2_anchor = std::ranges::find(chunk_options.anchor_kinds, ChunkKind::kAnchorV2) != chunk_options.anchor_kinds.end();
-  if (!delta && v2_anchor && m.hash_scheme != ChunkHashScheme::kState) chunk_options.anchor_kinds = {ChunkKind::kAnchorV1};
-  m.anchor_v2 = !delta && v2_anchor && m.hash_scheme == ChunkHashScheme::kState;
+  const ChunkEncodeOptions chunk_options = chunk_options_for(options, delta);
+  m.anchor_v2 = !delta && std::ranges::find(chunk_options.anchor_kinds, ChunkKind::kAnchorV2) != chunk_options.anchor_kinds.end();
   const auto ranges = plan_chunks(layout.tensors, layout.image_size, options.chunk_bytes, cuts);
   m.chunks.resize(ranges.size());
   ev.payloads.resize(ranges.size());
@@ -99,7 +104,7 @@ Result<EncodedVersion> encode_from(const ModelLayout& layout, std::uint64_t vers
     const auto [off, len] = ranges[i];
     const auto segs = segments_for_range(layout.tensors, off, len);
     // A chunk read through the reader lives in this thread's buffer until it is written back.
-    thread_local Bytes read_buffer;
+    thread_local ScratchBytes read_buffer;
     ByteSpan nb;
     if (next.read) {
       read_buffer.resize(len);
@@ -122,7 +127,7 @@ Result<EncodedVersion> encode_from(const ModelLayout& layout, std::uint64_t vers
     if (options.payload_digest) c.payload_digest = options.payload_digest(*payload);
     c.content_hash = delta ? *h.content : chunk_hash(m.hash_scheme, nb);
     c.base_hash = delta ? *h.base : 0;
-    ev.payloads[i] = std::move(payload).value();
+    if (options.keep_payloads) ev.payloads[i] = std::move(payload).value();
     if (!next.write_back.empty()) std::memcpy(next.write_back.data() + off, nb.data(), len);
     const std::uint64_t d = done.fetch_add(len) + len;
     if (options.progress) options.progress(d, layout.image_size);
@@ -154,6 +159,20 @@ Result<EncodedVersion> encode_version_into(const ModelLayout& layout, std::uint6
   const bool delta = base_version > 0;
   return encode_from(layout, version, base_version, delta, delta ? ByteSpan(image) : ByteSpan{}, NextSource{{}, &read_next, image}, options,
                      executor, encoders);
+}
+
+Result<Bytes> encode_anchor_chunk(const Manifest& manifest, std::size_t index, ByteSpan image, const VersionEncodeOptions& options,
+                                  ChunkEncoder& encoder) {
+  if (manifest.kind != VersionKind::kAnchor) return Status::invalid_argument("not an anchor");
+  if (index >= manifest.chunks.size()) return Status::invalid_argument(chunk_label(index) + ": no such chunk");
+  if (image.size() != manifest.image_size) return Status::invalid_argument("image size does not match the manifest");
+  const ChunkEntry& c = manifest.chunks[index];
+  if (c.offset > image.size() || c.length > image.size() - c.offset) return Status::invalid_argument(chunk_label(index) + ": out of the image");
+  const auto segs = segments_for_range(manifest.tensors, c.offset, c.length);
+  DC_ASSIGN_OR_RETURN(Bytes payload, encoder.encode_anchor(segs, image.subspan(c.offset, c.length), chunk_options_for(options, false), nullptr));
+  if (payload.size() != c.payload_bytes || hash64(payload) != c.payload_hash)
+    return Status::corruption(chunk_label(index) + " made again differs from its manifest: the image is not that version's");
+  return payload;
 }
 
 namespace {

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <mutex>
+#include <shared_mutex>
 #include <thread>
 
 #include "deltacast/common/units.h"
@@ -78,11 +80,13 @@ void Publisher::stop() {
   if (host_) host_->stop();
 }
 
-Status Publisher::publish_encoded(Result<EncodedVersion> ev) {
+Status Publisher::publish_encoded(Result<EncodedVersion> ev, runtime::PayloadSource remake) {
   if (!ev.is_ok()) return ev.status();
   auto shared = std::make_shared<EncodedVersion>(std::move(ev).value());
   for (;;) {
-    Status st = host_->call([&] { return host_->node().publish(std::move(*shared)); });
+    Status st = host_->call([&] {
+      return remake ? host_->node().publish(std::move(*shared), remake) : host_->node().publish(std::move(*shared));
+    });
     // A trainer shard's previous slice may still be on its way to the origin; a refused
     // publish leaves the version as it was, for the next try.
     if (st.code() != StatusCode::kResourceExhausted || interrupted_) return st;
@@ -105,7 +109,41 @@ bool Publisher::take_anchor_request(std::uint64_t version) {
 Status Publisher::publish_anchor() {
   // An anchor published answers the requests made before it that it is new enough for.
   (void)take_anchor_request(version_);
-  return publish_encoded(encode_version(prev_->layout, version_, 0, {}, prev_->image, options_.encode, pool_, &encoders_));
+  if (remakes_anchors() && prev_->image.data() == own_->bytes.data() && own_->version == version_) {
+    // Only this thread writes the image: read without the lock.
+    auto ev = encode_version(prev_->layout, version_, 0, {}, prev_->image, own_anchor_options(), pool_, encoders_.get());
+    if (!ev.is_ok()) return ev.status();
+    runtime::PayloadSource remake = remake_from_own_image(ev->manifest);
+    return publish_encoded(std::move(ev), std::move(remake));
+  }
+  return publish_encoded(encode_version(prev_->layout, version_, 0, {}, prev_->image, options_.encode, pool_, encoders_.get()));
+}
+
+VersionEncodeOptions Publisher::own_anchor_options() const {
+  VersionEncodeOptions o = options_.encode;
+  o.keep_payloads = !remakes_anchors();
+  return o;
+}
+
+runtime::PayloadSource Publisher::remake_from_own_image(const Manifest& manifest) const {
+  return [own = own_, manifest = std::make_shared<const Manifest>(manifest), options = own_anchor_options(),
+          encoders = encoders_](std::uint32_t index) -> Result<runtime::SharedBytes> {
+    // On the loop thread, which must not wait for a version being written.
+    std::shared_lock read(own->mu, std::try_to_lock);
+    if (!read.owns_lock() || own->version != manifest->version)
+      return Status::mismatch("the publisher's image no longer holds version " + std::to_string(manifest->version));
+    DC_ASSIGN_OR_RETURN(Bytes payload, encode_anchor_chunk(*manifest, index, own->bytes, options, *encoders->acquire()));
+    return runtime::share(std::move(payload));
+  };
+}
+
+Status Publisher::wait_outbox_sent() {
+  if (!remakes_anchors()) return Status::ok();
+  while (!host_->call([&] { return host_->node().outbox_empty(); })) {
+    if (interrupted_) return Status::resource_exhausted("interrupted while the previous slice was still being sent");
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return Status::ok();
 }
 
 Result<std::uint64_t> Publisher::publish(Checkpoint next, std::uint64_t number) {
@@ -141,17 +179,17 @@ Result<std::uint64_t> Publisher::publish(Checkpoint next, std::uint64_t number) 
       prev_.reset();  // the image holds parts of two versions: the next one is an anchor
       return st;
     }
-    next = Checkpoint{std::move(next.layout), ByteSpan(*own_image_), own_image_, {}};
+    next = Checkpoint{std::move(next.layout), ByteSpan(own_->bytes), own_, {}};
   } else if (!same_layout) {
     // The first checkpoint, the model changed shape, or numbers were skipped: a new chain
     // starts with an anchor.
     (void)take_anchor_request(version);
-    st = publish_encoded(encode_version(next.layout, version, 0, {}, next.image, options_.encode, pool_, &encoders_));
+    st = publish_encoded(encode_version(next.layout, version, 0, {}, next.image, options_.encode, pool_, encoders_.get()));
     if (st.is_ok()) last_codec_.reset();
   } else {
     CodecDecision codec;
     st = publish_encoded(encode_delta(options_.codec, options_.delivery, next.layout, version, version_, prev_->image, next.image,
-                                      options_.encode, pool_, &encoders_, &codec));
+                                      options_.encode, pool_, encoders_.get(), &codec));
     if (st.is_ok()) last_codec_ = codec;
   }
   if (!st.is_ok()) return st;
@@ -162,17 +200,28 @@ Result<std::uint64_t> Publisher::publish(Checkpoint next, std::uint64_t number) 
 }
 
 Status Publisher::encode_in_place(const Checkpoint& next, std::uint64_t version, bool delta) {
+  // An anchor slice made as it goes out reads the image until it is sent.
+  DC_RETURN_IF_ERROR(wait_outbox_sent());
+  std::unique_lock write(own_->mu);
+  own_->version = 0;
   if (!delta) {
-    own_image_->resize(next.layout.image_size);
-    Status st = publish_encoded(encode_version_into(next.layout, version, 0, *own_image_, next.read, options_.encode, pool_, &encoders_));
+    own_->bytes.resize(next.layout.image_size);
+    auto ev = encode_version_into(next.layout, version, 0, own_->bytes, next.read, own_anchor_options(), pool_, encoders_.get());
+    if (!ev.is_ok()) return ev.status();
+    own_->version = version;
+    write.unlock();
+    runtime::PayloadSource remake = remakes_anchors() ? remake_from_own_image(ev->manifest) : runtime::PayloadSource{};
+    Status st = publish_encoded(std::move(ev), std::move(remake));
     if (st.is_ok()) last_codec_.reset();
     return st;
   }
   // The base is the previous version: in this image unless that one was given whole.
-  if (prev_->image.data() != own_image_->data()) own_image_->assign(prev_->image.begin(), prev_->image.end());
-  auto ev = encode_version_into(next.layout, version, version_, *own_image_, next.read, with_delta_codec(options_.encode, options_.codec),
-                                pool_, &encoders_);
+  if (prev_->image.data() != own_->bytes.data()) own_->bytes.assign(prev_->image.begin(), prev_->image.end());
+  auto ev = encode_version_into(next.layout, version, version_, own_->bytes, next.read, with_delta_codec(options_.encode, options_.codec),
+                                pool_, encoders_.get());
   if (!ev.is_ok()) return ev.status();
+  own_->version = version;
+  write.unlock();
   DC_ASSIGN_OR_RETURN(CodecDecision codec, fixed_codec_decision(*ev, options_.codec, options_.delivery));
   DC_RETURN_IF_ERROR(publish_encoded(std::move(ev)));
   last_codec_ = codec;

@@ -19,6 +19,15 @@ Status Node::publish(EncodedVersion&& ev) {
   return publish_version(std::move(ev.manifest), share_payloads(ev.payloads), ev.payload_digests);
 }
 
+Status Node::publish(EncodedVersion&& ev, PayloadSource remake) {
+  if (!slices_out_->sends_slices()) return Status::invalid_argument("only a trainer shard makes a slice's payloads as they go out");
+  if (!remake) return Status::invalid_argument("a slice without payloads needs a way to make them");
+  if (config_.sign_key && !ev.payload_digests) return Status::invalid_argument("a signed slice without payloads needs their digests");
+  DC_RETURN_IF_ERROR(slices_out_->ready(parent_newest_, VersionKey{ev.manifest.version, ev.manifest.kind == VersionKind::kAnchor}));
+  const std::size_t chunks = ev.manifest.chunks.size();
+  return publish_version(std::move(ev.manifest), std::vector<SharedBytes>(chunks), true, std::move(remake));
+}
+
 Status Node::publish(Manifest m, std::vector<SharedBytes> payloads) { return publish_version(std::move(m), std::move(payloads), false); }
 
 SharedBytes Node::seal_manifest(Manifest& m, const std::vector<SharedBytes>& payloads, bool digests_known) const {
@@ -35,14 +44,14 @@ SharedBytes Node::seal_manifest(Manifest& m, const std::vector<SharedBytes>& pay
   return share(sign_manifest(m, spans, *config_.sign_key));
 }
 
-Status Node::publish_version(Manifest m, std::vector<SharedBytes> payloads, bool digests_known) {
+Status Node::publish_version(Manifest m, std::vector<SharedBytes> payloads, bool digests_known, PayloadSource remake) {
   const VersionKey key{m.version, m.kind == VersionKind::kAnchor};
   if (payloads.size() != m.chunks.size()) return Status::invalid_argument("a version needs one payload per chunk of its manifest");
   if (slices_out_->sends_slices()) {
     // A trainer shard: the slice goes up to the origin, which merges the slices.
     DC_RETURN_IF_ERROR(slices_out_->ready(parent_newest_, key));
     SharedBytes sealed = seal_manifest(m, payloads, digests_known);
-    slices_out_->publish(key, std::move(sealed), std::move(payloads), parent_run_);
+    slices_out_->publish(key, std::move(sealed), std::move(payloads), parent_run_, std::move(remake));
     return Status::ok();
   }
   const std::uint64_t now = ctx_->now_ms();

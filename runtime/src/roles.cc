@@ -67,7 +67,7 @@ std::unique_ptr<Image> make_image(NodeContext& ctx, VersionCache& cache, TaskRun
   return std::make_unique<NoImage>();
 }
 
-void NoSliceOutbox::publish(const VersionKey&, SharedBytes, std::vector<SharedBytes>, const RunId&) {
+void NoSliceOutbox::publish(const VersionKey&, SharedBytes, std::vector<SharedBytes>, const RunId&, PayloadSource) {
   DC_CHECK(false, "a slice published by a node that is not a trainer shard");
 }
 

@@ -95,8 +95,10 @@ class SliceOutbox {
   // newer: publishing it lets the older ones go). `merged` is the newest version the origin
   // says it has.
   virtual Status ready(std::uint64_t merged, const VersionKey& next) = 0;
-  // Sends a slice (manifest sealed in the origin's run `run`) and keeps it until merged.
-  virtual void publish(const VersionKey& key, SharedBytes manifest, std::vector<SharedBytes> payloads, const RunId& run) = 0;
+  // Sends a slice (manifest sealed in the origin's run `run`) and keeps it until merged. With
+  // `remake`, `payloads` is empty and each is made as it goes out (Node::publish).
+  virtual void publish(const VersionKey& key, SharedBytes manifest, std::vector<SharedBytes> payloads, const RunId& run,
+                       PayloadSource remake) = 0;
   // A new link to the origin, in its run `run`: every slice not merged goes again, whole. Slices
   // sealed in another run (the origin restarted) are sealed again in this one by `reseal` first.
   virtual void on_welcome(std::uint64_t merged, const RunId& run, const std::function<SharedBytes(const SharedBytes&)>& reseal) = 0;
@@ -117,7 +119,7 @@ class NoSliceOutbox final : public SliceOutbox {
  public:
   bool sends_slices() const override { return false; }
   Status ready(std::uint64_t, const VersionKey&) override { return Status::ok(); }
-  void publish(const VersionKey&, SharedBytes, std::vector<SharedBytes>, const RunId&) override;
+  void publish(const VersionKey&, SharedBytes, std::vector<SharedBytes>, const RunId&, PayloadSource) override;
   void on_welcome(std::uint64_t, const RunId&, const std::function<SharedBytes(const SharedBytes&)>&) override {}
   void release(std::uint64_t) override {}
   bool on_need(const Need&) override { return false; }

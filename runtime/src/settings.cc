@@ -50,6 +50,7 @@ std::span<const SettingBound<NodeConfig>> node_limit_bounds() {
       DC_SETTING(NodeConfig, "tensor_match_ms_max", tensor_match_ms_max, 0, 60 * kSecondMs, false),
       DC_SETTING(NodeConfig, "reconnect_backoff_ms_max", reconnect_backoff_ms_max, 500, kDayMs, false),
       DC_SETTING(NodeConfig, "check_bytes_in_flight_max", check_bytes_in_flight_max, MiB, TiB, true),
+      DC_SETTING(NodeConfig, "shard_stream_bytes_max", shard_stream_bytes_max, MiB, TiB, true),
   };
   return bounds;
 }

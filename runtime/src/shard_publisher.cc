@@ -19,11 +19,12 @@ Status ShardPublisher::ready(std::uint64_t merged, const VersionKey& next) {
   return Status::ok();
 }
 
-void ShardPublisher::publish(const VersionKey& key, SharedBytes manifest, std::vector<SharedBytes> payloads, const RunId& run) {
+void ShardPublisher::publish(const VersionKey& key, SharedBytes manifest, std::vector<SharedBytes> payloads, const RunId& run,
+                             PayloadSource remake) {
   if (key.anchor) std::erase_if(retained_, [&](const Slice& r) { return r.key.version < key.version; });
   // Made again (an anchor asked for twice): the new one replaces it.
   std::erase_if(retained_, [&](const Slice& r) { return r.key == key; });
-  retained_.push_back(Slice{key, std::move(manifest), std::move(payloads), run});
+  retained_.push_back(Slice{key, std::move(manifest), std::move(payloads), run, std::move(remake)});
   queue(retained_.back(), nullptr);
   flush();
 }
@@ -52,6 +53,7 @@ void ShardPublisher::on_welcome(std::uint64_t merged, const RunId& run, const st
 void ShardPublisher::queue(const Slice& slice, const std::vector<std::uint32_t>* only) {
   const NodeConfig& config = ctx_.config;
   outbox_.push_back(ManifestMsg{slice.key, slice.manifest, 0, config.shard_index, config.shard_count});
+  // A slice made as it goes out queues places: ChunkMsgs without payloads (make_front).
   auto chunk = [&](std::uint32_t i) {
     if (i < slice.payloads.size()) outbox_.push_back(ChunkMsg{slice.key, i, slice.payloads[i], config.shard_index});
   };
@@ -79,7 +81,46 @@ bool ShardPublisher::on_need(const Need& need) {
 
 void ShardPublisher::flush() {
   if (!upstream_.welcomed()) return;
-  while (!outbox_.empty() && upstream_.send(outbox_.front())) outbox_.pop_front();
+  while (!outbox_.empty() && make_front() && upstream_.send(outbox_.front())) outbox_.pop_front();
+}
+
+std::uint64_t ShardPublisher::made_bytes_held() {
+  std::uint64_t bytes = 0;
+  std::erase_if(made_, [&](const std::weak_ptr<const Blob>& w) {
+    const SharedBytes p = w.lock();
+    if (p) bytes += p->size();
+    return !p;
+  });
+  return bytes;
+}
+
+bool ShardPublisher::make_front() {
+  for (;;) {
+    if (outbox_.empty()) return false;
+    auto* c = std::get_if<ChunkMsg>(&outbox_.front());
+    if (!c || c->payload) return true;
+    if (made_bytes_held() >= ctx_.config.shard_stream_bytes_max) return false;  // the next tick tries again
+    auto slice = std::find_if(retained_.begin(), retained_.end(), [&](const Slice& r) { return r.key == c->key; });
+    if (slice == retained_.end()) {  // let go (merged, or replaced by an anchor)
+      outbox_.pop_front();
+      continue;
+    }
+    Result<SharedBytes> made = slice->remake(c->index);
+    if (made.is_ok() && *made) {
+      c->payload = std::move(made).value();
+      made_.push_back(c->payload);
+      return true;
+    }
+    // The image it was made from moved on: the origin asks for what it lacks, and gets an anchor.
+    const VersionKey key = slice->key;
+    ctx_.log(LogLevel::kWarn, "the slice of " + to_string(key) + " can no longer be made (" +
+                                  (made.is_ok() ? std::string("nothing made") : made.status().to_string()) + "); let go");
+    retained_.erase(slice);
+    std::erase_if(outbox_, [&](const Message& m) {
+      const auto* place = std::get_if<ChunkMsg>(&m);
+      return place && place->key == key && !place->payload;
+    });
+  }
 }
 
 }  // namespace deltacast::runtime

@@ -2,6 +2,9 @@
 // merges the slices of all shards. Slices are kept until the origin has merged them, so a slice
 // cut off by a broken link or lost on the way is sent again (whole after a reconnect, or the
 // chunks the origin asks for). Messages the link refused wait in an outbox, in order.
+// A slice may instead keep only its manifest and a PayloadSource (an anchor slice made from the
+// publisher's image): its chunks wait in the outbox as places, each made when it is next to go,
+// while less than shard_stream_bytes_max of those made is still held by the transport.
 #pragma once
 
 #include <deque>
@@ -18,7 +21,8 @@ class ShardPublisher final : public SliceOutbox {
   bool sends_slices() const override { return true; }
   // What each call does is said at SliceOutbox (roles.h).
   Status ready(std::uint64_t merged, const VersionKey& next) override;
-  void publish(const VersionKey& key, SharedBytes manifest, std::vector<SharedBytes> payloads, const RunId& run) override;
+  void publish(const VersionKey& key, SharedBytes manifest, std::vector<SharedBytes> payloads, const RunId& run,
+               PayloadSource remake) override;
   // What was in flight on the old link may be lost; the origin ignores what it has.
   void on_welcome(std::uint64_t merged, const RunId& run, const std::function<SharedBytes(const SharedBytes&)>& reseal) override;
   void release(std::uint64_t merged) override;
@@ -31,15 +35,22 @@ class ShardPublisher final : public SliceOutbox {
   struct Slice {
     VersionKey key;
     SharedBytes manifest;
-    std::vector<SharedBytes> payloads;
-    RunId run;  // the origin's run the manifest is sealed in
+    std::vector<SharedBytes> payloads;  // null each when made by `remake`
+    RunId run;                          // the origin's run the manifest is sealed in
+    PayloadSource remake;
   };
   void queue(const Slice& slice, const std::vector<std::uint32_t>* only);
+  // Makes the payload of the chunk at the outbox's front if it is a place (a ChunkMsg without
+  // one). False while the window is full, or when the slice could not make it (let go then,
+  // with its places).
+  bool make_front();
+  std::uint64_t made_bytes_held();
 
   NodeContext& ctx_;
   UpstreamLink& upstream_;
   std::deque<Message> outbox_;  // not yet accepted by the link; at most the retained slices' parts
   std::deque<Slice> retained_;   // bounded by shard_slices_retained_max
+  std::vector<std::weak_ptr<const Blob>> made_;  // payloads made by a slice's remake, until let go
 };
 
 }  // namespace deltacast::runtime

@@ -138,6 +138,45 @@ TEST_CASE("a version encoded into one image, read chunk by chunk, is byte for by
   CHECK(!encode_version_into(p.layout, 3, 2, MutableByteSpan(image.data(), 10), reader(p.next), opt, pool).is_ok());
 }
 
+TEST_CASE("an anchor encoded without its payloads makes each of them again, byte for byte, from its image", "[codec][version]") {
+  const Pair p = make_pair(22);
+  ThreadPool pool(3);
+  for (const ChunkHashScheme scheme : {ChunkHashScheme::kState, ChunkHashScheme::kXxh3}) {
+    for (const ChunkEncodeOptions& chunk : {ChunkEncodeOptions::defaults(), ChunkEncodeOptions::smallest()}) {
+      VersionEncodeOptions opt;
+      opt.chunk_bytes = 64 << 10;
+      opt.hash_scheme = scheme;
+      opt.chunk = chunk;
+      auto kept = encode_version(p.layout, 1, 0, {}, p.base, opt, pool);
+      opt.keep_payloads = false;
+      auto hashed = encode_version(p.layout, 1, 0, {}, p.base, opt, pool);
+      REQUIRE(kept.is_ok());
+      REQUIRE(hashed.is_ok());
+      CHECK(hashed->manifest == kept->manifest);
+      REQUIRE(kept->payloads.size() > 3);
+      for (const Bytes& b : hashed->payloads) CHECK(b.empty());
+      ChunkEncoder encoder;
+      for (std::size_t i = 0; i < kept->payloads.size(); ++i) {
+        auto again = encode_anchor_chunk(hashed->manifest, i, p.base, opt, encoder);
+        REQUIRE(again.is_ok());
+        CHECK(*again == kept->payloads[i]);
+      }
+      // From an image that moved on: refused, not a payload the manifest does not name.
+      auto moved = encode_anchor_chunk(hashed->manifest, 1, p.next, opt, encoder);
+      REQUIRE(!moved.is_ok());
+      CHECK(moved.status().code() == StatusCode::kCorruption);
+      CHECK(!encode_anchor_chunk(hashed->manifest, kept->payloads.size(), p.base, opt, encoder).is_ok());
+      CHECK(!encode_anchor_chunk(hashed->manifest, 0, ByteSpan(p.base.data(), 10), opt, encoder).is_ok());
+    }
+  }
+  // Only anchors are made again: a delta's payloads need its base.
+  VersionEncodeOptions opt;
+  auto delta = encode_version(p.layout, 2, 1, p.base, p.next, opt, pool);
+  REQUIRE(delta.is_ok());
+  ChunkEncoder encoder;
+  CHECK(!encode_anchor_chunk(delta->manifest, 0, p.next, opt, encoder).is_ok());
+}
+
 TEST_CASE("a delta applied to the wrong base is refused as a mismatch", "[codec][version]") {
   Pair p = make_pair(2);
   InlineExecutor ex;

@@ -899,7 +899,7 @@ struct Shard {
     DC_RETURN_IF_ERROR(pub.ready(0, {ev.manifest.version, ev.manifest.kind == VersionKind::kAnchor}));
     EncodedVersion copy = ev;
     pub.publish({ev.manifest.version, ev.manifest.kind == VersionKind::kAnchor}, share(serialize_manifest(ev.manifest)),
-                share_payloads(copy.payloads), {});
+                share_payloads(copy.payloads), {}, {});
     return Status::ok();
   }
 };

@@ -612,7 +612,8 @@ struct Shards {
   Node* ta = nullptr;
   Node* tb = nullptr;
 
-  Shards() {
+  // `shard_config`: changes to both shards' configs.
+  explicit Shards(const std::function<void(NodeConfig&)>& shard_config = {}) {
     lb.tensors[0].name = "shard-b.weight";
     a = {test::random_bytes(la.image_size, 1)};
     b = {test::random_bytes(lb.image_size, 2)};
@@ -631,6 +632,7 @@ struct Shards {
     sa.parents = {"origin"};
     sa.shard_index = 0;
     sa.shard_count = 2;
+    if (shard_config) shard_config(sa);
     NodeConfig sb = sa;
     sb.node_id = "trainer-1";
     sb.shard_index = 1;
@@ -799,6 +801,87 @@ TEST_CASE("a trainer shard restarted mid-run resumes with an anchor slice; the o
   REQUIRE(net.run_until([&] { return tb.publish(sh.slice_b(5)).is_ok(); }));
   REQUIRE(net.run_until([&] { return w.current_version() == 5; }));
   CHECK(w.current()->image == sh.whole(5));
+}
+
+TEST_CASE("a trainer shard's anchor slice made as it goes out: a bounded window, a lost chunk made again, let go once its image moved on",
+          "[runtime][node]") {
+  constexpr std::uint64_t kWindowBytes = 20000;  // two and a bit of its payloads
+  Shards sh([](NodeConfig& c) { c.shard_stream_bytes_max = kWindowBytes; });
+  FakeNet& net = sh.net;
+  Node& w = net.add(worker_config("w", {"origin"}));
+  std::vector<std::string> warnings;
+  sh.ta->set_on_log([&](LogLevel level, const std::string& m) {
+    if (level == LogLevel::kWarn) warnings.push_back(m);
+  });
+  const auto let_go = [&] {
+    return std::count_if(warnings.begin(), warnings.end(), [](const std::string& m) { return m.find("can no longer be made") != std::string::npos; });
+  };
+  net.run_for(500);
+  // Shard 0's anchor of version 1 keeps no payloads: each is made from its image as it goes.
+  VersionEncodeOptions hashed = sh.opt;
+  hashed.keep_payloads = false;
+  InlineExecutor ex;
+  auto anchor = encode_version(sh.la, 1, 0, {}, sh.a[0], hashed, ex);
+  REQUIRE(anchor.is_ok());
+  const std::size_t chunks = anchor->manifest.chunks.size();
+  REQUIRE(chunks > 4);
+  const Manifest manifest = anchor->manifest;
+  std::uint64_t image_holds = 1;  // the version the shard's image holds
+  std::vector<std::uint32_t> made;
+  auto remake = [&](std::uint32_t i) -> Result<SharedBytes> {
+    if (image_holds != 1) return Status::mismatch("the image moved on");
+    made.push_back(i);
+    ChunkEncoder encoder;
+    DC_ASSIGN_OR_RETURN(Bytes p, encode_anchor_chunk(manifest, i, sh.a[0], hashed, encoder));
+    return share(std::move(p));
+  };
+  // Held on the way: what was made stays on its way, and no more is made past the window.
+  net.hold = [](const std::string& from, const std::string& to, const Message& m) {
+    return from == "trainer-0" && to == "origin" && std::holds_alternative<ChunkMsg>(m);
+  };
+  // Chunk 2 is lost once: the origin asks for it and it is made again.
+  bool lost = false;
+  net.filter = [&](const std::string& from, const std::string&, Message& m) {
+    const auto* c = std::get_if<ChunkMsg>(&m);
+    if (from != "trainer-0" || !c || c->index != 2 || lost) return true;
+    return lost = true, false;
+  };
+  REQUIRE(sh.ta->publish(std::move(*anchor), remake).is_ok());
+  net.run_for(1000);
+  CHECK(made.size() == 3);  // 8 KiB each: the third reached the window
+  CHECK(!sh.ta->outbox_empty());
+  net.hold = nullptr;
+  net.release();
+  REQUIRE(net.run_until([&] { return sh.ta->outbox_empty(); }));
+  REQUIRE(net.run_until([&] { return sh.tb->publish(sh.slice_b(1)).is_ok(); }));
+  REQUIRE(net.run_until([&] { return w.current_version() == 1; }));
+  CHECK(w.current()->image == sh.whole(1));
+  CHECK(lost);
+  CHECK(made.size() == chunks + 1);
+  CHECK(std::count(made.begin(), made.end(), 2u) == 2);
+  CHECK(let_go() == 0);
+  // The image moves on to version 2 while the anchor slice of 1 is still kept (until 2 is
+  // merged); the link to the origin breaks, and the slices go again on the new one: the anchor
+  // cannot be made, and is let go; the delta goes, and the fleet moves on.
+  image_holds = 2;
+  REQUIRE(net.run_until([&] { return sh.ta->publish(sh.slice_a(2)).is_ok(); }));
+  bool down = true;
+  net.filter = [&](const std::string& from, const std::string& to, Message&) {
+    const bool link = (from == "trainer-0" && to == "origin") || (from == "origin" && to == "trainer-0");
+    return !(link && down);
+  };
+  net.run_for(3000);
+  CHECK(sh.ta->stats().parent_failovers > 0);
+  down = false;
+  REQUIRE(net.run_until([&] { return sh.tb->publish(sh.slice_b(2)).is_ok(); }));
+  REQUIRE(net.run_until([&] { return w.current_version() == 2; }));
+  CHECK(w.current()->image == sh.whole(2));
+  CHECK(made.size() == chunks + 1);
+  CHECK(let_go() == 1);
+  // Only a trainer shard makes payloads as they go, and a signed slice needs their digests.
+  auto again = encode_version(sh.la, 3, 0, {}, sh.a[2], hashed, ex);
+  REQUIRE(again.is_ok());
+  CHECK(sh.origin->publish(EncodedVersion(*again), remake).code() == StatusCode::kInvalidArgument);
 }
 
 TEST_CASE("a trainer shard asked for the same anchor twice keeps it once and goes on publishing", "[runtime][node]") {

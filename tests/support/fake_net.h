@@ -232,6 +232,10 @@ class FakeNet {
     }
     if (filter && !filter(link.from, link.to, d.message)) return;
     bytes_to_[link.to] += message_bytes(d.message);
+    // The receiver gets bytes of its own, as over a wire: the sender's buffer is let go once
+    // sent (which is what a trainer shard's window counts on).
+    if (auto* c = std::get_if<ChunkMsg>(&d.message); c && c->payload && c->payload->data())
+      c->payload = share(Bytes(c->payload->data(), c->payload->data() + c->payload->size()));
     if (it->second.node) it->second.node->on_message(link.reverse, d.message);
     else it->second.receive(link.reverse, d.message);
   }

@@ -40,6 +40,10 @@ struct VersionEncodeOptions {
   // When set, fills every chunk's payload_digest as its payload is made, on the executor's
   // threads (runtime::payload_digest, for a publisher that signs): signing then hashes nothing.
   std::function<PayloadDigest(ByteSpan payload)> payload_digest;
+  // False: each payload is hashed (and digested) as it is made, then let go; EncodedVersion's
+  // payloads stay empty. For a holder that makes an anchor's payloads again when it sends them
+  // (encode_anchor_chunk) instead of keeping most of an image's worth of them.
+  bool keep_payloads = true;
 };
 
 struct ModelLayout {
@@ -65,6 +69,12 @@ struct EncodedVersion {
 Result<EncodedVersion> encode_version(const ModelLayout& layout, std::uint64_t version, std::uint64_t base_version,
                                       ByteSpan base, ByteSpan next, const VersionEncodeOptions& options, Executor& executor,
                                       ChunkEncoderPool* encoders = nullptr);
+
+// Makes payload `index` of the anchor `manifest` again, from the image it was made of and with
+// the options it was made with (an encode with keep_payloads false, say). Corruption when the
+// payload made is not the one the manifest names: the image is no longer that version's.
+Result<Bytes> encode_anchor_chunk(const Manifest& manifest, std::size_t index, ByteSpan image, const VersionEncodeOptions& options,
+                                  ChunkEncoder& encoder);
 
 // Writes the new image's bytes [offset, offset + out.size()) into `out`; called from the
 // executor's threads, for disjoint ranges.

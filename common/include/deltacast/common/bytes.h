@@ -6,9 +6,11 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace deltacast {
@@ -16,6 +18,30 @@ namespace deltacast {
 using Bytes = std::vector<std::uint8_t>;
 using ByteSpan = std::span<const std::uint8_t>;
 using MutableByteSpan = std::span<std::uint8_t>;
+
+// Leaves the elements resize() adds uninitialised: a scratch buffer sized for the worst case
+// costs memory (and time) only where it is written, as a 10 MB buffer of positions that holds
+// 200 KB of them.
+template <typename T>
+struct UninitAllocator : std::allocator<T> {
+  template <typename U>
+  struct rebind {
+    using other = UninitAllocator<U>;
+  };
+  UninitAllocator() = default;
+  template <typename U>
+  UninitAllocator(const UninitAllocator<U>&) noexcept {}
+  template <typename U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+// A codec's working buffer: grown, written, read back; never read where it was not written.
+using ScratchBytes = std::vector<std::uint8_t, UninitAllocator<std::uint8_t>>;
 
 class ByteWriter {
  public:

@@ -18,6 +18,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -123,18 +124,36 @@ class Publisher {
 
  private:
   explicit Publisher(PublisherOptions options);
-  Status publish_encoded(Result<EncodedVersion> version);
+  // `remake`: the version's payloads are not kept but made as they go (a trainer shard's anchor).
+  Status publish_encoded(Result<EncodedVersion> version, runtime::PayloadSource remake = {});
   Status publish_anchor();
 
   PublisherOptions options_;
   std::unique_ptr<transport::NodeHost> host_;
   ThreadPool pool_;
-  ChunkEncoderPool encoders_;  // one per pool thread, kept between versions
+  // One per pool thread, kept between versions; a trainer shard's loop thread leases one to make
+  // an anchor slice's payloads again.
+  std::shared_ptr<ChunkEncoderPool> encoders_ = std::make_shared<ChunkEncoderPool>();
   std::optional<Checkpoint> prev_;
   // The image checkpoints given by a reader are written over, version by version; prev_ points
-  // into it then.
-  std::shared_ptr<Bytes> own_image_ = std::make_shared<Bytes>();
+  // into it then. A trainer shard does not keep its anchor slices' payloads (most of an image
+  // more): the loop thread makes each again from this image as it goes out, and again if the
+  // origin asks. It reads under a shared lock taken without waiting, and only while the image
+  // still holds `version` whole (0 while it is written, which waits until the outbox is sent).
+  struct OwnImage {
+    std::shared_mutex mu;
+    Bytes bytes;
+    std::uint64_t version = 0;
+  };
+  std::shared_ptr<OwnImage> own_ = std::make_shared<OwnImage>();
   Status encode_in_place(const Checkpoint& next, std::uint64_t version, bool delta);
+  bool remakes_anchors() const { return options_.node.shard_count > 0; }
+  // The encode options of an anchor of the own image: without its payloads when they are made again.
+  VersionEncodeOptions own_anchor_options() const;
+  // Makes the payloads of `manifest`, an anchor of the own image, as they go out.
+  runtime::PayloadSource remake_from_own_image(const Manifest& manifest) const;
+  // A trainer shard: waits until its outbox is sent (or interrupt()), before the own image is written.
+  Status wait_outbox_sent();
   std::uint64_t version_ = 0;
   std::optional<CodecDecision> last_codec_;
   // An anchor asked for by the node (of this version or newer; 0: the newest), until one is

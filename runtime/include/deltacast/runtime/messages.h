@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -76,6 +77,8 @@ inline std::vector<SharedBytes> share_payloads(std::vector<Bytes>& payloads) {
   for (auto& p : payloads) out.push_back(share(std::move(p)));
   return out;
 }
+// Makes payload `index` of a version whose payloads are not kept (Node::publish).
+using PayloadSource = std::function<Result<SharedBytes>(std::uint32_t index)>;
 
 // A version travels as a delta (from version - 1) or as an anchor (full snapshot).
 struct VersionKey {

@@ -109,6 +109,13 @@ class Node {
   Status publish(const EncodedVersion& version) { return publish(EncodedVersion(version)); }
   // The same from a manifest and shared payloads (one per chunk), which may be virtual.
   Status publish(Manifest manifest, std::vector<SharedBytes> payloads);
+  // Trainer-shard publisher: a slice whose payloads are not kept (`version` encoded with
+  // keep_payloads false; signed slices need its payload digests). `remake(i)` makes payload i on
+  // the loop thread as it goes out, and again when the origin asks for it, at most
+  // NodeConfig::shard_stream_bytes_max of them on their way at once. An error from it (the
+  // image it reads moved on to another version) lets the slice go, with a warning; the origin
+  // then asks for an anchor.
+  Status publish(EncodedVersion&& version, PayloadSource remake);
   // Trainer-shard publisher: true once everything published has been handed to the transport.
   bool outbox_empty() const;
   // Trainer-shard publisher: slices not yet known to be merged at the origin.
@@ -244,7 +251,7 @@ class Node {
   // digests_known the manifest's payload digests were checked against the payloads already
   // (slices of signed shards) and are signed as they are.
   SharedBytes seal_manifest(Manifest& manifest, const std::vector<SharedBytes>& payloads, bool digests_known) const;
-  Status publish_version(Manifest manifest, std::vector<SharedBytes> payloads, bool digests_known);
+  Status publish_version(Manifest manifest, std::vector<SharedBytes> payloads, bool digests_known, PayloadSource remake = {});
   void trim_history();
 
   NodeConfig config_;

@@ -2,6 +2,8 @@
 // checks of the options, and a worker that receives what it publishes.
 #include <catch2/catch.hpp>
 
+#include <cstring>
+
 #include "deltacast/embed/publisher.h"
 #include "deltacast/embed/worker.h"
 #include "test_util.h"
@@ -132,4 +134,60 @@ TEST_CASE("a publisher's options that cannot work are refused with the reason", 
   REQUIRE(merger.is_ok());
   auto layout = test::make_layout({{DType::kBF16, 100}});
   CHECK(!(*merger)->publish(checkpoint(layout, Bytes(layout.image_size, 0))).is_ok());
+}
+
+TEST_CASE("trainer shards publishing from their tensors stream their anchors from one image; a worker gets every version whole",
+          "[transport][publisher]") {
+  // As the Python publisher of a trainer rank: each version is read from the trainer's tensors
+  // into the shard's one image; its anchors (the first, every second version) keep no payloads.
+  const std::vector<ModelLayout> layouts = {test::make_layout({{DType::kBF16, 60000}}), [] {
+                                              auto l = test::make_layout({{DType::kBF16, 50000}, {DType::kF32, 300}});
+                                              l.tensors[0].name = "b.weight";
+                                              l.tensors[1].name = "b.bias";
+                                              return l;
+                                            }()};
+  embed::PublisherOptions oo = origin_options();
+  oo.node.expect_shards = 2;
+  auto origin = embed::Publisher::start(oo);
+  REQUIRE(origin.is_ok());
+  std::vector<std::unique_ptr<embed::Publisher>> shards;
+  std::vector<Bytes> tensors;  // each shard's "trainer tensors", changed between versions
+  for (std::uint32_t k = 0; k < 2; ++k) {
+    embed::PublisherOptions o = origin_options();
+    o.host.bind_endpoint.clear();
+    o.node.node_id = "trainer-" + std::to_string(k);
+    o.node.parents = {(*origin)->host().bound_endpoint()};
+    o.node.shard_index = k;
+    o.node.shard_count = 2;
+    o.anchor_every = 2;
+    auto s = embed::Publisher::start(o);
+    REQUIRE(s.is_ok());
+    shards.push_back(std::move(s).value());
+    tensors.push_back(test::random_bytes(layouts[k].image_size, 40 + k));
+  }
+  embed::WorkerOptions wo;
+  wo.node.node_id = "w";
+  wo.node.parents = {(*origin)->host().bound_endpoint()};
+  auto w = embed::Worker::start(std::move(wo));
+  REQUIRE(w.is_ok());
+  for (std::uint64_t v = 1; v <= 4; ++v) {
+    for (std::uint32_t k = 0; k < 2; ++k) {
+      if (v > 1)
+        for (std::size_t i = v; i < tensors[k].size(); i += 37) tensors[k][i] ^= 1;
+      embed::Checkpoint c{layouts[k], {}, nullptr, [&, k](std::uint64_t offset, MutableByteSpan out) {
+                            std::memcpy(out.data(), tensors[k].data() + offset, out.size());
+                            return Status::ok();
+                          }};
+      auto published = shards[k]->publish(std::move(c), v);
+      REQUIRE(published.is_ok());
+    }
+    auto got = (*w)->wait_for_version(v, 20000);
+    REQUIRE(got);
+    Bytes whole = tensors[0];
+    whole.insert(whole.end(), tensors[1].begin(), tensors[1].end());
+    CHECK(got->image == whole);
+  }
+  // The anchors went out and were merged: the origin holds them.
+  CHECK((*origin)->host().call([&] { return (*origin)->host().node().cache().find({4, true}) != nullptr; }));
+  REQUIRE((*w)->stop().is_ok());
 }

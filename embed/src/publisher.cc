@@ -17,6 +17,7 @@ namespace {
 Status check_options(const PublisherOptions& o) {
   const runtime::NodeConfig& n = o.node;
   if (o.anchor_every < 1 || o.anchor_every > 1000000) return Status::invalid_argument("anchor_every must be 1 to 1000000");
+  if (!o.encode.keep_payloads) return Status::invalid_argument("a publisher sends the payloads it encodes: keep_payloads must be set");
   DC_RETURN_IF_ERROR(o.delivery.check());
   if (n.shard_count > 0) {
     if (n.shard_index >= n.shard_count) return Status::invalid_argument("a trainer shard's index must be below the shard count");
@@ -80,9 +81,10 @@ void Publisher::stop() {
   if (host_) host_->stop();
 }
 
-Status Publisher::publish_encoded(Result<EncodedVersion> ev, runtime::PayloadSource remake) {
+Status Publisher::publish_encoded(Result<EncodedVersion> ev, runtime::PayloadSource remake, bool* anchor_instead) {
   if (!ev.is_ok()) return ev.status();
   auto shared = std::make_shared<EncodedVersion>(std::move(ev).value());
+  const std::uint64_t version = shared->manifest.version;
   for (;;) {
     Status st = host_->call([&] {
       return remake ? host_->node().publish(std::move(*shared), remake) : host_->node().publish(std::move(*shared));
@@ -90,6 +92,13 @@ Status Publisher::publish_encoded(Result<EncodedVersion> ev, runtime::PayloadSou
     // A trainer shard's previous slice may still be on its way to the origin; a refused
     // publish leaves the version as it was, for the next try.
     if (st.code() != StatusCode::kResourceExhausted || interrupted_) return st;
+    // Waiting for the origin to merge older slices while it asks for an anchor: it may be
+    // waiting for that anchor to merge them (a shard that restarted sent one of an older
+    // version). An anchor of this version needs no older slice: it goes instead.
+    if (anchor_instead && take_anchor_request(version)) {
+      *anchor_instead = true;
+      return Status::ok();
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
 }
@@ -109,14 +118,18 @@ bool Publisher::take_anchor_request(std::uint64_t version) {
 Status Publisher::publish_anchor() {
   // An anchor published answers the requests made before it that it is new enough for.
   (void)take_anchor_request(version_);
-  if (remakes_anchors() && prev_->image.data() == own_->bytes.data() && own_->version == version_) {
+  return publish_anchor_of(prev_->layout, prev_->image, version_);
+}
+
+Status Publisher::publish_anchor_of(const ModelLayout& layout, ByteSpan image, std::uint64_t version) {
+  if (remakes_anchors() && image.data() == own_->bytes.data() && own_->version == version) {
     // Only this thread writes the image: read without the lock.
-    auto ev = encode_version(prev_->layout, version_, 0, {}, prev_->image, own_anchor_options(), pool_, encoders_.get());
+    auto ev = encode_version(layout, version, 0, {}, image, own_anchor_options(), pool_, encoders_.get());
     if (!ev.is_ok()) return ev.status();
     runtime::PayloadSource remake = remake_from_own_image(ev->manifest);
     return publish_encoded(std::move(ev), std::move(remake));
   }
-  return publish_encoded(encode_version(prev_->layout, version_, 0, {}, prev_->image, options_.encode, pool_, encoders_.get()));
+  return publish_encoded(encode_version(layout, version, 0, {}, image, options_.encode, pool_, encoders_.get()));
 }
 
 VersionEncodeOptions Publisher::own_anchor_options() const {
@@ -137,9 +150,9 @@ runtime::PayloadSource Publisher::remake_from_own_image(const Manifest& manifest
   };
 }
 
-Status Publisher::wait_outbox_sent() {
+Status Publisher::wait_payloads_made() {
   if (!remakes_anchors()) return Status::ok();
-  while (!host_->call([&] { return host_->node().outbox_empty(); })) {
+  while (host_->call([&] { return host_->node().payloads_to_make(); })) {
     if (interrupted_) return Status::resource_exhausted("interrupted while the previous slice was still being sent");
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
@@ -173,6 +186,8 @@ Result<std::uint64_t> Publisher::publish(Checkpoint next, std::uint64_t number) 
   }
   Status st;
   if (next.read) {
+    // An anchor slice made as it goes out reads the image until all of it was made.
+    DC_RETURN_IF_ERROR(wait_payloads_made());
     if (!same_layout) (void)take_anchor_request(version);
     st = encode_in_place(next, version, same_layout);
     if (!st.is_ok()) {
@@ -188,9 +203,12 @@ Result<std::uint64_t> Publisher::publish(Checkpoint next, std::uint64_t number) 
     if (st.is_ok()) last_codec_.reset();
   } else {
     CodecDecision codec;
+    bool anchor_instead = false;
     st = publish_encoded(encode_delta(options_.codec, options_.delivery, next.layout, version, version_, prev_->image, next.image,
-                                      options_.encode, pool_, encoders_.get(), &codec));
-    if (st.is_ok()) last_codec_ = codec;
+                                      options_.encode, pool_, encoders_.get(), &codec),
+                         {}, &anchor_instead);
+    if (st.is_ok() && anchor_instead) st = publish_anchor_of(next.layout, next.image, version);
+    if (st.is_ok()) last_codec_ = anchor_instead ? std::nullopt : std::optional<CodecDecision>(codec);
   }
   if (!st.is_ok()) return st;
   version_ = version;
@@ -200,8 +218,6 @@ Result<std::uint64_t> Publisher::publish(Checkpoint next, std::uint64_t number) 
 }
 
 Status Publisher::encode_in_place(const Checkpoint& next, std::uint64_t version, bool delta) {
-  // An anchor slice made as it goes out reads the image until it is sent.
-  DC_RETURN_IF_ERROR(wait_outbox_sent());
   std::unique_lock write(own_->mu);
   own_->version = 0;
   if (!delta) {
@@ -223,7 +239,12 @@ Status Publisher::encode_in_place(const Checkpoint& next, std::uint64_t version,
   own_->version = version;
   write.unlock();
   DC_ASSIGN_OR_RETURN(CodecDecision codec, fixed_codec_decision(*ev, options_.codec, options_.delivery));
-  DC_RETURN_IF_ERROR(publish_encoded(std::move(ev)));
+  bool anchor_instead = false;
+  DC_RETURN_IF_ERROR(publish_encoded(std::move(ev), {}, &anchor_instead));
+  if (anchor_instead) {
+    last_codec_.reset();
+    return publish_anchor_of(next.layout, own_->bytes, version);
+  }
   last_codec_ = codec;
   return Status::ok();
 }

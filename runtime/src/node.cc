@@ -105,6 +105,7 @@ std::shared_ptr<const ModelVersion> Node::current() const { return image_->curre
 void Node::hold_history_from(const RunId& run, std::uint64_t version) { image_->hold_history_from(run, version); }
 std::uint64_t Node::current_version() const { return image_->held_version(); }
 bool Node::outbox_empty() const { return slices_out_->outbox_empty(); }
+bool Node::payloads_to_make() const { return slices_out_->payloads_to_make(); }
 std::size_t Node::slices_retained() const { return slices_out_->retained(); }
 void Node::set_on_log(std::function<void(LogLevel, const std::string&)> callback) { ctx_->on_log = std::move(callback); }
 const NodeStats& Node::stats() const { return ctx_->stats; }

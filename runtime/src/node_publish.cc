@@ -14,6 +14,10 @@ namespace deltacast::runtime {
 // ---- publishing -----------------------------------------------------------------------------
 
 Status Node::publish(EncodedVersion&& ev) {
+  if (ev.payloads.size() == ev.manifest.chunks.size())
+    for (std::size_t i = 0; i < ev.payloads.size(); ++i)
+      if (ev.payloads[i].size() != ev.manifest.chunks[i].payload_bytes)
+        return Status::invalid_argument("chunk " + std::to_string(i) + "'s payload is not the one its manifest names (encoded without payloads?)");
   // Checked before the payloads are taken, so a refused version is left as it was.
   DC_RETURN_IF_ERROR(slices_out_->ready(parent_newest_, VersionKey{ev.manifest.version, ev.manifest.kind == VersionKind::kAnchor}));
   return publish_version(std::move(ev.manifest), share_payloads(ev.payloads), ev.payload_digests);

@@ -111,6 +111,8 @@ class SliceOutbox {
   // Sends what the outbox holds, until the link refuses.
   virtual void flush() = 0;
   virtual bool outbox_empty() const = 0;
+  // Whether the outbox holds chunks still to be made by a slice's PayloadSource.
+  virtual bool payloads_to_make() const = 0;
   // Slices not yet known to be merged.
   virtual std::size_t retained() const = 0;
 };
@@ -125,6 +127,7 @@ class NoSliceOutbox final : public SliceOutbox {
   bool on_need(const Need&) override { return false; }
   void flush() override {}
   bool outbox_empty() const override { return true; }
+  bool payloads_to_make() const override { return false; }
   std::size_t retained() const override { return 0; }
 };
 

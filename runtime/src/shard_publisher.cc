@@ -24,7 +24,7 @@ void ShardPublisher::publish(const VersionKey& key, SharedBytes manifest, std::v
   if (key.anchor) std::erase_if(retained_, [&](const Slice& r) { return r.key.version < key.version; });
   // Made again (an anchor asked for twice): the new one replaces it.
   std::erase_if(retained_, [&](const Slice& r) { return r.key == key; });
-  retained_.push_back(Slice{key, std::move(manifest), std::move(payloads), run, std::move(remake)});
+  retained_.push_back(Slice{key, std::move(manifest), std::move(payloads), run, std::move(remake), 0});
   queue(retained_.back(), nullptr);
   flush();
 }
@@ -58,7 +58,10 @@ void ShardPublisher::queue(const Slice& slice, const std::vector<std::uint32_t>*
     if (i < slice.payloads.size()) outbox_.push_back(ChunkMsg{slice.key, i, slice.payloads[i], config.shard_index});
   };
   if (only) {
-    for (auto i : *only) chunk(i);
+    // Each once: a chunk made again costs an encode.
+    std::vector<bool> listed(slice.payloads.size());
+    for (auto i : *only)
+      if (i < listed.size() && !listed[i]) listed[i] = true, chunk(i);
   } else {
     for (std::uint32_t i = 0; i < slice.payloads.size(); ++i) chunk(i);
   }
@@ -81,7 +84,15 @@ bool ShardPublisher::on_need(const Need& need) {
 
 void ShardPublisher::flush() {
   if (!upstream_.welcomed()) return;
+  made_this_flush_bytes_ = 0;
   while (!outbox_.empty() && make_front() && upstream_.send(outbox_.front())) outbox_.pop_front();
+}
+
+bool ShardPublisher::payloads_to_make() const {
+  return std::any_of(outbox_.begin(), outbox_.end(), [](const Message& m) {
+    const auto* c = std::get_if<ChunkMsg>(&m);
+    return c && !c->payload;
+  });
 }
 
 std::uint64_t ShardPublisher::made_bytes_held() {
@@ -95,20 +106,28 @@ std::uint64_t ShardPublisher::made_bytes_held() {
 }
 
 bool ShardPublisher::make_front() {
+  const std::uint64_t window = ctx_.config.shard_stream_bytes_max;
   for (;;) {
     if (outbox_.empty()) return false;
     auto* c = std::get_if<ChunkMsg>(&outbox_.front());
     if (!c || c->payload) return true;
-    if (made_bytes_held() >= ctx_.config.shard_stream_bytes_max) return false;  // the next tick tries again
     auto slice = std::find_if(retained_.begin(), retained_.end(), [&](const Slice& r) { return r.key == c->key; });
     if (slice == retained_.end()) {  // let go (merged, or replaced by an anchor)
       outbox_.pop_front();
       continue;
     }
-    Result<SharedBytes> made = slice->remake(c->index);
+    // The next tick goes on: past the window, or once a window's worth was made in this call
+    // (the loop has other work than encoding).
+    if (made_this_flush_bytes_ >= window || made_bytes_held() >= window) return false;
+    // Each chunk goes once, and again when asked, resends_per_chunk_max times at most.
+    const std::uint64_t made_max = slice->payloads.size() * (1 + std::uint64_t{ctx_.config.resends_per_chunk_max});
+    Result<SharedBytes> made = slice->made < made_max ? slice->remake(c->index)
+                                                      : Result<SharedBytes>(Status::resource_exhausted("its chunks were asked for again too often"));
     if (made.is_ok() && *made) {
       c->payload = std::move(made).value();
       made_.push_back(c->payload);
+      made_this_flush_bytes_ += c->payload->size();
+      slice->made++;
       return true;
     }
     // The image it was made from moved on: the origin asks for what it lacks, and gets an anchor.

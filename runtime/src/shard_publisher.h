@@ -4,7 +4,8 @@
 // chunks the origin asks for). Messages the link refused wait in an outbox, in order.
 // A slice may instead keep only its manifest and a PayloadSource (an anchor slice made from the
 // publisher's image): its chunks wait in the outbox as places, each made when it is next to go,
-// while less than shard_stream_bytes_max of those made is still held by the transport.
+// while less than shard_stream_bytes_max of those made is still held by the transport (so at
+// most that and one payload), and at most that much per flush (the loop's time per tick).
 #pragma once
 
 #include <deque>
@@ -29,6 +30,7 @@ class ShardPublisher final : public SliceOutbox {
   bool on_need(const Need& need) override;
   void flush() override;
   bool outbox_empty() const override { return outbox_.empty(); }
+  bool payloads_to_make() const override;
   std::size_t retained() const override { return retained_.size(); }
 
  private:
@@ -38,6 +40,7 @@ class ShardPublisher final : public SliceOutbox {
     std::vector<SharedBytes> payloads;  // null each when made by `remake`
     RunId run;                          // the origin's run the manifest is sealed in
     PayloadSource remake;
+    std::uint64_t made = 0;  // payloads remake made
   };
   void queue(const Slice& slice, const std::vector<std::uint32_t>* only);
   // Makes the payload of the chunk at the outbox's front if it is a place (a ChunkMsg without
@@ -51,6 +54,7 @@ class ShardPublisher final : public SliceOutbox {
   std::deque<Message> outbox_;  // not yet accepted by the link; at most the retained slices' parts
   std::deque<Slice> retained_;   // bounded by shard_slices_retained_max
   std::vector<std::weak_ptr<const Blob>> made_;  // payloads made by a slice's remake, until let go
+  std::uint64_t made_this_flush_bytes_ = 0;
 };
 
 }  // namespace deltacast::runtime

@@ -1,6 +1,24 @@
 #include "subsets.h"
 
+#include <algorithm>
+
 namespace deltacast::runtime {
+
+namespace {
+
+// A worker's own patterns that name no tensor (a typo, another model's names): its versions
+// then hold nothing, which deserves a word. Said once per list of names and patterns.
+std::string match_none_message(const Manifest& manifest, const TensorSubset& subset) {
+  std::string patterns, names;
+  for (std::size_t i = 0; i < subset.patterns.size() && i < 4; ++i) patterns += (i ? ", " : "") + subset.patterns[i];
+  if (subset.patterns.size() > 4) patterns += ", ...";
+  for (std::size_t i = 0; i < manifest.tensors.size() && i < 3; ++i) names += (i ? ", " : "") + manifest.tensors[i].name;
+  if (manifest.tensors.size() > 3) names += ", ...";
+  return "the tensors this worker serves (" + patterns + ") match none of the version's " + std::to_string(manifest.tensors.size()) +
+         " tensors (" + names + "): its versions hold no tensors";
+}
+
+}  // namespace
 
 SubsetMemo::PerManifest& SubsetMemo::entry(const std::shared_ptr<const Manifest>& manifest) {
   if (auto it = manifests_.find(manifest.get()); it != manifests_.end()) {
@@ -26,6 +44,8 @@ std::shared_ptr<const std::vector<bool>> SubsetMemo::matches(const Manifest& man
   auto matched = match_tensors(manifest, subset, [&] { return !from_peers || (peer_match_ms_max_ > 0 && clock_.now_ms() <= until_ms); });
   std::shared_ptr<const std::vector<bool>> kept;
   if (matched) {
+    if (!from_peers && std::none_of(matched->begin(), matched->end(), [](bool b) { return b; }))
+      warn_(match_none_message(manifest, subset));
     kept = std::make_shared<const std::vector<bool>>(std::move(*matched));
   } else {
     matches_cut_short_++;

@@ -30,6 +30,7 @@ class SubsetMemo {
   // 47k-tensor MoE model.
   SubsetMemo(const Clock& clock, std::uint64_t peer_match_ms_max, std::function<void(const std::string&)> warn)
       : clock_(clock), peer_match_ms_max_(peer_match_ms_max), warn_(std::move(warn)) {}
+  // `warn` also hears, once per list of names, when the node's own tensors match none of them.
   // Null for a subset of every tensor (every chunk). `from_peers`: bounded by peer_match_ms_max
   // (a node's own configured tensors are matched however long it takes).
   std::shared_ptr<const SubsetLayout> layout(const std::shared_ptr<const Manifest>& manifest, const TensorSubset& subset, bool from_peers);

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <future>
 
 #include "deltacast/embed/publisher.h"
 #include "deltacast/embed/worker.h"
@@ -19,6 +20,18 @@ embed::PublisherOptions origin_options() {
   o.host.bind_endpoint = "tcp://127.0.0.1:*";
   o.encode.chunk_bytes = 16 << 10;
   o.threads = 2;
+  return o;
+}
+
+// Trainer shard k of 2, sending to `origin`.
+embed::PublisherOptions shard_options(embed::Publisher& origin, std::uint32_t k, std::uint64_t anchor_every) {
+  embed::PublisherOptions o = origin_options();
+  o.host.bind_endpoint.clear();
+  o.node.node_id = "trainer-" + std::to_string(k);
+  o.node.parents = {origin.host().bound_endpoint()};
+  o.node.shard_index = k;
+  o.node.shard_count = 2;
+  o.anchor_every = anchor_every;
   return o;
 }
 
@@ -153,14 +166,7 @@ TEST_CASE("trainer shards publishing from their tensors stream their anchors fro
   std::vector<std::unique_ptr<embed::Publisher>> shards;
   std::vector<Bytes> tensors;  // each shard's "trainer tensors", changed between versions
   for (std::uint32_t k = 0; k < 2; ++k) {
-    embed::PublisherOptions o = origin_options();
-    o.host.bind_endpoint.clear();
-    o.node.node_id = "trainer-" + std::to_string(k);
-    o.node.parents = {(*origin)->host().bound_endpoint()};
-    o.node.shard_index = k;
-    o.node.shard_count = 2;
-    o.anchor_every = 2;
-    auto s = embed::Publisher::start(o);
+    auto s = embed::Publisher::start(shard_options(**origin, k, 2));
     REQUIRE(s.is_ok());
     shards.push_back(std::move(s).value());
     tensors.push_back(test::random_bytes(layouts[k].image_size, 40 + k));
@@ -189,5 +195,71 @@ TEST_CASE("trainer shards publishing from their tensors stream their anchors fro
   }
   // The anchors went out and were merged: the origin holds them.
   CHECK((*origin)->host().call([&] { return (*origin)->host().node().cache().find({4, true}) != nullptr; }));
+  REQUIRE((*w)->stop().is_ok());
+}
+
+TEST_CASE("a trainer shard waiting for room while the origin asks it for an anchor sends one instead; the fleet moves on",
+          "[transport][publisher]") {
+  // Shard 0 runs ahead (versions 2 and 3 wait at the origin, unmerged) and waits for room for 4;
+  // shard 1 restarts and resumes at 3 with an anchor. The origin cannot merge 3 from shard 0's
+  // delta and shard 1's anchor, and asks shard 0 for an anchor: it sends one of 4 instead of the
+  // delta it waited to send, and shard 1 follows to 4.
+  const ModelLayout la = test::make_layout({{DType::kBF16, 40000}});
+  ModelLayout lb = test::make_layout({{DType::kBF16, 30000}});
+  lb.tensors[0].name = "b.weight";
+  std::vector<Bytes> a = {test::random_bytes(la.image_size, 51)}, b = {test::random_bytes(lb.image_size, 52)};
+  for (int v = 1; v < 5; ++v) {
+    a.push_back(a.back());
+    b.push_back(b.back());
+    for (std::size_t i = v; i < a.back().size(); i += 41) a.back()[i] ^= 1;
+    for (std::size_t i = v; i < b.back().size(); i += 43) b.back()[i] ^= 1;
+  }
+  embed::PublisherOptions oo = origin_options();
+  oo.node.expect_shards = 2;
+  auto origin = embed::Publisher::start(oo);
+  REQUIRE(origin.is_ok());
+  auto shard = [&](std::uint32_t k) {
+    auto s = embed::Publisher::start(shard_options(**origin, k, 1000));
+    REQUIRE(s.is_ok());
+    return std::move(s).value();
+  };
+  // Shard 0 publishes from a reader (one image, written in place); shard 1 whole images.
+  auto s0 = shard(0);
+  auto s1 = shard(1);
+  auto from_a = [&](std::uint64_t v) {
+    return embed::Checkpoint{la, {}, nullptr, [&, v](std::uint64_t offset, MutableByteSpan out) {
+                               std::memcpy(out.data(), a[v].data() + offset, out.size());
+                               return Status::ok();
+                             }};
+  };
+  embed::WorkerOptions wo;
+  wo.node.node_id = "w";
+  wo.node.parents = {(*origin)->host().bound_endpoint()};
+  auto w = embed::Worker::start(std::move(wo));
+  REQUIRE(w.is_ok());
+  REQUIRE(s0->publish(from_a(1), 1).is_ok());
+  REQUIRE(s1->publish(checkpoint(lb, b[1]), 1).is_ok());
+  REQUIRE((*w)->wait_for_version(1, 20000));
+  REQUIRE(s0->publish(from_a(2), 2).is_ok());
+  REQUIRE(s0->publish(from_a(3), 3).is_ok());
+  s1.reset();  // shard 1's process dies
+  auto waiting = std::async(std::launch::async, [&] { return s0->publish(from_a(4), 4); });
+  CHECK(waiting.wait_for(std::chrono::milliseconds(500)) == std::future_status::timeout);  // no room for 4
+  auto s1b = shard(1);  // restarted: resumes at 3, with no base
+  REQUIRE(s1b->publish(checkpoint(lb, b[3]), 3).is_ok());
+  const bool sent = waiting.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+  if (!sent) s0->interrupt();
+  REQUIRE(sent);
+  REQUIRE(waiting.get().is_ok());
+  REQUIRE(s1b->publish(checkpoint(lb, b[4]), 4).is_ok());
+  std::shared_ptr<const ModelVersion> got;
+  for (int i = 0; i < 2000 && !got; ++i) {
+    REQUIRE(s1b->serve_anchor_request().is_ok());  // the origin asks it for an anchor of 4
+    got = (*w)->wait_for_version(4, 10);
+  }
+  REQUIRE(got);
+  Bytes whole = a[4];
+  whole.insert(whole.end(), b[4].begin(), b[4].end());
+  CHECK(got->image == whole);
   REQUIRE((*w)->stop().is_ok());
 }

@@ -984,3 +984,58 @@ TEST_CASE("slices from two shard publishers merge into one version; a lost chunk
   CHECK(s1.pub.retained() == 0);
   CHECK(s1.pub.ready(2, {3, false}).is_ok());
 }
+
+TEST_CASE("a slice made as it goes out makes each chunk once per ask, and a bounded number of times in all", "[runtime][components]") {
+  FakeNet net;
+  const ModelLayout la = test::make_layout({{DType::kBF16, 30000}, {DType::kF32, 64}});
+  const Bytes a = test::random_bytes(la.image_size, 1);
+  VersionEncodeOptions opt;
+  opt.chunk_bytes = 8 << 10;
+  opt.keep_payloads = false;
+  InlineExecutor ex;
+  const EncodedVersion sa = *encode_version(la, 1, 0, {}, a, opt, ex);
+  const std::size_t chunks = sa.manifest.chunks.size();
+  REQUIRE(chunks > 3);
+  Origin origin(net);
+  Shard s0(net, "trainer-0", 0);
+  net.run();
+  s0.handle();
+  REQUIRE(s0.up.link.welcomed());
+  std::vector<std::uint32_t> made;
+  ChunkEncoder encoder;
+  const PayloadSource remake = [&](std::uint32_t i) -> Result<SharedBytes> {
+    made.push_back(i);
+    DC_ASSIGN_OR_RETURN(Bytes p, encode_anchor_chunk(sa.manifest, i, a, opt, encoder));
+    return share(std::move(p));
+  };
+  std::vector<std::string> warnings;
+  s0.up.ctx.on_log = [&](LogLevel level, const std::string& m) {
+    if (level == LogLevel::kWarn) warnings.push_back(m);
+  };
+  const VersionKey key{1, true};
+  s0.pub.publish(key, share(serialize_manifest(sa.manifest)), std::vector<SharedBytes>(chunks), {}, remake);
+  net.run();
+  CHECK(made.size() == chunks);
+  CHECK(s0.pub.outbox_empty());
+  // A Need that lists chunk 0 a thousand times makes it once.
+  Need need{key, std::vector<std::uint32_t>(1000, 0)};
+  need.chunks.push_back(1);
+  CHECK(!s0.pub.on_need(need));
+  net.run();
+  CHECK(made.size() == chunks + 2);
+  // Asked for again and again: each chunk is made 1 + resends_per_chunk_max times in all, then
+  // the slice is let go (the origin then asks for an anchor).
+  const std::uint64_t made_max = chunks * (1 + std::uint64_t{s0.up.ctx.config.resends_per_chunk_max});
+  for (int round = 0; round < 100 && s0.pub.retained() > 0; ++round) {
+    CHECK(!s0.pub.on_need(Need{key, {}}));
+    s0.pub.flush();
+    net.run();
+  }
+  CHECK(s0.pub.retained() == 0);
+  CHECK(made.size() == made_max);
+  CHECK(s0.pub.outbox_empty());
+  REQUIRE(!warnings.empty());
+  CHECK(warnings.back().find("asked for again too often") != std::string::npos);
+  // Now it keeps no anchor of version 1: a Need for one asks for an anchor instead.
+  CHECK(s0.pub.on_need(Need{key, {}}));
+}

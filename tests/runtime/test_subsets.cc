@@ -261,6 +261,33 @@ TEST_CASE("tensor names are matched against a subset once per run, and peers' pa
   CHECK(warnings[0].find("take every chunk") != std::string::npos);
 }
 
+TEST_CASE("a worker whose tensors match none of the model's says so, once", "[runtime][subsets]") {
+  Series s(3);
+  FakeNet net;
+  Node& origin = net.add(origin_config());
+  REQUIRE(origin.publish(s.anchor(1)).is_ok());
+  Node& w = net.add(subset_worker("w", {"origin"}, {"layers.0.*"}));  // the model's names begin "model."
+  std::vector<std::string> warnings;
+  w.set_on_log([&](LogLevel level, const std::string& m) {
+    if (level == LogLevel::kWarn && m.find("match none") != std::string::npos) warnings.push_back(m);
+  });
+  REQUIRE(net.run_until([&] { return w.current_version() == 1; }));
+  for (std::uint64_t v = 2; v <= 3; ++v) {
+    REQUIRE(origin.publish(s.delta(v)).is_ok());
+    REQUIRE(net.run_until([&] { return w.current_version() == v; }));
+  }
+  CHECK(w.current()->tensors.empty());
+  REQUIRE(warnings.size() == 1);
+  CHECK(warnings[0].find("layers.0.*") != std::string::npos);
+  CHECK(warnings[0].find("model.") != std::string::npos);
+  // A worker whose patterns match does not say it.
+  Node& w0 = net.add(subset_worker("w0", {"origin"}, {"model.layers.0.*"}));
+  int said = 0;
+  w0.set_on_log([&](LogLevel, const std::string& m) { said += m.find("match none") != std::string::npos; });
+  REQUIRE(net.run_until([&] { return w0.current_version() == 3; }));
+  CHECK(said == 0);
+}
+
 TEST_CASE("a config's tensors are checked", "[runtime][subsets]") {
   NodeConfig c = worker_config("w", {"p"});
   c.tensors = subset({"model.*"});

@@ -125,8 +125,11 @@ class Publisher {
  private:
   explicit Publisher(PublisherOptions options);
   // `remake`: the version's payloads are not kept but made as they go (a trainer shard's anchor).
-  Status publish_encoded(Result<EncodedVersion> version, runtime::PayloadSource remake = {});
+  // `anchor_instead` (a delta's): set, and nothing published, when a trainer shard waiting for
+  // room is asked for an anchor of this version meanwhile; the caller publishes that instead.
+  Status publish_encoded(Result<EncodedVersion> version, runtime::PayloadSource remake = {}, bool* anchor_instead = nullptr);
   Status publish_anchor();
+  Status publish_anchor_of(const ModelLayout& layout, ByteSpan image, std::uint64_t version);
 
   PublisherOptions options_;
   std::unique_ptr<transport::NodeHost> host_;
@@ -152,8 +155,9 @@ class Publisher {
   VersionEncodeOptions own_anchor_options() const;
   // Makes the payloads of `manifest`, an anchor of the own image, as they go out.
   runtime::PayloadSource remake_from_own_image(const Manifest& manifest) const;
-  // A trainer shard: waits until its outbox is sent (or interrupt()), before the own image is written.
-  Status wait_outbox_sent();
+  // A trainer shard: waits until every payload its outbox is to make from the own image was made
+  // (or interrupt()), before the image is written.
+  Status wait_payloads_made();
   std::uint64_t version_ = 0;
   std::optional<CodecDecision> last_codec_;
   // An anchor asked for by the node (of this version or newer; 0: the newest), until one is

@@ -111,13 +111,15 @@ class Node {
   Status publish(Manifest manifest, std::vector<SharedBytes> payloads);
   // Trainer-shard publisher: a slice whose payloads are not kept (`version` encoded with
   // keep_payloads false; signed slices need its payload digests). `remake(i)` makes payload i on
-  // the loop thread as it goes out, and again when the origin asks for it, at most
-  // NodeConfig::shard_stream_bytes_max of them on their way at once. An error from it (the
-  // image it reads moved on to another version) lets the slice go, with a warning; the origin
-  // then asks for an anchor.
+  // the loop thread as it goes out, and again when the origin asks for it (each chunk
+  // 1 + resends_per_chunk_max times at most), while less than NodeConfig::shard_stream_bytes_max
+  // of them is on its way. An error from it (the image it reads moved on to another version)
+  // lets the slice go, with a warning; the origin then asks for an anchor.
   Status publish(EncodedVersion&& version, PayloadSource remake);
   // Trainer-shard publisher: true once everything published has been handed to the transport.
   bool outbox_empty() const;
+  // Trainer-shard publisher: true while the outbox holds chunks a PayloadSource is still to make.
+  bool payloads_to_make() const;
   // Trainer-shard publisher: slices not yet known to be merged at the origin.
   std::size_t slices_retained() const;
 

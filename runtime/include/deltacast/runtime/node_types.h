@@ -119,8 +119,9 @@ struct NodeConfig {
   std::size_t shard_slices_retained_max = 2;
   // Trainer-shard publisher: of a slice whose payloads are made as they go out (an anchor slice
   // of the Python publisher, say; Node::publish with a PayloadSource), the bytes made and not yet
-  // let go by the transport (on the wire, or copied) at once. What such a slice costs beyond
-  // the image it is made from, and the slice's window on its way to the origin.
+  // let go by the transport (on the wire, or copied) past which no more is made (so at most this
+  // and one payload), and what one pass of the loop makes at most. What such a slice costs
+  // beyond the image it is made from, and the slice's window on its way to the origin.
   std::uint64_t shard_stream_bytes_max = 16ull << 20;
   // Relays: forward a version only once all of it is here (store-and-forward), instead of
   // each chunk as it arrives. Only for comparisons in the simulator.

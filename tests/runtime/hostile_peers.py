@@ -1462,7 +1462,15 @@ def case_huge_forged_manifest(t):
     # The forged parent alone first: the CPU measured is what the forged manifests cost, not the
     # real versions (an anchor decoded under a sanitizer takes a second). Then one that fails
     # over to the real origin.
-    w = t.start("worker", "worker", "--id", "w1", "--trust-key", pub, "--parent", t.ep(0))
+    # This fake sends the manifest as one 52 MB message (a real parent sends it in parts of
+    # stripe_part_bytes, each heard as traffic), which says nothing until all of it is here: on
+    # a loaded host under a sanitizer that took over parent_timeout_ms (2 s), and the worker gave
+    # the parent up before reading it. The case is about what a forged manifest costs: a longer
+    # timeout.
+    config = os.path.join(t.dir, "w1.json")
+    with open(config, "w") as f:
+        json.dump({"id": "w1", "parents": [t.ep(0)], "trust_keys": [pub], "timing": {"parent_timeout_ms": 20000}}, f)
+    w = t.start("worker", "worker", "--config", config)
     t.require(wait_until(lambda: w.rss() is not None, 5), "the worker did not start")
     cpu0, rss0 = w.stat()
     peak, served, t0, first = rss0, 0, time.time(), None

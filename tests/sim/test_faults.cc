@@ -13,6 +13,7 @@
 #include "deltacast/runtime/version_store.h"
 #include "deltacast/sim/disk.h"
 #include "deltacast/sim/network.h"
+#include "test_util.h"
 #include "deltacast/sim/scenario.h"
 
 using namespace deltacast;
@@ -294,7 +295,7 @@ TEST_CASE("every fault kind keeps the invariants across seeds", "[sim][faults]")
   EncodedVersionCache encoded;
   std::size_t runs = 0;
   for (const Kind& kind : kinds) {
-    for (std::uint64_t seed = 1; seed <= 25; ++seed) {
+    for (std::uint64_t seed = 1; seed <= test::campaign_seeds(25); ++seed) {
       const double at = 1.0 + static_cast<double>(seed % 25) / 20;  // across the first versions' transfers
       const Scenario sc = parse(scenario(kind.faults(at)));
       RunOptions o;
@@ -309,5 +310,5 @@ TEST_CASE("every fault kind keeps the invariants across seeds", "[sim][faults]")
       kind.check(*r);
     }
   }
-  CHECK(runs == 8 * 25);
+  CHECK(runs == 8 * test::campaign_seeds(25));
 }

@@ -9,6 +9,7 @@
 
 #include "deltacast/sim/network.h"
 #include "deltacast/sim/scenario.h"
+#include "test_util.h"
 
 using namespace deltacast;
 using namespace deltacast::sim;
@@ -119,12 +120,12 @@ TEST_CASE("cut-through beats store-and-forward, a star and an object store on th
 // partition that heals, a lossy jittery WAN. The invariants: every live worker reaches the
 // newest version, no worker exposes a version whose contents are wrong, no queue passes its
 // bound. A failure names its seed; `deltacast sim` with that seed replays it.
-TEST_CASE("fault scenarios keep the invariants across 200 seeds", "[sim][faults]") {
+TEST_CASE("fault scenarios keep the invariants across 200 seeds (20 under a sanitizer)", "[sim][faults]") {
   const std::string model = R"({"real_bytes": 1048576, "chunks": 16})";
   const std::string run = R"({"versions": 4, "step_period_s": 1.5, "settle_s": 60})";
   std::size_t runs = 0;
   EncodedVersionCache encoded;  // one model for every run
-  for (std::uint64_t seed = 1; seed <= 200; ++seed) {
+  for (std::uint64_t seed = 1; seed <= test::campaign_seeds(200); ++seed) {
     // Fault times vary with the seed, within the first versions' transfers.
     const double at = 1.0 + static_cast<double>(seed % 50) / 1000;
     const std::string faults[] = {
@@ -145,7 +146,7 @@ TEST_CASE("fault scenarios keep the invariants across 200 seeds", "[sim][faults]
       if (!r->violations.empty()) FAIL(kinds[k] << ", seed " << seed << ": " << r->violations.front() << " (" << r->violations_total << " in all)");
     }
   }
-  CHECK(runs == 800);
+  CHECK(runs == 4 * test::campaign_seeds(200));
 }
 
 // Host CPU (docs/SIM.md, "Host CPU"): work at the head of every queue on a host shares its cores.
@@ -403,7 +404,7 @@ TEST_CASE("multi-tree fault scenarios keep the invariants across seeds", "[sim][
   EncodedVersionCache encoded;
   for (const char* trees : {"2", "3"}) {
     const std::string run = std::string(R"({"versions": 4, "step_period_s": 1.5, "settle_s": 60, "trees": )") + trees + "}";
-    for (std::uint64_t seed = 1; seed <= 40; ++seed) {
+    for (std::uint64_t seed = 1; seed <= test::campaign_seeds(40); ++seed) {
       const double at = 1.0 + static_cast<double>(seed % 50) / 1000;
       const std::string faults[] = {
           R"([{"at_s": )" + std::to_string(at) + R"(, "for_s": 2, "crash": "b.relay-0"}])",
@@ -425,7 +426,7 @@ TEST_CASE("multi-tree fault scenarios keep the invariants across seeds", "[sim][
       }
     }
   }
-  CHECK(runs == 240);
+  CHECK(runs == 2 * 3 * test::campaign_seeds(40));
 }
 
 TEST_CASE("a per-host WAN cap holds in the simulator, and trees spread a region's ingress over its WAN-capable hosts", "[sim][trees]") {

@@ -122,6 +122,10 @@ void Worker::hold_history_from(const RunId& run, std::uint64_t version) {
   post_hold(run, version);
 }
 
+Status Worker::set_tensors(TensorSubset tensors) {
+  return host_->call([&] { return host_->node().set_tensors(std::move(tensors)); });
+}
+
 void Worker::post_report(const runtime::ModelState& model, const std::string& error) {
   host_->post([host = host_.get(), model, error] { host->node().report_model(model, error); });
 }

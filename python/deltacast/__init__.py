@@ -461,6 +461,17 @@ class _Reader:
         ``change_history`` and within ``change_history_bytes``, until called again (0 lets go)."""
         self._native.hold_history_from(run, int(number))
 
+    def set_tensors(self, tensors: Optional[Iterable[str]]) -> None:
+        """Serves these tensors from now on (glob patterns as ``Worker(tensors=...)``; None: every
+        tensor), as an engine rank whose experts or pipeline stage change does. The parent hears
+        of it at once. Narrowed, the next version lists fewer tensors; grown, the chunks of the new
+        tensors come as a catch-up (those chunks of the newest anchor and the deltas after it,
+        not an anchor of every tensor), and the next version lists the new tensors: until it
+        comes, ``current()`` keeps the old ones. Its ``base_number`` is 0, as an anchor's. Raises
+        ValueError for patterns out of bounds, and for an attached reader (set them on the host's
+        worker)."""
+        self._native.set_tensors([str(t) for t in (tensors or [])])
+
     def on_version(self, callback: Callable[[Version], None]) -> None:
         """Calls ``callback(version)`` on a Python thread for each version that becomes current.
         An exception in a callback is logged (logger "deltacast") and the others still run. With

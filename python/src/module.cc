@@ -141,6 +141,7 @@ PYBIND11_MODULE(_native, m) {
       .def("current", &Worker::current)
       .def("wait_for", &Worker::wait_for, py::arg("run"), py::arg("version"), py::arg("timeout_s"))
       .def("hold_history_from", &Worker::hold_history_from, py::arg("run"), py::arg("version"))
+      .def("set_tensors", &Worker::set_tensors, py::arg("patterns"))
       .def("report_model", &Worker::report_model, py::arg("run"), py::arg("version"), py::arg("failed_run"), py::arg("failed_version"),
            py::arg("error"))
       .def("listening", &Worker::listening)

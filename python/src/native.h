@@ -230,6 +230,8 @@ class Worker {
   // it); its last update could not apply `failed_version` of `failed_run` (0: it applied).
   void report_model(const std::string& run, std::uint64_t version, const std::string& failed_run, std::uint64_t failed_version,
                     const std::string& error);
+  // embed::Worker::set_tensors: glob patterns (empty: every tensor). Raises ValueError.
+  void set_tensors(const std::vector<std::string>& patterns);
   // Stops the worker. A wait in another thread ends with deltacast.Error. Idempotent.
   void close();
   std::string listening() const;

@@ -229,6 +229,17 @@ std::shared_ptr<Version> Worker::wait_for(const std::string& run_text, std::uint
   return v ? std::make_shared<Version>(std::move(v)) : nullptr;
 }
 
+void Worker::set_tensors(const std::vector<std::string>& patterns) {
+  TensorSubset subset{patterns};
+  const auto w = live();
+  Status st;
+  {
+    py::gil_scoped_release release;
+    st = w->set_tensors(std::move(subset));
+  }
+  if (!st.is_ok()) throw py::value_error(st.message());
+}
+
 void Worker::hold_history_from(const std::string& run, std::uint64_t version) { live()->hold_history_from(run_of(run), version); }
 
 void Worker::report_model(const std::string& run, std::uint64_t version, const std::string& failed_run, std::uint64_t failed_version,

@@ -241,6 +241,31 @@ void ChildServer::serve_catch_up(PeerId peer, Child& c, std::uint64_t have, bool
   }
 }
 
+void ChildServer::serve_fill(PeerId peer, Child& c, const Need& need) {
+  // The newest anchor whose deltas reach the newest version, if it is no newer than what the
+  // child holds: the chunks it lacks come from it and the deltas after it, up to the child's
+  // version (the newer ones reach the child as any delta does).
+  const std::uint64_t held = need.key.version;
+  auto plan = cache_.catch_up_plan(0, /*anchor_only=*/true);
+  if (!plan || plan->empty() || plan->front().version > held) {
+    // No such chain here (or an anchor newer than what the child holds, which it takes whole):
+    // an anchor of all its tensors newer than what it holds.
+    serve_catch_up(peer, c, held, /*want_anchor=*/true, need.again);
+    return;
+  }
+  for (const VersionKey& key : *plan) {
+    if (key.version > held) break;
+    c.subscribe(key, ctx_.now_ms());  // chunks still on their way here follow
+    const CachedVersion* v = cache_.find(key);
+    if (!v) continue;
+    if (need.again && !forget_sent(peer, c, *v)) return;  // dropped
+    offer_manifest(peer, c, *v);
+    // Every tree's chunks down this one link, as an anchor's: one parent's chain, whole.
+    for (const std::uint32_t i : need.chunks)
+      if (i < v->chunks.size() && v->chunks[i] && of_tensors(c, *v, i) && !c.was_sent(v->key, i)) offer_chunk(peer, c, *v, i);
+  }
+}
+
 bool ChildServer::forget_sent(PeerId peer, Child& c, const CachedVersion& v) {
   auto* r = find_record(c.sent, v.key);
   if (!r) return true;
@@ -304,8 +329,9 @@ void ChildServer::offer_again(const CachedVersion& v) {
 
 // ---- requests -------------------------------------------------------------------------------
 
-bool ChildServer::carries(Child& c, const CachedVersion& v, std::uint32_t index) {
-  if (!c.carries(v.key, index)) return false;
+bool ChildServer::carries(Child& c, const CachedVersion& v, std::uint32_t index) { return c.carries(v.key, index) && of_tensors(c, v, index); }
+
+bool ChildServer::of_tensors(Child& c, const CachedVersion& v, std::uint32_t index) {
   if (c.tensors.all()) return true;
   // The same manifest: same control block (a weak pointer keeps it, so no address is reused).
   if (c.layout_of.owner_before(v.manifest) || v.manifest.owner_before(c.layout_of) || c.layout_of.expired()) {
@@ -378,6 +404,10 @@ void ChildServer::on_need(PeerId from, Child& child, const Need& need) {
     drop(from, "asks for " + to_string(need.key) + ", more than version_jump_max past v" + std::to_string(newest));
     return;
   }
+  if (need.want_anchor && need.fill && !need.chunks.empty()) {
+    serve_fill(from, child, need);
+    return;
+  }
   if (need.want_anchor) {
     // key.version: what the child holds; an older anchor is of no use to it.
     serve_catch_up(from, child, need.key.version, /*want_anchor=*/true, need.again);
@@ -400,7 +430,13 @@ void ChildServer::on_need(PeerId from, Child& child, const Need& need) {
       // if need be.
       serve_catch_up(from, child, need.key.version - 1, /*want_anchor=*/false, need.again);
     } else {
-      owner_.fetch(need);
+      // Asked for the whole version: this node lacks its manifest too, and a parent sends the
+      // manifest only to a link that does not name chunks. The child's chunks come with the
+      // rest and go down to it on arrival (it is subscribed now).
+      Need whole = need;
+      whole.chunks.clear();
+      whole.again = false;
+      owner_.fetch(whole);
     }
     return;
   }

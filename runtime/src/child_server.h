@@ -166,9 +166,14 @@ class ChildServer {
   bool take_need_token(Child& c);
   // Chunk `index` of `v` goes down the link to `c`: in its tree, and of its tensors.
   bool carries(Child& c, const CachedVersion& v, std::uint32_t index);
+  // ... of its tensors, in whichever tree.
+  bool of_tensors(Child& c, const CachedVersion& v, std::uint32_t index);
   bool wants(const Child& c, const VersionKey& key, bool chain_start) const;
   // `resend`: what the link carried of these versions before goes again (Need::again).
   void serve_catch_up(PeerId peer, Child& c, std::uint64_t have, bool want_anchor, bool resend);
+  // Need::fill: the chunks a worker whose tensors grew lacks, of the newest anchor and the deltas
+  // after it up to the version it holds.
+  void serve_fill(PeerId peer, Child& c, const Need& need);
   void send_version(PeerId peer, Child& c, const CachedVersion& v);
   bool send_chunk(PeerId peer, Child& c, const CachedVersion& v, std::uint32_t index);
   bool offer_manifest(PeerId peer, Child& c, const CachedVersion& v);

@@ -222,9 +222,7 @@ void Node::tick() {
   // Children waiting for an anchor keep the request alive upstream.
   if (auto anchor_after = children_->anchor_wanted()) request_anchor(*anchor_after);
   advance();
-  std::vector<VersionKey> pinned;
-  if (auto building = image_->building()) pinned.push_back(*building);
-  if (!cache_.evict(pinned).empty()) discards_++;
+  if (!cache_.evict(image_->building()).empty()) discards_++;
 }
 
 // Bounded history: the oldest versions' timings and publish times go first.

@@ -72,7 +72,8 @@ void Node::update_subscription() {
     for (auto& [key, v] : cache_.entries()) cache_.set_wanted(*cache_.find(key), nullptr);
     changed = true;
   }
-  if (children_->take_tensors_changed()) {
+  const bool own_changed = std::exchange(own_tensors_changed_, false);
+  if (children_->take_tensors_changed() || own_changed) {
     TensorSubset wanted = wanted_tensors();
     if (wanted != subscription_) {
       ctx_->log(LogLevel::kInfo, "takes " + to_string(wanted) + " (was " + to_string(subscription_) + ")");
@@ -80,7 +81,7 @@ void Node::update_subscription() {
       for (auto& [key, v] : cache_.entries()) {
         CachedVersion& cached = *cache_.find(key);
         const bool was_complete = cached.complete();
-        cache_.set_wanted(cached, wanted_layout(v.manifest));
+        cache_.set_wanted(cached, layout_for(cached));
         // Narrowed, a version may now be whole here: a store-and-forward relay sends it on.
         if (!was_complete && cached.complete() && config_.serve_children && config_.store_and_forward) children_->forward_whole(cached);
       }
@@ -244,6 +245,62 @@ void Node::request_anchor(std::uint64_t newer_than) {
   anchor_requested_ms_ = now;
 }
 
+Status Node::set_tensors(TensorSubset tensors) {
+  tensors.normalize();
+  NodeConfig checked = config_;
+  checked.tensors = tensors;
+  DC_RETURN_IF_ERROR(check_tensors(checked));
+  if (!config_.reconstruct) return Status::invalid_argument("tensors: only a worker serves some tensors");
+  if (tensors == config_.tensors) return Status::ok();
+  ctx_->log(LogLevel::kInfo, "serves " + to_string(tensors) + " from now on (was " + to_string(config_.tensors) + ")");
+  config_.tensors = std::move(tensors);
+  own_tensors_changed_ = true;
+  update_subscription();  // the parents hear of it before the Need below
+  ask_fill();
+  return Status::ok();
+}
+
+void Node::ask_fill() {
+  fill_for_ = 0;
+  fill_layout_.reset();
+  const std::shared_ptr<const ModelVersion> held = current();
+  const std::shared_ptr<const Manifest> manifest = image_->held_manifest();
+  if (!has_parents() || !held || !manifest || held->version != manifest->version || held->chunk_states.size() != manifest->chunks.size()) return;
+  const auto layout = ctx_->subsets.layout(manifest, config_.tensors, /*from_peers=*/false);
+  auto lack = std::make_shared<SubsetLayout>();
+  lack->chunks.assign(manifest->chunks.size(), false);
+  std::vector<std::uint32_t> chunks;
+  for (std::uint32_t i = 0; i < manifest->chunks.size(); ++i) {
+    if ((layout && !layout->chunks[i]) || held->chunk_states[i].held) continue;
+    lack->chunks[i] = true;
+    lack->chunk_count++;
+    lack->image_bytes += manifest->chunks[i].length;
+    lack->payload_bytes += manifest->chunks[i].payload_bytes;
+    chunks.push_back(i);
+  }
+  // None lacking (narrowed, or grown within chunks held); too many to name: the next version
+  // starts from an anchor of the tensors served.
+  if (chunks.empty() || chunks.size() > kNeedChunksMax) return;
+  fill_for_ = held->version;
+  fill_layout_ = std::move(lack);
+  for (auto& [key, v] : cache_.entries()) {
+    CachedVersion& cached = *cache_.find(key);
+    if (key.version <= fill_for_) cache_.set_wanted(cached, layout_for(cached));
+  }
+  ctx_->log(LogLevel::kInfo, "asks for " + std::to_string(chunks.size()) + " chunks of the tensors it serves now that version " +
+                                 std::to_string(fill_for_) + " lacks, from the newest anchor and the deltas after it");
+  upstreams_->send_need(Need{{fill_for_, false}, std::move(chunks), /*want_anchor=*/true, /*again=*/false, /*fill=*/true});
+}
+
+std::shared_ptr<const SubsetLayout> Node::layout_for(const CachedVersion& v) {
+  if (!fill_for_ || config_.serve_children || v.key.version > fill_for_) return wanted_layout(v.manifest);
+  if (v.manifest->chunks.size() == fill_layout_->chunks.size()) return fill_layout_;
+  // Another chunking: no use to the fill (Reconstructor::find_chain passes it over).
+  auto none = std::make_shared<SubsetLayout>();
+  none->chunks.assign(v.manifest->chunks.size(), false);
+  return none;
+}
+
 void Node::request_missing(bool force) {
   if (!upstreams_->any_welcomed()) return;
   const std::uint64_t now = ctx_->now_ms();
@@ -258,7 +315,7 @@ void Node::request_missing(bool force) {
     if (v.complete()) continue;
     if (!force && now - v.last_activity_ms < config_.timing.need_after_ms) continue;
     // A worker needs only what it can still use; a relay completes everything it caches.
-    if (config_.reconstruct && !config_.serve_children && key.version <= current_version()) continue;
+    if (config_.reconstruct && !config_.serve_children && key.version <= current_version() && key.version > 0 && key.version > fill_for_) continue;
     auto missing = v.missing();
     ctx_->stats.retransmit_requests += missing.size();
     upstreams_->send_need(Need{key, std::move(missing), false, again});

@@ -113,6 +113,8 @@ void Node::drop_cache() {
   cache_.clear();
   children_->forget_versions();
   anchor_requested_ = false;
+  fill_for_ = 0;  // what it filled from is gone
+  fill_layout_.reset();
   // Parents forget what they sent of the old run as they move to the new one: nothing of the
   // new run has been thrown away.
   for (const auto& link : *upstreams_) link->records_fresh_at(discards_);
@@ -126,14 +128,15 @@ void Node::on_manifest(PeerId from, const ManifestMsg& m) {
   const bool known = cache_.find(m.key) != nullptr;
   if (!known && !admit_manifest(from, m, parsed)) return;
   // A worker that does not relay has no use for versions it has moved past.
-  if (config_.reconstruct && !config_.serve_children && m.key.version <= current_version()) return;
+  // Unless it fills chunks from them (ask_fill).
+  if (config_.reconstruct && !config_.serve_children && m.key.version <= current_version() && m.key.version > fill_for_) return;
   auto r = cache_.add_manifest(m.key, m.manifest, now, std::move(parsed));
   if (!r.is_ok()) {
     ctx_->set_error(r.status().to_string());
     return;
   }
   CachedVersion* v = *r;
-  if (!known) cache_.set_wanted(*v, wanted_layout(v->manifest));
+  if (!known) cache_.set_wanted(*v, layout_for(*v));
   if (m.published_us) published_us_[m.key.version] = m.published_us;
   VersionTiming& t = timings_[m.key.version];
   if (!t.manifest_us) {
@@ -285,8 +288,13 @@ void Node::on_version_ready(const std::shared_ptr<const ModelVersion>& ready) {
   DC_CHECK(ready->run == run_, "a version of another run than the node's made ready");
   timings_[ready->version].ready_us = ctx_->clock.now_us();
   report_ready(*ready);
-  // A worker that relays keeps versions for its children; one that does not drops them.
-  if (!config_.serve_children) {
+  // Its tensors grew while it built another version than the one it asked to fill, or the
+  // fill was given up for an anchor that was built meanwhile: it asks again for what this one
+  // lacks (nothing, once the filled version is built).
+  if (fill_for_) ask_fill();
+  // A worker that relays keeps versions for its children; one that does not drops them (but
+  // those it fills chunks from, until it built the version that fills them).
+  if (!config_.serve_children && !fill_for_) {
     std::vector<VersionKey> old;
     for (const auto& [k, v] : cache_.entries())
       if (k.version <= ready->version) old.push_back(k);

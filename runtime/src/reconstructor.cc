@@ -71,6 +71,14 @@ struct Reconstructor::Assembly {
   bool exclusive = false;  // in place: every reader has let go, chunks may be applied
   bool allocating = false;  // the staging image is being sized (AllocateTask): nothing decodes yet
   bool needed_anchor = false;  // need_anchor_ before it started: back if it cannot be allocated
+  // The worker's tensors grew (Node::set_tensors): chunks of its tensors the base does not hold
+  // (fill[i]). Each is rebuilt from the newest cached anchor through the deltas after it up to
+  // this version (`chain`, anchor first, this version not in it), all in the same chunking.
+  TensorSubset served;  // NodeConfig::tensors when it started
+  std::vector<std::uint8_t> fill;
+  std::size_t fill_count = 0;
+  std::vector<VersionKey> chain;  // found once its manifests are cached (find_chain)
+  std::uint64_t fill_heard_ms = 0;  // when a chunk of the chain last came
 };
 
 // One chunk decoded into the staging image. It holds what it reads and writes, so that it may
@@ -92,12 +100,23 @@ class Reconstructor::DecodeTask final : public Task {
     record_patch_ = a.record_patch;
     catch_up_ = a.catch_up;
     if (catch_up_) already_caught_up_ = a.caught_up[index];
+    if (!a.fill.empty() && a.fill[index]) {
+      for (const VersionKey& key : a.chain) {
+        const CachedVersion* v = r.cache_.find(key);
+        chain_.emplace_back(v->manifest, v->chunks[index]);
+      }
+      chain_.emplace_back(a.manifest, payload);
+    }
   }
   void work() override {
     if (!staging_) return;
     const ChunkEntry& e = manifest_->chunks[index_];
     const auto decoder = decoders_->acquire();
     const MutableByteSpan out = MutableByteSpan(staging_->image).subspan(e.offset, e.length);
+    if (!chain_.empty()) {
+      fill(out, *decoder);
+      return;
+    }
     const bool dense = !sparse_ || whole_;
     std::vector<std::uint32_t>* changed = record_changes_ || (record_patch_ && dense) ? &changed_ : nullptr;
     ChunkPatch* patch = record_patch_ ? &patch_ : nullptr;
@@ -127,7 +146,9 @@ class Reconstructor::DecodeTask final : public Task {
       // A patch that does not bring the range to the base's state (memory that changed under
       // the spare image): copy the base's range instead, and hash the copy, so that damage in
       // the live image is not carried over as if it were the base.
-      if (!decoder->apply_patch((*catch_up_->patch)[index_], out, held, to.state).is_ok()) {
+      // A chunk the spare does not hold (the worker's tensors grew since it was built) holds
+      // nothing the patch could start from.
+      if (!staging_->chunk_states[index_].held || !decoder->apply_patch((*catch_up_->patch)[index_], out, held, to.state).is_ok()) {
         copied_ = true;
         std::memcpy(out.data(), catch_up_->image.data() + e.offset, e.length);
         if (state_hash(out) != to.state) {
@@ -146,10 +167,28 @@ class Reconstructor::DecodeTask final : public Task {
   }
   void done() override {
     if (*alive_)
-      owner_->on_decoded(generation_, index_, {status_, std::move(changed_), std::move(old_), std::move(patch_), caught_up_, copied_, live_damaged_, whole_});
+      owner_->on_decoded(generation_, index_, {status_, std::move(changed_), std::move(old_), std::move(patch_), caught_up_, copied_, live_damaged_, whole_, filled_});
   }
 
  private:
+  // A chunk the base does not hold: the anchor's chunk, then each delta's in turn, in the
+  // staging range (which nobody reads: a range the version exposed does not hold). Every step
+  // is checked as any chunk is: payload, base and result.
+  void fill(MutableByteSpan out, ChunkDecoder& decoder) {
+    const auto& [anchor, anchor_payload] = chain_.front();
+    status_ = decode_chunk_verified(*anchor, index_, *anchor_payload, ByteSpan(), out, decoder, nullptr);
+    std::uint64_t state = anchor->chunks[index_].content_hash;
+    for (std::size_t k = 1; k < chain_.size() && status_.is_ok(); ++k) {
+      const Manifest& m = *chain_[k].first;
+      if (m.hash_scheme == ChunkHashScheme::kState && chain_[k - 1].first->hash_scheme == ChunkHashScheme::kState)
+        status_ = apply_chunk_sparse(m, index_, *chain_[k].second, out, state, decoder, nullptr, nullptr);
+      else
+        status_ = decode_chunk_verified(m, index_, *chain_[k].second, out, out, decoder, nullptr);
+      state = m.chunks[index_].content_hash;
+    }
+    filled_ = true;
+  }
+
   Reconstructor* owner_;
   std::shared_ptr<bool> alive_;
   std::uint64_t generation_;
@@ -165,6 +204,8 @@ class Reconstructor::DecodeTask final : public Task {
   bool record_patch_ = false;
   std::shared_ptr<const ModelVersion> catch_up_;
   bool already_caught_up_ = false, caught_up_ = false, copied_ = false, live_damaged_ = false, whole_ = false;
+  std::vector<std::pair<std::shared_ptr<const Manifest>, SharedBytes>> chain_;  // Assembly::chain, then this version
+  bool filled_ = false;
   std::vector<std::uint32_t> changed_;
   Bytes old_;
   ChunkPatch patch_;
@@ -189,6 +230,7 @@ Status Reconstructor::restore(std::shared_ptr<ModelVersion> version) {
     if (tensor_bytes != version->image.size()) return Status::invalid_argument("the restored tensors do not cover the image");
   }
   held_version_ = version->version;
+  held_manifest_.reset();
   restored_ = std::move(version);
   release();
   return Status::ok();
@@ -217,7 +259,17 @@ std::optional<VersionKey> Reconstructor::building() const {
 }
 
 void Reconstructor::advance() {
-  if (assembly_) return;
+  if (Assembly* a = assembly_.get()) {
+    if (a->fill_count == 0 || !a->chain.empty()) return;
+    // Filling, its chain not found yet: an anchor newer than what is held makes it moot (the
+    // parent had no chain to send, and sent that); else its manifests may have come.
+    if (auto anchor = cache_.newest_anchor(); anchor && anchor->version > held_version_) {
+      abandon("an anchor came for " + to_string(a->key) + ", whose chunks it lacks", false);
+      return;
+    }
+    pump();
+    return;
+  }
   const std::uint64_t have = held_version_;
   if (!need_anchor_ && have > 0) {
     if (const CachedVersion* next = cache_.find({have + 1, false})) {
@@ -237,9 +289,75 @@ void Reconstructor::on_chunk(const VersionKey& key, std::uint32_t index) {
   if (assembly_ && assembly_->key == key) {
     assembly_->arrived.push_back(index);
     pump();
+  } else if (Assembly* a = assembly_.get(); a && a->fill_count > 0 && key.version < a->key.version) {
+    // A chunk of the chain a filled chunk is rebuilt from.
+    a->fill_heard_ms = ctx_.now_ms();
+    if (index < a->fill.size() && a->fill[index]) {
+      a->arrived.push_back(index);
+      pump();
+    }
   } else {
     advance();
   }
+}
+
+bool Reconstructor::find_chain(Assembly& a) {
+  const Manifest& m = *a.manifest;
+  // The newest cached anchor before this version whose deltas up to it are all cached, in this
+  // version's chunking where it fills.
+  const auto& entries = cache_.entries();
+  for (auto it = entries.rbegin(); it != entries.rend(); ++it) {
+    if (!it->first.anchor || it->first.version >= a.key.version) continue;
+    std::vector<VersionKey> chain{it->first};
+    for (std::uint64_t k = it->first.version + 1; k < a.key.version && chain.size() == k - it->first.version; ++k)
+      if (cache_.find({k, false})) chain.push_back({k, false});
+    if (chain.size() != a.key.version - it->first.version) continue;
+    std::uint64_t bytes = 0;
+    bool same = true;
+    for (const VersionKey& key : chain) {
+      const Manifest& c = *cache_.find(key)->manifest;
+      same = same && c.image_size == m.image_size && c.chunks.size() == m.chunks.size();
+      for (std::size_t i = 0; same && i < a.fill.size(); ++i) {
+        if (!a.fill[i]) continue;
+        same = c.chunks[i].offset == m.chunks[i].offset && c.chunks[i].length == m.chunks[i].length;
+        bytes += c.chunks[i].payload_bytes;
+      }
+    }
+    if (!same) continue;
+    // The chain's chunks stay cached until this version is built: half the cache at most.
+    if (bytes > cache_.bytes_max() / 2) {
+      abandon("the chunks " + to_string(a.key) + " lacks take " + std::to_string(bytes) + " bytes of the anchor and deltas before it, more than half the cache (cache_bytes_max)", true);
+      return false;
+    }
+    a.chain = std::move(chain);
+    for (std::uint32_t i = 0; i < a.fill.size(); ++i)
+      if (a.fill[i]) a.arrived.push_back(i);
+    return true;
+  }
+  return false;
+}
+
+bool Reconstructor::chain_holds(const Assembly& a, std::uint32_t i) const {
+  if (a.chain.empty()) return false;
+  for (const VersionKey& key : a.chain) {
+    const CachedVersion* v = cache_.find(key);
+    if (!v || !v->chunks[i]) return false;
+  }
+  return true;
+}
+
+void Reconstructor::check_fill(std::uint64_t now_ms) {
+  Assembly* a = assembly_.get();
+  if (!a || a->fill_count == 0 || a->allocating) return;
+  bool waiting = false;
+  for (std::size_t i = 0; i < a->fill.size() && !waiting; ++i) waiting = a->fill[i] && a->state[i] == Assembly::ChunkState::kWaiting;
+  const std::uint64_t wait_ms_max = 5 * ctx_.config.timing.parent_timeout_ms;
+  if (waiting && now_ms - a->fill_heard_ms > wait_ms_max)
+    abandon("no chunk of the anchor and deltas " + to_string(a->key) + " fills from came for " + std::to_string(wait_ms_max) + " ms", true);
+}
+
+std::vector<VersionKey> Reconstructor::chain() const {
+  return assembly_ ? assembly_->chain : std::vector<VersionKey>{};
 }
 
 // Sizes a staging image off the loop thread. It holds the image, so that it may outlive the
@@ -324,10 +442,19 @@ void Reconstructor::start(const CachedVersion& v) {
     abandon(config.tensors.all() ? "layout changed" : "the version held is the saved file of the tensors this worker serves; an anchor of them follows", true);
     return;
   }
+  a->served = config.tensors;
   a->subset = ctx_.subsets.layout(v.manifest, config.tensors, /*from_peers=*/false);
   if (live && !v.key.anchor && !config.virtual_payloads && !holds(*live, *v.manifest, a->subset.get())) {
-    abandon("the image held lacks tensors this worker serves", true);
-    return;
+    // The worker's tensors grew: the chunks it lacks are rebuilt from the anchor and deltas
+    // before this version (its parent sends them, Need::fill), in this version's chunking.
+    if (!same_chunking(live->chunk_states, *v.manifest)) {
+      abandon("the image held lacks tensors this worker serves", true);
+      return;
+    }
+    a->fill.assign(v.manifest->chunks.size(), 0);
+    for (std::size_t i = 0; i < a->fill.size(); ++i)
+      if ((!a->subset || a->subset->chunks[i]) && !live->chunk_states[i].held) a->fill[i] = 1, a->fill_count++;
+    a->fill_heard_ms = ctx_.now_ms();
   }
   a->base = v.key.anchor ? nullptr : live;
   if (config.in_place && !config.virtual_payloads && live && live->image.size() == v.manifest->image_size) {
@@ -342,7 +469,10 @@ void Reconstructor::start(const CachedVersion& v) {
     // The spare image catches up sparsely when it holds the version before the live one, and
     // the live one kept the patch that made it; every chunking must be the manifest's.
     const ModelVersion& spare = *a->staging;
-    if (spare.version != 0 && spare.version == live->base_version && spare.run == live->run && live->patch &&
+    // What the live version was built from: its base, also when it filled chunks (and so says
+    // none to readers), whose patches are then empty and which the spare does not hold.
+    const std::uint64_t built_from = held_manifest_ && held_manifest_->version == live->version ? held_manifest_->base_version : live->base_version;
+    if (spare.version != 0 && spare.version == built_from && spare.run == live->run && live->patch &&
         live->patch->size() == v.manifest->chunks.size() && same_chunking(spare.chunk_states, *v.manifest) &&
         same_chunking(live->chunk_states, *v.manifest)) {
       a->sparse = true;
@@ -360,7 +490,9 @@ void Reconstructor::start(const CachedVersion& v) {
       if (!a->subset->chunks[i]) a->state[i] = Assembly::ChunkState::kDone;
     a->done = a->state.size() - a->subset->chunk_count;
   }
-  a->record_changes = !v.key.anchor && config.change_history_versions_max > 0 && !config.virtual_payloads;
+  // A version with chunks filled comes partly whole (a new tensor has no changes to list): it
+  // keeps no change history and says no base (ModelVersion::base_version 0), as an anchor.
+  a->record_changes = !v.key.anchor && a->fill_count == 0 && config.change_history_versions_max > 0 && !config.virtual_payloads;
   // In place, the base's bytes are the ones being overwritten: no old values.
   a->record_old = a->record_changes && !a->in_place;
   if (a->record_changes) a->changed.resize(v.manifest->chunks.size());
@@ -392,6 +524,14 @@ void Reconstructor::on_decoded(std::uint64_t generation, std::uint32_t i, Decode
     drop_damaged(live, status.to_string());
     return;
   }
+  if (result.filled && !status.is_ok()) {
+    // Each step was checked before it was written, and only ranges nobody reads were: the
+    // chain is no help (a chunk of it damaged, or not what this version was made from), an
+    // anchor is.
+    abandon("filling chunk " + std::to_string(i) + " of " + to_string(as.key) + " from the anchor and deltas before it: " + status.to_string(), true);
+    return;
+  }
+  if (result.filled) ctx_.stats.chunks_filled++;
   if (status.is_ok()) {
     if (as.record_changes) as.changed[i] = std::move(result.changed);
     if (as.record_old) as.old[i] = std::move(result.old);
@@ -410,7 +550,7 @@ void Reconstructor::on_decoded(std::uint64_t generation, std::uint32_t i, Decode
     const bool damaged = as.in_place && !as.sparse &&
                          chunk_hash(as.manifest->hash_scheme, ByteSpan(as.staging->image).subspan(ce.offset, ce.length)) != ce.base_hash;
     if (status.code() == StatusCode::kMismatch || damaged) {
-      if (damaged) held_version_ = 0;
+      if (damaged) held_version_ = 0, held_manifest_.reset();
       abandon(status.to_string(), true);
       return;
     }
@@ -461,10 +601,20 @@ void Reconstructor::pump() {
     abandon("version " + to_string(a->key) + " left the cache", false);
     return;
   }
+  if (a->fill_count > 0 && a->chain.empty()) {
+    find_chain(*a);  // else its manifests are still on their way
+    if (assembly_.get() != a) return;  // abandoned
+  }
+  for (const VersionKey& key : a->chain)
+    if (!cache_.find(key)) {
+      abandon("version " + to_string(key) + ", which chunks of " + to_string(a->key) + " are filled from, left the cache", true);
+      return;
+    }
   while (!a->arrived.empty() && a->inflight < ctx_.config.decode_inflight_max) {
     const std::uint32_t i = a->arrived.front();
     a->arrived.pop_front();
     if (i >= a->state.size() || a->state[i] != Assembly::ChunkState::kWaiting || !v->chunks[i]) continue;
+    if (!a->fill.empty() && a->fill[i] && !chain_holds(*a, i)) continue;  // queued again as the rest comes
     a->state[i] = Assembly::ChunkState::kDecoding;
     a->inflight++;
     auto task = std::make_unique<DecodeTask>(*this, *a, v->chunks[i], i);
@@ -500,7 +650,7 @@ void Reconstructor::finish() {
            "a delta about to be exposed that was applied to another version than its base");
   ModelVersion& image = *a->staging;
   image.version = a->key.version;
-  image.base_version = a->key.anchor ? 0 : a->manifest->base_version;
+  image.base_version = a->key.anchor || a->fill_count > 0 ? 0 : a->manifest->base_version;
   image.run = a->manifest->run;
   image.checksum = a->manifest->version_checksum;
   image.tensors.clear();
@@ -508,6 +658,7 @@ void Reconstructor::finish() {
     for (const std::uint32_t t : a->subset->tensors) image.tensors.push_back(a->manifest->tensors[t]);
   else
     image.tensors = a->manifest->tensors;
+  image.served = a->served;
   image.metadata = a->manifest->metadata;
   image.chunk_states.clear();
   if (a->manifest->hash_scheme == ChunkHashScheme::kState)
@@ -527,6 +678,7 @@ void Reconstructor::finish() {
   }
   restored_.reset();
   held_version_ = ready->version;
+  held_manifest_ = a->manifest;
   if (a->key.anchor) damaged_floor_ = 0;
   ctx_.stats.versions_ready++;
   owner_.on_version_ready(ready);
@@ -604,6 +756,7 @@ void Reconstructor::drop_damaged(const std::shared_ptr<const ModelVersion>& vers
   const bool staging = assembly_ && assembly_->in_place && assembly_->staging == version;
   if (!version || (version != current() && !staging) || held_version_ != version->version) return;
   held_version_ = 0;  // nothing held: abandon() does not expose it again
+  held_manifest_.reset();
   damaged_floor_ = version->version - 1;  // an anchor of this version or a newer one
   expose(nullptr);
   spare_.reset();
@@ -622,6 +775,7 @@ void Reconstructor::forget() {
   restored_.reset();
   spare_.reset();
   held_version_ = 0;
+  held_manifest_.reset();
   damaged_floor_ = 0;  // the new run's versions count from 1
 }
 

@@ -60,6 +60,15 @@ class Reconstructor {
   // dropped, the one before it (so the worker does not go back to older versions).
   std::uint64_t anchor_floor() const { return std::max(held_version_, damaged_floor_); }
   bool busy() const { return assembly_ != nullptr; }
+  // The manifest of the version held, when it was built here (null when restored from disk, or
+  // nothing is held): what the tensors it lacks are found in when the worker's grow.
+  const std::shared_ptr<const Manifest>& held_manifest() const { return held_manifest_; }
+  // The versions the one being rebuilt fills chunks from (see Assembly::fill), which the cache
+  // keeps meanwhile; empty when it fills none (or they are not all cached yet).
+  std::vector<VersionKey> chain() const;
+  // A version filling chunks whose chain sent nothing for five parent timeouts is given up for
+  // an anchor.
+  void check_fill(std::uint64_t now_ms);
   // The version being rebuilt (kept in the cache meanwhile).
   std::optional<VersionKey> building() const;
 
@@ -105,8 +114,14 @@ class Reconstructor {
     bool copied = false;                 // ... by copying the base's range, not by its patch
     bool live_damaged = false;           // ... which did not match its state: the live image is damaged
     bool dense = false;                  // decoded whole from the base (double-buffered, a dense chunk)
+    bool filled = false;                 // rebuilt from the chain (Assembly::fill)
   };
   void on_decoded(std::uint64_t generation, std::uint32_t index, Decoded&& result);
+  // Finds Assembly::chain in the cache (queueing every chunk to fill once it does); false while
+  // it is not there, or when it is too large (then the assembly is given up for an anchor).
+  bool find_chain(Assembly& a);
+  // Every version of a's chain holds chunk i.
+  bool chain_holds(const Assembly& a, std::uint32_t i) const;
   std::vector<std::shared_ptr<const ChangeSet>> history_after(Assembly& a) const;
   void finish();
   TaskCost cost_of(const Assembly& a, std::uint32_t index) const;
@@ -125,6 +140,7 @@ class Reconstructor {
   std::unique_ptr<Assembly> assembly_;
   std::shared_ptr<ModelVersion> spare_;  // a retired image to reuse for staging
   std::shared_ptr<ModelVersion> restored_;  // restore()d, waiting for Owner::may_expose
+  std::shared_ptr<const Manifest> held_manifest_;  // held_manifest()
   mutable std::mutex current_mu_;
   std::shared_ptr<const ModelVersion> current_;
   bool need_anchor_ = false;

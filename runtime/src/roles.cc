@@ -21,7 +21,12 @@ class WorkerImage final : public Image, private Scrubber::Owner {
   std::uint64_t deltas_after(std::uint64_t) const override { return rebuild_.need_anchor() ? 0 : rebuild_.held_version(); }
   bool wants_anchor(bool parent_in_newer_run, std::uint64_t parent_newest) const override;
   bool settled() const override { return !rebuild_.busy() && !rebuild_.need_anchor(); }
-  std::optional<VersionKey> building() const override { return rebuild_.building(); }
+  std::vector<VersionKey> building() const override {
+    std::vector<VersionKey> keys = rebuild_.chain();
+    if (auto key = rebuild_.building()) keys.push_back(*key);
+    return keys;
+  }
+  std::shared_ptr<const Manifest> held_manifest() const override { return rebuild_.held_manifest(); }
   void on_chunk(const VersionKey& key, std::uint32_t index) override { rebuild_.on_chunk(key, index); }
   void advance() override { rebuild_.advance(); }
   void tick(std::uint64_t now_ms) override;
@@ -44,6 +49,7 @@ bool WorkerImage::wants_anchor(bool parent_in_newer_run, std::uint64_t parent_ne
 
 void WorkerImage::tick(std::uint64_t now_ms) {
   if (rebuild_.busy()) rebuild_.pump();  // in place: readers may have let go since
+  rebuild_.check_fill(now_ms);
   scrubber_.tick(now_ms, rebuild_.current());
 }
 

@@ -43,8 +43,11 @@ class Image {
   virtual bool wants_anchor(bool parent_in_newer_run, std::uint64_t parent_newest) const = 0;
   // Nothing being rebuilt and no anchor wanted (Node::quiet()).
   virtual bool settled() const = 0;
-  // The version being rebuilt, which the cache keeps meanwhile.
-  virtual std::optional<VersionKey> building() const = 0;
+  // The versions the cache keeps meanwhile: the one being rebuilt, and those it fills chunks
+  // from (Reconstructor::chain).
+  virtual std::vector<VersionKey> building() const = 0;
+  // The manifest of the version held, when it was built here (Reconstructor::held_manifest).
+  virtual std::shared_ptr<const Manifest> held_manifest() const = 0;
   // A chunk of `key` is cached now.
   virtual void on_chunk(const VersionKey& key, std::uint32_t index) = 0;
   // Starts the next version if the cache has what it needs.
@@ -70,7 +73,8 @@ class NoImage final : public Image {
   std::uint64_t deltas_after(std::uint64_t cached_newest) const override { return cached_newest; }
   bool wants_anchor(bool, std::uint64_t) const override { return false; }
   bool settled() const override { return true; }
-  std::optional<VersionKey> building() const override { return std::nullopt; }
+  std::vector<VersionKey> building() const override { return {}; }
+  std::shared_ptr<const Manifest> held_manifest() const override { return nullptr; }
   void on_chunk(const VersionKey&, std::uint32_t) override {}
   void advance() override {}
   void tick(std::uint64_t) override {}

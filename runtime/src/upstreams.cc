@@ -64,6 +64,7 @@ void Upstreams::send_need(const Need& need) {
     Need& p = it->second;
     const std::size_t before = p.chunks.size();
     p.again = p.again || need.again;
+    p.fill = p.fill || need.fill;
     if (p.chunks.empty() || need.chunks.empty()) {
       p.chunks.clear();  // the whole version
     } else {
@@ -116,7 +117,7 @@ void Upstreams::send_need_now(const Need& need) {
   std::vector<std::vector<std::uint32_t>> by_tree(trees);
   for (const std::uint32_t i : need.chunks) by_tree[i % trees].push_back(i);
   for (std::size_t t = 0; t < trees; ++t)
-    if (!by_tree[t].empty()) links_[t]->send(Need{need.key, std::move(by_tree[t]), need.want_anchor, need.again});
+    if (!by_tree[t].empty()) links_[t]->send(Need{need.key, std::move(by_tree[t]), need.want_anchor, need.again, need.fill});
 }
 
 }  // namespace deltacast::runtime

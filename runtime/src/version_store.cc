@@ -182,7 +182,7 @@ Status VersionStore::save(const ModelVersion& version) const {
   DC_RETURN_IF_ERROR(written);
   nlohmann::json j = {{"version", version.version}, {"checksum", hex64(version.checksum)}, {"image_xxh3", hex64(data_hash.digest())}};
   if (!version.run.empty()) j["run"] = {{"started_us", version.run.started_us}, {"nonce", hex64(version.run.nonce)}};
-  if (!tensors_.all()) j["tensors_xxh3"] = hex64(subset_digest(tensors_));
+  if (!version.served.all()) j["tensors_xxh3"] = hex64(subset_digest(version.served));
   const std::string text = j.dump(2) + "\n";
   const ByteSpan record[] = {ByteSpan(reinterpret_cast<const std::uint8_t*>(text.data()), text.size())};
   if (Status st = storage_->write(record_of(name), record, /*uncached=*/false); !st.is_ok()) {
@@ -225,6 +225,7 @@ Result<std::shared_ptr<ModelVersion>> VersionStore::load(std::uint64_t version) 
   v->checksum = rec.checksum;
   v->run = rec.run;
   v->tensors = layout->model.tensors;
+  v->served = tensors_;
   v->metadata = layout->model.metadata;
   v->image.assign(image.begin(), image.end());
   return v;

@@ -642,7 +642,20 @@ class ScenarioRun {
     if (c.reconstruct) {
       workers_.push_back(i);
       worker_region_[i] = n.region;
+      if (!c.tensors.all()) worker_bytes_[i] = subset_delta_bytes(c.tensors);
     }
+  }
+
+  // The most a delta's chunks of `tensors` take: what a worker serving them must receive.
+  double subset_delta_bytes(const TensorSubset& tensors) const {
+    double bytes = 0;
+    for (const auto& [v, m] : vs_.deltas) bytes = std::max(bytes, static_cast<double>(subset_layout(m, tensors).payload_bytes));
+    return bytes;
+  }
+  // What worker w must receive of a version: its tensors' share (the region's `serves`).
+  double worker_bytes(int w) const {
+    const auto it = worker_bytes_.find(w);
+    return it == worker_bytes_.end() ? delta_bytes_ : it->second;
   }
 
   // The planner's tree for the strategy's shape; nodes in plan order, parents before children.
@@ -960,12 +973,14 @@ class ScenarioRun {
 
   // Every worker's own bound, and each ready pair's time over its worker's.
   void own_bounds() {
-    std::map<std::string, double> by_region;
-    for (const auto& b : topology::receive_bounds(sc_.fleet)) by_region[b.region] = b.seconds(delta_bytes_);
+    std::map<std::string, topology::ReceiveBound> by_region;
+    for (const auto& b : topology::receive_bounds(sc_.fleet)) by_region[b.region] = b;
+    // A worker serving some tensors: the soonest its share of the version can be there.
+    auto own = [&](int w) { return by_region.at(worker_region_.at(w)).seconds(worker_bytes(w)); };
     std::vector<double> each;
-    for (int w : workers_) each.push_back(by_region.at(worker_region_.at(w)));
+    for (int w : workers_) each.push_back(own(w));
     rep_.own_bound_p50_s = quantile(each, 0.5);
-    for (const auto& [key, s] : ready_) rep_.over_own_bound.push_back(s / by_region.at(worker_region_.at(key.first)));
+    for (const auto& [key, s] : ready_) rep_.over_own_bound.push_back(s / own(key.first));
     rep_.own_p50 = quantile(rep_.over_own_bound, 0.5);
     rep_.own_p99 = quantile(rep_.over_own_bound, 0.99);
     rep_.own_max = rep_.over_own_bound.empty() ? 0 : *std::max_element(rep_.over_own_bound.begin(), rep_.over_own_bound.end());
@@ -974,17 +989,21 @@ class ScenarioRun {
   // The payload through the narrowest way into any region with workers (its WAN path, its
   // WAN-capable hosts, its LAN, a worker's card), plus the longest one-way latency from the
   // origin to a worker.
+  // Workers serving some tensors: a region must take at least the largest share one of its
+  // workers serves, and the origin send it.
   double lower_bound_s() const {
-    double bottleneck = sc_.fleet.origin_nic.uplink_bytes_per_s, longest_ms = 0;
+    std::map<std::string, double> needs;  // by region: the most one of its workers must receive
+    for (int w : workers_) needs[worker_region_.at(w)] = std::max(needs[worker_region_.at(w)], worker_bytes(w));
+    double slowest_s = 0, longest_ms = 0;
     for (const auto& r : sc_.fleet.regions) {
-      if (r.workers == 0) continue;
+      if (r.workers == 0 || !needs.count(r.name)) continue;
       const topology::Link in = topology::link_between_regions(sc_.fleet, sc_.fleet.origin_region, r.name);
-      double rate = std::min({in.bytes_per_s, r.lan.bytes_per_s, r.worker_nic.downlink_bytes_per_s});
+      double rate = std::min({in.bytes_per_s, r.lan.bytes_per_s, r.worker_nic.downlink_bytes_per_s, sc_.fleet.origin_nic.uplink_bytes_per_s});
       if (r.name != sc_.fleet.origin_region) rate = std::min(rate, topology::wan_gateway_bytes_per_s(r, /*up=*/false));
-      bottleneck = std::min(bottleneck, rate);
+      slowest_s = std::max(slowest_s, needs.at(r.name) / rate);
       longest_ms = std::max(longest_ms, in.latency_ms + (r.name == sc_.fleet.origin_region ? 0 : r.lan.latency_ms));
     }
-    return delta_bytes_ / bottleneck + longest_ms / 1e3;
+    return slowest_s + longest_ms / 1e3;
   }
 
   const Scenario& sc_;
@@ -993,6 +1012,7 @@ class ScenarioRun {
   Report rep_;
   Versions vs_;
   double delta_bytes_ = 0, anchor_bytes_ = 0;
+  std::map<int, double> worker_bytes_;  // workers serving some tensors: worker_bytes()
   std::optional<Network> net_;
   std::uint64_t cache_bytes_ = 0;
   std::shared_ptr<ModelVersion> initial_;

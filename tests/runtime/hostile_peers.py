@@ -252,7 +252,7 @@ def _on_term(signum, frame):
 
 def envelope():
     e = pb.Envelope()
-    e.protocol_version = int(os.environ.get("HOSTILE_PROTOCOL", "8"))  # runtime::kProtocolVersion (another to probe an older build)
+    e.protocol_version = int(os.environ.get("HOSTILE_PROTOCOL", "9"))  # runtime::kProtocolVersion (another to probe an older build)
     return e
 
 

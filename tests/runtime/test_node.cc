@@ -930,19 +930,24 @@ TEST_CASE("an origin merging shards gets an anchor on demand from every shard", 
   CHECK(w.current()->image == sh.whole(4));
 }
 
-TEST_CASE("a multi-tree fleet: each tree carries its chunks, and a relay killed mid-version costs only its tree", "[runtime][node][trees]") {
-  Series s(4);
-  FakeNet net;
-  Node& origin = origin_and_two_relays(net, s);
-  // Tree 0 through relay-a, tree 1 through relay-b; each falls back to the other.
-  std::vector<std::string> workers = {"w1", "w2", "w3"};
-  std::map<std::string, std::vector<std::uint64_t>> seen;
-  int bad = 0;
+// Workers of two trees: tree 0 through relay-a, tree 1 through relay-b; each falls back to the other.
+void add_two_tree_workers(FakeNet& net, const Series& s, const std::vector<std::string>& workers,
+                          std::map<std::string, std::vector<std::uint64_t>>& seen, int& bad) {
   for (auto& id : workers) {
     NodeConfig c = worker_config(id, {});
     c.tree_parents = {{"relay-a", "relay-b"}, {"relay-b", "relay-a"}};
     watch(net.add(c), s, seen[id], bad);
   }
+}
+
+TEST_CASE("a multi-tree fleet: each tree carries its chunks, and a relay killed mid-version costs only its tree", "[runtime][node][trees]") {
+  Series s(4);
+  FakeNet net;
+  Node& origin = origin_and_two_relays(net, s);
+  std::vector<std::string> workers = {"w1", "w2", "w3"};
+  std::map<std::string, std::vector<std::uint64_t>> seen;
+  int bad = 0;
+  add_two_tree_workers(net, s, workers, seen, bad);
   // Which relay sent each delta chunk to a worker, by its index's tree (anchors come whole over tree 0).
   std::map<std::string, std::set<std::uint32_t>> trees_from;
   net.filter = [&](const std::string& from, const std::string& to, Message& m) {
@@ -977,6 +982,29 @@ TEST_CASE("a multi-tree fleet: each tree carries its chunks, and a relay killed 
   for (auto& w : workers) CHECK(seen[w] == std::vector<std::uint64_t>{1, 2, 3, 4});
   REQUIRE(origin.ledger().size() == workers.size());
   for (auto& [id, e] : origin.ledger()) CHECK(e.version == 4);
+}
+
+TEST_CASE("a relay asked for chunks of a version it never saw fetches the version whole, manifest and all", "[runtime][node][trees]") {
+  // Versions 2 and 3 are out before the fleet forms: the workers learn of them over tree 0 and
+  // name tree 1's chunks to relay-b, which never saw either version. A parent sends a manifest
+  // only to a link that asks for a whole version, so relay-b asks for the whole version.
+  Series s(3);
+  FakeNet net;
+  Node& origin = origin_and_two_relays(net, s);
+  std::vector<std::string> workers = {"w1", "w2"};
+  std::map<std::string, std::vector<std::uint64_t>> seen;
+  int bad = 0;
+  add_two_tree_workers(net, s, workers, seen, bad);
+  for (std::uint64_t v = 2; v <= 3; ++v) REQUIRE(origin.publish(s.delta(v)).is_ok());
+  REQUIRE(net.run_until([&] { return all_at(net, workers, 3); }));
+  CHECK(bad == 0);
+  for (auto& w : workers) {
+    CHECK(seen[w].back() == 3);
+    CHECK(net.node(w).stats().parent_failovers == 0);
+  }
+  const CachedVersion* at_b = net.node("relay-b").cache().find({3, false});
+  REQUIRE(at_b);
+  CHECK(at_b->complete());
 }
 
 TEST_CASE("a Hello with a tree out of range is refused", "[runtime][node][trees]") {

@@ -28,14 +28,15 @@ NodeConfig subset_worker(const std::string& id, std::vector<std::string> parents
   return c;
 }
 
-// Checks every version a subset worker exposes: it lists exactly the subset's tensors, each
-// bit-exact against the publisher's image, and holds the chunks that cover them only.
-void watch_subset(Node& worker, const Series& s, const TensorSubset& t, std::vector<std::uint64_t>& seen, int& bad) {
+// Checks every version a subset worker exposes: it lists exactly the subset's tensors (`t`, or
+// when null those it was built for), each bit-exact against the publisher's image.
+void watch_subset(Node& worker, const Series& s, std::optional<TensorSubset> t, std::vector<std::uint64_t>& seen, int& bad) {
   worker.set_on_ready([&s, t, &seen, &bad](std::shared_ptr<const ModelVersion> v) {
     seen.push_back(v->version);
     std::set<std::string> want, got;
+    if (t && v->served != *t) bad++;
     for (const auto& ti : s.layout.tensors)
-      if (t.matches(ti.name)) want.insert(ti.name);
+      if (v->served.matches(ti.name)) want.insert(ti.name);
     const Bytes& image = s.images[v->version - 1];
     for (const auto& ti : v->tensors) {
       got.insert(ti.name);
@@ -44,6 +45,8 @@ void watch_subset(Node& worker, const Series& s, const TensorSubset& t, std::vec
     if (got != want || want.empty()) bad++;
   });
 }
+
+void watch_served(Node& worker, const Series& s, std::vector<std::uint64_t>& seen, int& bad) { watch_subset(worker, s, std::nullopt, seen, bad); }
 
 NodeConfig store_and_forward_relay(const std::string& id, std::vector<std::string> parents) {
   NodeConfig c = relay_config(id, std::move(parents));
@@ -508,4 +511,132 @@ TEST_CASE("a store-and-forward relay that widens for a new child sends its other
   REQUIRE(net.run_until([&] { return all_at(net, {"w1"}, 2); }));
   net.run_for(1000);
   CHECK(net.bytes_sent_to("w0") - before < 4096);  // heartbeats, not chunks it has
+}
+
+TEST_CASE("a worker whose tensors grow takes the chunks it lacks from the anchor and deltas before, not an anchor of them all", "[runtime][subsets]") {
+  Series s(6);
+  FakeNet net;
+  Node& origin = net.add(origin_config());
+  REQUIRE(origin.publish(s.anchor(1)).is_ok());
+  net.add(relay_config("relay", {"origin"}));
+  const TensorSubset l0 = subset({"model.layers.0.*"}), l1 = subset({"model.layers.1.*"}), both = subset_union(l0, l1);
+  NodeConfig wc = subset_worker("w", {"relay"}, l0.patterns);
+  wc.catch_up_dense_payload_per_mille = 0;  // the spare catches up by patches, whatever the change
+  Node& w = net.add(wc);
+  std::vector<std::uint64_t> seen;
+  int bad = 0;
+  watch_served(w, s, seen, bad);
+  for (std::uint64_t v = 2; v <= 3; ++v) REQUIRE(origin.publish(s.delta(v)).is_ok());
+  REQUIRE(net.run_until([&] { return all_at(net, {"w"}, 3); }));
+  CHECK(w.current()->served == l0);
+
+  // Grown: the chunks of layer 1 that version 3 lacks come from anchor 1 and deltas 2 and 3, and
+  // version 4 is built with them.
+  const EncodedVersion v4 = s.delta(4);
+  const SubsetLayout had = subset_layout(v4.manifest, l0), has = subset_layout(v4.manifest, both);
+  std::vector<std::uint32_t> lack;
+  for (std::uint32_t i = 0; i < has.chunks.size(); ++i)
+    if (has.chunks[i] && !had.chunks[i]) lack.push_back(i);
+  REQUIRE(lack.size() > 4);
+  std::uint64_t fill_bytes = 0;
+  const EncodedVersion chain[] = {s.anchor(1), s.delta(2), s.delta(3)};
+  for (const EncodedVersion& ev : chain)
+    for (const std::uint32_t i : lack) fill_bytes += ev.manifest.chunks[i].payload_bytes;
+  std::uint64_t before = net.bytes_sent_to("w");
+  REQUIRE(w.set_tensors(both).is_ok());
+  net.run_for(3000);
+  // Until the next version, the one held lists the tensors it was built for.
+  CHECK(w.current_version() == 3);
+  CHECK(w.current()->served == l0);
+  REQUIRE(origin.publish(v4).is_ok());
+  REQUIRE(net.run_until([&] { return all_at(net, {"w"}, 4); }));
+  CHECK(w.current()->served == both);
+  CHECK(w.current()->base_version == 0);  // partly whole: no change list reaches back
+  CHECK(w.stats().chunks_filled == lack.size());
+  std::uint64_t got = net.bytes_sent_to("w") - before;
+  const std::uint64_t manifest = serialize_manifest(v4.manifest).size() + 1024;
+  CHECK(got >= fill_bytes);
+  CHECK(got <= fill_bytes + subset_payload(v4, both) + 4 * manifest + 64 * 4 * v4.manifest.chunks.size());
+  // Well under an anchor of the tensors it serves now.
+  CHECK(got < subset_payload(s.anchor(4), both));
+  const auto held = w.current();
+  for (std::size_t i = 0; i < has.chunks.size(); ++i) CHECK(held->chunk_states[i].held == has.chunks[i]);
+
+  // Still both: version 5 is built into the spare image (version 3), which lacks layer 1's
+  // chunks; they are copied from the live image and checked, not patched.
+  const std::uint64_t copied = w.stats().chunks_caught_up_copied;
+  REQUIRE(origin.publish(s.delta(5)).is_ok());
+  REQUIRE(net.run_until([&] { return all_at(net, {"w"}, 5); }));
+  CHECK(w.stats().chunks_caught_up_copied >= copied + lack.size());
+  CHECK(w.stats().chunks_caught_up > 0);  // the others by their patches
+  CHECK(w.current()->served == both);
+  CHECK(w.current()->base_version == 4);
+
+  // Narrowed: version 6 lists layer 1 only, and only its chunks come.
+  REQUIRE(w.set_tensors(l1).is_ok());
+  before = net.bytes_sent_to("w");
+  const EncodedVersion v6 = s.delta(6);
+  REQUIRE(origin.publish(v6).is_ok());
+  REQUIRE(net.run_until([&] { return all_at(net, {"w"}, 6); }));
+  got = net.bytes_sent_to("w") - before;
+  CHECK(got <= subset_payload(v6, l1) + manifest + 64 * v6.manifest.chunks.size());
+  CHECK(w.current()->served == l1);
+  CHECK(w.stats().chunks_filled == lack.size());
+  CHECK(bad == 0);
+  CHECK(seen == std::vector<std::uint64_t>{1, 2, 3, 4, 5, 6});
+  // Patterns out of bounds are refused, and change nothing.
+  CHECK(w.set_tensors(TensorSubset{{""}}).code() == StatusCode::kInvalidArgument);
+  CHECK(net.node("relay").set_tensors(l0).code() == StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("a worker of a multi-tree fleet whose tensors grow fills them over its tree-0 link", "[runtime][subsets][trees]") {
+  Series s(5);
+  FakeNet net;
+  Node& origin = net.add(origin_config());
+  REQUIRE(origin.publish(s.anchor(1)).is_ok());
+  net.add(relay_config("relay-a", {"origin"}));
+  net.add(relay_config("relay-b", {"origin"}));
+  const TensorSubset l0 = subset({"model.layers.0.*"}), both = subset({"model.layers.0.*", "model.layers.1.*"});
+  NodeConfig wc = subset_worker("w", {}, l0.patterns);
+  wc.tree_parents = {{"relay-a", "relay-b"}, {"relay-b", "relay-a"}};
+  Node& w = net.add(wc);
+  std::vector<std::uint64_t> seen;
+  int bad = 0;
+  watch_served(w, s, seen, bad);
+  // How often each chunk of the versions it fills from reached the worker.
+  std::map<std::pair<VersionKey, std::uint32_t>, int> fill_chunks;
+  net.filter = [&](const std::string& from, const std::string& to, Message& m) {
+    if (const auto* c = std::get_if<ChunkMsg>(&m); c && to == "w" && c->key.version <= 3) fill_chunks[{c->key, c->index}]++;
+    return true;
+  };
+  for (std::uint64_t v = 2; v <= 3; ++v) REQUIRE(origin.publish(s.delta(v)).is_ok());
+  const bool at3 = net.run_until([&] { return all_at(net, {"w"}, 3); });
+  INFO("w at " << w.current_version() << ": " << w.last_error() << "; relay-a " << net.node("relay-a").last_error() << "; relay-b " << net.node("relay-b").last_error());
+  REQUIRE(at3);
+  fill_chunks.clear();
+  const std::uint64_t before = net.bytes_sent_to("w");
+  REQUIRE(w.set_tensors(both).is_ok());
+  net.run_for(3000);
+  REQUIRE(origin.publish(s.delta(4)).is_ok());
+  REQUIRE(net.run_until([&] { return all_at(net, {"w"}, 4); }));
+  CHECK(w.current()->served == both);
+  CHECK(w.stats().chunks_filled > 4);
+  // One chain, whole, from tree 0's parent; well under an anchor of both layers.
+  // Each chunk of the chain came once: tree 0's parent serves the fill with what it holds, and
+  // the chunks both relays still fetch (they held only layer 0) follow each its own tree.
+  REQUIRE(!fill_chunks.empty());
+  for (const auto& [chunk, times] : fill_chunks) {
+    INFO(to_string(chunk.first) << " chunk " << chunk.second);
+    CHECK(times == 1);
+  }
+  // The chain: anchor 1 and both deltas after it.
+  std::set<VersionKey> chain;
+  for (const auto& [chunk, times] : fill_chunks) chain.insert(chunk.first);
+  CHECK(chain == std::set<VersionKey>{{1, true}, {2, false}, {3, false}});
+  CHECK(net.bytes_sent_to("w") - before < subset_payload(s.anchor(4), both));
+  REQUIRE(origin.publish(s.delta(5)).is_ok());
+  REQUIRE(net.run_until([&] { return all_at(net, {"w"}, 5); }));
+  net.filter = nullptr;
+  CHECK(bad == 0);
+  CHECK(seen == std::vector<std::uint64_t>{1, 2, 3, 4, 5});
 }

@@ -509,6 +509,10 @@ TEST_CASE("hosts that serve some tensors take their share of the WAN bytes", "[s
   CHECK(q >= 0.2);
   CHECK(q <= 0.3);
   CHECK(quarter.max_s < whole.max_s);
+  // The bounds count what the workers take: region b's workers, most of the fleet, a quarter.
+  CHECK(quarter.own_bound_p50_s < 0.6 * whole.own_bound_p50_s);
+  CHECK(quarter.lower_bound_s < 0.6 * whole.lower_bound_s);
+  CHECK(quarter.lower_bound_s > 0);
   // Real payloads: every subset worker holds its tensors bit-exact (the run checks each version
   // it exposes and each it resumes from disk).
   run(R"([["t.0", "t.3"], ["t.1"]])", R"({"parameters": 1e6, "chunks": 16, "tensors": 4, "real_bytes": 2000000})");

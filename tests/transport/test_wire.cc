@@ -122,7 +122,7 @@ std::vector<GoldenFrame> golden_messages() {
       {"refuse-id-taken", Refuse{"node id eu-west.w17 is held by another live process at relay-eu", true}, {}},
       {"manifest", ManifestMsg{{42, true}, bytes("DCFM manifest bytes"), 1764547200123456, 1, 4, nullptr}, sequenced},
       {"chunk", ChunkMsg{{42, false}, 7, bytes("chunk payload"), 3}, sequenced},
-      {"need", Need{{42, false}, {0, 5, 1000000}, true, true}, {}},
+      {"need", Need{{42, false}, {0, 5, 1000000}, true, true, true}, {}},
       {"ready", Ready{"eu-west.w17", 42, 0x858224990e7d6eb3ull, 1234, "cannot save version 41: No space left on device", run}, {}},
       // A worker in an engine whose model holds version 41 and could not apply 42.
       {"ready-model", Ready{"eu-west.w17", 42, 0x858224990e7d6eb3ull, 1234, "rank 1 could not apply it", run, 0x1badb002deadc0deull,

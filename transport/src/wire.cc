@@ -213,6 +213,7 @@ struct Body<Need> {
     for (auto i : m.chunks) n->add_chunks(i);
     n->set_want_anchor(m.want_anchor);
     n->set_again(m.again);
+    n->set_fill(m.fill);
   }
   static Result<Need> decode(wire::Envelope& env, SharedBytes) {
     if (static_cast<std::size_t>(env.need().chunks_size()) > kNeedChunksMax) return Status::corruption("need lists too many chunks");
@@ -221,6 +222,7 @@ struct Body<Need> {
     n.chunks.assign(env.need().chunks().begin(), env.need().chunks().end());
     n.want_anchor = env.need().want_anchor();
     n.again = env.need().again();
+    n.fill = env.need().fill();
     return n;
   }
 };

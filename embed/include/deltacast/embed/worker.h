@@ -45,6 +45,10 @@ class VersionSource {
   virtual std::string refusal() const = 0;
   // Stop; Worker::stop says what save_current does. Idempotent.
   virtual Status stop(bool save_current = false) = 0;
+  // Serve these tensors from now on (runtime::Node::set_tensors): a worker's own only.
+  virtual Status set_tensors(TensorSubset) {
+    return Status::invalid_argument("an attached reader reads the tensors the host's worker serves: set them on that worker");
+  }
 };
 
 struct WorkerOptions {
@@ -96,6 +100,8 @@ class Worker final : public VersionSource {
   // Why the worker stopped asking its parents (another live process holds its id); empty while
   // it has not.
   std::string refusal() const override { return host_->refusal(); }
+  // runtime::Node::set_tensors, on the loop thread (waits for it).
+  Status set_tensors(TensorSubset tensors) override;
   void hold_history_from(const RunId& run, std::uint64_t version) override;
   // Blocks until a version newer than `after` (or of a newer run) is current, or timeout_ms.
   std::shared_ptr<const runtime::ModelVersion> wait_for_newer(const std::shared_ptr<const runtime::ModelVersion>& after,

@@ -26,8 +26,9 @@ namespace deltacast::runtime {
 // Refuse that says the id is taken, Ready's model state (a parent that ignored the instance would
 // admit two live workers under one id). 7: the timestamp statement in Welcome and Heartbeat (a
 // worker that trusts keys exposes nothing without it). 8: Hello's tensors and Subscribe (a parent
-// that ignored them would send a subset worker every chunk).
-inline constexpr std::uint32_t kProtocolVersion = 8;
+// that ignored them would send a subset worker every chunk). 9: Need's fill (a parent that
+// ignored it would send a worker whose tensors grew an anchor of all of them).
+inline constexpr std::uint32_t kProtocolVersion = 9;
 
 // Bounds on what a peer may send (docs/RELIABILITY.md): strings longer than these are refused.
 inline constexpr std::size_t kNodeIdBytesMax = 128;
@@ -169,6 +170,10 @@ struct Need {
   std::vector<std::uint32_t> chunks;
   bool want_anchor = false;
   bool again = false;
+  // With want_anchor: a worker whose tensors grew holds version key.version and lacks `chunks`
+  // of it; it asks for those chunks of the parent's newest anchor and of the deltas after it
+  // (Reconstructor, "fill"), not for an anchor of all its tensors.
+  bool fill = false;
 };
 // What the model of an engine that embeds a worker holds (Node::report_model): the version it
 // applied, and the one its last update could not apply.

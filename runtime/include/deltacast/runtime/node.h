@@ -136,6 +136,13 @@ class Node {
   // update could not apply, reported up to the origin's ledger at once and with every Ready
   // after; `error` (if any) becomes the node's last error.
   void report_model(const ModelState& model, const std::string& error);
+  // Workers: serve these tensors from now on (NodeConfig::tensors; all: every one). The parents
+  // are told at once. Narrowed, the next version holds fewer; grown, the chunks of the new
+  // tensors that the version held lacks come from the parent's newest anchor and the deltas
+  // after it, that chunk alone of each (Need::fill), and are built into the next version, which
+  // exposes the new tensors. InvalidArgument for patterns out of bounds, and for relays and
+  // in-place workers (check_tensors).
+  Status set_tensors(TensorSubset tensors);
   // Why the node stopped asking its parents (a parent said another live process holds its id);
   // empty while it has not. Safe from any thread.
   std::string refusal() const;
@@ -203,6 +210,12 @@ class Node {
   // chunks and the parents are told (Subscribe).
   TensorSubset wanted_tensors() const;
   void update_subscription();
+  // A worker whose tensors grew asks its parent for the chunks of them the version it holds
+  // lacks (Need::fill); nothing when it lacks none, or holds a version not built here.
+  void ask_fill();
+  // What this node takes of a cached version: wanted_layout, except for a worker that fills
+  // chunks, which takes only those of the versions it has moved past (they are its chain).
+  std::shared_ptr<const SubsetLayout> layout_for(const CachedVersion& v);
   // What this node takes of a version: its subscription's chunks (null: every chunk).
   std::shared_ptr<const SubsetLayout> wanted_layout(const std::shared_ptr<const Manifest>& manifest);
   // Asks for an anchor newer than `newer_than` (what the asker holds; it cannot use older ones).
@@ -274,6 +287,11 @@ class Node {
 
   TensorSubset subscription_;  // wanted_tensors() as the parents were last told
   bool subscription_widened_ = false;  // matching it was cut short: every tensor, set_wanted pending
+  bool own_tensors_changed_ = false;   // set_tensors: update_subscription pending
+  // ask_fill: the version held when the chunks it lacks were asked for (0: none asked), and
+  // those chunks (of its manifest's chunking), which the versions up to it take.
+  std::uint64_t fill_for_ = 0;
+  std::shared_ptr<const SubsetLayout> fill_layout_;
   std::uint64_t parent_newest_ = 0;
   std::uint64_t last_heartbeat_ms_ = 0;
   std::uint64_t last_need_ms_ = 0;

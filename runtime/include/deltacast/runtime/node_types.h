@@ -233,6 +233,10 @@ struct ModelVersion {
   // CLOCK_MONOTONIC); 0 for a version restored from disk before the node started.
   std::uint64_t ready_us = 0;
   std::vector<TensorInfo> tensors;
+  // The tensors it was built for (NodeConfig::tensors then; all: every tensor): `tensors` are
+  // those of the model that they name. A worker that changes its tensors (Node::set_tensors)
+  // exposes the new ones from the next version on.
+  TensorSubset served;
   std::vector<std::pair<std::string, std::string>> metadata;
   Image image;  // on the heap, or in a memfd the host shares (NodeConfig::share_images)
   // The state hash (docs/FORMAT.md, "Chunk hashes") of each chunk of the image, in the chunking
@@ -315,6 +319,7 @@ struct NodeStats {
   std::uint64_t chunks_applied_dense = 0;  // chunks decoded over their whole range (workers)
   std::uint64_t chunks_caught_up = 0;      // spare-image chunks brought to the base by its patch (workers)
   std::uint64_t chunks_caught_up_copied = 0;  // ... by copying the base's range, the patch not fitting
+  std::uint64_t chunks_filled = 0;  // rebuilt from an anchor and deltas: the worker's tensors grew (Node::set_tensors)
   std::uint64_t scrub_bytes = 0;           // image bytes re-hashed against their chunk states (workers)
   std::uint64_t scrub_mismatches = 0;      // chunks whose bytes changed outside of a delta (workers)
   std::uint64_t peers_dropped = 0;         // peers disconnected for breaking a bound

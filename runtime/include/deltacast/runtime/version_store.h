@@ -39,8 +39,9 @@ class VersionStore {
   // the lock .<node_id>.lock, and removes the temporary files of this node's earlier processes
   // (killed mid-save; each as large as the model).
   Status prepare();
-  // The tensors the worker serves (NodeConfig::tensors): each record says what it was saved for,
-  // and a version saved for other tensors is not loaded (its file holds other tensors, packed).
+  // The tensors the worker serves (NodeConfig::tensors): each record says what its version was
+  // built for (ModelVersion::served), and a version saved for other tensors is not loaded (its
+  // file holds other tensors, packed).
   void set_tensors(const TensorSubset& tensors) { tensors_ = tensors; }
   // Writes the version, then removes this node's older versions beyond keep_versions. On failure
   // (ResourceExhausted for a full disk, IOError otherwise, naming the file and the reason) no

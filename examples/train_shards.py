@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A sharded trainer that publishes from its shards: N ranks (torch.distributed over gloo, on the
-CPU) train the Llama-shaped model of train_publish.py, each rank holding only its part of every
+CPU) train the Llama-shaped model of tiny_llama.py, each rank holding only its part of every
 weight, and each rank publishes only that part, as trainer shard i of N. The origin runs in this
 launcher process (deltacast.Publisher with expect_shards=N); it merges the shards' slices into
 versions of whole tensors under their checkpoint names. Relays and workers connect to --listen
@@ -44,7 +44,7 @@ import torch.multiprocessing as mp
 from torch.nn import functional as F
 
 import deltacast
-from train_publish import TinyLlama, batch
+from tiny_llama import TinyLlama, batch
 
 VOCAB, DIM, LAYERS, HEADS, FFN = 512, 128, 2, 4, 344
 # Megatron's split of each weight: by output rows (column-parallel, vocab-parallel), by input

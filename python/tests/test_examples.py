@@ -51,3 +51,20 @@ def test_sharded_trainers_publish_from_their_shards_bit_for_bit():
             assert f"merged version {version} from {ranks} shards" in out.stdout, out.stdout
             assert f"version {version}: every tensor whole, bit for bit the ranks' parts" in out.stdout, out.stdout
         assert "step 3: loss" in out.stdout
+
+
+def test_the_adamw_series_is_real_training_read_by_the_codec_commands(tmp_path):
+    """scripts/adamw_series.py: checkpoints every bench command reads, each a step of AdamW."""
+    script = EXAMPLES.parent / "scripts" / "adamw_series.py"
+    out = subprocess.run([sys.executable, script, "-o", tmp_path, "--size", "tiny", "--steps", "2", "--warmup", "3", "--threads", "1"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    files = sorted(tmp_path.glob("step-*.safetensors"))
+    assert [f.name for f in files] == [f"step-{i:06d}.safetensors" for i in range(3)]
+    inspect = subprocess.run([DELTACAST, "inspect", "--entropy", files[1], files[2], "--prev", files[0]],
+                             capture_output=True, text=True, timeout=120)
+    assert inspect.returncode == 0, inspect.stdout + inspect.stderr
+    # Every value comes from a trained weight: some change each step, most do not.
+    changed = float(inspect.stdout.split(" changed (")[1].split("%")[0])
+    assert 0.1 < changed < 50, inspect.stdout
+    assert "given exponent and previous step" in inspect.stdout

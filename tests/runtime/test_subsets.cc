@@ -605,7 +605,7 @@ TEST_CASE("a worker of a multi-tree fleet whose tensors grow fills them over its
   watch_served(w, s, seen, bad);
   // How often each chunk of the versions it fills from reached the worker.
   std::map<std::pair<VersionKey, std::uint32_t>, int> fill_chunks;
-  net.filter = [&](const std::string& from, const std::string& to, Message& m) {
+  net.filter = [&](const std::string&, const std::string& to, Message& m) {
     if (const auto* c = std::get_if<ChunkMsg>(&m); c && to == "w" && c->key.version <= 3) fill_chunks[{c->key, c->index}]++;
     return true;
   };

@@ -278,6 +278,9 @@ int run_inspect_entropy(const InspectOptions& o) {
   row("entropy (b): given the base exponent", h->bytes(h->exponent), h->exponent.positions_bits);
   row("entropy (b): given tensor and base exponent", h->bytes(h->tensor_exponent), h->tensor_exponent.positions_bits);
   if (h->has_history) row("entropy (c): given exponent and previous step", h->bytes(h->history), h->history.positions_bits);
+  // What a decoder that reads the base only where it applies a change can use.
+  row("entropy (d): positions from the changes before", h->bytes(h->sequential), h->sequential.positions_bits);
+  if (h->has_history) row("entropy (e): (d) and previous step", h->bytes(h->sequential_history), h->sequential_history.positions_bits);
   row("achieved: deltacast v1 (whole file)", *v1, -1);
   row("achieved: deltacast, v2 where smaller (whole file)", achieved, -1);
   std::printf("\n  achieved / entropy (b, exponent): %.3f\n", achieved / h->bytes(h->exponent));

@@ -1,6 +1,7 @@
 #include "deltacast/codec/entropy.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <unordered_map>
 
@@ -68,6 +69,10 @@ Result<DeltaEntropy> measure_delta_entropy(const std::vector<TensorInfo>& tensor
   out.image_bytes = base.size();
   out.has_history = !prev.empty();
   Model independent(1), exponent(256), tensor_exponent(256 * std::max<std::size_t>(tensors.size(), 1)), history(256 * 3);
+  // Positions only: changes among the 64 values before (0-15, 15 for more), and with history
+  // whether the value changed in the previous step.
+  constexpr std::size_t kRecentMax = 15;
+  Model recent(kRecentMax + 1), recent_history((kRecentMax + 1) * 2);
   std::vector<std::uint64_t> other(256);
   std::uint64_t pos = 0;
   auto other_range = [&](std::uint64_t from, std::uint64_t to) {
@@ -83,6 +88,7 @@ Result<DeltaEntropy> measure_delta_entropy(const std::vector<TensorInfo>& tensor
     other_range(pos, t->offset);
     const std::size_t tensor_index = static_cast<std::size_t>(t - tensors.data());
     const std::uint64_t n = t->nbytes / 2;
+    std::uint64_t window = 0;  // bit j: the value j + 1 before this one changed
     for (std::uint64_t i = 0; i < n; ++i) {
       const std::size_t at = t->offset + 2 * i;
       const std::uint16_t b = load_u16(base.data() + at);
@@ -93,7 +99,14 @@ Result<DeltaEntropy> measure_delta_entropy(const std::vector<TensorInfo>& tensor
       exponent.value(e);
       tensor_exponent.value(tensor_index * 256 + e);
       history.value(e * 3 + h);
+      const std::size_t r = std::min<std::size_t>(static_cast<std::size_t>(std::popcount(window)), kRecentMax);
+      recent.value(r);
+      recent_history.value(r * 2 + (h != 0));
+      window <<= 1;
       if (v != b) {
+        window |= 1;
+        recent.change(r, 0);
+        recent_history.change(r * 2 + (h != 0), 0);
         const auto diff = static_cast<std::uint16_t>(v - b);
         out.changed++;
         independent.change(0, diff);
@@ -113,6 +126,8 @@ Result<DeltaEntropy> measure_delta_entropy(const std::vector<TensorInfo>& tensor
   out.exponent = exponent.terms();
   out.tensor_exponent = tensor_exponent.terms();
   if (out.has_history) out.history = history.terms();
+  out.sequential = {recent.terms().positions_bits, out.exponent.values_bits};
+  if (out.has_history) out.sequential_history = {recent_history.terms().positions_bits, out.history.values_bits};
   return out;
 }
 

@@ -9,7 +9,13 @@
 //   exponent         probability and value distribution depend on the base value's exponent;
 //   tensor_exponent  ... on the tensor and the exponent;
 //   history          ... on the exponent and on how the value moved in the previous step
-//                    (up, down or not at all; needs the checkpoint before the base).
+//                    (up, down or not at all; needs the checkpoint before the base);
+//   sequential       positions on how many of the 64 values before each one (in its tensor)
+//                    changed, values on the base exponent: what a decoder can use without
+//                    reading the base values between changes (it reads the base only where
+//                    it applies a change);
+//   sequential_history  ... positions also on whether the value changed in the previous
+//                    step, values on the exponent and that step's movement (as history).
 // Bytes outside BF16 tensors are counted as the order-0 entropy of their XOR with the base.
 #pragma once
 // Exported from libdeltacast, as everything the installed headers declare.
@@ -37,7 +43,7 @@ struct DeltaEntropy {
   std::uint64_t changed = 0;       // BF16 values that differ from the base
   std::uint64_t other_bytes = 0;   // bytes outside BF16 tensors
   double other_bits = 0;           // their XOR's order-0 entropy
-  EntropyTerms independent, exponent, tensor_exponent, history;
+  EntropyTerms independent, exponent, tensor_exponent, history, sequential, sequential_history;
   bool has_history = false;
   // Whole-delta size in bytes under one of the models above (BF16 part plus the other bytes).
   double bytes(const EntropyTerms& t) const { return (t.total_bits() + other_bits) / 8; }

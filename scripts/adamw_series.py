@@ -4,9 +4,9 @@ AdamW on the CPU, its float32 master weights cast to BF16 after every step, as R
 publish them. Each checkpoint is a safetensors file, step-000000.safetensors and on, as
 `deltacast gen` names them, so every bench command and `deltacast inspect --entropy` takes them.
 
-The model is examples/tiny_llama.py's, wider. The default size, 336 MB a checkpoint, about 2.4%
-of values changed a step, takes about 10 minutes on 2 cores (35 s a step); --size small (42 MB)
-takes a few seconds a step:
+The model is examples/tiny_llama.py's, wider. The default series, 5 checkpoints of 336 MB with
+about 2.4% of values changed a step, takes 3 minutes on 2 cores; --size small (42 MB) a few
+seconds a step:
 
     python3 scripts/adamw_series.py -o adamw
 
@@ -16,6 +16,7 @@ about the learning rate (its moments are still empty), which a trainer's later s
 
 import argparse
 import json
+import os
 import struct
 import sys
 import time
@@ -60,14 +61,13 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=4, help="checkpoints after the first")
     ap.add_argument("--warmup", type=int, default=10, help="steps trained before the first checkpoint")
     ap.add_argument("--lr", type=float, default=3e-6)
-    ap.add_argument("--batch", type=int, default=4, help="sequences a step (64 tokens each)")
+    ap.add_argument("--batch", type=int, default=1, help="sequences a step (64 tokens each)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: one a core)")
     args = ap.parse_args()
     if args.steps < 1 or args.warmup < 0 or args.batch < 1:
         ap.error("--steps must be at least 1, --warmup and --batch not negative")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
 
     torch.manual_seed(args.seed)
     g = torch.Generator().manual_seed(args.seed)

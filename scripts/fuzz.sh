@@ -8,7 +8,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 seconds=${1:-60}
 shift || true
-all="chunk_decoder:chunk chunk_v2:chunk_v2 container:container safetensors:safetensors wire:wire fleet:fleet"
+all="chunk_decoder:chunk chunk_v2:chunk_v2 chunk_v3:chunk_v3 container:container safetensors:safetensors wire:wire fleet:fleet"
 # Only the fuzz targets and the libraries they link (not the simulator or the generator).
 cmake -S "$root" -B "$root/build-fuzz" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDELTACAST_FUZZ=ON \
   -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ >/dev/null

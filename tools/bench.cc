@@ -44,6 +44,7 @@ struct MethodResult {
   std::uint64_t bytes = 0;          // summed over pairs
   std::vector<double> encode_gbps;  // one per run and pair
   std::vector<double> decode_gbps;
+  std::vector<double> sparse_ms;    // a worker's apply in place, sparse, ms per version (deltacast only)
   bool has_timing = true;
 };
 
@@ -93,6 +94,8 @@ class Bench {
     vopt_.chunk_bytes = chunk_bytes;
     v1_only_ = vopt_;
     v1_only_.chunk.delta_kinds = {ChunkKind::kDeltaV1};
+    v3_ = vopt_;
+    v3_.chunk.delta_kinds = {ChunkKind::kDeltaV3};
     vopt_.chunk.delta_kinds = {ChunkKind::kDeltaV1, ChunkKind::kDeltaV2};
     iv_.has_timing = false;
   }
@@ -101,7 +104,7 @@ class Bench {
     ProgressBar bar("bench", pairs_, !o_.quiet);
     for (std::size_t p = 0; p < pairs_; ++p) {
       const ByteSpan base = s_.images[p], next = s_.images[p + 1];
-      for (MethodResult* m : {&dc_, &dc1_}) DC_RETURN_IF_ERROR(measure_deltacast(p, base, next, *m));
+      for (MethodResult* m : {&dc_, &dc1_, &dc3_}) DC_RETURN_IF_ERROR(measure_deltacast(p, base, next, *m));
       DC_ASSIGN_OR_RETURN(DeltaEntropy h, measure_delta_entropy(s_.layout.tensors, base, next));
       entropy_bytes_ += h.bytes(h.exponent);
       DC_RETURN_IF_ERROR(measure_xor_zstd(base, next));
@@ -122,9 +125,9 @@ class Bench {
   }
 
  private:
-  // deltacast as configured by default (m = dc_) or with v1 chunks only (dc1_).
+  // deltacast with v1 or v2 per chunk (m = dc_), v1 chunks only (dc1_) or v3 (dc3_).
   Status measure_deltacast(std::size_t p, ByteSpan base, ByteSpan next, MethodResult& m) {
-    const VersionEncodeOptions& opt = &m == &dc_ ? vopt_ : v1_only_;
+    const VersionEncodeOptions& opt = &m == &dc_ ? vopt_ : &m == &dc1_ ? v1_only_ : v3_;
     std::optional<EncodedVersion> ev;
     auto enc = time_runs(o_.runs, [&] {
       auto r = encode_version(s_.layout, p + 1, p, base, next, opt, one_core_, &encoders_);
@@ -136,6 +139,20 @@ class Bench {
     auto dec = time_runs(o_.runs, [&] { dst = decode_version(ev->manifest, payloads, base, out_, one_core_, {}, &decoders_); });
     if (!dst.is_ok()) return Status::corruption("deltacast decode failed: " + dst.to_string());
     if (std::memcmp(out_.data(), next.data(), image_) != 0) return Status::corruption("deltacast round trip is not bit-exact");
+    // As a worker applies it: in place over the base, chunk by chunk, sparsely from the chunks'
+    // state hashes, on one core (the base copied in untimed before each run).
+    for (std::size_t r = 0; r < o_.runs; ++r) {
+      std::memcpy(out_.data(), base.data(), image_);
+      const auto t0 = std::chrono::steady_clock::now();
+      for (std::size_t i = 0; i < ev->manifest.chunks.size() && dst.is_ok(); ++i) {
+        const ChunkEntry& c = ev->manifest.chunks[i];
+        const auto decoder = decoders_.acquire();
+        dst = apply_chunk_sparse(ev->manifest, i, payloads[i], MutableByteSpan(out_).subspan(c.offset, c.length), c.base_hash, *decoder);
+      }
+      m.sparse_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    if (!dst.is_ok()) return Status::corruption("deltacast sparse apply failed: " + dst.to_string());
+    if (std::memcmp(out_.data(), next.data(), image_) != 0) return Status::corruption("deltacast sparse apply is not bit-exact");
     m.bytes += container_prefix(ev->manifest).size() + ev->manifest.payload_bytes_total();
     add_rates(m.encode_gbps, enc, image_);
     add_rates(m.decode_gbps, dec, image_);
@@ -234,20 +251,28 @@ class Bench {
     std::printf("%zu deltas of %s, %.3f%% of BF16 values changed; %zu runs each, one core, chunk %s; throughput in GB/s of BF16 input, medians\n\n",
                 pairs_, format_bytes(static_cast<double>(image_)).c_str(),
                 bf16_total_ ? 100.0 * static_cast<double>(changed_total_) / static_cast<double>(bf16_total_) : 0.0, o_.runs, o_.chunk_size.c_str());
-    std::printf("| %-42s | %12s | %13s | %11s | %11s |\n", "delta method", "size % BF16", "vs XOR+zstd-3", "encode GB/s", "decode GB/s");
-    std::printf("|%s|%s|%s|%s|%s|\n", std::string(44, '-').c_str(), std::string(14, '-').c_str(), std::string(15, '-').c_str(),
-                std::string(13, '-').c_str(), std::string(13, '-').c_str());
-    for (const MethodResult* m : {&dc_, &dc1_, &xz_, &iv_, &ivz_}) {
-      char enc[32] = "-", dec[32] = "-";
+    std::printf("| %-42s | %12s | %13s | %11s | %11s | %14s | %8s |\n", "delta method", "size % BF16", "vs XOR+zstd-3", "encode GB/s",
+                "decode GB/s", "sparse ms/vers", "vs v1");
+    std::printf("|%s|%s|%s|%s|%s|%s|%s|\n", std::string(44, '-').c_str(), std::string(14, '-').c_str(), std::string(15, '-').c_str(),
+                std::string(13, '-').c_str(), std::string(13, '-').c_str(), std::string(16, '-').c_str(), std::string(10, '-').c_str());
+    const double v1_sparse = median(dc1_.sparse_ms);
+    for (const MethodResult* m : {&dc_, &dc1_, &dc3_, &xz_, &iv_, &ivz_}) {
+      char enc[32] = "-", dec[32] = "-", sparse[32] = "-", ratio[32] = "-";
       if (m->has_timing) {
         std::snprintf(enc, sizeof enc, "%.2f", median(m->encode_gbps));
         std::snprintf(dec, sizeof dec, "%.2f", median(m->decode_gbps));
       }
-      std::printf("| %-42s | %11.4f%% | %12.3fx | %11s | %11s |\n", m->name.c_str(), 100.0 * static_cast<double>(m->bytes) / bf16_bytes,
-                  static_cast<double>(m->bytes) / static_cast<double>(xz_.bytes), enc, dec);
+      if (!m->sparse_ms.empty()) {
+        std::snprintf(sparse, sizeof sparse, "%.1f", median(m->sparse_ms));
+        std::snprintf(ratio, sizeof ratio, "%.2fx", median(m->sparse_ms) / v1_sparse);
+      }
+      std::printf("| %-42s | %11.4f%% | %12.3fx | %11s | %11s | %14s | %8s |\n", m->name.c_str(), 100.0 * static_cast<double>(m->bytes) / bf16_bytes,
+                  static_cast<double>(m->bytes) / static_cast<double>(xz_.bytes), enc, dec, sparse, ratio);
     }
-    std::printf("| %-42s | %11.4f%% | %12.3fx | %11s | %11s |\n", "entropy given the base exponent", 100.0 * entropy_bytes_ / bf16_bytes,
-                entropy_bytes_ / static_cast<double>(xz_.bytes), "-", "-");
+    std::printf("| %-42s | %11.4f%% | %12.3fx | %11s | %11s | %14s | %8s |\n", "entropy given the base exponent", 100.0 * entropy_bytes_ / bf16_bytes,
+                entropy_bytes_ / static_cast<double>(xz_.bytes), "-", "-", "-", "-");
+    std::printf("\nsparse: a worker's apply in place, chunk by chunk from their state hashes, on one core, ms per version (median "
+                "over runs and deltas); vs v1: against v1 only, in the same run\n");
     std::printf("\ndeltacast: %" PRIu64 " of %" PRIu64 " chunks coded v2; on %zu threads: encode %.2f GB/s, decode+apply %.2f GB/s "
                 "(v1 only: %.2f, %.2f)\n",
                 v2_chunks_, chunks_, pool_.concurrency(), median(mt_enc_[0]), median(mt_dec_[0]), median(mt_enc_[1]), median(mt_dec_[1]));
@@ -264,7 +289,7 @@ class Bench {
     const double bf16_bytes = static_cast<double>(image_) * static_cast<double>(pairs_);
     BarPanel size_panel{"delta size, % of the BF16 checkpoint (smaller is better)", {}, {{"size", {}}}, "%.3f%%"};
     BarPanel speed_panel{"delta throughput, GB/s of BF16 input on one core (larger is better)", {}, {{"encode", {}}, {"decode + apply", {}}}, "%.2f"};
-    for (const MethodResult* m : {&dc_, &dc1_, &xz_, &iv_, &ivz_}) {
+    for (const MethodResult* m : {&dc_, &dc1_, &dc3_, &xz_, &iv_, &ivz_}) {
       size_panel.categories.push_back(m->name);
       size_panel.series[0].values.push_back(100.0 * static_cast<double>(m->bytes) / bf16_bytes);
       if (!m->has_timing) continue;
@@ -361,10 +386,10 @@ class Bench {
   // Kept across runs and methods, as a publisher and a worker keep theirs.
   ChunkEncoderPool encoders_;
   ChunkDecoderPool decoders_;
-  VersionEncodeOptions vopt_, v1_only_;
+  VersionEncodeOptions vopt_, v1_only_, v3_;
   ZstdCtx z_;
   Bytes out_, scratch_;
-  MethodResult dc_{"deltacast (v1 or v2 per chunk)"}, dc1_{"deltacast v1 only"}, xz_{"XOR + zstd-3 (ARCv2 style)"},
+  MethodResult dc_{"deltacast (v1 or v2 per chunk)"}, dc1_{"deltacast v1 only"}, dc3_{"deltacast v3 (`--codec v3`)"}, xz_{"XOR + zstd-3 (ARCv2 style)"},
       iv_{"int32 idx + bf16 values, raw (TRL draft)"}, ivz_{"int32 idx + bf16 values, zstd-3"};
   std::uint64_t changed_total_ = 0, bf16_total_ = 0, v2_chunks_ = 0, chunks_ = 0;
   double entropy_bytes_ = 0;  // conditioned on the base exponent (inspect --entropy, (b))

@@ -66,8 +66,8 @@ struct DensityResult {
   std::uint64_t whole_chunks = 0, chunks = 0;
   // The same deltas with codec v2 tried on every chunk (publish --v2: the smaller of v1 and v2
   // per chunk): payload bytes summed over the deltas, and the sparse apply in place.
-  std::uint64_t v1_bytes = 0, v2_bytes = 0;
-  std::vector<double> v2_sparse_ms;
+  std::uint64_t v1_bytes = 0, v2_bytes = 0, v3_bytes = 0;
+  std::vector<double> v2_sparse_ms, v3_sparse_ms;  // and the same with codec v3 on every chunk
 };
 
 class WorkerBench {
@@ -192,6 +192,15 @@ class WorkerBench {
       ms = cpu_runs(o_.runs, [&] { cold(base, work); }, [&] { sparse_of(ev2.manifest, payloads2, work, nullptr); });
       DC_RETURN_IF_ERROR(check(work, "v2 sparse in place"));
       r.v2_sparse_ms.insert(r.v2_sparse_ms.end(), ms.begin(), ms.end());
+      // Codec v3 on every chunk: its decoder reads base values only in blocks that change.
+      VersionEncodeOptions v3 = vopt_;
+      v3.chunk.delta_kinds = {ChunkKind::kDeltaV3};
+      DC_ASSIGN_OR_RETURN(EncodedVersion ev3, encode_version(s.layout, p + 2, p + 1, base, next, v3, pool_, &encoders_));
+      const std::vector<ByteSpan> payloads3(ev3.payloads.begin(), ev3.payloads.end());
+      r.v3_bytes += ev3.manifest.payload_bytes_total();
+      ms = cpu_runs(o_.runs, [&] { cold(base, work); }, [&] { sparse_of(ev3.manifest, payloads3, work, nullptr); });
+      DC_RETURN_IF_ERROR(check(work, "v3 sparse in place"));
+      r.v3_sparse_ms.insert(r.v3_sparse_ms.end(), ms.begin(), ms.end());
       // Double-buffered: the spare image holds the version before the base; each chunk catches
       // up by the previous delta's patch, then takes this one sparsely (and keeps its patch).
       if (prev) {
@@ -358,15 +367,18 @@ class WorkerBench {
                 runtime::NodeConfig{}.catch_up_dense_payload_per_mille);
     for (const auto& r : results_) std::printf(" %.2f%% changed: %" PRIu64 " of %" PRIu64 " chunks whole;", 100 * r.changed_fraction, r.whole_chunks, r.chunks);
     std::printf("\n");
-    std::printf("\ncodec v2 at the worker (publish --v2: v1 or v2 per chunk, the smaller): payload per version, and sparse in place\n\n");
-    std::printf("| changed | v1 payload | v2 payload | v2 / v1 bytes | v1 sparse in place | v2 sparse in place | v2 / v1 CPU |\n");
-    std::printf("|---|---|---|---|---|---|---|\n");
+    std::printf("\ncodecs v2 and v3 at the worker (publish --codec v2: v1 or v2 per chunk, the smaller; --codec v3: v3 on every chunk): "
+                "payload per version, and sparse in place\n\n");
+    std::printf("| changed | v1 payload | v2 / v1 bytes | v3 / v1 bytes | v1 sparse in place | v2 sparse in place | v3 sparse in place | "
+                "v2 / v1 CPU | v3 / v1 CPU |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|\n");
     for (const auto& r : results_) {
       const double pairs = static_cast<double>(r.sparse_ms.size()) / static_cast<double>(o_.runs);
       const double v1 = static_cast<double>(r.v1_bytes) / pairs, v2 = static_cast<double>(r.v2_bytes) / pairs;
-      const double cpu1 = median(r.sparse_ms), cpu2 = median(r.v2_sparse_ms);
-      std::printf("| %.2f%% | %s | %s | %.3f | %.1f ms | %.1f ms | **%.2fx** |\n", 100 * r.changed_fraction, format_bytes(v1).c_str(),
-                  format_bytes(v2).c_str(), v2 / v1, cpu1, cpu2, cpu2 / cpu1);
+      const double v3 = static_cast<double>(r.v3_bytes) / pairs;
+      const double cpu1 = median(r.sparse_ms), cpu2 = median(r.v2_sparse_ms), cpu3 = median(r.v3_sparse_ms);
+      std::printf("| %.2f%% | %s | %.3f | %.3f | %.1f ms | %.1f ms | %.1f ms | %.2fx | **%.2fx** |\n", 100 * r.changed_fraction,
+                  format_bytes(v1).c_str(), v2 / v1, v3 / v1, cpu1, cpu2, cpu3, cpu2 / cpu1, cpu3 / cpu1);
     }
   }
 

@@ -10,6 +10,7 @@
 #endif
 
 #include "bf16_scan.h"
+#include "cpu_target.h"
 #include "deltacast/codec/chunk.h"
 #include "deltacast/codec/entropy.h"
 #include "deltacast/codec/hash.h"
@@ -108,14 +109,6 @@ namespace portable {
 #undef DC_V2_WIDE
 }  // namespace portable
 #if defined(__x86_64__)
-#define DC_PRAGMA(x) _Pragma(#x)
-#if defined(__clang__)
-#define DC_TARGET_PUSH(t) DC_PRAGMA(clang attribute push(__attribute__((target(t))), apply_to = function))
-#define DC_TARGET_POP DC_PRAGMA(clang attribute pop)
-#else
-#define DC_TARGET_PUSH(t) DC_PRAGMA(GCC push_options) DC_PRAGMA(GCC target(t))
-#define DC_TARGET_POP DC_PRAGMA(GCC pop_options)
-#endif
 #pragma GCC diagnostic push
 #if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12's own AVX-512 headers trip it

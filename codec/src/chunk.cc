@@ -12,6 +12,7 @@
 #include "anchor_v2.h"
 #include "bf16_scan.h"
 #include "bf16_v2.h"
+#include "bf16_v3.h"
 #include "chunk_common.h"
 #include "deltacast/codec/hash.h"
 
@@ -29,6 +30,8 @@ struct ParsedSection {
   Segment seg;
   bool v2 = false;  // a v2 BF16 delta section: `bf16` holds it, streams[0] its exceptions
   bf16v2::Section bf16;
+  bool v3 = false;  // a v3 BF16 delta section: `b3` holds it (and its streams)
+  bf16v3::Section b3;
   bool anchor_v2 = false;  // an anchor v2 BF16 section: `a2` holds it, streams[0] its low fields
   anchorv2::Section a2;
   std::uint64_t change_count = 0;
@@ -50,7 +53,7 @@ Result<ParsedChunk> parse_chunk(ByteSpan payload) {
   std::uint8_t kind;
   std::uint64_t nseg;
   if (!r.u8(kind)) return Status::corruption("empty chunk payload");
-  if (kind < static_cast<std::uint8_t>(ChunkKind::kDeltaV1) || kind > static_cast<std::uint8_t>(ChunkKind::kAnchorV2))
+  if (kind < static_cast<std::uint8_t>(ChunkKind::kDeltaV1) || kind > static_cast<std::uint8_t>(ChunkKind::kDeltaV3))
     return Status::unsupported("unknown chunk encoding " + std::to_string(kind));
   pc.kind = static_cast<ChunkKind>(kind);
   // Every segment header takes at least 3 bytes, which bounds the count by the payload size.
@@ -89,13 +92,24 @@ Result<ParsedChunk> parse_chunk(ByteSpan payload) {
       sec.streams[0] = sec.bf16.exceptions_stream;
       sec.stream_count = 1;
     } else if (delta && s.cls == SegmentClass::kBF16) {
-      if (!r.varint(sec.change_count) || !r.varint(sec.exception_count)) return Status::corruption("truncated section header");
-      if (sec.change_count > n || sec.exception_count > sec.change_count) return Status::corruption("impossible change counts");
-      DC_RETURN_IF_ERROR(add("positions", n * 5));
-      DC_RETURN_IF_ERROR(add("values", n));
-      DC_RETURN_IF_ERROR(add("exceptions", 2 * n));
-      if (sec.streams[1].raw_bytes != sec.change_count || sec.streams[2].raw_bytes != 2 * sec.exception_count)
-        return Status::corruption("stream sizes disagree with the change counts");
+      // A v3 section names its layout: the blocked one, or v1's.
+      std::uint8_t layout = 0;
+      if (pc.kind == ChunkKind::kDeltaV3 && !r.u8(layout)) return Status::corruption("truncated section header");
+      if (layout > 1) return Status::corruption("unknown v3 section layout " + std::to_string(layout));
+      if (layout == 1) {
+        DC_ASSIGN_OR_RETURN(sec.b3, bf16v3::parse(r, n));
+        sec.v3 = true;
+        sec.change_count = sec.b3.changes;
+        sec.exception_count = sec.b3.exceptions;
+      } else {
+        if (!r.varint(sec.change_count) || !r.varint(sec.exception_count)) return Status::corruption("truncated section header");
+        if (sec.change_count > n || sec.exception_count > sec.change_count) return Status::corruption("impossible change counts");
+        DC_RETURN_IF_ERROR(add("positions", n * 5));
+        DC_RETURN_IF_ERROR(add("values", n));
+        DC_RETURN_IF_ERROR(add("exceptions", 2 * n));
+        if (sec.streams[1].raw_bytes != sec.change_count || sec.streams[2].raw_bytes != 2 * sec.exception_count)
+          return Status::corruption("stream sizes disagree with the change counts");
+      }
     } else if (delta) {
       DC_RETURN_IF_ERROR(add("xor", s.bytes));
       if (sec.streams[0].raw_bytes != s.bytes) return Status::corruption("xor stream size mismatch");
@@ -140,22 +154,6 @@ Status decode_streams(const ParsedSection& sec, StreamDecoder& streams, SectionB
     d.s[k] = ByteSpan(p, out.size());
   }
   return Status::ok();
-}
-
-// Reads one varint from [p, end); returns nullptr on overrun or overflow past 32 bits.
-inline const std::uint8_t* get_varint32(const std::uint8_t* p, const std::uint8_t* end, std::uint64_t& v) {
-  if (p < end && *p < 0x80) {
-    v = *p;
-    return p + 1;
-  }
-  v = 0;
-  for (int shift = 0; shift <= 35; shift += 7) {
-    if (p == end) return nullptr;
-    std::uint8_t b = *p++;
-    v |= static_cast<std::uint64_t>(b & 0x7f) << shift;
-    if (!(b & 0x80)) return p;
-  }
-  return nullptr;
 }
 
 // Checks the positions and values streams of a BF16 delta section before anything is written,
@@ -221,7 +219,7 @@ class V1Applier {
 // ascending: from the positions streams (v1), the decoded changes (v2) and the non-zero
 // elements of the xor streams (generic segments).
 void collect_changes(const ParsedChunk& pc, std::span<const DecodedStreams> decoded, std::span<const bf16v2::Changes> v2,
-                     std::vector<std::uint32_t>& out) {
+                     std::span<const bf16v3::Changes> v3, std::vector<std::uint32_t>& out) {
   out.clear();
   std::uint32_t at = 0;  // the section's first byte
   for (std::size_t k = 0; k < pc.sections.size(); at += static_cast<std::uint32_t>(pc.sections[k].seg.bytes), ++k) {
@@ -231,6 +229,8 @@ void collect_changes(const ParsedChunk& pc, std::span<const DecodedStreams> deco
       const bf16v2::Changes& c = v2[k];
       for (std::uint64_t j = 0; j < c.starts[c.classes]; ++j) out.push_back(at + 2 * c.positions[j]);
       std::sort(out.begin() + static_cast<std::ptrdiff_t>(first), out.end());
+    } else if (sec.v3) {
+      for (const std::uint32_t pos : v3[k].positions) out.push_back(at + 2 * pos);
     } else if (sec.seg.cls == SegmentClass::kBF16) {
       for (const std::uint32_t pos : decoded[k].positions) out.push_back(at + 2 * pos);
     } else {
@@ -422,11 +422,13 @@ class SparseWriter {
 
 // The changes a decoded delta writes: v1 and v2 BF16 changes, and generic bytes whose xor is
 // not zero.
-std::size_t sparse_change_count(const ParsedChunk& pc, std::span<const DecodedStreams> decoded, std::span<const bf16v2::Changes> v2) {
+std::size_t sparse_change_count(const ParsedChunk& pc, std::span<const DecodedStreams> decoded, std::span<const bf16v2::Changes> v2,
+                                std::span<const bf16v3::Changes> v3) {
   std::size_t n = 0;
   for (std::size_t k = 0; k < pc.sections.size(); ++k) {
     const ParsedSection& sec = pc.sections[k];
     if (sec.v2) n += v2[k].starts[v2[k].classes];
+    else if (sec.v3) n += v3[k].positions.size();
     else if (sec.seg.cls == SegmentClass::kBF16) n += sec.change_count;
     else n += sec.seg.bytes - static_cast<std::size_t>(std::count(decoded[k].s[0].begin(), decoded[k].s[0].end(), std::uint8_t{0}));
   }
@@ -437,7 +439,7 @@ std::size_t sparse_change_count(const ParsedChunk& pc, std::span<const DecodedSt
 // positions (each reads its one base value), v2 changes as decoded, generic bytes where the
 // xor is not zero.
 [[gnu::always_inline]] inline void write_sparse(const ParsedChunk& pc, std::span<const DecodedStreams> decoded, std::span<const bf16v2::Changes> v2,
-                                                std::uint8_t* range, SparseWriter& w) {
+                                                std::span<const bf16v3::Changes> v3, std::uint8_t* range, SparseWriter& w) {
   std::uint32_t at = 0;  // the section's first byte
   for (std::size_t k = 0; k < pc.sections.size(); at += static_cast<std::uint32_t>(pc.sections[k].seg.bytes), ++k) {
     const ParsedSection& sec = pc.sections[k];
@@ -449,6 +451,10 @@ std::size_t sparse_change_count(const ParsedChunk& pc, std::span<const DecodedSt
       for (std::uint64_t j = 0; j < keyed.size(); ++j) keyed[j] = std::uint64_t{at + 2 * c.positions[j]} << 16 | c.values[j];
       std::sort(keyed.begin(), keyed.end());
       for (const std::uint64_t key : keyed) w.put(static_cast<std::uint32_t>(key >> 16), 2, static_cast<std::uint16_t>(key));
+    } else if (sec.v3) {
+      // Decoded in position order, each value from the base its decoder read.
+      const bf16v3::Changes& c = v3[k];
+      for (std::size_t j = 0; j < c.positions.size(); ++j) w.put(at + 2 * c.positions[j], 2, c.values[j]);
     } else if (sec.seg.cls == SegmentClass::kBF16 && at % 2 == 0) {
       w.put_v1_bf16(at, d.positions.data(), d.positions.size(), d.s[1].data(), d.s[2].data());
     } else if (sec.seg.cls == SegmentClass::kBF16) {
@@ -538,6 +544,8 @@ struct ChunkDecoder::State {
   std::vector<SectionBuffers> sections;  // decoded streams, per section of the chunk
   std::vector<bf16v2::Changes> v2;       // v2 sections' changes
   std::vector<std::uint32_t> gaps;       // v2 decoder's working memory
+  std::vector<bf16v3::Changes> v3;       // v3 sections' changes
+  bf16v3::DecodeScratch v3_streams;      // a v3 section's decoded streams
   std::vector<std::vector<std::uint32_t>> positions;  // v1 BF16 delta sections' change positions
   std::vector<StateWordChange> words;                 // apply_sparse: the words it changed
   anchorv2::DecodeTables huffman;                     // anchor v2 decoding tables
@@ -548,6 +556,8 @@ struct ChunkDecoder::State {
     for (const auto& sec : sections)
       for (const auto& x : sec) b += x.capacity();
     for (const auto& c : v2) b += c.positions.capacity() * 4 + c.values.capacity() * 2;
+    b += v3.capacity() * sizeof(bf16v3::Changes) + v3_streams.bytes();
+    for (const auto& c : v3) b += c.bytes();
     for (const auto& p : positions) b += p.capacity() * 4;
     b += positions.capacity() * sizeof(positions[0]) + words.capacity() * sizeof(StateWordChange);
     return b;
@@ -565,6 +575,7 @@ Status decode_sections(const ParsedChunk& pc, const std::uint8_t* base, int leve
   const bool delta = is_delta_kind(pc.kind);
   if (s.sections.size() < pc.sections.size()) s.sections.resize(pc.sections.size());
   if (s.v2.size() < pc.sections.size()) s.v2.resize(pc.sections.size());
+  if (s.v3.size() < pc.sections.size()) s.v3.resize(pc.sections.size());
   if (s.positions.size() < pc.sections.size()) s.positions.resize(pc.sections.size());
   decoded.assign(pc.sections.size(), {});
   for (std::size_t k = 0, at = 0; k < pc.sections.size(); at += pc.sections[k].seg.bytes, ++k) {
@@ -574,6 +585,9 @@ Status decode_sections(const ParsedChunk& pc, const std::uint8_t* base, int leve
     Status st;
     if (sec.v2) {
       st = bf16v2::decode(sec.bf16, base + at, decoded[k].s[0], level, s.gaps, s.v2[k], base_hash);
+    } else if (sec.v3) {
+      if (base_hash) base_hash->update(base + at, sec.seg.bytes);
+      st = bf16v3::decode(sec.b3, base + at, level, s.streams, s.v3_streams, s.v3[k]);
     } else if (sec.anchor_v2) {
       // Straight into the output where it is aligned for 16-bit values (an anchor has no base
       // to keep; pass 2 only hashes it), else into the decoder's memory (the buffer a v1
@@ -651,7 +665,9 @@ Status ChunkDecoder::decode_checked(ByteSpan payload, std::span<const Segment> e
     const std::size_t es = sec.seg.elem_size, count = sec.seg.bytes / es;
     const std::size_t tile = kWriteTileBytes / es;  // elements
     std::optional<V1Applier> v1;
-    if (delta && sec.seg.cls == SegmentClass::kBF16 && !sec.v2) v1.emplace(d);
+    if (delta && sec.seg.cls == SegmentClass::kBF16 && !sec.v2 && !sec.v3) v1.emplace(d);
+    const bf16v3::Changes& c3 = s_->v3[k];
+    std::size_t next_v3 = 0;
     const bf16v2::Changes& c2 = s_->v2[k];
     std::array<std::uint64_t, bf16v2::kClassesMax> next_change;  // v2: per class
     std::copy_n(c2.starts.begin(), bf16v2::kClassesMax, next_change.begin());
@@ -668,6 +684,8 @@ Status ChunkDecoder::decode_checked(ByteSpan payload, std::span<const Segment> e
         if (sec.v2) {
           for (int c = 0; c < c2.classes; ++c)
             for (auto& j = next_change[c]; j < c2.starts[c + 1] && c2.positions[j] < i1; ++j) tv[c2.positions[j] - i0] = c2.values[j];
+        } else if (sec.v3) {
+          for (; next_v3 < c3.positions.size() && c3.positions[next_v3] < i1; ++next_v3) tv[c3.positions[next_v3] - i0] = c3.values[next_v3];
         } else if (v1) {
           v1->apply_before(i1, tv, i0);
         } else {
@@ -691,7 +709,7 @@ Status ChunkDecoder::decode_checked(ByteSpan payload, std::span<const Segment> e
   if (!in_place) stream_fence();
   if (out_hash && out_hash->digest() != *expect->content) return Status::corruption("reconstructed bytes fail their checksum");
   if (changed) {
-    if (delta) collect_changes(pc, decoded, s_->v2, *changed);
+    if (delta) collect_changes(pc, decoded, s_->v2, s_->v3, *changed);
     else changed->clear();
   }
   return Status::ok();
@@ -717,16 +735,16 @@ Status ChunkDecoder::apply_sparse_checked(ByteSpan payload, std::span<const Segm
   std::vector<DecodedStreams> decoded;
   DC_RETURN_IF_ERROR(decode_sections(pc, range.data(), options_.scan_level, *s_, decoded, nullptr));
   // Written as they come, the state kept current; put back if the result fails its hash.
-  const std::size_t changes = sparse_change_count(pc, decoded, s_->v2);
+  const std::size_t changes = sparse_change_count(pc, decoded, s_->v2, s_->v3);
   const std::size_t words = SparseWriter::log_words_max(changes, range.size());
   if (s_->words.size() < words) s_->words.resize(words);
   SparseWriter w(range, changes, s_->words.data(), patch);
-  write_sparse(pc, decoded, s_->v2, range.data(), w);
+  write_sparse(pc, decoded, s_->v2, s_->v3, range.data(), w);
   if (w.finish(held_state) != *expect.content) {
     w.undo();
     return Status::corruption("reconstructed bytes fail their checksum");
   }
-  if (changed) collect_changes(pc, decoded, s_->v2, *changed);
+  if (changed) collect_changes(pc, decoded, s_->v2, s_->v3, *changed);
   return Status::ok();
 }
 
@@ -773,7 +791,23 @@ Result<ChunkStats> ChunkDecoder::describe_checked(ByteSpan payload, ChunkKind* k
   ChunkStats st;
   st.v1_chunks = pc.kind == ChunkKind::kDeltaV1;
   st.v2_chunks = pc.kind == ChunkKind::kDeltaV2;
+  st.v3_chunks = pc.kind == ChunkKind::kDeltaV3;
   for (const auto& sec : pc.sections) {
+    if (sec.v3) {
+      // Its streams are reported whole: which context a value went to depends on the base.
+      const bf16v3::Section& b = sec.b3;
+      const std::pair<std::string_view, const StreamRef*> named[] = {{"blocks", &b.blocks_stream}, {"first", &b.first_stream},
+                                                                     {"next", &b.next_stream}, {"exceptions", &b.exceptions_stream}};
+      if (b.changes)
+        for (const auto& [name, ref] : named) st.streams.push_back({name, StreamReport{ref->choice, ref->raw_bytes, ref->body.size()}});
+      if (b.changes)
+        for (const StreamRef& ref : b.value_streams) st.streams.push_back({"values", StreamReport{ref.choice, ref.raw_bytes, ref.body.size()}});
+      st.bf16_values += sec.seg.bytes / 2;
+      st.changed_values += sec.change_count;
+      st.exceptions += sec.exception_count;
+      st.small_deltas += sec.change_count - sec.exception_count;
+      continue;
+    }
     if (sec.v2) {
       // The classes of its values come from the base, which a description does not have:
       // counts come from the header, and +-1 steps are not counted.

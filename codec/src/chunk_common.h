@@ -60,6 +60,22 @@ inline void stream_fence() {
 #endif
 }
 
+// Reads one varint from [p, end); returns nullptr on overrun or overflow past 32 bits.
+inline const std::uint8_t* get_varint32(const std::uint8_t* p, const std::uint8_t* end, std::uint64_t& v) {
+  if (p < end && *p < 0x80) {
+    v = *p;
+    return p + 1;
+  }
+  v = 0;
+  for (int shift = 0; shift <= 35; shift += 7) {
+    if (p == end) return nullptr;
+    std::uint8_t b = *p++;
+    v |= static_cast<std::uint64_t>(b & 0x7f) << shift;
+    if (!(b & 0x80)) return p;
+  }
+  return nullptr;
+}
+
 // Segments a chunk of `range_bytes` may have: each of a known element size, whole elements,
 // together covering the range exactly, within the format's bounds.
 inline Status check_segments(std::span<const Segment> segments, std::size_t range_bytes) {

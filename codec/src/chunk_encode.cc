@@ -9,6 +9,7 @@
 #include "anchor_v2.h"
 #include "bf16_scan.h"
 #include "bf16_v2.h"
+#include "bf16_v3.h"
 #include "chunk_common.h"
 #include "deltacast/codec/hash.h"
 
@@ -19,9 +20,10 @@ using namespace chunk_internal;
 struct ChunkEncoder::State {
   StreamEncoder streams;
   bf16v2::EncodeScratch v2;
+  bf16v3::EncodeScratch v3;
   ScratchBytes pos, val, exc, xor_bytes, shuffled, exponents, sign_mantissa;
   std::size_t bytes() const {
-    std::size_t b = streams.scratch_bytes() + v2.bytes();
+    std::size_t b = streams.scratch_bytes() + v2.bytes() + v3.bytes();
     for (const ScratchBytes* x : {&pos, &val, &exc, &xor_bytes, &shuffled, &exponents, &sign_mantissa}) b += x->capacity();
     return b;
   }
@@ -92,19 +94,47 @@ void encode_bf16_delta(const std::uint8_t* base, const std::uint8_t* next, std::
   }
 }
 
+// A v2 or v3 BF16 section's counts, into the chunk's stats.
+void count_bf16_delta(ChunkStats& stats, std::size_t n, std::uint64_t changes, std::uint64_t exceptions, std::uint64_t unit) {
+  stats.bf16_values += n;
+  stats.changed_values += changes;
+  stats.small_deltas += changes - exceptions;
+  stats.unit_deltas += unit;
+  stats.exceptions += exceptions;
+}
+
 void encode_bf16_delta_v2(const std::uint8_t* base, const std::uint8_t* next, std::size_t n, SectionWriter& w) {
   const bf16v2::SectionCounts sc = bf16v2::encode(base, next, n, w.level, w.options.delta_backends, w.s.v2, w.s.streams, w.out,
                                                    w.base_hash, w.next_hash);
   w.v1_excess_bytes += sc.v1_estimate_bytes - static_cast<double>(sc.section_bytes);
   if (!w.stats) return;
-  w.stats->bf16_values += n;
-  w.stats->changed_values += sc.changes;
-  w.stats->small_deltas += sc.changes - sc.exceptions;
-  w.stats->unit_deltas += sc.unit;
-  w.stats->exceptions += sc.exceptions;
+  count_bf16_delta(*w.stats, n, sc.changes, sc.exceptions, sc.unit);
   w.stats->streams.push_back({"changes", StreamReport{{Backend::kRaw, 0}, 2 * n, sc.coded_bytes}, "range-coded"});
   w.stats->streams.push_back({"remainders", StreamReport{{Backend::kRaw, 0}, sc.remainder_bytes, sc.remainder_bytes}, "bits"});
   w.stats->streams.push_back({"exceptions", sc.exceptions_stream, {}});
+}
+
+// A v3 BF16 section: the blocked layout, or v1's where that comes out smaller, as it can with
+// few changes (the blocked layout's twelve streams each carry a header and a table).
+constexpr std::uint64_t kV3CompareChangesMax = 4096;
+
+void encode_bf16_delta_v3(const std::uint8_t* base, const std::uint8_t* next, std::size_t n, SectionWriter& w) {
+  const std::size_t start = w.out.size();
+  w.out.push_back(1);
+  const bf16v3::SectionCounts sc = bf16v3::encode(base, next, n, w.level, w.options.delta_backends, w.s.v3, w.s.streams, w.out, w.base_hash, w.next_hash);
+  if (sc.changes <= kV3CompareChangesMax) {
+    // v1's layout after it, without stats or hashes (the blocked encoder gave both).
+    const std::size_t blocked = w.out.size() - start;
+    w.out.push_back(0);
+    SectionWriter trial{w.s, w.out, w.options, w.level, nullptr};
+    encode_bf16_delta(base, next, n, trial);
+    const std::size_t v1 = w.out.size() - start - blocked;
+    if (v1 < blocked) w.out.erase(w.out.begin() + static_cast<std::ptrdiff_t>(start), w.out.begin() + static_cast<std::ptrdiff_t>(start + blocked));
+    else w.out.resize(start + blocked);
+  }
+  if (!w.stats) return;
+  count_bf16_delta(*w.stats, n, sc.changes, sc.exceptions, sc.unit);
+  w.stats->streams.push_back({"v3 section", StreamReport{{Backend::kRaw, 0}, 2 * n, w.out.size() - start}, w.out[start] ? "blocked" : "v1 layout"});
 }
 
 void encode_generic_delta(const std::uint8_t* base, const std::uint8_t* next, std::size_t bytes, std::size_t es,
@@ -205,6 +235,7 @@ void ChunkStats::add(const ChunkStats& o) {
   streams.insert(streams.end(), o.streams.begin(), o.streams.end());
   v1_chunks += o.v1_chunks;
   v2_chunks += o.v2_chunks;
+  v3_chunks += o.v3_chunks;
 }
 
 ChunkEncoder::ChunkEncoder(std::size_t scratch_bytes_max) : scratch_bytes_max_(scratch_bytes_max), s_(std::make_unique<State>()) {}
@@ -236,7 +267,7 @@ Result<Bytes> ChunkEncoder::encode_delta(std::span<const Segment> segments, Byte
     next_hash.emplace(hashes->scheme);
   }
   for (ChunkKind kind : kinds) {
-    if (kind != ChunkKind::kDeltaV1 && kind != ChunkKind::kDeltaV2) return Status::invalid_argument("not a delta chunk encoding");
+    if (!is_delta_kind(kind)) return Status::invalid_argument("not a delta chunk encoding");
     if (kind == ChunkKind::kDeltaV1 && v1_cannot_win) continue;
     Bytes out;
     out.reserve(64 + next.size() / 32);
@@ -251,6 +282,7 @@ Result<Bytes> ChunkEncoder::encode_delta(std::span<const Segment> segments, Byte
     for (const auto& s : segments) {
       if (s.cls != SegmentClass::kBF16) encode_generic_delta(base.data() + off, next.data() + off, s.bytes, s.elem_size, w);
       else if (kind == ChunkKind::kDeltaV2) encode_bf16_delta_v2(base.data() + off, next.data() + off, s.bytes / 2, w);
+      else if (kind == ChunkKind::kDeltaV3) encode_bf16_delta_v3(base.data() + off, next.data() + off, s.bytes / 2, w);
       else encode_bf16_delta(base.data() + off, next.data() + off, s.bytes / 2, w);
       off += s.bytes;
     }
@@ -260,6 +292,7 @@ Result<Bytes> ChunkEncoder::encode_delta(std::span<const Segment> segments, Byte
     best_stats = std::move(st);
     best_stats.v1_chunks = kind == ChunkKind::kDeltaV1;
     best_stats.v2_chunks = kind == ChunkKind::kDeltaV2;
+    best_stats.v3_chunks = kind == ChunkKind::kDeltaV3;
   }
   if (stats) stats->add(best_stats);
   if (hashes) {

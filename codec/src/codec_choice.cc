@@ -9,14 +9,16 @@ namespace deltacast {
 Result<DeltaCodec> parse_delta_codec(std::string_view name) {
   if (name == "v1") return DeltaCodec::kV1;
   if (name == "v2") return DeltaCodec::kV2;
+  if (name == "v3") return DeltaCodec::kV3;
   if (name == "auto") return DeltaCodec::kAuto;
-  return Status::invalid_argument("unknown delta codec '" + std::string(name) + "' (v1, v2 or auto)");
+  return Status::invalid_argument("unknown delta codec '" + std::string(name) + "' (v1, v2, v3 or auto)");
 }
 
 std::string_view to_string(DeltaCodec codec) {
   switch (codec) {
     case DeltaCodec::kV1: return "v1";
     case DeltaCodec::kV2: return "v2";
+    case DeltaCodec::kV3: return "v3";
     case DeltaCodec::kAuto: return "auto";
   }
   return "?";
@@ -28,6 +30,7 @@ Status DeliveryModel::check() const {
       {"worker cores", worker_cores},
       {"v1 apply rate", v1_payload_bytes_per_core_s},
       {"v2 apply rate", v2_payload_bytes_per_core_s},
+      {"v3 apply rate", v3_payload_bytes_per_core_s},
       {"anchor decode rate", anchor_image_bytes_per_core_s},
   };
   for (const auto& [name, v] : fields)
@@ -47,6 +50,7 @@ Result<DeliveryCost> delivery_cost(const EncodedVersion& version, const Delivery
     switch (kind) {
       case ChunkKind::kDeltaV1: core_s += payload / model.v1_payload_bytes_per_core_s; break;
       case ChunkKind::kDeltaV2: core_s += payload / model.v2_payload_bytes_per_core_s; break;
+      case ChunkKind::kDeltaV3: core_s += payload / model.v3_payload_bytes_per_core_s; break;
       case ChunkKind::kAnchorV1:
       case ChunkKind::kAnchorV2: core_s += static_cast<double>(m.chunks[i].length) / model.anchor_image_bytes_per_core_s; break;
     }
@@ -57,6 +61,7 @@ Result<DeliveryCost> delivery_cost(const EncodedVersion& version, const Delivery
 VersionEncodeOptions with_delta_codec(VersionEncodeOptions o, DeltaCodec codec) {
   o.chunk.delta_kinds = {ChunkKind::kDeltaV1};
   if (codec == DeltaCodec::kV2) o.chunk.delta_kinds.push_back(ChunkKind::kDeltaV2);
+  if (codec == DeltaCodec::kV3) o.chunk.delta_kinds = {ChunkKind::kDeltaV3};
   return o;
 }
 
@@ -64,8 +69,9 @@ Result<CodecDecision> fixed_codec_decision(const EncodedVersion& delta, DeltaCod
   CodecDecision d;
   d.chosen = codec;
   d.v2_tried = codec == DeltaCodec::kV2;
+  d.v3_tried = codec == DeltaCodec::kV3;
   DC_ASSIGN_OR_RETURN(DeliveryCost cost, delivery_cost(delta, model));
-  (d.v2_tried ? d.v2 : d.v1) = cost;
+  (d.v2_tried ? d.v2 : d.v3_tried ? d.v3 : d.v1) = cost;
   return d;
 }
 
@@ -84,20 +90,24 @@ Result<EncodedVersion> encode_delta(DeltaCodec codec, const DeliveryModel& model
     }
     return ev;
   }
-  DC_ASSIGN_OR_RETURN(EncodedVersion v1, encode(DeltaCodec::kV1));
-  DC_ASSIGN_OR_RETURN(d.v1, delivery_cost(v1, model));
-  std::optional<EncodedVersion> chosen;
-  if (d.v1.wan_s > d.v1.worker_s) {
-    d.v2_tried = true;
-    DC_ASSIGN_OR_RETURN(EncodedVersion v2, encode(DeltaCodec::kV2));
-    DC_ASSIGN_OR_RETURN(d.v2, delivery_cost(v2, model));
-    if (d.v2.bound_s() < d.v1.bound_s()) {
-      d.chosen = DeltaCodec::kV2;
-      chosen = std::move(v2);
+  DC_ASSIGN_OR_RETURN(EncodedVersion best, encode(DeltaCodec::kV1));
+  DC_ASSIGN_OR_RETURN(d.v1, delivery_cost(best, model));
+  DeliveryCost best_cost = d.v1, last = d.v1;
+  // Each candidate sends fewer bytes than the one before and costs the workers more CPU.
+  for (const DeltaCodec c : {DeltaCodec::kV3, DeltaCodec::kV2}) {
+    if (last.wan_s <= last.worker_s) break;
+    DC_ASSIGN_OR_RETURN(EncodedVersion ev, encode(c));
+    DC_ASSIGN_OR_RETURN(last, delivery_cost(ev, model));
+    (c == DeltaCodec::kV3 ? d.v3_tried : d.v2_tried) = true;
+    (c == DeltaCodec::kV3 ? d.v3 : d.v2) = last;
+    if (last.bound_s() < best_cost.bound_s()) {
+      d.chosen = c;
+      best_cost = last;
+      best = std::move(ev);
     }
   }
   if (decision) *decision = d;
-  return chosen ? std::move(*chosen) : std::move(v1);
+  return best;
 }
 
 }  // namespace deltacast

@@ -198,6 +198,9 @@ py::object Publisher::last_codec() {
   r["v1_worker_s"] = d->v1.worker_s;
   r["v2_wan_s"] = d->v2.wan_s;
   r["v2_worker_s"] = d->v2.worker_s;
+  r["v3_tried"] = d->v3_tried;
+  r["v3_wan_s"] = d->v3.wan_s;
+  r["v3_worker_s"] = d->v3.worker_s;
   return r;
 }
 std::string Publisher::listening() { return live()->host().bound_endpoint(); }

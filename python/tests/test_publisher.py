@@ -107,7 +107,7 @@ def test_a_changed_layout_goes_out_whole():
             v.patches()
 
 
-def test_codec_auto_picks_v2_over_a_slow_wan_and_v1_for_busy_workers():
+def test_codec_auto_picks_fewer_bytes_over_a_slow_wan_and_v1_for_busy_workers():
     for wan_rate, cores, expect in (("1Mbit", 1000, "v2"), ("1Tbit", 1, "v1")):
         sd = state_dict()
         with deltacast.Publisher("tcp://127.0.0.1:0", codec="auto", wan_rate=wan_rate, worker_cores=cores) as pub, \
@@ -120,6 +120,9 @@ def test_codec_auto_picks_v2_over_a_slow_wan_and_v1_for_busy_workers():
                 d = pub.last_codec
                 assert d["codec"] == expect, (wan_rate, d)
                 assert d["v2_tried"] == (expect == "v2")
+                assert d["v3_tried"] == (expect == "v2")  # v3 is tried before v2, and v2 only when v3 is WAN-bound too
+                if d["v3_tried"]:
+                    assert d["v3_wan_s"] > d["v3_worker_s"]
                 if expect == "v2":
                     assert d["v2_wan_s"] < d["v1_wan_s"] and max(d["v2_wan_s"], d["v2_worker_s"]) < d["v1_wan_s"]
                 else:
@@ -132,7 +135,7 @@ def test_publisher_errors_are_clear():
     with pytest.raises(deltacast.Error, match="listen"):
         deltacast.Publisher("")
     with pytest.raises(deltacast.Error, match="codec"):
-        deltacast.Publisher("tcp://127.0.0.1:0", codec="v3")
+        deltacast.Publisher("tcp://127.0.0.1:0", codec="v4")
     with pytest.raises(deltacast.Error, match="wan_rate"):
         deltacast.Publisher("tcp://127.0.0.1:0", codec="auto", wan_rate="fast")
     with pytest.raises(ValueError, match="say different things"):

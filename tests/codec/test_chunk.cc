@@ -38,12 +38,17 @@ std::vector<std::uint32_t> changed_elements(const std::vector<Segment>& segs, co
   return out;
 }
 
-// Encodes base -> next as a delta in each encoding (v1, v2, and the smaller of the two), with
-// each level of scans this CPU has (AVX-512 with GFNI, AVX-512, portable), and checks
-// out-of-place and in-place decoding of each. `stats` gets the v2 encoding's.
+// Encodes base -> next as a delta in each encoding (v1, v2, the smaller of the two, v3, and
+// the smaller of v1 and v3), with each level of scans this CPU has (AVX-512 with GFNI,
+// AVX-512, portable), and checks out-of-place and in-place decoding of each. `stats` gets the
+// v2 encoding's.
 void check_delta(const std::vector<Segment>& segs, const Bytes& base, const Bytes& next, ChunkStats* stats = nullptr) {
-  const std::vector<std::vector<ChunkKind>> encodings = {{ChunkKind::kDeltaV1}, {ChunkKind::kDeltaV2}, {ChunkKind::kDeltaV1, ChunkKind::kDeltaV2}};
-  std::vector<Bytes> v2_payloads;
+  const std::vector<std::vector<ChunkKind>> encodings = {{ChunkKind::kDeltaV1},
+                                                          {ChunkKind::kDeltaV2},
+                                                          {ChunkKind::kDeltaV1, ChunkKind::kDeltaV2},
+                                                          {ChunkKind::kDeltaV3},
+                                                          {ChunkKind::kDeltaV1, ChunkKind::kDeltaV3}};
+  std::vector<Bytes> v2_payloads, v3_payloads;
   for (int level = kScanLevelMax; level >= 0; --level) {
     ChunkEncoder encoder;
     ChunkDecoder decoder(ChunkDecodeOptions{.scan_level = level});
@@ -54,7 +59,9 @@ void check_delta(const std::vector<Segment>& segs, const Bytes& base, const Byte
       ChunkStats st;
       auto payload = encoder.encode_delta(segs, base, next, opt, &st);
       REQUIRE(payload.is_ok());
-      CHECK((*payload)[0] == static_cast<std::uint8_t>(kinds.size() == 1 ? kinds[0] : (st.v2_chunks ? ChunkKind::kDeltaV2 : ChunkKind::kDeltaV1)));
+      const ChunkKind kept = st.v2_chunks ? ChunkKind::kDeltaV2 : st.v3_chunks ? ChunkKind::kDeltaV3 : ChunkKind::kDeltaV1;
+      CHECK((*payload)[0] == static_cast<std::uint8_t>(kinds.size() == 1 ? kinds[0] : kept));
+      if (kinds.size() == 1 && kinds[0] == ChunkKind::kDeltaV3) v3_payloads.push_back(*payload);
       if (kinds.size() == 1 && kinds[0] == ChunkKind::kDeltaV2) {
         v2_payloads.push_back(*payload);
         if (stats && level == kScanLevelMax) *stats = st;
@@ -136,6 +143,7 @@ void check_delta(const std::vector<Segment>& segs, const Bytes& base, const Byte
   }
   REQUIRE(v2_payloads.size() == kScanLevelMax + 1);
   for (const auto& p : v2_payloads) CHECK(p == v2_payloads[0]);  // the scans agree
+  for (const auto& p : v3_payloads) CHECK(p == v3_payloads[0]);
 }
 
 void check_anchor(const std::vector<Segment>& segs, const Bytes& next) {
@@ -410,10 +418,69 @@ TEST_CASE("v2 codes a training step in fewer bytes than v1, bit-exactly", "[code
   CHECK(*best == v2);
 }
 
-TEST_CASE("corrupt v2 payloads are refused or left to the content hash, never crash", "[codec][chunk][v2]") {
-  test::TrainingStep s;
+// A training step with tensors large enough, and changes enough, that v3 codes its large
+// tensors in blocked sections (its small ones in v1's layout).
+static const test::TrainingStep& dense_step() {
+  static const test::TrainingStep s(synth::ModelShape{256, 2, 1024, 512, true}, 1e-5);
+  return s;
+}
+
+TEST_CASE("v3 codes a training step in fewer bytes than v1, bit-exactly, in blocked sections where they pay", "[codec][chunk][v3]") {
+  const test::TrainingStep& s = dense_step();
   const auto segs = segments_for_range(s.layout.tensors, 0, s.layout.image_size);
-  const Bytes good = encode_as(segs, s.base, s.next, ChunkKind::kDeltaV2);
+  check_delta(segs, s.base, s.next);
+  const Bytes v1 = encode_as(segs, s.base, s.next, ChunkKind::kDeltaV1);
+  ChunkStats st;
+  ChunkEncodeOptions opt = kOptions;
+  opt.delta_kinds = {ChunkKind::kDeltaV3};
+  auto v3 = ChunkEncoder().encode_delta(segs, s.base, s.next, opt, &st);
+  REQUIRE(v3.is_ok());
+  CHECK(static_cast<double>(v3->size()) < 0.9 * static_cast<double>(v1.size()));
+  CHECK(st.v3_chunks == 1);
+  // Every BF16 section blocked here; on the sparse small step, every one in v1's layout, each
+  // one byte (its layout) larger than v1's.
+  auto layouts = [](const ChunkStats& stats) {
+    std::pair<int, int> n{0, 0};  // blocked, v1's
+    for (const auto& stream : stats.streams)
+      if (stream.name == "v3 section") (stream.coder == "blocked" ? n.first : n.second)++;
+    return n;
+  };
+  CHECK(layouts(st) == std::pair<int, int>{static_cast<int>(std::count_if(segs.begin(), segs.end(), [](const Segment& x) { return x.cls == SegmentClass::kBF16; })), 0});
+  {
+    const test::TrainingStep small;
+    const auto small_segs = segments_for_range(small.layout.tensors, 0, small.layout.image_size);
+    const auto bf16 = std::count_if(small_segs.begin(), small_segs.end(), [](const Segment& x) { return x.cls == SegmentClass::kBF16; });
+    ChunkStats small_st;
+    auto small_v3 = ChunkEncoder().encode_delta(small_segs, small.base, small.next, opt, &small_st);
+    REQUIRE(small_v3.is_ok());
+    CHECK(layouts(small_st) == std::pair<int, int>{0, static_cast<int>(bf16)});
+    CHECK(small_v3->size() == encode_as(small_segs, small.base, small.next, ChunkKind::kDeltaV1).size() + static_cast<std::size_t>(bf16));
+  }
+  // The first section's layout byte, after the segment table: any other than 0 or 1 is refused.
+  REQUIRE(segs[0].cls == SegmentClass::kBF16);
+  ByteReader r(*v3);
+  std::uint8_t byte = 0;
+  std::uint64_t count = 0, bytes = 0;
+  REQUIRE((r.u8(byte) && r.varint(count)));
+  for (std::uint64_t k = 0; k < count; ++k) REQUIRE((r.u8(byte) && r.u8(byte) && r.varint(bytes)));
+  const std::size_t layout_at = v3->size() - r.remaining();
+  REQUIRE((*v3)[layout_at] <= 1);
+  ChunkDecoder decoder;
+  Bytes out(s.next.size());
+  for (std::uint8_t layout : {2, 3, 255}) {
+    Bytes bad = *v3;
+    bad[layout_at] = layout;
+    const Status st = decoder.decode(bad, segs, s.base, out);
+    CHECK(st.code() == StatusCode::kCorruption);
+    CHECK_THAT(st.message(), Catch::Contains("layout"));
+  }
+}
+
+// Corrupt payloads of one delta encoding: every truncation refused, flipped bits refused or
+// harmless (the very bytes), in dense and sparse decodes.
+static void check_corrupt_deltas(const test::TrainingStep& s, ChunkKind kind) {
+  const auto segs = segments_for_range(s.layout.tensors, 0, s.layout.image_size);
+  const Bytes good = encode_as(segs, s.base, s.next, kind);
   Bytes out(s.next.size());
   // Every truncation is refused, and nothing is written.
   for (std::size_t len = 0; len < good.size(); len += 1 + len / 64) {
@@ -446,6 +513,14 @@ TEST_CASE("corrupt v2 payloads are refused or left to the content hash, never cr
   CHECK(refused_by_structure > 500);
   CHECK(harmless < 50);
   CHECK(refused + harmless == 2000);
+}
+
+TEST_CASE("corrupt v2 payloads are refused or left to the content hash, never crash", "[codec][chunk][v2]") {
+  check_corrupt_deltas(test::TrainingStep(), ChunkKind::kDeltaV2);
+}
+
+TEST_CASE("corrupt v3 payloads are refused or left to the content hash, never crash", "[codec][chunk][v3]") {
+  check_corrupt_deltas(dense_step(), ChunkKind::kDeltaV3);
 }
 
 TEST_CASE("encoders and decoders keep their memory within the stated bounds, and reuse it", "[codec][chunk][memory]") {
@@ -679,4 +754,50 @@ TEST_CASE("anchor v2 decodes into output at any alignment, beside other segments
     REQUIRE(ChunkDecoder().decode(*p, segs, {}, out, &expect).is_ok());
     CHECK(std::equal(out.begin(), out.end(), next.begin()));
   }
+}
+
+TEST_CASE("v3: the worked example of docs/FORMAT.md decodes to what it says", "[codec][chunk][v3]") {
+  std::vector<std::uint16_t> base(40);
+  for (int i = 0; i < 40; ++i) base[i] = static_cast<std::uint16_t>(((i % 2 ? 126 : 120) << 7) | (i * 5 % 128));
+  CHECK(base[4] == 0x3c14);
+  CHECK(base[7] == 0x3f23);
+  CHECK(base[10] == 0x3c32);
+  CHECK(base[36] == 0x3c34);
+  std::vector<std::uint16_t> next = base;
+  next[4] += 1;
+  next[10] -= 1;
+  next[7] += 2;
+  next[36] = 0xbf80;
+  const Bytes payload = {0x05, 0x01, 0x01, 0x02, 0x50,  // kind 5, one BF16 segment of 80 bytes
+                         0x01, 0x04, 0x7e, 0xff, 0xff, 0xe4, 0x77, 0x01, 0x02,  // the section's header
+                         0x00, 0x00, 0x02, 0x02, 0x00, 0x00,                    // blocks
+                         0x00, 0x00, 0x02, 0x02, 0x02, 0x02,                    // first
+                         0x00, 0x00, 0x04, 0x04, 0x02, 0x0d, 0x1f, 0x1f,        // next
+                         0x00, 0x00, 0x00, 0x00,                                // values[0]
+                         0x00, 0x00, 0x03, 0x03, 0x02, 0x01, 0x00,              // values[1]
+                         0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+                         0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,  // values[2..6]
+                         0x00, 0x00, 0x01, 0x01, 0x04,                                // values[7]
+                         0x00, 0x00, 0x02, 0x02, 0x80, 0xbf};                         // exceptions
+  const std::vector<Segment> segs = bf16_segment(80);
+  const Bytes b = test::from_u16(base), want = test::from_u16(next);
+  Bytes out(80);
+  std::vector<std::uint32_t> changed;
+  for (int level = kScanLevelMax; level >= 0; --level) {
+    ChunkDecoder decoder(ChunkDecodeOptions{.scan_level = level});
+    REQUIRE(decoder.decode(payload, segs, b, out, nullptr, &changed).is_ok());
+    CHECK(out == want);
+    CHECK(changed == std::vector<std::uint32_t>{8, 14, 20, 72});
+    Bytes range = b;
+    const ChunkHashes h{state_hash(b), state_hash(want)};
+    REQUIRE(decoder.apply_sparse(payload, segs, range, *h.base, h).is_ok());
+    CHECK(range == want);
+  }
+  // A step past the block's last rank, a block past the segment's end: refused.
+  Bytes bad = payload;
+  bad[31] = 0x1e;  // block 0's second step: rank 5 + 30 + 1 = 36 > 31
+  CHECK(ChunkDecoder().decode(bad, segs, b, out).code() == StatusCode::kCorruption);
+  bad = payload;
+  bad[19] = 0x01;  // block 1's gap: block 2 of a 2-block segment
+  CHECK(ChunkDecoder().decode(bad, segs, b, out).code() == StatusCode::kCorruption);
 }

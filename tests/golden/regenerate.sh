@@ -22,3 +22,4 @@ cp "$tmp/step-000001.safetensors" "$here/next.safetensors"
 "$dc" inspect "$here/delta.dcd" | grep checksum
 # The wire's golden frames (tests/golden/wire-frames.txt), from the transport tests.
 echo "wire frames: DELTACAST_WRITE_GOLDEN=1 build/tests/deltacast_transport_tests '[golden]'"
+echo "codec v3 (delta-v3.dcd, chunk-v3-blocked.bin): DELTACAST_WRITE_GOLDEN=1 build/tests/deltacast_io_tests '[golden]'"

@@ -6,6 +6,9 @@
 // anchors are checked in tests/runtime/test_trust.cc, where signatures live.)
 #include <catch2/catch.hpp>
 
+#include <fstream>
+
+#include "deltacast/codec/chunk.h"
 #include "deltacast/codec/hash.h"
 #include "deltacast/common/thread_pool.h"
 #include "deltacast/io/safetensors.h"
@@ -28,7 +31,7 @@ TEST_CASE("golden delta and anchor decode to the golden checkpoint", "[codec][go
   REQUIRE(next.is_ok());
   ThreadPool pool(2);
   for (const char* name :
-       {"delta.dcd", "delta-v2.dcd", "anchor.dcd", "anchor-format3.dcd", "delta-format1.dcd", "delta-v2-format1.dcd", "anchor-format1.dcd"}) {
+       {"delta.dcd", "delta-v2.dcd", "delta-v3.dcd", "anchor.dcd", "anchor-format3.dcd", "delta-format1.dcd", "delta-v2-format1.dcd", "anchor-format1.dcd"}) {
     INFO(name);
     const bool format1 = std::string_view(name).ends_with("-format1.dcd");
     auto file = MappedFile::open(test::golden(name));
@@ -72,19 +75,82 @@ TEST_CASE("encoding the golden inputs reproduces the golden files", "[codec][gol
   VersionEncodeOptions opt;
   opt.chunk_bytes = 16 << 10;
   opt.tensor_cuts = false;  // the golden files' chunking, from before chunks were cut at large tensors
-  VersionEncodeOptions opt_v2 = opt;
+  VersionEncodeOptions opt_v2 = opt, opt_v3 = opt;
   opt_v2.chunk = ChunkEncodeOptions::smallest();
-  for (const char* name : {"delta.dcd", "delta-v2.dcd", "anchor.dcd"}) {
+  opt_v3.chunk.delta_kinds = {ChunkKind::kDeltaV3};
+  for (const char* name : {"delta.dcd", "delta-v2.dcd", "delta-v3.dcd", "anchor.dcd"}) {
     INFO(name);
     const std::string n = name;
+    const VersionEncodeOptions& delta_opt = n == "delta.dcd" ? opt : n == "delta-v2.dcd" ? opt_v2 : opt_v3;
     auto ev = n == "anchor.dcd" ? encode_version(next->layout(), 2, 0, {}, next->image(), opt, ex)
-                                : encode_version(next->layout(), 2, 1, base->image(), next->image(), n == "delta.dcd" ? opt : opt_v2, ex);
+                                : encode_version(next->layout(), 2, 1, base->image(), next->image(), delta_opt, ex);
     REQUIRE(ev.is_ok());
     if (n == "delta-v2.dcd") CHECK(ev->stats.v2_chunks > 0);  // the golden file pins the v2 encoding
+    if (n == "delta-v3.dcd") CHECK(ev->stats.v3_chunks == ev->payloads.size());
     Bytes file = container_prefix(ev->manifest);
     for (const auto& p : ev->payloads) file.insert(file.end(), p.begin(), p.end());
+    // delta-v3.dcd came after the command line cut chunks at large tensors: it is written here.
+    if (n == "delta-v3.dcd" && std::getenv("DELTACAST_WRITE_GOLDEN"))
+      std::ofstream(test::golden(name), std::ios::binary).write(reinterpret_cast<const char*>(file.data()), static_cast<std::streamsize>(file.size()));
     auto expected = MappedFile::open(test::golden(name));
     REQUIRE(expected.is_ok());
     CHECK(std::equal(file.begin(), file.end(), expected->bytes().begin(), expected->bytes().end()));
+  }
+}
+
+namespace {
+
+// A BF16 section of 20000 values that v3 codes in its blocked layout: exponents 112-123 from a
+// hash of the position, small ones changed far more often than large ones, mostly by one step,
+// some by a few, some (sign flips) as exceptions. Integer arithmetic only, so it is the same on
+// every machine.
+std::uint64_t mix(std::uint64_t x) {
+  x = (x + 1) * 0x9e3779b97f4a7c15ull;
+  x ^= x >> 31;
+  x *= 0xbf58476d1ce4e5b9ull;
+  return x ^ (x >> 29);
+}
+std::pair<Bytes, Bytes> blocked_v3_section() {
+  constexpr std::size_t n = 20000;
+  std::vector<std::uint16_t> base(n), next(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint64_t x = mix(i), y = mix(i + n);
+    const unsigned e = 112 + static_cast<unsigned>(x % 12);
+    base[i] = static_cast<std::uint16_t>(((x >> 8) & 0x8000) | (e << 7) | ((x >> 20) & 0x7f));
+    next[i] = base[i];
+    if ((y & 1023) >= (1u << std::min(10u, 124 - e))) continue;
+    if (((y >> 11) & 63) == 0) next[i] ^= 0x8000;
+    else if (((y >> 17) & 7) == 0) next[i] = static_cast<std::uint16_t>(next[i] + 2 + ((y >> 20) & 3));
+    else next[i] = static_cast<std::uint16_t>(next[i] + ((y >> 10) & 1 ? 1 : -1));
+  }
+  return {test::from_u16(base), test::from_u16(next)};
+}
+
+}  // namespace
+
+// tests/golden/chunk-v3-blocked.bin pins v3's blocked layout (the golden checkpoint's deltas are
+// too sparse for it: delta-v3.dcd holds v1-layout sections). DELTACAST_WRITE_GOLDEN=1 rewrites
+// it, for a deliberate format change only.
+TEST_CASE("a v3 chunk of blocked sections: the golden payload decodes, and encoding reproduces it", "[codec][golden]") {
+  const auto [base, next] = blocked_v3_section();
+  const std::vector<Segment> segs = {{SegmentClass::kBF16, 2, base.size()}};
+  ChunkEncodeOptions opt = ChunkEncodeOptions::defaults();
+  opt.delta_kinds = {ChunkKind::kDeltaV3};
+  ChunkStats st;
+  auto payload = ChunkEncoder().encode_delta(segs, base, next, opt, &st);
+  REQUIRE(payload.is_ok());
+  CHECK(st.changed_values > 4096);
+  CHECK(st.exceptions > 0);
+  REQUIRE(payload->size() > 5);
+  CHECK((*payload)[7] == 1);  // after kind, segment count, class, element size, 3 bytes of length: the layout
+  const std::string path = test::golden("chunk-v3-blocked.bin");
+  if (std::getenv("DELTACAST_WRITE_GOLDEN")) std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(payload->data()), static_cast<std::streamsize>(payload->size()));
+  auto golden = MappedFile::open(path);
+  REQUIRE(golden.is_ok());
+  CHECK(std::equal(payload->begin(), payload->end(), golden->bytes().begin(), golden->bytes().end()));
+  for (int level = kScanLevelMax; level >= 0; --level) {
+    Bytes out(next.size());
+    REQUIRE(ChunkDecoder(ChunkDecodeOptions{.scan_level = level}).decode(golden->bytes(), segs, base, out).is_ok());
+    CHECK(out == next);
   }
 }

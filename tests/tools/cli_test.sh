@@ -44,6 +44,12 @@ check "decoded file is identical" cmp "$tmp/r1.safetensors" "$tmp/s/step-000001.
 check "encode anchor" "$dc" encode -q "$tmp/s/step-000002.safetensors" -o "$tmp/a2.dcd"
 check "decode anchor" "$dc" decode -q "$tmp/a2.dcd" -o "$tmp/r2.safetensors"
 check "anchor decodes identical" cmp "$tmp/r2.safetensors" "$tmp/s/step-000002.safetensors"
+check "encode delta, codec v3" "$dc" encode -q --chunk-size 64KiB --codec v3 "$tmp/s/step-000000.safetensors" "$tmp/s/step-000001.safetensors" -o "$tmp/d1v3.dcd"
+check "decode delta, codec v3" "$dc" decode -q "$tmp/s/step-000000.safetensors" "$tmp/d1v3.dcd" -o "$tmp/r1v3.safetensors"
+check "codec v3 decodes identical" cmp "$tmp/r1v3.safetensors" "$tmp/s/step-000001.safetensors"
+check "inspect delta, codec v3" "$dc" inspect "$tmp/d1v3.dcd"
+grep -Eq "chunks coded v1 0, v2 0, v3 [1-9]" "$tmp/out" || { failed=$((failed + 1)); echo "FAILED: inspect does not count the v3 chunks"; }
+fails "an unknown codec for encode" "--codec" "$dc" encode -q --codec v9 "$tmp/s/step-000000.safetensors" "$tmp/s/step-000001.safetensors" -o "$tmp/x.dcd"
 check "inspect delta" "$dc" inspect "$tmp/d1.dcd"
 grep -q "changed" "$tmp/out" && grep -q "positions" "$tmp/out" || { failed=$((failed + 1)); echo "FAILED: inspect output lacks statistics"; }
 check "inspect checkpoint" "$dc" inspect --tensors "$tmp/s/step-000000.safetensors"
@@ -183,7 +189,7 @@ check "the publisher saw each version delivered" wait "$pub"
 check "the third version saved" test -f "$tmp/in-place/ip-v3.safetensors"
 
 # publish --codec auto: per version, v2 where the WAN is the bottleneck, v1 where the workers' CPU is.
-fails "an unknown codec" "--codec" "$dc" publish --listen "tcp://127.0.0.1:*" --codec v3 "$tmp/s/step-000000.safetensors"
+fails "an unknown codec" "--codec" "$dc" publish --listen "tcp://127.0.0.1:*" --codec v4 "$tmp/s/step-000000.safetensors"
 fails "a WAN rate that is not one" "--wan-rate" \
   "$dc" publish --listen "tcp://127.0.0.1:*" --codec auto --wan-rate fast "$tmp/s/step-000000.safetensors"
 check "publish --codec auto over a slow WAN" "$dc" publish --listen "tcp://127.0.0.1:*" --linger-ms 0 --chunk-size 64KiB \

@@ -28,9 +28,12 @@ enum class ChunkKind : std::uint8_t {
   kAnchorV1 = 2,  // a full snapshot of the range
   kDeltaV2 = 3,   // changes, BF16 runs coded with models conditioned on the base exponent
   kAnchorV2 = 4,  // a full snapshot, BF16 runs Huffman-coded in four streams (fast to decode)
+  kDeltaV3 = 5,   // changes, BF16 runs located by 32-value block and ranked by the block's exponent classes
 };
 
-inline bool is_delta_kind(ChunkKind k) { return k == ChunkKind::kDeltaV1 || k == ChunkKind::kDeltaV2; }
+inline bool is_delta_kind(ChunkKind k) {
+  return k == ChunkKind::kDeltaV1 || k == ChunkKind::kDeltaV2 || k == ChunkKind::kDeltaV3;
+}
 
 enum class SegmentClass : std::uint8_t {
   kGeneric = 0,  // any bytes; elem_size says how to transpose them (1, 2, 4 or 8)
@@ -94,7 +97,7 @@ struct ChunkStats {
     StreamReport report;
     std::string_view coder;  // set where the bytes are not a backend stream ("range-coded", "bits")
   };
-  std::uint64_t v1_chunks = 0, v2_chunks = 0;  // delta chunks by encoding
+  std::uint64_t v1_chunks = 0, v2_chunks = 0, v3_chunks = 0;  // delta chunks by encoding
   std::vector<Stream> streams;
   void add(const ChunkStats& other);
 };

@@ -62,7 +62,7 @@ struct PublisherOptions {
   DeliveryModel delivery;
 };
 
-// Sets o.codec and o.delivery from a front end's text forms: `codec` "v1", "v2" or "auto", the
+// Sets o.codec and o.delivery from a front end's text forms: `codec` "v1", "v2", "v3" or "auto", the
 // WAN rate as parse_rate reads it ("10Gbit", "1.2GB/s"), and the cores a worker applies on;
 // empty (or cores not above 0) keeps o's. An
 // error starts with the name the front end gives the option (`codec_name`, `wan_rate_name`).

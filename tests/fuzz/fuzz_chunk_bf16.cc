@@ -1,15 +1,22 @@
-// Fuzzes codec v2's BF16 delta sections against a base that looks like weights (exponents
-// spread over a dozen binades, as the v2 classes expect). Input: 1 byte of mode, 2 bytes of
+// Fuzzes the BF16 delta sections of codec v2 (built as fuzz_chunk_v2, FUZZ_DELTA_KIND 3) or v3
+// (fuzz_chunk_v3, FUZZ_DELTA_KIND 5) against a base that looks like weights (exponents spread
+// over a dozen binades, as both codecs' classes expect). Input: 1 byte of mode, 2 bytes of
 // length (in BF16 elements, minus one), then the rest.
-// - mode 0: the rest is a chunk payload (kind 3 for v2); decoding it gives an error or a decode
-//   that stays inside its range, never a crash, hang or stray write (with the scan level the
-//   mode byte's next bits pick);
+// - mode 0: the rest is a chunk payload (kind 3 for v2, 5 for v3); decoding it gives an error
+//   or a decode that stays inside its range, never a crash, hang or stray write (with the scan
+//   level the mode byte's next bits pick), densely and, for a v3 target, sparsely in place;
 // - mode 1: the rest edits the base into a new version (2 bytes of position, 1 of edit, each);
-//   v2 must encode it and decode it back bit for bit, with every level of scan.
+//   the codec must encode it and decode it back bit for bit, with every level of scan, and
+//   every level must write the same bytes.
 #include <cstdint>
 #include <vector>
 
 #include "deltacast/codec/chunk.h"
+#include "deltacast/codec/hash.h"
+
+#ifndef FUZZ_DELTA_KIND
+#error "FUZZ_DELTA_KIND: 3 (v2) or 5 (v3)"
+#endif
 
 namespace {
 
@@ -39,6 +46,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     (void)decoder.decode(rest, segs, base_bytes, MutableByteSpan(out.data() + 16, 2 * n));
     for (std::size_t k = 0; k < 16; ++k)
       if (out[k] != 0x5c || out[out.size() - 1 - k] != 0x5c) __builtin_trap();
+    if (FUZZ_DELTA_KIND == 5) {
+      // In place and sparse: an error leaves the range as it was.
+      std::vector<std::uint16_t> range = base;
+      const MutableByteSpan r(reinterpret_cast<std::uint8_t*>(range.data()), 2 * n);
+      const std::uint64_t held = state_hash(base_bytes);
+      const ChunkHashes expect{held, held ^ 1};  // no payload here is worth its hash: always undone
+      if (decoder.apply_sparse(rest, segs, r, held, expect).is_ok()) __builtin_trap();
+      if (range != base) __builtin_trap();
+    }
     return 0;
   }
   std::vector<std::uint16_t> next = base;
@@ -54,7 +70,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   const ByteSpan next_bytes(reinterpret_cast<const std::uint8_t*>(next.data()), 2 * n);
   ChunkEncodeOptions opt = ChunkEncodeOptions::defaults();
-  opt.delta_kinds = {ChunkKind::kDeltaV2};
+  opt.delta_kinds = {static_cast<ChunkKind>(FUZZ_DELTA_KIND)};
   std::vector<std::uint8_t> payloads[kScanLevelMax + 1];
   for (int level = 0; level <= kScanLevelMax; ++level) {
     opt.scan_level = level;

@@ -65,8 +65,9 @@ struct ChunkEncodeOptions {
   std::vector<BackendChoice> delta_backends;   // tried for every delta stream
   std::vector<BackendChoice> anchor_backends;  // tried for every anchor stream
   // Delta encodings tried for every chunk; the smallest payload is kept. v2 is about 30%
-  // smaller at lr 1e-6 but its decoder is still slower than v1's (docs/BENCHMARKS.md), and a
-  // worker applying a large model is bound by decoding, so v1 alone is the default for now.
+  // smaller at lr 1e-6 and v3 about 18%, but their decoders cost a worker about 4x and 2x v1's
+  // CPU (docs/BENCHMARKS.md), and a worker applying a large model is bound by decoding, so v1
+  // alone is the default for now.
   std::vector<ChunkKind> delta_kinds = {ChunkKind::kDeltaV1};
   // Anchor encodings tried for every chunk, the smallest kept. v2 is smaller on BF16 weights and
   // several times faster both ways; v1 (with its zstd backends) wins only on highly repetitive
@@ -216,8 +217,9 @@ class ChunkDecoder {
   // hash is Corruption. Either way, and for every malformed payload, the range is left as it was
   // (changes are written as their words are hashed, and put back on a mismatch: nobody else may
   // read the range meanwhile); on success its state hash is expect.content. Reads the base only
-  // where values change,
-  // except for v2 BF16 sections, whose codes depend on every base value. `changed`: as decode().
+  // where values change, except for v2 BF16 sections, whose codes depend on every base value,
+  // and v3 blocked ones, which read the 32 values of each block holding a change. `changed`: as
+  // decode().
   // `patch`, when set, receives on success the changes written.
   Status apply_sparse(ByteSpan payload, std::span<const Segment> expected_segments, MutableByteSpan range, std::uint64_t held_state,
                       const ChunkHashes& expect, std::vector<std::uint32_t>* changed = nullptr, ChunkPatch* patch = nullptr);

@@ -420,8 +420,8 @@ class SparseWriter {
   std::size_t log_max_, changes_;
 };
 
-// The changes a decoded delta writes: v1 and v2 BF16 changes, and generic bytes whose xor is
-// not zero.
+// The changes a decoded delta writes: v1, v2 and v3 BF16 changes, and generic bytes whose xor
+// is not zero.
 std::size_t sparse_change_count(const ParsedChunk& pc, std::span<const DecodedStreams> decoded, std::span<const bf16v2::Changes> v2,
                                 std::span<const bf16v3::Changes> v3) {
   std::size_t n = 0;
@@ -436,8 +436,8 @@ std::size_t sparse_change_count(const ParsedChunk& pc, std::span<const DecodedSt
 }
 
 // Writes every change of a decoded delta into `range`, ascending: v1 BF16 changes from their
-// positions (each reads its one base value), v2 changes as decoded, generic bytes where the
-// xor is not zero.
+// positions (each reads its one base value), v2 and v3 changes as decoded, generic bytes where
+// the xor is not zero.
 [[gnu::always_inline]] inline void write_sparse(const ParsedChunk& pc, std::span<const DecodedStreams> decoded, std::span<const bf16v2::Changes> v2,
                                                 std::span<const bf16v3::Changes> v3, std::uint8_t* range, SparseWriter& w) {
   std::uint32_t at = 0;  // the section's first byte

@@ -142,7 +142,7 @@ inline constexpr std::size_t kScratchBytesMaxDefault = std::size_t{256} << 20;
 // grows to what the largest chunk needed and is reused, so steady-state encoding allocates
 // nothing. For a chunk of L bytes whose every BF16 value changed (the worst case) it holds about
 // 6.4L with the default options (v1 deltas), 20L when v2 is tried too (v2 keeps 24 bytes per
-// change), plus the zstd context of the highest level tried: about 1.3 MiB at level 3 and
+// change), 8.6L with v3 (8 bytes per change, and its streams), plus the zstd context of the highest level tried: about 1.3 MiB at level 3 and
 // 8L at level 19 (max_effort) for 4 MiB chunks. Not thread-safe: one per thread
 // (encode_version leases one per task it runs at once).
 class ChunkEncoder {
@@ -177,12 +177,13 @@ struct ChunkDecodeOptions {
 
 // Decodes chunks. Owns its working memory: every section's decoded streams (a chunk is checked
 // whole before anything is written), the v2 changes, a 16 KiB write tile and a StreamDecoder.
-// For a chunk of L bytes at most about 4L (a v1 BF16 delta whose every value changed to an
-// exception: 0.5L of coded positions and 2L decoded, 4 bytes each, 0.5L of values, L of
-// exceptions; v2 keeps 6 bytes per change, 3L at most; an anchor v2 decodes its L bytes into
-// the exceptions' buffer), and 3L more after apply_sparse (the words it changed, 24 bytes per
-// 8-byte word), plus 72 bytes per segment, the anchor v2 decoding tables (48 KiB) and the zstd
-// context (about 160 KiB). Not thread-safe: one per thread.
+// For a chunk of L bytes at most about 4L with v1 and v2 (a v1 BF16 delta whose every value
+// changed to an exception: 0.5L of coded positions and 2L decoded, 4 bytes each, 0.5L of
+// values, L of exceptions; v2 keeps 6 bytes per change, 3L at most; an anchor v2 decodes its L
+// bytes into the exceptions' buffer) and 5.2L with v3 (6 bytes per change beside its decoded
+// streams), and 3L more after apply_sparse (the words it changed, 24 bytes per 8-byte word),
+// plus 72 bytes per segment, the anchor v2 decoding tables (48 KiB) and the zstd context
+// (about 160 KiB). Not thread-safe: one per thread.
 class ChunkDecoder {
  public:
   explicit ChunkDecoder(ChunkDecodeOptions options = {});

@@ -330,11 +330,29 @@ class SparseWriter {
   }
   // The changes of a v1 BF16 section from `at`, which is even, so no value straddles two words:
   // value k at position pos[k] becomes the base plus unzigzag8(val[k]), or the next exception
-  // when val[k] is 0. One tight loop over the section, its state in locals (put() for the
-  // general case). Not inlined: inside the caller's large frame its state spilled to the stack
-  // (3-4% more CPU per version).
+  // when val[k] is 0. Not inlined: inside the caller's large frame its state spilled to the
+  // stack (3-4% more CPU per version).
   [[gnu::noinline]] void put_v1_bf16(std::uint32_t at, const std::uint32_t* pos, std::size_t count, const std::uint8_t* val,
-                                          const std::uint8_t* exc) {
+                                     const std::uint8_t* exc) {
+    put_bf16_run(at, pos, count, [&](std::size_t k, std::uint16_t base) {
+      if (const std::uint8_t z = val[k]) return static_cast<std::uint16_t>(base + unzigzag8(z));
+      const std::uint16_t v = load_u16(exc);
+      exc += 2;
+      return v;
+    });
+  }
+  // The changes of a v3 BF16 section from `at`, which is even: value k at position pos[k]
+  // becomes values[k] (its decoder read the base).
+  [[gnu::noinline]] void put_v3_bf16(std::uint32_t at, const std::uint32_t* pos, std::size_t count, const std::uint16_t* values) {
+    put_bf16_run(at, pos, count, [&](std::size_t k, std::uint16_t) { return values[k]; });
+  }
+
+ private:
+  // The changes at positions pos[0..count) of a BF16 section from `at`, which is even, so no
+  // value straddles two words: value_of(k, base value) gives change k's new value. One tight
+  // loop, its state in locals (put() is the general case).
+  template <typename ValueOf>
+  [[gnu::always_inline]] void put_bf16_run(std::uint32_t at, const std::uint32_t* pos, std::size_t count, ValueOf&& value_of) {
     std::uint8_t* const p = p_;
     std::uint64_t j = j_, was = was_, now = now_;
     for (std::size_t k = 0; k < count; ++k) {
@@ -349,13 +367,7 @@ class SparseWriter {
         was = now = state_word(p, n_, wj);
       }
       const unsigned shift = 8 * (off & 7);
-      std::uint16_t v;
-      if (const std::uint8_t z = val[k]) {
-        v = static_cast<std::uint16_t>(static_cast<std::uint16_t>(now >> shift) + unzigzag8(z));
-      } else {
-        v = load_u16(exc);
-        exc += 2;
-      }
+      const std::uint16_t v = value_of(k, static_cast<std::uint16_t>(now >> shift));
       now = (now & ~(std::uint64_t{0xffff} << shift)) | (std::uint64_t{v} << shift);
       store_u16(p + off, v);
       if (patch_) {
@@ -368,6 +380,8 @@ class SparseWriter {
     was_ = was;
     now_ = now;
   }
+
+ public:
   // The range's state hash, which was `held`, with every change written.
   [[gnu::always_inline]] std::uint64_t finish(std::uint64_t held) {
     flush();
@@ -454,7 +468,11 @@ std::size_t sparse_change_count(const ParsedChunk& pc, std::span<const DecodedSt
     } else if (sec.v3) {
       // Decoded in position order, each value from the base its decoder read.
       const bf16v3::Changes& c = v3[k];
-      for (std::size_t j = 0; j < c.positions.size(); ++j) w.put(at + 2 * c.positions[j], 2, c.values[j]);
+      if (at % 2 == 0) {
+        w.put_v3_bf16(at, c.positions.data(), c.positions.size(), c.values.data());
+      } else {
+        for (std::size_t j = 0; j < c.positions.size(); ++j) w.put(at + 2 * c.positions[j], 2, c.values[j]);
+      }
     } else if (sec.seg.cls == SegmentClass::kBF16 && at % 2 == 0) {
       w.put_v1_bf16(at, d.positions.data(), d.positions.size(), d.s[1].data(), d.s[2].data());
     } else if (sec.seg.cls == SegmentClass::kBF16) {

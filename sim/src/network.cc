@@ -221,6 +221,7 @@ struct Network::Impl final : CpuModel::Owner {
   };
   std::vector<Flight> flights;
   std::vector<std::uint32_t> free_flights;
+  std::map<std::pair<int, int>, PeerId> latest_link;  // (from, to): the newest link between them
 
   std::vector<NodeState> nodes;
   std::map<std::string, int> by_id;
@@ -350,9 +351,31 @@ struct Network::Impl final : CpuModel::Owner {
         if (l->connections > 1) l->tcp_more.resize(l->connections);
       }
     }
+    if (to >= 0) {
+      inherit_backlog(a);
+      inherit_backlog(b);
+      latest_link[{self, to}] = up;
+      latest_link[{to, self}] = down;
+    }
     links.push_back(std::move(a));
     links.push_back(std::move(b));
     return up;
+  }
+
+  // A connection that closed with messages not yet out of its sender's queue: the time they
+  // booked on the resources on their way stays booked (a booking is not taken back), so they
+  // keep their place in the sender's queue toward that node, and the next connection between
+  // the two starts behind them. Without this each reconnection of a fleet that cannot keep up
+  // queued a fresh bound's worth, and the messages on their way grew without bound.
+  void inherit_backlog(Link& fresh) {
+    const auto it = latest_link.find({fresh.from, fresh.to});
+    if (it == latest_link.end()) return;
+    Link& old = links[it->second];
+    if (old.open) return;  // still in use: its queue is its own
+    fresh.pending = std::move(old.pending);
+    fresh.queued = old.queued;
+    old.pending.clear();
+    old.queued = 0;
   }
 
   void disconnect(PeerId peer) {
@@ -527,6 +550,7 @@ struct Network::Impl final : CpuModel::Owner {
       f.message = m;
     }
     net.events_.at(static_cast<std::uint64_t>(std::ceil(arrival)), deliveries, peer << 32 | slot);
+    net.stats_.in_flight_high = std::max<std::uint64_t>(net.stats_.in_flight_high, flights.size() - free_flights.size());
     return true;
   }
 

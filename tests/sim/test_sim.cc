@@ -185,6 +185,57 @@ TEST_CASE("workers holding the previous version's chunk states apply deltas at t
   CHECK(scrubbed > 1.3 * slow);
 }
 
+TEST_CASE("a baseline that cannot keep up misses versions; deltacast's own strategy that cannot breaks an invariant", "[sim]") {
+  // Raw BF16 versions of 1 GB every half second, and little time after the last: the origin's
+  // uplink cannot carry them, whatever the strategy.
+  const Scenario sc = parse(scenario_json(R"({"parameters": 5e8, "chunks": 64})", R"({"versions": 6, "step_period_s": 0.5, "settle_s": 0.5})"));
+  for (Strategy s : all_strategies()) {
+    RunOptions o;
+    o.strategy = s;
+    o.compressed = false;
+    auto r = run_scenario(sc, o);
+    REQUIRE(r.is_ok());
+    INFO(strategy_name(s));
+    CHECK(r->baseline == is_baseline(s));
+    CHECK(r->missed > 0);
+    const bool held_old = std::any_of(r->violations.begin(), r->violations.end(),
+                                      [](const std::string& v) { return v.find("is live but holds version") != std::string::npos; });
+    if (is_baseline(s)) {
+      for (const auto& v : r->violations) FAIL(v);
+      CHECK(r->behind_at_end > 0);
+    } else {
+      CHECK(held_old);
+      CHECK(r->behind_at_end == 0);
+    }
+  }
+}
+
+TEST_CASE("a fleet that cannot keep up and reconnects keeps a bounded number of messages on their way", "[sim]") {
+  // An object store that cannot serve 1 GB versions a second over a 100 Mbit/s WAN: workers'
+  // parents fall silent behind the backlog, and they reconnect again and again. Each new
+  // connection starts behind what the closed one left queued, so what is on its way stops
+  // growing; before, each reconnection queued another bound's worth, and it grew with the run.
+  auto in_flight_high = [](int settle_s) {
+    const Scenario sc = parse(scenario_json(R"({"parameters": 5e8, "delta_fraction": 1.0, "chunks": 64})",
+                                            R"({"versions": 10, "step_period_s": 1, "settle_s": )" + std::to_string(settle_s) +
+                                                R"(, "timing": {"parent_timeout_ms": 1000}})",
+                                            "[]", R"(, "bandwidth": "100Mbit")"));
+    RunOptions o;
+    o.strategy = Strategy::kObjectStore;
+    auto r = run_scenario(sc, o);
+    REQUIRE(r.is_ok());
+    for (const auto& v : r->violations) FAIL(v);
+    CHECK(r->missed > 0);
+    CHECK(r->behind_at_end > 0);
+    return r->in_flight_high;
+  };
+  const std::uint64_t short_run = in_flight_high(60), long_run = in_flight_high(300);
+  CAPTURE(short_run, long_run);
+  CHECK(long_run == short_run);
+  // 64 chunks queued per pair of nodes at most (the bound: 64 chunks of 16.7 MB), 11 pairs.
+  CHECK(short_run <= 11 * 64 + 100);
+}
+
 TEST_CASE("moving bytes costs CPU, and a message reaches its node once taken in", "[sim][cpu]") {
   // Decoding is free here; every byte sent or received costs 200 ns of a core. The origin
   // sends each worker its delta directly (a star), so each worker takes in one delta.

@@ -237,6 +237,7 @@ class Network {
     std::uint64_t window_reductions = 0;        // loss events a congestion control answered
     std::uint64_t idle_restarts = 0;            // connections that went back toward slow start after idle
     std::uint64_t queue_bytes_high = 0;         // the fullest per-peer queue seen
+    std::uint64_t in_flight_high = 0;           // the most messages on their way at once (sent, not yet delivered or lost)
     bool queue_bound_held = true;               // no queue past its bound (but for one oversized message)
     std::map<std::pair<std::string, std::string>, std::uint64_t> bytes_between;  // region -> region
   };

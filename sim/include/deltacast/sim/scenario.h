@@ -130,6 +130,10 @@ enum class Strategy : std::uint8_t {
 };
 const char* strategy_name(Strategy s);
 std::vector<Strategy> all_strategies();
+// The strategies that stand for what fleets do without deltacast (store-and-forward, star,
+// object store), run for comparison: one that cannot keep up with the versions leaves workers
+// behind, which its report counts as missed, where deltacast's own strategies must not.
+bool is_baseline(Strategy s);
 
 // A scenario's real payloads (model.real_bytes), encoded once for all the runs given it: the
 // model's bytes do not depend on a run's seed or strategy. Holds the series of the last
@@ -164,6 +168,8 @@ struct Report {
   double version_bytes = 0;       // a delta's payload
   std::vector<double> ready_s;    // publish to ready, every (version, worker) that got there
   std::uint64_t missed = 0;       // (version, worker) pairs never ready (skipped or still behind)
+  bool baseline = false;          // is_baseline(the strategy)
+  std::uint64_t behind_at_end = 0;  // a baseline's live workers without the newest version at the end
   double lower_bound_s = 0;       // version bytes / bottleneck rate + longest one-way latency
   double p50_s = 0, p99_s = 0, max_s = 0;
   // Each worker against its own bound (topology::receive_bounds): version bytes over the
@@ -183,12 +189,16 @@ struct Report {
   std::vector<Sample> staleness;  // fleet staleness over time
   std::uint64_t wan_bytes = 0;    // bytes that crossed a region boundary
   std::vector<std::pair<std::string, std::uint64_t>> bytes_by_link;  // "us-east -> eu-west"
-  std::vector<std::string> violations;  // invariants that failed, at most kViolationsMax
+  // Invariants that failed, at most kViolationsMax: a live worker without the newest version
+  // at the end (deltacast's own strategies), wrong contents exposed, a queue past its bound, a
+  // version ready but never saved (every strategy).
+  std::vector<std::string> violations;
   std::uint64_t violations_total = 0;
   std::vector<std::string> node_errors; // distinct last errors of live nodes at the end, at most 10
   // Workers' disks (real payloads): versions saved, saves that failed, restarts that resumed
   // from a saved version, and those that found none to resume from.
   std::uint64_t saves = 0, save_failures = 0, resumed = 0, resumed_none = 0;
+  std::uint64_t in_flight_high = 0;  // the most messages on their way at once (Network::Stats)
   std::uint64_t events = 0;
   double wall_s = 0;
 };

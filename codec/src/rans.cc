@@ -94,7 +94,6 @@ inline void put_symbol(std::uint32_t& x, std::uint16_t*& ptr, const EncSymbol& s
   x = static_cast<std::uint32_t>(y + sym.bias + q * sym.cmpl_freq);
 }
 
-
 // Byte histogram in four interleaved tables: consecutive equal bytes would otherwise make
 // every increment wait for the previous one's store.
 std::array<std::uint64_t, 256> histogram(ByteSpan in) {

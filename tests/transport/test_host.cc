@@ -3,6 +3,7 @@
 // address, and the bound on what one child can make a busy node queue.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -207,11 +208,16 @@ TEST_CASE("a striped link spreads a version over its connections and delivers it
   REQUIRE(got);
   CHECK(got->image == v1);
   // Once every extra connection announced itself (every 100 ms at first), a version uses them
-  // all. The origin deals its heartbeats to the connections it knows: wait until it knows four
-  // (a fixed wait was too short under the thread sanitizer on a loaded machine).
+  // all. The origin deals its heartbeats to the connections it knows: wait until each of the
+  // four carried one (a fixed wait was too short under the thread sanitizer on a loaded
+  // machine; four counters alone were not enough under AddressSanitizer, one in 20 runs: the
+  // fourth connection's first message sizes them while the second is not yet known).
+  auto all_known = [&] {
+    const auto out = origin.stripe_messages_out();
+    return out.size() >= 4 && std::all_of(out.begin(), out.end(), [](std::uint64_t n) { return n > 0; });
+  };
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (origin.call([&] { return origin.stripe_messages_out().size(); }) < 4 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  while (!origin.call(all_known) && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   const auto before = origin.call([&] { return origin.stripe_messages_out(); });
   REQUIRE(origin.call([&] { return origin.node().publish(*encode_version(layout, 2, 1, v1, v2, opt, ex)); }).is_ok());
   got = worker.wait_for_version(2, 20000);

@@ -232,7 +232,7 @@ TEST_CASE("a fleet that cannot keep up and reconnects keeps a bounded number of 
   const std::uint64_t short_run = in_flight_high(60), long_run = in_flight_high(300);
   CAPTURE(short_run, long_run);
   CHECK(long_run == short_run);
-  // 64 chunks queued per pair of nodes at most (the bound: 64 chunks of 16.7 MB), 11 pairs.
+  // 64 chunks queued per pair of nodes at most (the bound: 64 of its 15.6 MB chunks), 11 pairs.
   CHECK(short_run <= 11 * 64 + 100);
 }
 

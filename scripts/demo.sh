@@ -7,21 +7,26 @@
 #      publisher prints each version's delivery time, and every worker's last version is
 #      compared byte for byte with the checkpoint it came from;
 #   3. print the codec benchmark table for the same series.
-# Usage: scripts/demo.sh [--size 128MB] [--steps 5]
+# Usage: scripts/demo.sh [--size 128MB] [--steps 5] [--bin PATH/TO/deltacast]
+# (--bin: run that build instead of setting up and building; tests/tools/readme_test.py does)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 size=128MB
 steps=5
+dc=
 while [ $# -gt 0 ]; do
   case $1 in
     --size) size=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
-    *) echo "usage: scripts/demo.sh [--size SIZE] [--steps N]" >&2; exit 2 ;;
+    --bin) dc=$2; shift 2 ;;
+    *) echo "usage: scripts/demo.sh [--size SIZE] [--steps N] [--bin PATH]" >&2; exit 2 ;;
   esac
 done
-bash "$root/scripts/setup.sh"
-bash "$root/scripts/build.sh" "$root/build" -DDELTACAST_TESTS=OFF
-dc="$root/build/tools/deltacast"
+if [ -z "$dc" ]; then
+  bash "$root/scripts/setup.sh"
+  bash "$root/scripts/build.sh" "$root/build" -DDELTACAST_TESTS=OFF
+  dc="$root/build/tools/deltacast"
+fi
 work=$(mktemp -d)
 pids=()
 cleanup() {

@@ -333,13 +333,14 @@ class WorkerBench {
   void print_scrub() const {
     const double gbps = static_cast<double>(scrub_bytes_) / median(scrub_ms_) / 1e6;
     const double xxh3 = static_cast<double>(scrub_bytes_) / median(xxh3_ms_) / 1e6;
-    const double rate = 256.0 * 1024 * 1024;  // NodeConfig::scrub_bytes_per_s's default
+    const double rate = static_cast<double>(runtime::NodeConfig{}.scrub_bytes_per_s);
     std::printf("\nscrub (state hash of the whole image, one core, cold): %.2f GB/s, %.0f ms of CPU per GB; xxh3 of the same bytes: "
                 "%.2f GB/s (state hash %.2fx its speed)\n",
                 gbps, 1e3 / gbps, xxh3, gbps / xxh3);
-    std::printf("at the default 256 MiB/s: %.1f%% of a core; the whole %s image every %.1f s (a flipped bit is found within that, "
+    std::printf("at the default %s/s: %.1f%% of a core; the whole %s image every %.1f s (a flipped bit is found within that, "
                 "half of it on average)\n",
-                100 * rate / (gbps * 1e9), format_bytes(static_cast<double>(scrub_bytes_)).c_str(), static_cast<double>(scrub_bytes_) / rate);
+                format_bytes(rate).c_str(), 100 * rate / (gbps * 1e9), format_bytes(static_cast<double>(scrub_bytes_)).c_str(),
+                static_cast<double>(scrub_bytes_) / rate);
   }
 
   void print() const {

@@ -38,7 +38,7 @@ void add_node_options(CLI::App* sub, NodeOptions& o, bool worker) {
   if (worker)
     sub->add_option("--scrub-rate", o.scrub_rate,
                     "Re-hash the exposed image against its chunk state hashes at most this many bytes a second, to find memory that "
-                    "changed outside of a delta (0: off); default 256MiB");
+                    "changed outside of a delta (0: off); default 48MiB");
   sub->add_option("--sign-key", o.sign_key_path, "Sign every version with this Ed25519 key file (deltacast keygen --sign): origin, trainer shards")
       ->check(CLI::ExistingFile);
   sub->add_option("--trust-key", o.trust_keys,

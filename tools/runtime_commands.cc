@@ -1,10 +1,13 @@
 // relay, worker, publish, keygen: the broadcast runtime from the command line.
 #include <spdlog/spdlog.h>
 
+#include <pthread.h>
 #include <sys/resource.h>
 
 #include <cinttypes>
 #include <csignal>
+#include <cstring>
+#include <functional>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -25,19 +28,42 @@ using namespace deltacast::runtime;
 using transport::HostConfig;
 using transport::NodeHost;
 
-std::atomic<NodeHost*> g_signal_host{nullptr};
 std::atomic<bool> g_stop{false};
 
-// host: stopped from the handler (a relay's run() returns); null: g_stop alone (a worker polls it).
-void stop_on_signals(NodeHost* host) {
-  g_signal_host = host;
-  auto handler = [](int) {
-    g_stop = true;
-    if (NodeHost* h = g_signal_host.load()) h->stop();
-  };
-  std::signal(SIGINT, handler);
-  std::signal(SIGTERM, handler);
-}
+// SIGINT and SIGTERM go to a thread of their own (sigwait), which runs `on_stop` as ordinary
+// code: it may lock and notify, which a signal handler may not, so the command's own threads
+// can wait without a timeout to poll a flag. The signals are blocked here, before the node's
+// threads start, and every thread inherits that. A second signal exits at once.
+class StopOnSignals {
+ public:
+  explicit StopOnSignals(std::function<void()> on_stop) {
+    sigemptyset(&set_);
+    sigaddset(&set_, SIGINT);
+    sigaddset(&set_, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set_, nullptr);
+    thread_ = std::thread([this, on_stop = std::move(on_stop)] {
+      int sig = 0;
+      if (sigwait(&set_, &sig) != 0 || done_) return;
+      g_stop = true;
+      on_stop();
+      if (sigwait(&set_, &sig) != 0 || done_) return;
+      spdlog::warn("a second signal ({}): exiting without stopping", strsignal(sig));
+      std::_Exit(128 + sig);
+    });
+  }
+  ~StopOnSignals() {
+    done_ = true;
+    pthread_kill(thread_.native_handle(), SIGTERM);
+    thread_.join();
+  }
+  StopOnSignals(const StopOnSignals&) = delete;
+  StopOnSignals& operator=(const StopOnSignals&) = delete;
+
+ private:
+  sigset_t set_{};
+  std::atomic<bool> done_{false};
+  std::thread thread_;
+};
 
 // Flags first (config errors are reported at that level); load_node_options then applies the
 // config file's level, which flags override.
@@ -52,7 +78,7 @@ int run_relay(const NodeOptions& o) {
   if (!cfg.is_ok()) return fail(cfg.status().to_string());
   if (printed) return 0;
   NodeHost host(cfg->node, cfg->host);
-  stop_on_signals(&host);
+  StopOnSignals on_signals([&host] { host.stop(); });
   std::vector<std::string> trees;
   for (const auto& tree : cfg->node.upstream_trees()) trees.push_back(fmt::format("{}", fmt::join(tree, ", ")));
   spdlog::info("relay {} listening on {}, parents {}", cfg->node.node_id, cfg->host.bind_endpoint, fmt::join(trees, "; in the next tree "));
@@ -96,9 +122,13 @@ int run_worker(const NodeOptions& o) {
   wo.keep_versions = o.keep_versions;
   wo.resume = !o.no_resume;
   wo.on_version = [id](std::shared_ptr<const ModelVersion> v, const Node& node) { print_version_line(id, *v, node); };
-  stop_on_signals(nullptr);
+  std::atomic<embed::Worker*> started{nullptr};
+  StopOnSignals on_signals([&started] {
+    if (embed::Worker* w = started.load()) w->host().end_waits();
+  });
   auto worker = embed::Worker::start(std::move(wo));
   if (!worker.is_ok()) return fail(worker.status().to_string());
+  started = worker->get();
   if (auto saved = (*worker)->resumed()) {
     std::printf("%s: resumed version %" PRIu64 ", checksum %016" PRIx64 "\n", id.c_str(), saved->version, saved->checksum);
     std::fflush(stdout);
@@ -108,9 +138,11 @@ int run_worker(const NodeOptions& o) {
   std::optional<transport::NodeHost::VersionTag> seen;
   if (auto v = (*worker)->current()) seen = transport::NodeHost::VersionTag::of(*v);
   bool reached = o.exit_after_version && seen && seen->version >= o.exit_after_version;
+  constexpr std::uint64_t kWaitMs = 10000;
   while (!g_stop && !reached) {
     // Newer: a higher number, or any version of a new run (whose numbers start again at 1).
-    if (auto v = (*worker)->wait_for_newer(seen, 200)) seen = transport::NodeHost::VersionTag::of(*v);
+    // Woken by a version or a signal (end_waits above).
+    if (auto v = (*worker)->wait_for_newer(seen, kWaitMs)) seen = transport::NodeHost::VersionTag::of(*v);
     reached = o.exit_after_version && seen && seen->version >= o.exit_after_version;
   }
   // Exiting at --exit-after-version with that version not on disk is a failure to report; on

@@ -81,7 +81,9 @@ void Worker::save_loop() {
     if (!saver.unsaved()) saved = tag;
   };
   while (!stopping_) {
-    if (auto v = host_->wait_for_newer(seen, 100)) {
+    // Woken by a new version, or by stop() (NodeHost::end_waits); a failed save is retried
+    // every kSaveRetryPollMs.
+    if (auto v = host_->wait_for_newer(seen, saver.unsaved() ? kSaveRetryPollMs : kIdleWaitMs)) {
       saver.on_run(host_->current_run());
       offer(std::move(v));
       continue;
@@ -139,6 +141,7 @@ Status Worker::stop(bool save_current) {
   stopped_ = true;
   save_current_ = save_current;
   stopping_ = true;
+  host_->end_waits();
   if (saver_.joinable()) saver_.join();
   if (sharer_) sharer_->stop();  // readers keep the versions they mapped
   host_->stop();

@@ -21,6 +21,7 @@ class Freshness {
   // signing key or a run). `due` says whether timestamp_interval_ms has passed since the last.
   void issue(const RunId& run, std::uint64_t newest_version);
   bool issue_due(std::uint64_t now_ms) const { return !held_ || now_ms - issued_ms_ >= ctx_.config.timestamp_interval_ms; }
+  std::uint64_t next_issue_ms() const { return held_ ? issued_ms_ + ctx_.config.timestamp_interval_ms : 0; }
 
   // What a parent's statement (Welcome, Heartbeat) came to.
   struct Taken {

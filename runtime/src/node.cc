@@ -196,13 +196,17 @@ void Node::on_loop_stalled(std::uint64_t stalled_ms, std::optional<std::uint64_t
 
 void Node::tick() {
   const std::uint64_t now = ctx_->now_ms();
+  ctx_->stats.ticks++;
   slices_out_->flush();
   if (refusal().empty())
     for (const auto& link : *upstreams_) link->tick(now);
   if (now - last_heartbeat_ms_ >= config_.timing.heartbeat_ms) {
     last_heartbeat_ms_ = now;
+    children_->broadcast(heartbeat());
+  }
+  if (has_parents() && now - last_heartbeat_up_ms_ >= up_heartbeat_ms()) {
+    last_heartbeat_up_ms_ = now;
     Heartbeat hb = heartbeat();
-    children_->broadcast(hb);
     hb.timestamp = nullptr;  // statements go down the tree only
     upstreams_->send_to_all(hb);
   }
@@ -244,8 +248,16 @@ bool Node::quiet() const {
   return children_->idle();
 }
 
+// A parent drops a child silent for child_timeout_ms: eight heartbeats span it, and never more
+// often than heartbeat_ms.
+std::uint64_t Node::up_heartbeat_ms() const { return std::max(config_.timing.heartbeat_ms, config_.timing.child_timeout_ms / 8); }
+
 std::uint64_t Node::next_duty_ms() const {
-  std::uint64_t due = last_heartbeat_ms_ + config_.timing.heartbeat_ms;
+  std::uint64_t due = UINT64_MAX;
+  if (children_->count() > 0) due = last_heartbeat_ms_ + config_.timing.heartbeat_ms;
+  if (has_parents()) due = std::min(due, last_heartbeat_up_ms_ + up_heartbeat_ms());
+  else due = std::min({due, fresh_->next_issue_ms(), ledger_evicted_ms_ + kLedgerEvictEveryMs});
+  due = std::min(due, image_->next_duty_ms());
   for (const auto& link : *upstreams_) due = link->next_duty_ms(due);
   return children_->next_duty_ms(due);
 }

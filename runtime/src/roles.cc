@@ -30,6 +30,7 @@ class WorkerImage final : public Image, private Scrubber::Owner {
   void on_chunk(const VersionKey& key, std::uint32_t index) override { rebuild_.on_chunk(key, index); }
   void advance() override { rebuild_.advance(); }
   void tick(std::uint64_t now_ms) override;
+  std::uint64_t next_duty_ms() const override { return scrubber_.next_duty_ms(rebuild_.current() != nullptr); }
   bool release() override;
   void abandon(const std::string& why) override;
   void forget() override { rebuild_.forget(); }

@@ -54,6 +54,8 @@ class Image {
   virtual void advance() = 0;
   // Timed work: decodes waiting for readers to let go, the scrub.
   virtual void tick(std::uint64_t now_ms) = 0;
+  // When tick() next has timed work to do while settled (the scrub's next batch); UINT64_MAX: none.
+  virtual std::uint64_t next_duty_ms() const = 0;
   // A fresh timestamp statement came: a version that waited for one is exposed. True if one waited.
   virtual bool release() = 0;
   // The versions of the run held are not the trainer's any more: a build in progress is given up.
@@ -78,6 +80,7 @@ class NoImage final : public Image {
   void on_chunk(const VersionKey&, std::uint32_t) override {}
   void advance() override {}
   void tick(std::uint64_t) override {}
+  std::uint64_t next_duty_ms() const override { return UINT64_MAX; }
   bool release() override { return false; }
   void abandon(const std::string&) override {}
   void forget() override {}

@@ -48,6 +48,7 @@ void Scrubber::tick(std::uint64_t now_ms, std::shared_ptr<const ModelVersion> cu
   if (rate == 0) return;
   budget_bytes_ += rate * elapsed_ms / 1000;
   if (in_flight_ || !current || current->chunk_states.empty()) return;
+  if (batch_ms_ != 0 && now_ms - batch_ms_ < kBatchEveryMs) return;
   if (current != version_.lock()) {
     version_ = current;
     next_chunk_ = 0;
@@ -63,6 +64,7 @@ void Scrubber::tick(std::uint64_t now_ms, std::shared_ptr<const ModelVersion> cu
   auto cost = [&](std::size_t i) { return chunks[i].held ? chunks[i].length : 0; };
   while (end < chunks.size() && bytes + cost(end) <= budget_bytes_) bytes += cost(end++);
   if (end == next_chunk_) return;
+  batch_ms_ = now_ms;
   budget_bytes_ -= bytes;
   in_flight_ = true;
   auto task = std::make_unique<Task>(*this, std::move(current), next_chunk_, end);
@@ -73,6 +75,11 @@ void Scrubber::tick(std::uint64_t now_ms, std::shared_ptr<const ModelVersion> cu
     task->work();
     task->done();
   }
+}
+
+std::uint64_t Scrubber::next_duty_ms(bool exposing) const {
+  if (ctx_.config.scrub_bytes_per_s == 0 || !exposing || in_flight_) return UINT64_MAX;
+  return batch_ms_ + kBatchEveryMs;
 }
 
 void Scrubber::on_done(const std::shared_ptr<const ModelVersion>& version, std::size_t end, std::uint64_t bytes, std::size_t bad_chunk) {

@@ -25,8 +25,13 @@ class Scrubber {
   Scrubber& operator=(const Scrubber&) = delete;
 
   // Scrubs on, within the budget the time since the last tick gave, the version exposed now (null:
-  // none). A new version starts from its first chunk; one fully scrubbed starts over.
+  // none), at most one batch a second. A new version starts from its first chunk; one fully
+  // scrubbed starts over at the next batch.
   void tick(std::uint64_t now_ms, std::shared_ptr<const ModelVersion> current);
+  // When the next batch is due: one a second, of what the budget covers (few wake-ups for a
+  // quiet worker, and a small image is not scanned over and over); UINT64_MAX while off, with
+  // nothing exposed, or with a batch in flight.
+  std::uint64_t next_duty_ms(bool exposing) const;
 
  private:
   class Task;
@@ -41,6 +46,8 @@ class Scrubber {
   std::size_t next_chunk_ = 0;
   std::uint64_t budget_bytes_ = 0;  // may hash this much more
   std::uint64_t last_ms_ = 0;
+  std::uint64_t batch_ms_ = 0;  // when the last batch started
+  static constexpr std::uint64_t kBatchEveryMs = 1000;
   bool in_flight_ = false;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };

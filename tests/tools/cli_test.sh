@@ -134,7 +134,7 @@ fails "a CURVE key file readable by others" "other users can reach it (mode 0666
 "$dc" keygen --sign -o "$tmp/open-sign.key" >/dev/null && chmod 0644 "$tmp/open-sign.key" && touch "$tmp/none.safetensors"
 fails "a signing key file readable by others" "other users can reach it (mode 0644)" "$dc" publish --listen tcp://127.0.0.1:7198 --sign-key "$tmp/open-sign.key" "$tmp/none.safetensors"
 echo '{"id": "w", "parents": ["tcp://127.0.0.1:7100"], "timing": {"parent_timeout_ms": 300}}' >"$tmp/timing.json"
-fails "a parent timeout within two heartbeats" "parent_timeout_ms (300) must be at least twice heartbeat_ms (250)" "$dc" worker --config "$tmp/timing.json"
+fails "a parent timeout within two heartbeats" "parent_timeout_ms (300) must be at least twice heartbeat_ms (500)" "$dc" worker --config "$tmp/timing.json"
 echo '{"id": "w", "parents": ["tcp://127.0.0.1:7100"], "timing": {"heartbeat": 100}}' >"$tmp/timing.json"
 fails "an unknown timing field" 'unknown field "heartbeat"' "$dc" worker --config "$tmp/timing.json"
 echo '{"id": "w", "parents": ["tcp://127.0.0.1:7100"], "timing": {"need_after_ms": 0}}' >"$tmp/timing.json"

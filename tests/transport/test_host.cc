@@ -235,6 +235,56 @@ TEST_CASE("a striped link spreads a version over its connections and delivers it
   origin.stop();
 }
 
+TEST_CASE("an idle worker's loop sleeps between its timed duties, and wakes for the next version", "[transport][host]") {
+  auto layout = test::make_layout({{DType::kBF16, 100000}});
+  Bytes v1 = test::random_bytes(layout.image_size, 3), v2 = v1;
+  for (std::size_t i = 0; i < v2.size(); i += 64) v2[i] ^= 1;
+  InlineExecutor ex;
+  VersionEncodeOptions opt;
+  opt.chunk_bytes = 32 << 10;
+  NodeConfig oc;
+  oc.node_id = "origin";
+  oc.serve_children = true;
+  transport::HostConfig oh;
+  oh.bind_endpoint = "tcp://127.0.0.1:*";
+  transport::NodeHost origin(oc, oh);
+  REQUIRE(origin.start_thread().is_ok());
+  REQUIRE(origin.call([&] { return origin.node().publish(*encode_version(layout, 1, 0, {}, v1, opt, ex)); }).is_ok());
+  NodeConfig wc;
+  wc.node_id = "w";
+  wc.parents = {origin.bound_endpoint()};
+  wc.reconstruct = true;
+  transport::HostConfig wh;
+  REQUIRE(wh.tick_ms == 10);
+  transport::NodeHost worker(wc, wh);
+  REQUIRE(worker.start_thread().is_ok());
+  REQUIRE(worker.wait_for_version(1, 20000));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the version's last messages settle
+  const auto ticks = [&] { return worker.call([&] { return worker.node().stats().ticks; }); };
+  const std::uint64_t before = ticks();
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  const std::uint64_t idle = ticks() - before;
+  // Its duties: a heartbeat to its parent every 1.25 s, the parent's silence checked at most a
+  // second apart (its heartbeats arrive every 0.5 s). Every tick_ms, it was 300 ticks.
+  CAPTURE(idle);
+  CHECK(idle >= 2);
+  CHECK(idle <= 12);
+  CHECK(worker.call([&] { return worker.node().stats().parent_failovers; }) == 0);
+  REQUIRE(origin.call([&] { return origin.node().publish(*encode_version(layout, 2, 1, v1, v2, opt, ex)); }).is_ok());
+  auto got = worker.wait_for_version(2, 5000);
+  REQUIRE(got);
+  CHECK(got->image == v2);
+  // The worker's waits end when it is told to stop, not at their timeout.
+  std::thread waiter([&] { CHECK(worker.wait_for_version(3, 60000) == nullptr); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const auto asked = std::chrono::steady_clock::now();
+  worker.end_waits();
+  waiter.join();
+  CHECK(std::chrono::steady_clock::now() - asked < std::chrono::seconds(5));
+  worker.stop();
+  origin.stop();
+}
+
 TEST_CASE("a node whose own loop stalls past the parent timeout keeps its parent", "[transport][host]") {
   // The loop did not read what the parent sent while it was blocked: that is not the parent's
   // silence (a long image allocation did this to workers on a busy host).

@@ -46,13 +46,14 @@ struct NodeHost::Impl final : TaskRunner {
   uv_loop_t loop{};
   uv_timer_t tick_timer{};
   std::uint64_t last_tick_ms = 0;  // loop time of the last tick
+  std::uint64_t last_tick_ns = 0, last_idle_ns = 0;  // uv_hrtime and uv_metrics_idle_time then
   std::uint64_t last_tick_cpu_ms = 0;  // the loop thread's CPU time then
   static std::uint64_t thread_cpu_ms() {
     timespec ts{};
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return static_cast<std::uint64_t>(ts.tv_sec) * 1000 + static_cast<std::uint64_t>(ts.tv_nsec) / 1'000'000;
   }
-  // A gap between ticks longer than this (and 4 ticks) is a stalled loop (Node::on_loop_stalled).
+  // A loop busy this long between ticks (and 4 ticks) stalled (Node::on_loop_stalled).
   static constexpr std::uint64_t kLoopStallMs = 500;
   uv_prepare_t prepare{};
   uv_async_t async{};
@@ -67,6 +68,7 @@ struct NodeHost::Impl final : TaskRunner {
 
   mutable std::mutex ready_mu;
   std::condition_variable ready_cv;
+  bool waits_ended = false;  // NodeHost::end_waits (under ready_mu)
   std::string bound;
   std::atomic<Node*> live_node{nullptr};  // for reader threads; cleared before the node goes
   std::function<void(std::shared_ptr<const ModelVersion>)> on_version;
@@ -225,6 +227,7 @@ struct NodeHost::Impl final : TaskRunner {
     DC_RETURN_IF_ERROR(check_tensors(node_config));
     DC_RETURN_IF_ERROR(start_run());
     uv_loop_init(&loop);
+    uv_loop_configure(&loop, UV_METRICS_IDLE_TIME);  // for on_tick's stall measure
     loop_open = true;
     ctx = zmq_ctx_new();
     apply_defaults();
@@ -273,26 +276,56 @@ struct NodeHost::Impl final : TaskRunner {
       auto* self = static_cast<Impl*>(p->data);
       self->run_posted();
       self->links->drain_all();
+      // What this turn of the loop brought (a message, a finished task, a publish) may have
+      // given a sleeping node work, or a duty sooner than it sleeps: it ticks then.
+      if (self->asleep && (!self->node->quiet() || self->next_duty_ms() < self->sleep_until_ms)) self->schedule_tick();
     });
-    uv_timer_start(
-        &tick_timer,
-        [](uv_timer_t* t) {
-          auto* self = static_cast<Impl*>(t->data);
-          // A loop that ran nothing for a while (a long allocation on it, a slow callback) has
-          // not read what peers sent meanwhile: the node must not take that for silence.
-          const std::uint64_t now = uv_now(t->loop), cpu = thread_cpu_ms();
-          if (self->last_tick_ms != 0 && now - self->last_tick_ms > std::max<std::uint64_t>(kLoopStallMs, 4 * self->config.tick_ms))
-            self->node->on_loop_stalled(now - self->last_tick_ms, cpu - self->last_tick_cpu_ms);
-          self->last_tick_ms = now;
-          self->last_tick_cpu_ms = cpu;
-          self->node->tick();
-          self->links->close_idle_connections();
-          self->trim_heap(now);
-          self->links->drain_all();
-        },
-        config.tick_ms, config.tick_ms);
     node->start();
+    schedule_tick();
     return Status::ok();
+  }
+
+  // Ticks: every tick_ms while the node has work in progress. A quiet node (Node::quiet(): only
+  // timed duties left, such as heartbeats and timeouts) sleeps until the first of them is due,
+  // its own or its links', at most kSleepMsMax; the prepare callback above wakes it.
+  static constexpr std::uint64_t kSleepMsMax = 5000;
+  bool asleep = false;
+  std::uint64_t sleep_until_ms = 0;  // while asleep, on the node's clock
+  std::uint64_t next_duty_ms() const { return std::min(node->next_duty_ms(), links->next_duty_ms(system_clock().now_ms())); }
+  void schedule_tick() {
+    std::uint64_t delay = config.tick_ms;
+    asleep = false;
+    if (node->quiet()) {
+      const std::uint64_t now = system_clock().now_ms(), due = next_duty_ms();
+      if (due > now + config.tick_ms) {
+        delay = std::min(due - now, std::max(kSleepMsMax, config.tick_ms));
+        asleep = true;
+        sleep_until_ms = now + delay;
+      }
+    }
+    uv_timer_start(&tick_timer, on_tick, delay, 0);
+  }
+  static void on_tick(uv_timer_t* t) {
+    auto* self = static_cast<Impl*>(t->data);
+    // A loop that ran nothing else for a while (a long allocation on it, a slow callback) has
+    // not read what peers sent meanwhile: the node must not take that for silence. The time
+    // since the last tick that the loop did not spend waiting in epoll (libuv's idle time)
+    // bounds how long it did not listen; past kLoopStallMs (and 4 ticks) it tells of a stall.
+    const std::uint64_t now = uv_now(t->loop), cpu = thread_cpu_ms();
+    const std::uint64_t now_ns = uv_hrtime(), idle_ns = uv_metrics_idle_time(t->loop);
+    const std::uint64_t elapsed_ns = now_ns - self->last_tick_ns, idle_delta_ns = idle_ns - self->last_idle_ns;
+    const std::uint64_t busy_ms = (elapsed_ns > idle_delta_ns ? elapsed_ns - idle_delta_ns : 0) / 1'000'000;
+    if (self->last_tick_ms != 0 && busy_ms > std::max<std::uint64_t>(kLoopStallMs, 4 * self->config.tick_ms))
+      self->node->on_loop_stalled(busy_ms, cpu - self->last_tick_cpu_ms);
+    self->last_tick_ms = now;
+    self->last_tick_ns = now_ns;
+    self->last_idle_ns = idle_ns;
+    self->last_tick_cpu_ms = cpu;
+    self->node->tick();
+    self->links->close_idle_connections();
+    self->trim_heap(now);
+    self->links->drain_all();
+    self->schedule_tick();
   }
 
   void close_loop() {
@@ -389,9 +422,17 @@ std::shared_ptr<const ModelVersion> NodeHost::wait_until_current(const std::func
     Node* n = impl_->live_node.load();
     auto c = n ? n->current() : nullptr;
     if (c && wanted(*c)) v = std::move(c);
-    return v != nullptr;
+    return v != nullptr || impl_->waits_ended;
   });
   return v;
+}
+
+void NodeHost::end_waits() {
+  {
+    std::lock_guard lock(impl_->ready_mu);
+    impl_->waits_ended = true;
+  }
+  impl_->ready_cv.notify_all();
 }
 
 std::shared_ptr<const ModelVersion> NodeHost::wait_for_newer(const std::shared_ptr<const ModelVersion>& after, std::uint64_t timeout_ms) {

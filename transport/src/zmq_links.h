@@ -51,6 +51,10 @@ class ZmqLinks final : public runtime::Transport {
   // Connections that never said Hello in time, and those the node let go of, are closed; stripes
   // announce themselves; gaps in a striped link that waited too long are given up.
   void close_idle_connections();
+  // When close_idle_connections() next has something to do (for a host whose node is quiet:
+  // NodeHost sleeps until then): a Hello or a shutdown due, a stripe to announce; `now_ms` when
+  // a striped link holds messages behind a gap.
+  std::uint64_t next_duty_ms(std::uint64_t now_ms) const;
   // Messages sent on each connection index of striped links, children and parents together.
   const std::vector<std::uint64_t>& stripe_messages_out() const { return stripe_messages_out_; }
   std::uint64_t reorder_gaps_skipped() const { return reorder_gaps_skipped_; }

@@ -129,6 +129,20 @@ void ZmqLinks::drain_monitor() {
   }
 }
 
+std::uint64_t ZmqLinks::next_duty_ms(std::uint64_t now_ms) const {
+  std::uint64_t due = UINT64_MAX;
+  for (const auto& [fd, c] : connections)
+    if (!c.said_hello) due = std::min(due, c.accepted_ms + config.hello_timeout_ms + 1);
+  for (const ShutdownDue& d : shutdowns_due) due = std::min(due, d.when_ms);
+  for (const auto& [id, sp] : striped_parents) {
+    if (sp.order.held() > 0) return now_ms;
+    const std::uint64_t every = now_ms - sp.connected_ms < 3000 ? 100 : config.stripe_announce_ms;
+    for (std::size_t k = 0; k < sp.extra.size(); ++k)
+      if (sp.extra[k].zsock) due = std::min(due, sp.announced_ms[k] == 0 ? now_ms : sp.announced_ms[k] + every);
+  }
+  return due;
+}
+
 // Connections that never said Hello, and those the node let go of, are closed.
 void ZmqLinks::close_idle_connections() {
   const std::uint64_t now = clock.now_ms();

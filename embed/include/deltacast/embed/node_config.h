@@ -57,7 +57,7 @@ struct NodeSettings {
   std::string share;                      // workers: a Unix socket path the host's processes attach to (share.h)
   // Workers: glob patterns of the tensors this one serves (runtime::NodeConfig::tensors); none: all.
   std::vector<std::string> tensors;
-  std::string scrub_rate;                 // workers: image bytes re-hashed a second, e.g. 256MB; 0: off
+  std::string scrub_rate;                 // workers: image bytes re-hashed a second, e.g. 48MiB (the default); 0: off
   // Workers: versions, and bytes, of change history kept (runtime::NodeConfig::change_history_*).
   std::optional<std::uint64_t> change_history, change_history_bytes;
 

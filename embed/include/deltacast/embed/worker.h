@@ -132,6 +132,10 @@ class Worker final : public VersionSource {
   std::shared_ptr<const runtime::ModelVersion> resumed_;
   std::thread saver_;
   std::atomic<bool> stopping_{false};
+  // The saver's waits: while a save failed (to retry it when due), and otherwise (a new version
+  // and stop() wake it earlier).
+  static constexpr std::uint64_t kSaveRetryPollMs = 100;
+  static constexpr std::uint64_t kIdleWaitMs = 10000;
   std::atomic<bool> save_current_{false};
   bool stopped_ = false;
   // Written by the saver thread, read after it has been joined.

@@ -200,7 +200,8 @@ struct Ready {
   ModelState model;
   bool id_taken = false;
 };
-// both ways, every heartbeat_ms: liveness and the sender's newest version.
+// Liveness and the sender's newest version: to children every heartbeat_ms, to parents every
+// max(heartbeat_ms, child_timeout_ms / 8) (Node::up_heartbeat_ms).
 struct Heartbeat {
   std::uint64_t newest_version = 0;
   RunId run;

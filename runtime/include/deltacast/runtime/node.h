@@ -293,7 +293,11 @@ class Node {
   std::uint64_t fill_for_ = 0;
   std::shared_ptr<const SubsetLayout> fill_layout_;
   std::uint64_t parent_newest_ = 0;
+  // Heartbeats: to children every heartbeat_ms (their parent timeout spans a few), to parents
+  // every up_heartbeat_ms() (a parent's child timeout is longer: fewer wake-ups for both).
   std::uint64_t last_heartbeat_ms_ = 0;
+  std::uint64_t last_heartbeat_up_ms_ = 0;
+  std::uint64_t up_heartbeat_ms() const;
   std::uint64_t last_need_ms_ = 0;
   // The transport lost messages of a parent's link (on_messages_lost): the next request for
   // missing chunks says `again`.

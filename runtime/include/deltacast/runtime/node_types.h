@@ -29,7 +29,8 @@ inline constexpr std::uint64_t kScrubBytesPerSMax = 1'000'000'000'000;
 // it gives a peer or a transfer up. Every parent and child of a fleet should agree: a child's
 // parent timeout must span several of its parents' heartbeats. Bounds: timing_bounds().
 struct Timing {
-  std::uint64_t heartbeat_ms = 250;
+  // Four to a parent timeout: an idle worker wakes for little else (docs/BENCHMARKS.md, "Idle").
+  std::uint64_t heartbeat_ms = 500;
   std::uint64_t parent_timeout_ms = 2000;   // silence after which a parent is given up
   std::uint64_t child_timeout_ms = 10000;   // silence after which a child is dropped
   std::uint64_t need_after_ms = 400;        // re-request missing chunks after this long without progress
@@ -89,7 +90,8 @@ struct NodeConfig {
   // Workers: re-hash the exposed image against its chunk state hashes at most this fast
   // (Scrubber), finding memory that changed outside of a delta; 0: never. The default scrubs a
   // 2 TB image in about 2.3 hours for about 1% of a core (docs/BENCHMARKS.md).
-  std::uint64_t scrub_bytes_per_s = 256ull << 20;
+  // 48 MiB/s: 0.4% of a core (docs/RELIABILITY.md, "The scrub's default").
+  std::uint64_t scrub_bytes_per_s = 48ull << 20;
   // Workers, double-buffered: a delta chunk whose payload is more than this many thousandths of
   // its range is decoded whole from the live image into the spare one, instead of the spare
   // catching up and applying it sparsely (two sparse passes cost more than one dense pass above
@@ -333,6 +335,7 @@ struct NodeStats {
   std::uint64_t reports_refused = 0;       // Ready or Leave for a node outside the sender's share or subtree, ignored
   std::uint64_t stale_slices = 0;          // origin: shard slices of another run or an older shard process (sender dropped)
   std::uint64_t runs_seen = 0;             // runs this node moved to
+  std::uint64_t ticks = 0;                 // Node::tick calls (a quiet node's host ticks only for its timed duties)
 };
 
 }  // namespace deltacast::runtime

@@ -158,6 +158,9 @@ class NodeHost {
   // `run` is whichever run the current version belongs to. An older version of the run is then
   // read from the returned one's change history (runtime::tensor_at).
   std::shared_ptr<const runtime::ModelVersion> wait_for_run_version(const RunId& run, std::uint64_t version, std::uint64_t timeout_ms);
+  // From now on every wait_for_* returns at once (null when nothing newer is current), and the
+  // threads blocked in one wake: for a program that is stopping, whose waits can then be long.
+  void end_waits();
   // runtime::Node::refusal, from any thread.
   std::string refusal() const;
   // The run the node holds or awaits versions of (empty before it knows one), from any thread.

@@ -526,6 +526,9 @@ class ScenarioRun {
   }
 
   void make_network() {
+    double chunk_bytes = 0;
+    for (const auto& [v, m] : vs_.anchors)
+      for (const auto& c : m.chunks) chunk_bytes = std::max(chunk_bytes, static_cast<double>(c.payload_bytes));
     NetworkOptions no;
     no.seed = o_.seed;
     no.tick_ms = sc_.run.tick_ms;
@@ -541,6 +544,8 @@ class ScenarioRun {
                      level == runtime::LogLevel::kError ? "error" : level == runtime::LogLevel::kWarn ? "warn" : "info", net_->config(i).node_id.c_str(),
                      what.c_str());
       };
+    // Per-peer queues hold as many chunks as production's 256 MiB holds 4 MiB chunks.
+    no.queue_bytes_max = std::max<std::uint64_t>(256ull << 20, static_cast<std::uint64_t>(64 * chunk_bytes));
     net_options_ = no;
     net_.emplace(sc_.fleet, no);
     cache_bytes_ = static_cast<std::uint64_t>(anchor_bytes_ + static_cast<double>(sc_.run.relay_cache_versions) * delta_bytes_) + (1 << 20);

@@ -210,24 +210,6 @@ TEST_CASE("a baseline that cannot keep up misses versions; deltacast's own strat
   }
 }
 
-TEST_CASE("a store-and-forward relay sending whole versions to its children keeps each child hearing from it", "[sim]") {
-  // 3 GB versions in 64 chunks: each relay (region b's, and the workers that relay to others)
-  // holds a whole version, then queues it to all its children at once. A sender's uplink serves
-  // what it queued in order, so when a per-peer queue held 64 chunks (here a whole version) the
-  // last child waited behind every other child's copy, its heartbeats with it: past its 2 s
-  // parent timeout, it gave up on its parent every version. Queues hold 256 MiB, as production's.
-  const Scenario sc = parse(scenario_json(R"({"parameters": 5e9, "delta_fraction": 0.3, "chunks": 64})",
-                                          R"({"versions": 3, "step_period_s": 30, "timing": {"parent_timeout_ms": 2000}})", "[]",
-                                          R"(, "bandwidth": "10Gbit")"));
-  RunOptions o;
-  o.strategy = Strategy::kStoreAndForward;
-  auto r = run_scenario(sc, o);
-  REQUIRE(r.is_ok());
-  for (const auto& v : r->violations) FAIL(v);
-  for (const auto& e : r->node_errors) FAIL(e);
-  CHECK(r->missed == 0);
-}
-
 TEST_CASE("a fleet that cannot keep up and reconnects keeps a bounded number of messages on their way", "[sim]") {
   // An object store that cannot serve 1 GB versions a second over a 100 Mbit/s WAN: workers'
   // parents fall silent behind the backlog, and they reconnect again and again. Each new

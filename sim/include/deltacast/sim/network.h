@@ -140,11 +140,7 @@ std::optional<TcpOptions::Cc> cc_from_name(std::string_view name);
 
 struct NetworkOptions {
   std::uint64_t seed = 1;
-  // Per peer, as transport::HostConfig; a larger message goes alone into an empty queue. It is
-  // production's figure in bytes, not in chunks: a scenario's chunks stand for hundreds of
-  // production's, and a queue of 64 of them held whole versions, which the sender's uplink
-  // then served to one child after another (heartbeats waiting behind them).
-  std::uint64_t queue_bytes_max = 256ull << 20;
+  std::uint64_t queue_bytes_max = 256ull << 20;  // per peer, as transport::HostConfig
   std::uint64_t tick_ms = 50;                    // how often each node's tick() runs
   double decode_bytes_per_s = 100e9;             // one core's decode and apply rate (of image)
   // One core's rate of a sparse apply, in delta payload bytes (0: as a decode of the range).

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <thread>
 
 #include <zmq.h>
@@ -26,6 +27,16 @@ Status start_status(const transport::HostConfig& h) {
   c.serve_children = true;
   transport::NodeHost host(c, h);
   return host.start_thread();
+}
+// An origin on a loopback port of its own (and these host settings), started.
+std::unique_ptr<transport::NodeHost> start_origin(transport::HostConfig oh = {}) {
+  NodeConfig oc;
+  oc.node_id = "origin";
+  oc.serve_children = true;
+  oh.bind_endpoint = "tcp://127.0.0.1:*";
+  auto origin = std::make_unique<transport::NodeHost>(oc, oh);
+  REQUIRE(origin->start_thread().is_ok());
+  return origin;
 }
 }  // namespace
 
@@ -178,14 +189,10 @@ TEST_CASE("a striped link spreads a version over its connections and delivers it
   VersionEncodeOptions opt;
   opt.chunk_bytes = 16 << 10;  // dozens of chunks, so that every connection carries some
 
-  NodeConfig oc;
-  oc.node_id = "origin";
-  oc.serve_children = true;
   transport::HostConfig oh;
-  oh.bind_endpoint = "tcp://127.0.0.1:*";
   oh.stripe_part_bytes = part_bytes;
-  transport::NodeHost origin(oc, oh);
-  REQUIRE(origin.start_thread().is_ok());
+  auto origin_host = start_origin(oh);
+  transport::NodeHost& origin = *origin_host;
   REQUIRE(origin.call([&] { return origin.node().publish(*encode_version(layout, 1, 0, {}, v1, opt, ex)); }).is_ok());
 
   // A relay on a link of 4 connections to the origin, and a worker of its own.
@@ -242,13 +249,8 @@ TEST_CASE("an idle worker's loop sleeps between its timed duties, and wakes for 
   InlineExecutor ex;
   VersionEncodeOptions opt;
   opt.chunk_bytes = 32 << 10;
-  NodeConfig oc;
-  oc.node_id = "origin";
-  oc.serve_children = true;
-  transport::HostConfig oh;
-  oh.bind_endpoint = "tcp://127.0.0.1:*";
-  transport::NodeHost origin(oc, oh);
-  REQUIRE(origin.start_thread().is_ok());
+  auto origin_host = start_origin();
+  transport::NodeHost& origin = *origin_host;
   REQUIRE(origin.call([&] { return origin.node().publish(*encode_version(layout, 1, 0, {}, v1, opt, ex)); }).is_ok());
   NodeConfig wc;
   wc.node_id = "w";

@@ -40,7 +40,7 @@ struct FleetInitOptions {
   std::uint32_t workers_per_relay = 2;
   std::string worker_cache_size;
   std::string timing;                // JSON object: every node's "timing" (heartbeats, timeouts)
-  std::string trees = "1";           // trees to plan (topology::plan_trees), or auto
+  std::string trees = "auto";        // trees to plan (topology::plan_trees), or auto: the planner's choice
   bool systemd = false;              // the configs name their files in kSystemdDir, for the units
 };
 
@@ -272,6 +272,7 @@ Status run(const FleetInitOptions& o) {
   files.named_dir = o.systemd ? std::filesystem::path(kSystemdDir) : files.dir;
   DC_RETURN_IF_ERROR(write_fleet(files));
   DC_RETURN_IF_ERROR(write_text(files.dir / "fleet.json", fleet_text, 0644));
+  std::printf("%s", topology::trees_choice(plan).c_str());
   std::printf("wrote keys and configs for %zu nodes to %s: the %s `deltacast plan%s` draws, CURVE on every link, versions signed by %s\n\n",
               plan.trees.front().nodes.size(), o.out_dir.c_str(), plan.trees.size() == 1 ? "tree" : (std::to_string(plan.trees.size()) + " trees").c_str(),
               plan.trees.size() == 1 ? "" : (" --trees " + std::to_string(plan.trees.size())).c_str(), files.sign_public.c_str());

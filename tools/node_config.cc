@@ -19,8 +19,9 @@ void add_node_options(CLI::App* sub, NodeOptions& o, bool worker) {
                       (worker ? "1" : "8"))
       ->check(CLI::Range(1u, transport::kStripesMax));
   sub->add_option("--congestion-control", o.congestion_control,
-                  "TCP congestion control of the connections children open to this node, e.g. bbr (exempt from slow start after "
-                  "idle); default: the host's");
+                  "TCP congestion control of the connections children open to this node: auto (BBR where the kernel allows it: "
+                  "exempt from slow start after idle; else the host's), host (the host's default), or a name such as cubic; "
+                  "default auto");
   sub->add_option("--keys", o.keys_path, "This node's CURVE key file (deltacast keygen); turns encryption on");
   sub->add_option("--parent-key", o.parent_keys, "Public key of each --parent, in order")->allow_extra_args(false);
   sub->add_option("--allow-key", o.allow_keys, "Public key of a child allowed to connect (repeat); none: any child with our key")->allow_extra_args(false);

@@ -13,7 +13,7 @@ struct PlanOptions {
   std::string config;
   std::string shape = "tree";
   std::string out = "plan";
-  std::string trees = "1";
+  std::string trees = "auto";
   bool list = false;
 };
 
@@ -65,7 +65,7 @@ int run_trees(const topology::FleetSpec& spec, const PlanOptions& o) {
 int run_plan(const PlanOptions& o) {
   auto spec = load_fleet(o.config);
   if (!spec.is_ok()) return fail(spec.status().message());
-  if (o.trees != "1") {
+  if (o.trees != "1" && (o.shape == "tree" || o.trees != "auto")) {
     if (o.shape != "tree") return fail("--trees: multi-tree plans are relay trees (--shape tree)");
     return run_trees(*spec, o);
   }

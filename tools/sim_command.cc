@@ -13,7 +13,7 @@ namespace {
 struct SimOptions {
   std::string scenario;
   std::uint64_t seed = 1;
-  std::vector<std::string> strategies = {"cut-through"};
+  std::vector<std::string> strategies = {"multi-tree"};  // the planner's trees (run.trees, default auto)
   bool raw_too = false;
   std::string svg = "sim.svg";
   std::uint32_t stripes = 0;  // > 0: relays' connections per parent link, over the scenario's

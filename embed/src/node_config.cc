@@ -394,7 +394,7 @@ Result<LoadedNode> load_node(const NodeSettings& s, NodeRole role) {
         return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
       }))
     return Status::invalid_argument("congestion control '" + o.congestion_control + "': a kernel name such as bbr or cubic");
-  out.host.congestion_control = o.congestion_control;
+  if (!o.congestion_control.empty()) out.host.congestion_control = o.congestion_control;  // else HostConfig's auto
   out.host.bind_endpoint = o.listen;
   out.host.metrics_listen = o.metrics;
   for (const auto& [name, value] : o.limits) {

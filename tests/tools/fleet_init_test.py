@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""deltacast fleet-init writes, for every node, exactly the tree `deltacast plan` prints.
+"""deltacast fleet-init writes, for every node, exactly the trees `deltacast plan` prints.
 
 For a few fleets (the bundled four-region fleet, one with a relay-less region and one whose
 hosts do not relay, the --relay shorthand) it runs `deltacast plan --list` on the description
-and `deltacast fleet-init` on the same, then checks every config against the printed tree:
-parents in the order [parent, fallback, last resort], their public keys, the keys each server
-allows, who listens, who signs and who trusts. Also: the errors for a serving node without an
+and `deltacast fleet-init` on the same, both with the planner's own count of trees, then checks
+every config against the printed trees: per tree, parents in the order [parent, fallback, last
+resort] and their public keys; the keys each server allows, who listens, who signs and who trusts. Also: the errors for a serving node without an
 endpoint and for an endpoint of a node the plan does not have.
 Usage: fleet_init_test.py path/to/deltacast
 """
@@ -39,11 +39,15 @@ def run(*args, ok=True):
 LINE = re.compile(r"^( *)(\S+) \((origin|relay|worker)(, relays)?\)(?:  fallback (\S+?)(?:, then (\S+))?)?$")
 
 
-def printed_tree(fleet, tmp):
-    """node id -> {upstream: [parent, fallback, last resort], kind, forwards} from `plan --list`."""
+def printed_trees(fleet, tmp):
+    """Per tree, node id -> {upstream: [parent, fallback, last resort], kind, forwards}, from
+    `plan --list` (the planner's own count of trees, as fleet-init plans by default)."""
     out = run("plan", fleet, "--list", "-o", os.path.join(tmp, "plan")).stdout
-    nodes, stack = {}, []
+    trees, stack = [], []
     for line in out.splitlines():
+        if re.match(r"^tree \d+:$", line) or (not trees and LINE.match(line)):
+            trees.append({})
+            stack = []
         m = LINE.match(line)
         if not m:
             continue
@@ -52,9 +56,9 @@ def printed_tree(fleet, tmp):
         node_id, kind = m.group(2), m.group(3)
         upstream = [stack[-1]] if stack else []
         upstream += [x for x in (m.group(5), m.group(6)) if x]
-        nodes[node_id] = {"upstream": upstream, "kind": kind, "forwards": kind != "worker" or bool(m.group(4))}
+        trees[-1][node_id] = {"upstream": upstream, "kind": kind, "forwards": kind != "worker" or bool(m.group(4))}
         stack.append(node_id)
-    return nodes
+    return trees
 
 
 def written_configs(out):
@@ -73,37 +77,50 @@ def written_configs(out):
     return configs, keys
 
 
-def compare(name, tree, out):
+def compare(name, trees, out):
     configs, keys = written_configs(out)
-    if not check(set(configs) == set(tree), f"{name}: configs for {sorted(set(configs) ^ set(tree))[:5]} differ from the plan"):
+    nodes = trees[0]
+    if not check(set(configs) == set(nodes), f"{name}: configs for {sorted(set(configs) ^ set(nodes))[:5]} differ from the plan"):
         return
     sign = json.load(open(os.path.join(out, "origin.sign.key")))["public_key"]
     by_endpoint = {c["listen"]: i for i, c in configs.items() if "listen" in c}
     check(len(by_endpoint) == sum(1 for c in configs.values() if "listen" in c), f"{name}: two nodes listen on one endpoint")
-    clients = {i: set() for i in tree}
-    for node_id, node in tree.items():
-        for p in node["upstream"]:
-            clients[p].add(keys[node_id])
-    for node_id, node in tree.items():
+    clients = {i: set() for i in nodes}
+    for tree in trees:
+        for node_id, node in tree.items():
+            for p in node["upstream"]:
+                clients[p].add(keys[node_id])
+    for node_id, node in nodes.items():
         cfg = configs[node_id]
-        parents = [by_endpoint.get(ep, "?" + ep) for ep in cfg.get("parents", [])]
-        check(parents == node["upstream"], f"{name}: {node_id} has parents {parents}, the plan {node['upstream']}")
-        check(cfg.get("parent_keys", []) == [keys[p] for p in node["upstream"]], f"{name}: {node_id}: parent keys differ")
+        # One tree: "parents" and "parent_keys"; several: "trees" and "tree_parent_keys", a list per tree.
+        if len(trees) == 1:
+            per_tree, per_tree_keys = [cfg.get("parents", [])], [cfg.get("parent_keys", [])]
+        else:
+            per_tree, per_tree_keys = cfg.get("trees", []), cfg.get("tree_parent_keys", [])
+            check("parents" not in cfg, f"{name}: {node_id} has both parents and trees")
+        for t, tree in enumerate(trees):
+            upstream = tree[node_id]["upstream"]
+            written = per_tree[t] if t < len(per_tree) else []  # the origin has none
+            parents = [by_endpoint.get(ep, "?" + ep) for ep in written]
+            check(parents == upstream, f"{name}: {node_id} has parents {parents} in tree {t}, the plan {upstream}")
+            written_keys = per_tree_keys[t] if t < len(per_tree_keys) else []
+            check(written_keys == [keys[p] for p in upstream], f"{name}: {node_id}: parent keys differ in tree {t}")
+        forwards = any(tree[node_id]["forwards"] for tree in trees)
         check(set(cfg.get("allow_keys", [])) == clients[node_id], f"{name}: {node_id}: allowed keys differ from its clients'")
-        check(("listen" in cfg) == node["forwards"], f"{name}: {node_id} listens: {'listen' in cfg}, forwards in the plan: {node['forwards']}")
-        check(cfg.get("relay", False) == (node["kind"] == "worker" and node["forwards"]), f"{name}: {node_id}: relay flag")
+        check(("listen" in cfg) == forwards, f"{name}: {node_id} listens: {'listen' in cfg}, forwards in the plan: {forwards}")
+        check(cfg.get("relay", False) == (node["kind"] == "worker" and forwards), f"{name}: {node_id}: relay flag")
         if node["kind"] == "origin":
             check("sign_key" in cfg and "trust_keys" not in cfg, f"{name}: the origin does not sign")
         else:
             check(cfg.get("trust_keys") == [sign], f"{name}: {node_id} does not trust exactly the origin's key")
         check(os.path.isabs(cfg["keys"]), f"{name}: {node_id}: key path is not absolute")
-    print(f"  {name}: {len(tree)} nodes, configs match the printed tree")
+    print(f"  {name}: {len(nodes)} nodes, {len(trees)} tree(s); configs match the printed trees")
 
 
 def case_fleet(tmp, name, fleet, *extra):
     out = os.path.join(tmp, name)
     run("fleet-init", "-o", out, "--fleet", fleet, *extra)
-    compare(name, printed_tree(os.path.join(out, "fleet.json"), tmp), out)
+    compare(name, printed_trees(os.path.join(out, "fleet.json"), tmp), out)
 
 
 def mixed_fleet(tmp):
@@ -122,8 +139,8 @@ def mixed_fleet(tmp):
     }
     path = os.path.join(tmp, "mixed.json")
     json.dump(fleet, open(path, "w"))
-    tree = printed_tree(path, tmp)
-    serving = sorted(i for i, n in tree.items() if n["forwards"])
+    trees = printed_trees(path, tmp)
+    serving = sorted(i for i in trees[0] if any(t[i]["forwards"] for t in trees))
     endpoints = {i: f"tcp://10.0.{k // 200}.{k % 200 + 1}:7100" for k, i in enumerate(serving)}
     ep_path = os.path.join(tmp, "endpoints.json")
     json.dump(endpoints, open(ep_path, "w"))
@@ -183,7 +200,7 @@ def main():
         out = os.path.join(tmp, "shorthand")
         run("fleet-init", "-o", out, "--origin", "tcp://127.0.0.1:7100", "--relay", "a=tcp://127.0.0.1:7101",
             "--relay", "b=tcp://127.0.0.1:7102", "--workers-per-relay", "3")
-        compare("shorthand", printed_tree(os.path.join(out, "fleet.json"), tmp), out)
+        compare("shorthand", printed_trees(os.path.join(out, "fleet.json"), tmp), out)
         systemd_configs(tmp)
         timing_configs(tmp)
     for f in failures[:20]:

@@ -282,7 +282,7 @@ RUNS = [
     (("deltacast bench-net",),
      lambda r, c, line: r.run(line, extra=["--size", "8MB", "--runs", 1, "--chunk-sizes", "1MiB", "--port", free_port()])),
     (("deltacast plan sim/scenarios/four-regions.json",), run_plan),
-    (("deltacast plan sim/scenarios/four-regions.json --trees auto",), run_plan),
+    (("deltacast plan sim/scenarios/four-regions.json --trees 1",), run_plan),
     (("deltacast sim sim/scenarios/four-regions.json --strategy all",), run_sim),
     (("python3 examples/train_publish.py --listen tcp://127.0.0.1:7100 --steps 20 --wait-workers 1",
       "python3 examples/rollout.py --id rollout-0 --parent tcp://127.0.0.1:7100 --until 21"), run_examples),

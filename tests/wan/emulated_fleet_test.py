@@ -5,7 +5,8 @@ An origin in one region; a relay and two workers in another, 75 ms one way from 
 100 Mbit/s link whose bandwidth-delay product (1.9 MB) is 4x the largest window the
 namespaces' tcp_rmem/tcp_wmem let one connection open, so the relay's link is window-bound and
 striped. Every namespace defaults to Reno; the origin runs its children's connections with
---congestion-control (BBR where the kernel has it, else CUBIC), which they must show. Versions
+--congestion-control (BBR where the kernel has it, else CUBIC), and the relay, without the
+flag, its children's on BBR too (the default, auto), which they must show. Versions
 1-2 go over the clean link; version 3 over a link losing 2% of its packets;
 during version 4 the link is cut for 3 s (loss 1) and then mended. Every worker must expose every
 version with the publisher's checksum, and nothing else, with no help from outside.
@@ -77,6 +78,15 @@ def main() -> int:
                 failures.append(f"the relay holds {len(infos)} connections to the origin, not the 8 of its --stripes")
             if on_cc != len(infos):
                 failures.append(f"{len(infos) - on_cc} of the origin's connections are not on {origin_cc}")
+            # The relay sets no --congestion-control: by default (auto) its children's connections
+            # are on BBR where the kernel has it, whatever the namespace's default (Reno).
+            auto_cc = "bbr" if "bbr" in available else "reno"
+            ss = net.run("relay", ["ss", "-Htin", "state", "established", "( sport = :7101 )"], capture_output=True, text=True)
+            infos = [l for l in ss.stdout.splitlines() if "rtt:" in l]
+            on_auto = sum(1 for l in infos if f" {auto_cc} " in f" {l} ")
+            print(f"connections from the workers to the relay: {len(infos)}, {on_auto} of them on {auto_cc} (the default, auto)", flush=True)
+            if len(infos) != 2 or on_auto != len(infos):
+                failures.append(f"the relay's default congestion control: {on_auto} of {len(infos)} worker connections on {auto_cc}")
             net.set_wan("us", "eu", loss=0.02)
             if not ready(3, 120):
                 failures.append("version 3 did not reach both workers over a link losing 2%")

@@ -593,8 +593,14 @@ Result<MultiTreePlan> plan_trees(const FleetSpec& spec, std::uint32_t trees) {
     best = std::min(best, shortfall);
     tried.emplace_back(shortfall, std::move(p));
   }
+  std::vector<double> fractions;
+  for (const auto& [shortfall, p] : tried) fractions.push_back(1 / shortfall);
   for (auto& [shortfall, p] : tried)
-    if (shortfall <= best * 1.01) return std::move(p);
+    if (shortfall <= best * 1.01) {
+      p.tried_fraction_of_bound = std::move(fractions);
+      return std::move(p);
+    }
+  tried.front().second.tried_fraction_of_bound = std::move(fractions);
   return std::move(tried.front().second);
 }
 

@@ -155,9 +155,21 @@ std::string plan_to_svg(const Plan& plan) {
   return svg.finish(width, height);
 }
 
+std::string trees_choice(const MultiTreePlan& plan) {
+  if (plan.tried_fraction_of_bound.empty()) return "";
+  std::string out = "trees: auto, the fewest whose slowest worker comes within 1% of the best; the slowest worker against its bound with";
+  for (std::size_t t = 0; t < plan.tried_fraction_of_bound.size(); ++t) {
+    char part[48];
+    std::snprintf(part, sizeof part, "%s %zu: %.0f%%", t == 0 ? "" : ",", t + 1, 100 * plan.tried_fraction_of_bound[t]);
+    out += part;
+  }
+  return out + "\n";
+}
+
 std::string trees_summary(const FleetSpec& spec, const MultiTreePlan& plan) {
   const std::size_t k = plan.trees.size();
   std::string out = "multi-tree plan: " + std::to_string(k) + (k == 1 ? " tree" : " trees, chunk i down tree i mod " + std::to_string(k)) + "\n";
+  out += trees_choice(plan);
   for (std::size_t t = 0; t < k; ++t) {
     const Plan& tree = plan.trees[t];
     std::size_t forwarders = 0;

@@ -28,14 +28,20 @@ Status ZmqLinks::open_monitor() {
 }
 
 void ZmqLinks::set_congestion_control(int fd) {
-  const std::string& cc = config.congestion_control;
-  if (cc.empty() || congestion_control_failed_) return;
-  if (::setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, cc.data(), static_cast<socklen_t>(cc.size())) != 0) {
-    congestion_control_failed_ = true;
+  const std::string& asked = config.congestion_control;
+  if (asked.empty() || asked == "host" || congestion_control_failed_) return;
+  const bool automatic = asked == "auto";
+  const std::string cc = automatic ? "bbr" : asked;
+  if (::setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, cc.data(), static_cast<socklen_t>(cc.size())) == 0) return;
+  congestion_control_failed_ = true;
+  if (automatic)  // the default: a host without BBR for this process keeps its own, as it would without deltacast
+    spdlog::info("{}: BBR is not available to this process ({}): the host's default congestion control stays (it restarts slow "
+                 "start after idle); net.ipv4.tcp_allowed_congestion_control must list bbr",
+                 node_config.node_id, std::strerror(errno));
+  else
     spdlog::warn("{}: cannot use the {} congestion control ({}): the host's default stays; it must be loaded and in "
                  "net.ipv4.tcp_allowed_congestion_control",
                  node_config.node_id, cc, std::strerror(errno));
-  }
 }
 
 // The descriptor a child's messages come on (ZMQ_SRCFD): what closing that child closes.

@@ -51,7 +51,7 @@ struct NodeSettings {
   std::optional<std::uint32_t> expect_shards;
   std::string log_level;                  // empty: info
   std::optional<std::uint32_t> stripes;   // connections per parent link, 1 to 64; unset: 8 for a relay, 1 for a worker
-  std::string congestion_control;         // of the connections children open to this node; empty: the host's
+  std::string congestion_control;         // of the connections children open to this node: auto (default: BBR if allowed), host, or a name
   bool relay = false;                     // workers: also serve children (peer to peer)
   bool in_place = false;                  // workers: one image, readers paused during updates
   std::string share;                      // workers: a Unix socket path the host's processes attach to (share.h)

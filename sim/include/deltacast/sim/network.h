@@ -120,7 +120,9 @@ class VirtualBlob final : public runtime::Blob {
 struct TcpOptions {
   bool modelled = false;
   enum class Cc : std::uint8_t { kReno, kCubic, kBbr };
-  Cc congestion_control = Cc::kCubic;
+  // BBR: what the runtime's senders use by default (transport::HostConfig::congestion_control
+  // "auto", where the kernel allows it).
+  Cc congestion_control = Cc::kBbr;
   // The largest window one connection opens: what the receiver's tcp_rmem maximum lets it
   // advertise (about 0.62 of it at MTU 1500) or the sender's tcp_wmem allows, the smaller.
   double window_bytes = 4e6;

@@ -79,6 +79,9 @@ struct MultiTreePlan {
   std::vector<Plan> trees;
   std::vector<std::map<std::string, std::string>> region_parent;  // per tree
   std::vector<std::string> warnings;
+  // When the planner chose the count (plan_trees with 0): for 1 to kTreesMax trees, the slowest
+  // worker's estimate as a fraction of its own bound (estimate_receive, receive_bounds).
+  std::vector<double> tried_fraction_of_bound;
 };
 inline constexpr std::uint32_t kTreesMax = 8;
 // `trees` trees (1 to kTreesMax), or with 0 the fewest whose estimate (estimate_receive)
@@ -99,6 +102,8 @@ ReceiveEstimate estimate_receive(const FleetSpec& spec, const MultiTreePlan& pla
 // A human summary: per tree the parent region of each region and the depth; per region the
 // slowest worker's estimated rate next to its bound (flow.h).
 std::string trees_summary(const FleetSpec& spec, const MultiTreePlan& plan);
+// Why the planner chose its count of trees (plan_trees with 0): a line; empty otherwise.
+std::string trees_choice(const MultiTreePlan& plan);
 
 // The link a message from node a to node b crosses: the region's LAN, or the WAN link between
 // their regions (for regions without a direct link: latencies added, the narrowest capacity).

@@ -75,11 +75,13 @@ struct HostConfig {
   // link's rate and the child hears from its parent at least every few parts.
   std::uint64_t stripe_part_bytes = 256 << 10;
   // The TCP congestion control of the connections the listener accepts, over which this node
-  // sends versions to its children (Linux TCP_CONGESTION, e.g. "bbr": the kernel exempts it from
-  // restarting slow start after idle); empty: the host's default. One not in
-  // net.ipv4.tcp_allowed_congestion_control (or not loaded) is warned about once and the
-  // default stays.
-  std::string congestion_control;
+  // sends versions to its children (Linux TCP_CONGESTION). "auto": BBR where the kernel lets
+  // this process set it (the kernel exempts it from restarting slow start after idle, so a
+  // version after a quiet minute starts at the link's rate), else the host's default, said once
+  // at info level. "host" (or empty): the host's default. A name such as "cubic": that one; if
+  // it is not in net.ipv4.tcp_allowed_congestion_control (or not loaded) it is warned about once
+  // and the host's default stays.
+  std::string congestion_control = "auto";
   std::uint64_t leave_linger_ms = 200;              // on stop(): time the Leave messages get to go out
   // CURVE: when set, every link is encrypted and authenticated. A server accepts only clients
   // whose public key is in allowed_client_keys (empty: any client that knows the server key).

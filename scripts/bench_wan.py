@@ -14,8 +14,13 @@ bytes from 1% to 99% of them over the time between (the span the link was busy w
 against the link rate (the ratio). The
 baseline, in the same run: one TCP connection (tests/wan/netprobe.py) over the same link.
 
+With --direct the worker, with default settings, has the origin across the link as its parent
+(no relay), and a second baseline is measured the same way in the same run: --flows plain TCP
+connections (default 8) carrying a version's bytes between them, three times; each version's
+rate is also given against their median (the ratio to plain flows).
+
 Usage (root): python3 scripts/bench_wan.py --deltacast build/tools/deltacast --emulator build/tests/wan_emulator
-              [--rate-mbit 200] [--delay-ms 75] [--size 128MB] [--versions 3] [--idle-s 60]
+              [--rate-mbit 200] [--delay-ms 75] [--size 128MB] [--versions 3] [--idle-s 60] [--direct [--flows 8]]
 """
 
 import argparse
@@ -104,15 +109,35 @@ def one_connection(net: Wan, seconds: float, cc: str) -> dict:
     return {"mbit": mbit, "window": statistics.median(s[1] for s in samples if s[0] >= 3)}
 
 
+def plain_flows(args, net: Wan, total_bytes: int) -> dict:
+    """--flows plain TCP connections carrying total_bytes between them, through the same link and
+    measured by the same sampler as the runtime's versions."""
+    sink = net.spawn("worker", [sys.executable, PROBE, "tcp-sinks", "5002", str(args.flows)], stdout=subprocess.PIPE, text=True)
+    time.sleep(0.3)
+    sampler = LinkSampler(net, "origin>eu")
+    start = time.monotonic()
+    net.run("origin", [sys.executable, PROBE, "tcp-flows", net.addr("worker"), "5002", str(args.flows), str(total_bytes), args.cc],
+            capture_output=True, text=True, timeout=600, check=True)
+    sink.communicate(timeout=120)
+    time.sleep(0.2)
+    sampler.stop()
+    span = sampler.busy(start, time.monotonic())
+    return {"seconds": span["seconds"], "bytes": span["bytes"],
+            "ratio": span["bytes"] / span["seconds"] / (args.rate_mbit * 1e6 / 8) if span["seconds"] else 0.0}
+
+
 def run_fleet(args, net: Wan, ckpts: list[Path], interval_ms: int, work: Path, label: str) -> list[dict]:
-    """Publishes every checkpoint to relay -> worker; the link's rate per version."""
+    """Publishes every checkpoint to relay -> worker (--direct: to the worker); the link's rate per version."""
     dc = args.deltacast
     port = 7100
-    relay = net.spawn("relay", [dc, "relay", "--id", "relay", "--listen", f"tcp://0.0.0.0:{port + 1}",
-                                "--parent", f"tcp://{net.addr('origin')}:{port}", "--log-level", "warn",
-                                *(["--stripes", str(args.stripes)] if args.stripes else [])],
-                      stdout=open(work / f"{label}-relay.log", "w"), stderr=subprocess.STDOUT)
-    worker = net.spawn("worker", [dc, "worker", "--id", "worker", "--parent", f"tcp://{net.addr('relay')}:{port + 1}",
+    relay = None
+    if not args.direct:
+        relay = net.spawn("relay", [dc, "relay", "--id", "relay", "--listen", f"tcp://0.0.0.0:{port + 1}",
+                                    "--parent", f"tcp://{net.addr('origin')}:{port}", "--log-level", "warn",
+                                    *(["--stripes", str(args.stripes), "--stripes-start", str(args.stripes)] if args.stripes else [])],
+                          stdout=open(work / f"{label}-relay.log", "w"), stderr=subprocess.STDOUT)
+    parent = f"tcp://{net.addr('origin')}:{port}" if args.direct else f"tcp://{net.addr('relay')}:{port + 1}"
+    worker = net.spawn("worker", [dc, "worker", "--id", "worker", "--parent", parent,
                                   "--exit-after-version", str(len(ckpts)), "--log-level", "warn"],
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = ReadyLines(worker.stdout, work / f"{label}-worker.log")
@@ -126,14 +151,16 @@ def run_fleet(args, net: Wan, ckpts: list[Path], interval_ms: int, work: Path, l
         worker.wait(timeout=60)
     except subprocess.TimeoutExpired:
         worker.kill()
-        relay.terminate()
+        if relay:
+            relay.terminate()
         lines.join()
-        tail = "\n".join((work / f"{label}-{n}.log").read_text().splitlines()[-15:] for n in ("relay", "worker"))
+        tail = "\n".join((work / f"{label}-{n}.log").read_text().splitlines()[-15:] for n in ("relay", "worker") if (work / f"{label}-{n}.log").exists())
         raise RuntimeError(f"the worker did not get every version within 60 s of the last publish; publish said:\n"
                            f"{publish.stdout[-1500:]}{publish.stderr[-1500:]}\nrelay, worker:\n{tail}")
     lines.join()
     sampler.stop()
-    relay.terminate()
+    if relay:
+        relay.terminate()
     if publish.returncode != 0:
         raise RuntimeError(f"publish failed: {publish.stderr[-2000:]}")
     if [v for _, v, _ in lines.ready] != list(range(1, len(ckpts) + 1)):
@@ -163,9 +190,11 @@ def main() -> int:
     ap.add_argument("--cc", default="reno",
                     help="the namespaces' congestion control: reno (slow start after idle applies) or bbr (exempt); "
                          "any in the host's net.ipv4.tcp_allowed_congestion_control")
-    ap.add_argument("--stripes", type=int, help="the relay's connections to the origin (default: the relay's own, 8); "
-                    "1 is one connection, the runtime before striped links")
+    ap.add_argument("--stripes", type=int, help="the relay's connections to the origin, held (--stripes and --stripes-start; "
+                    "default: the link sizes itself); 1 is one connection, the runtime before striped links")
     ap.add_argument("--origin-cc", help="the origin's --congestion-control for the connections it accepts (default: none given)")
+    ap.add_argument("--direct", action="store_true", help="the worker's parent is the origin, across the link; also measures --flows plain flows")
+    ap.add_argument("--flows", type=int, default=8, help="with --direct: the plain TCP connections of the second baseline")
     ap.add_argument("--json", help="write the figures here too")
     args = ap.parse_args()
     rtt_s = 2 * args.delay_ms / 1e3
@@ -193,18 +222,30 @@ def main() -> int:
             warm = run_fleet(args, net, ckpts, 0, work, "warm")
             log(f"runtime, {args.versions} versions {args.idle_s:g} s apart")
             idle = run_fleet(args, net, ckpts, int(args.idle_s * 1000), work, "idle")
+            flows = []
+            if args.direct:
+                version_bytes = int(statistics.median(r["bytes"] for r in warm + idle))
+                for i in range(3):
+                    log(f"{args.flows} plain TCP flows of {version_bytes / 1e6:.0f} MB ({i + 1} of 3)")
+                    flows.append(plain_flows(args, net, version_bytes))
+                    log(f"  {flows[-1]['ratio']:.2f} of the link rate")
+    flows_ratio = statistics.median(f["ratio"] for f in flows) if flows else 0.0
     print(f"link: {args.rate_mbit:g} Mbit/s, {args.delay_ms:g} ms one way, bandwidth-delay product {bdp / 1e6:.2f} MB, "
           f"largest window {single['window'] / 1e6:.2f} MB ({bdp / single['window']:.1f}x smaller), {args.cc}, "
-          f"relay --stripes {args.stripes or 'default (8)'}"
+          f"{'worker, default settings, its parent the origin' if args.direct else 'relay --stripes ' + (str(args.stripes) + ' (held)' if args.stripes else 'default (the link sizes itself)')}"
           f"{', origin --congestion-control ' + args.origin_cc if args.origin_cc else ''}")
     print(f"one TCP connection: {single['mbit']:.1f} Mbit/s, {single['mbit'] / args.rate_mbit:.2f} of the link rate")
+    if flows:
+        print(f"{args.flows} plain TCP flows of a version's bytes: " + ", ".join(f"{f['ratio']:.2f}" for f in flows) +
+              f" of the link rate (median {flows_ratio:.2f})")
     for label, rows in (("back to back", warm), (f"after {args.idle_s:g} s idle", idle)):
         for r in rows:
             tail = "" if label == "back to back" or r["version"] > 1 else " (the first version: a new connection)"
+            against = f", {r['ratio'] / flows_ratio:.2f} of {args.flows} plain flows" if flows_ratio else ""
             print(f"runtime, {label}, version {r['version']}: {r['bytes'] / 1e6:.0f} MB in {r['seconds']:.2f} s, "
-                  f"{r['ratio']:.2f} of the link rate{tail}")
+                  f"{r['ratio']:.2f} of the link rate{against}{tail}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"single": single, "warm": warm, "idle": idle}, indent=1))
+        Path(args.json).write_text(json.dumps({"single": single, "warm": warm, "idle": idle, "flows": flows}, indent=1))
     return 0
 
 

@@ -47,7 +47,7 @@ def one_run(args, work: Path, versions, trees: str) -> dict:
         fleet.set_rate(args.anchor_rate_mbit)
         cc = ("--congestion-control", args.cc) if args.cc else ()
         fleet.start(versions, "--wait-workers", str(len(fleet.workers)), "--wait-timeout-ms", "600000",
-                    "--interval-ms", "2000", "--linger-ms", "1000", *cc, node_args=("--stripes", str(args.stripes), *cc))
+                    "--interval-ms", "2000", "--linger-ms", "1000", *cc, node_args=("--stripes", str(args.stripes), "--stripes-start", str(args.stripes), *cc))
         if not fleet.ready(1, 300):
             raise RuntimeError(f"{trees} trees: not every worker reached version 1\n{fleet.tails()}")
         fleet.set_rate(args.rate_mbit)

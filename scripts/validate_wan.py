@@ -24,8 +24,9 @@ cores are under half busy. (--rate-mbit 100 --size 128MB --lr 5e-5 runs the larg
 Chunks are publish's default 4 MiB: a striped link sends large payloads in 256 KiB parts spread
 over its connections (docs/RUNTIME.md, "Striped links").
 
-For each invocation and each --stripes setting (the relays' connections to the origin; 8 is
-the relay default, 1 the runtime without striped links) a round:
+For each invocation and each --stripes setting (the relays' connections to the origin, held
+there with --stripes-start as the simulator holds them; 1 is the runtime without striped
+links) a round:
   1. measures one core's decode rate (tests/tools/decode_rate, one process per worker at once,
      as scripts/validate_sim.sh does) before and after the fleet runs;
   2. runs the fleet; checks that each relay holds S connections to the origin and the window
@@ -289,7 +290,7 @@ def run_fleet(args, bins: Path, model: dict, stripes: int, rmem_max: int, work: 
         relays, workers = {}, []
         for region, _ in REGIONS:
             relays[region] = net.spawn(f"{region}-relay", [dc, "relay", "--id", f"{region}-relay", "--listen", f"tcp://0.0.0.0:{RELAY_PORT}",
-                                                          "--parent", origin_ep, "--stripes", str(stripes), "--log-level", log],
+                                                          "--parent", origin_ep, "--stripes", str(stripes), "--stripes-start", str(stripes), "--log-level", log],
                                        stdout=open(work / f"{label}-{region}-relay.log", "w"), stderr=subprocess.STDOUT)
             relay_ep = f"tcp://{net.addr(f'{region}-relay')}:{RELAY_PORT}"
             for i in range(1, WORKERS_PER_REGION + 1):

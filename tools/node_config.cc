@@ -14,9 +14,12 @@ void add_node_options(CLI::App* sub, NodeOptions& o, bool worker) {
   sub->add_option("--cache-size", o.cache_size, "Version cache bound, e.g. 8GB");
   sub->add_option("--queue-size", o.queue_size, "Send queue bound per peer, e.g. 256MB");
   sub->add_option("--stripes", o.stripes,
-                  std::string("TCP connections per parent link, chunks spread over them, to fill a link longer than one window reaches "
-                              "(docs/RUNTIME.md, \"Striped links\"); default ") +
-                      (worker ? "1" : "8"))
+                  "TCP connections per parent link at most, chunks spread over them, to fill a link longer than one window reaches: "
+                  "a link starts with one and its parent asks for more while they add throughput (docs/RUNTIME.md, \"Links that size "
+                  "themselves\"); default 64")
+      ->check(CLI::Range(1u, transport::kStripesMax));
+  sub->add_option("--stripes-start", o.stripes_start,
+                  "Connections a parent link opens with (1 to --stripes; default 1): --stripes N --stripes-start N keeps N")
       ->check(CLI::Range(1u, transport::kStripesMax));
   sub->add_option("--congestion-control", o.congestion_control,
                   "TCP congestion control of the connections children open to this node: auto (BBR where the kernel allows it: "

@@ -186,6 +186,7 @@ void for_each_setting(F&& f, Settings&... s) {
   f("expect_shards", s.expect_shards...);
   f("log_level", s.log_level...);
   f("stripes", s.stripes...);
+  f("stripes_start", s.stripes_start...);
   f("congestion_control", s.congestion_control...);
   f("relay", s.relay...);
   f("in_place", s.in_place...);
@@ -389,7 +390,10 @@ Result<LoadedNode> load_node(const NodeSettings& s, NodeRole role) {
   for (const auto& p : o.parents) DC_RETURN_IF_ERROR(check_endpoint(p, "parent", false));
   if (o.stripes && (*o.stripes < 1 || *o.stripes > transport::kStripesMax))
     return Status::invalid_argument("stripes: 1 to " + std::to_string(transport::kStripesMax) + ", not " + std::to_string(*o.stripes));
-  out.host.stripes = o.stripes ? *o.stripes : worker ? 1 : 8;
+  if (o.stripes) out.host.stripes = *o.stripes;  // else HostConfig's ceiling, for any role
+  if (o.stripes_start && (*o.stripes_start < 1 || *o.stripes_start > out.host.stripes))
+    return Status::invalid_argument("stripes_start: 1 to stripes (" + std::to_string(out.host.stripes) + "), not " + std::to_string(*o.stripes_start));
+  if (o.stripes_start) out.host.stripes_start = *o.stripes_start;
   if (o.congestion_control.size() > 15 || !std::all_of(o.congestion_control.begin(), o.congestion_control.end(), [](char c) {
         return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
       }))

@@ -536,9 +536,10 @@ class Worker(_Reader):
     ``change_history``: how many versions back ``Version.patches`` and ``version()`` can reach
     (each kept costs 4 bytes per changed value, and the value's own size; 0 keeps none);
     ``change_history_bytes``: at most this many bytes of it, also when ``hold_history_from`` asks
-    for more (0: as many as the image). ``stripes``: TCP connections per parent link (1 to
-    64), for a parent across a long link that one connection's window cannot fill
-    (docs/RUNTIME.md, "Striped links"). ``settings``: any other field of a node config file, as a
+    for more (0: as many as the image). ``stripes``: TCP connections per parent link at
+    most (1 to 64; default 64): a link starts with one and its parent asks for more while they
+    add throughput, for a parent across a long link that one connection's window cannot fill
+    (docs/RUNTIME.md, "Links that size themselves"). ``settings``: any other field of a node config file, as a
     dict (``{"limits": {...}, "timing": {...}, "cache_size": "8GB", "scrub_rate": "64MB"}``;
     docs/RUNTIME.md, "Config files"), under the named arguments; checked as the config file's.
     """

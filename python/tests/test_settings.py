@@ -53,6 +53,7 @@ def samples(keys):
         "expect_shards": {"expect_shards": 3},
         "log_level": {"log_level": "warn"},
         "stripes": {"stripes": 3},
+        "stripes_start": {"stripes": 3, "stripes_start": 2},
         "congestion_control": {"congestion_control": "cubic"},
         "relay": {"relay": True},
         "in_place": {"in_place": True},
@@ -163,6 +164,8 @@ def test_a_front_end_refuses_what_the_loader_refuses(tmp_path):
         deltacast.Worker.settings("w", [PARENT], settings=bad)
     with pytest.raises(deltacast.Error, match="unknown field"):
         deltacast.Worker.settings("w", [PARENT], settings={"heartbeat": 5})
+    with pytest.raises(deltacast.Error, match="stripes_start"):
+        deltacast.Worker.settings("w", [PARENT], settings={"stripes": 2, "stripes_start": 3})
     with pytest.raises(deltacast.Error, match="twice heartbeat_ms"):
         deltacast.Publisher.settings("tcp://127.0.0.1:7303", settings={"timing": {"heartbeat_ms": 1000, "parent_timeout_ms": 1500}})
     if C_WORKER:

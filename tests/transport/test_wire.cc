@@ -231,6 +231,14 @@ TEST_CASE("the transport's link fields are bounded and a stripe announcement is 
   CHECK_FALSE(hello_with({0, 4, 0, 0}).is_ok());  // stripes without a link
   CHECK_FALSE(hello_with({0, 0, 5, 0}).is_ok());  // a stream without a number
   CHECK_FALSE(hello_with({0, 0, 0, 5}).is_ok());  // a number without a stream
+  // A link that sizes itself: it opens `stripes` and up to `stripes_max` as its parent asks.
+  auto ceiling = hello_with({77, 1, 0, 0, 0, 0, transport::kStripesMax});
+  REQUIRE(ceiling.is_ok());
+  CHECK(ceiling->fields.stripes == 1);
+  CHECK(ceiling->fields.stripes_max == transport::kStripesMax);
+  CHECK_FALSE(hello_with({77, 1, 0, 0, 0, 0, transport::kStripesMax + 1}).is_ok());
+  CHECK_FALSE(hello_with({77, 4, 0, 0, 0, 0, 2}).is_ok());  // a ceiling below what it opens
+  CHECK_FALSE(hello_with({0, 1, 0, 0, 0, 0, 8}).is_ok());   // room for more without a link
 
   auto stripe = [](std::uint64_t link, std::uint32_t index) {
     transport::Frames fr = transport::encode_stripe(link, index);
@@ -246,6 +254,25 @@ TEST_CASE("the transport's link fields are bounded and a stripe announcement is 
   CHECK_FALSE(stripe(0, 1).is_ok());
   transport::Frames fr = transport::encode_stripe(9, 3);
   CHECK_FALSE(transport::decode_message(fr.header.data(), fr.header.size(), nullptr).is_ok());
+
+  // A parent's word on a link's size: a Stripe of index 0 with stripes_wanted, 1 to kStripesMax.
+  auto size_word = [](std::uint32_t index, std::uint32_t wanted) {
+    transport::Frames f = transport::encode_stripe(9, index, wanted);
+    return transport::decode_frames(f.header.data(), f.header.size(), nullptr);
+  };
+  auto w = size_word(0, 4);
+  REQUIRE(w.is_ok());
+  CHECK_FALSE(w->message.has_value());
+  CHECK(w->stripe_index == 0);
+  CHECK(w->fields.stripes_wanted == 4);
+  CHECK(size_word(0, transport::kStripesMax).is_ok());
+  CHECK_FALSE(size_word(0, transport::kStripesMax + 1).is_ok());
+  CHECK_FALSE(size_word(3, 4).is_ok());  // an announcement does not carry a size
+  // Only a Stripe carries one.
+  transport::LinkFields sized;
+  sized.stripes_wanted = 2;
+  transport::Frames h = transport::encode_message(Message{hello}, sized);
+  CHECK_FALSE(transport::decode_frames(h.header.data(), h.header.size(), nullptr).is_ok());
 }
 
 TEST_CASE("a Hello's tree of a multi-tree fleet is bounded", "[transport][wire]") {

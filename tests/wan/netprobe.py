@@ -7,6 +7,9 @@
     netprobe.py tcp-sink PORT                      read one connection to its end -> JSON
     netprobe.py tcp-source HOST PORT SECONDS CC    write as fast as TCP takes it, congestion
                                                    control CC (per socket: root may pick any) -> JSON
+    netprobe.py tcp-sinks PORT FLOWS               read FLOWS connections to their ends -> JSON
+    netprobe.py tcp-flows HOST PORT FLOWS BYTES CC BYTES over FLOWS new connections at once, an
+                                                   equal share each -> JSON
 
 Every datagram carries its send time (CLOCK_MONOTONIC, which all namespaces share), so the sink
 sees one-way delays. The TCP source samples the kernel's TCP_INFO: the peer's advertised window
@@ -18,6 +21,7 @@ import socket
 import statistics
 import struct
 import sys
+import threading
 import time
 
 DATAGRAM_BYTES = 1400
@@ -150,6 +154,53 @@ def tcp_source(host: str, port: int, seconds: float, cc: str) -> dict:
     return {"sent": sent, "samples": samples}
 
 
+def tcp_sinks(port: int, flows: int) -> dict:
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("0.0.0.0", port))
+    srv.listen(flows)
+    totals = [0] * flows
+
+    def read(i: int, conn: socket.socket) -> None:
+        buf = bytearray(1 << 20)
+        while (n := conn.recv_into(buf)) > 0:
+            totals[i] += n
+
+    threads = []
+    for i in range(flows):
+        conn, _ = srv.accept()
+        threads.append(threading.Thread(target=read, args=(i, conn)))
+        threads[-1].start()
+    for t in threads:
+        t.join()
+    return {"bytes": sum(totals)}
+
+
+def tcp_flows(host: str, port: int, flows: int, total: int, cc: str) -> dict:
+    socks = []
+    for _ in range(flows):
+        s = socket.socket()
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, cc.encode())
+        s.settimeout(10)
+        s.connect((host, port))
+        s.settimeout(None)
+        socks.append(s)
+    block = bytes(64 << 10)
+
+    def write(s: socket.socket, n: int) -> None:
+        while n > 0:
+            n -= s.send(block[: min(len(block), n)])
+        s.close()
+
+    start = time.monotonic()
+    threads = [threading.Thread(target=write, args=(s, total // flows)) for s in socks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return {"sent": total // flows * flows, "seconds": time.monotonic() - start}
+
+
 def main(argv: list[str]) -> None:
     cmd, args = argv[0], argv[1:]
     if cmd == "udp-echo":
@@ -161,6 +212,8 @@ def main(argv: list[str]) -> None:
         "udp-blast": lambda: udp_blast(args[0], int(args[1]), float(args[2]), float(args[3])),
         "tcp-sink": lambda: tcp_sink(int(args[0])),
         "tcp-source": lambda: tcp_source(args[0], int(args[1]), float(args[2]), args[3]),
+        "tcp-sinks": lambda: tcp_sinks(int(args[0]), int(args[1])),
+        "tcp-flows": lambda: tcp_flows(args[0], int(args[1]), int(args[2]), int(args[3]), args[4]),
     }[cmd]()
     print(json.dumps(result), flush=True)
 

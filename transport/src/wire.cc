@@ -109,6 +109,7 @@ struct Body<Hello> {
     h->set_serves_children(m.serves_children);
     h->set_link(fields.link);
     h->set_stripes(fields.stripes);
+    h->set_stripes_max(fields.stripes_max);
     if (m.trees > 1) {
       h->set_tree(m.tree);
       h->set_trees(m.trees);
@@ -349,6 +350,7 @@ Frames encode_message(const Message& message, const LinkFields& fields) {
   env.set_stream(fields.stream);
   env.set_seq(fields.seq);
   env.set_payload_bytes(fields.payload_bytes);
+  env.set_stripes_wanted(fields.stripes_wanted);
   Frames f;
   std::visit(
       [&](const auto& m) {
@@ -416,9 +418,10 @@ Frames encode_part(std::uint64_t stream, std::uint64_t seq, SharedBytes bytes) {
   return Frames{env.SerializeAsString(), std::move(bytes)};
 }
 
-Frames encode_stripe(std::uint64_t link, std::uint32_t index) {
+Frames encode_stripe(std::uint64_t link, std::uint32_t index, std::uint32_t stripes_wanted) {
   wire::Envelope env;
   env.set_protocol_version(kProtocolVersion);
+  env.set_stripes_wanted(stripes_wanted);
   env.mutable_stripe()->set_link(link);
   env.mutable_stripe()->set_index(index);
   return Frames{env.SerializeAsString(), nullptr};
@@ -434,6 +437,9 @@ Result<Decoded> decode_frames(const void* header, std::size_t header_bytes, Shar
   d.fields.stream = env.stream();
   d.fields.seq = env.seq();
   d.fields.payload_bytes = env.payload_bytes();
+  d.fields.stripes_wanted = env.stripes_wanted();
+  if (d.fields.stripes_wanted > kStripesMax) return Status::corruption("a parent asks for more than " + std::to_string(kStripesMax) + " connections");
+  if (d.fields.stripes_wanted != 0 && env.body_case() != wire::Envelope::kStripe) return Status::corruption("a link's size on a message other than a Stripe");
   if ((d.fields.stream == 0) != (d.fields.seq == 0)) return Status::corruption("a sequence number without its stream, or the reverse");
   if (d.fields.payload_bytes != 0 && (d.fields.seq == 0 || !payload || payload->size() >= d.fields.payload_bytes))
     return Status::corruption("a payload in parts outside a striped stream, or its first part not smaller than the whole");
@@ -445,8 +451,10 @@ Result<Decoded> decode_frames(const void* header, std::size_t header_bytes, Shar
   }
   if (env.body_case() == wire::Envelope::kStripe) {
     if (env.protocol_version() != kProtocolVersion) return Status::unsupported("stripe announcement of another protocol version");
-    if (env.stripe().link() == 0 || env.stripe().index() == 0 || env.stripe().index() >= kStripesMax)
-      return Status::corruption("stripe announcement without a link, or with index 0 or above " + std::to_string(kStripesMax - 1));
+    if (env.stripe().link() == 0 || env.stripe().index() >= kStripesMax || (env.stripe().index() == 0) != (d.fields.stripes_wanted != 0) ||
+        (d.fields.stripes_wanted != 0 && (d.fields.stream != 0 || d.fields.payload_bytes != 0)))
+      return Status::corruption("stripe announcement without a link, with an index above " + std::to_string(kStripesMax - 1) +
+                                ", or a parent's word on a link's size with an index");
     d.fields.link = env.stripe().link();
     d.stripe_index = env.stripe().index();
     return d;
@@ -454,8 +462,11 @@ Result<Decoded> decode_frames(const void* header, std::size_t header_bytes, Shar
   if (env.body_case() == wire::Envelope::kHello) {
     d.fields.link = env.hello().link();
     d.fields.stripes = env.hello().stripes();
-    if (d.fields.stripes > kStripesMax || (d.fields.stripes > 1 && d.fields.link == 0))
-      return Status::corruption("Hello asks for more than " + std::to_string(kStripesMax) + " stripes, or stripes without a link");
+    d.fields.stripes_max = env.hello().stripes_max();
+    if (d.fields.stripes > kStripesMax || d.fields.stripes_max > kStripesMax || (d.fields.stripes_max != 0 && d.fields.stripes_max < d.fields.stripes) ||
+        (std::max(d.fields.stripes, d.fields.stripes_max) > 1 && d.fields.link == 0))
+      return Status::corruption("Hello asks for more than " + std::to_string(kStripesMax) + " stripes, for a ceiling below its stripes, or "
+                                "for stripes without a link");
   }
   if (env.body_case() != wire::Envelope::kHello && env.protocol_version() != kProtocolVersion)
     return Status::unsupported("peer speaks protocol version " + std::to_string(env.protocol_version()) + ", this node " +

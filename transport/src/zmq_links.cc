@@ -163,19 +163,24 @@ PeerId ZmqLinks::connect(const std::string& endpoint) {
   open_parent_socket(endpoint, primary);
   // Every parent link is numbered, even of one connection: the parent can then send large
   // payloads in parts, and this node hears from it between parts.
+  // The link opens config.stripes_start connections, and the others (up to config.stripes) as
+  // the parent asks for them.
   if (primary.zsock) {
     StripedParent sp(config);
     sp.link = system_random().nonzero_u64();  // random, never 0 (none on the wire)
+    sp.endpoint = endpoint;
     sp.connected_ms = clock.now_ms();
-    sp.extra.resize(std::min(config.stripes, kStripesMax) - 1);
-    sp.announced_ms.assign(sp.extra.size(), 0);
-    for (Socket& s : sp.extra) {
-      s.peer = id;
-      open_parent_socket(endpoint, s);
+    const std::uint32_t ceiling = std::clamp<std::uint32_t>(config.stripes, 1, kStripesMax);
+    sp.extra.resize(ceiling - 1);
+    for (std::size_t k = 0; k < sp.extra.size(); ++k) {
+      sp.extra[k].peer = id;
+      if (k + 1 < std::clamp<std::uint32_t>(config.stripes_start, 1, ceiling)) open_parent_socket(endpoint, sp.extra[k]);
     }
+    sp.announced_ms.assign(sp.extra.size(), 0);
+    sp.unwanted_ms.assign(sp.extra.size(), 0);
     striped_parents.emplace(id, std::move(sp));
   }
-  spdlog::debug("{}: connecting to parent {} ({} connections)", node_config.node_id, endpoint, config.stripes);
+  spdlog::debug("{}: connecting to parent {} (up to {} connections)", node_config.node_id, endpoint, config.stripes);
   return id;
 }
 
@@ -211,7 +216,8 @@ bool ZmqLinks::send(PeerId peer, const Message& message) {
   LinkFields fields;
   if (auto sp = striped_parents.find(peer); sp != striped_parents.end() && std::holds_alternative<Hello>(message)) {
     fields.link = sp->second.link;
-    fields.stripes = static_cast<std::uint32_t>(sp->second.extra.size() + 1);
+    fields.stripes = static_cast<std::uint32_t>(std::count_if(sp->second.extra.begin(), sp->second.extra.end(), [](const Socket& s) { return s.zsock; }) + 1);
+    fields.stripes_max = static_cast<std::uint32_t>(sp->second.extra.size() + 1);
   }
   StripedChild* striped = nullptr;
   if (auto sc = striped_children.find(peer); sc != striped_children.end()) {
@@ -350,7 +356,17 @@ Result<Decoded> ZmqLinks::decode(zmq_msg_t* header, zmq_msg_t* payload) {
 
 void ZmqLinks::dispatch(PeerId from, Result<Decoded> d, zmq_msg_t* header, bool from_child) {
   if (from_child) note_connection(from, zmq_msg_get(header, ZMQ_SRCFD));
-  if (d.is_ok() && !d->message && !d->part) d = Status::corruption("a stripe announcement on a link's first connection");
+  if (d.is_ok() && !d->message && !d->part) {
+    // From a parent: its word on the link's size (index 0); an announcement otherwise.
+    if (!from_child && d->stripe_index == 0) {
+      if (auto sp = striped_parents.find(from); sp != striped_parents.end() && sp->second.link == d->fields.link) {
+        on_stripes_wanted(from, d->fields.stripes_wanted);
+        node_->on_traffic(from);
+        return;
+      }
+    }
+    d = Status::corruption("a stripe announcement on a link's first connection");
+  }
   if (d.is_ok() && (d->part || d->fields.payload_bytes != 0) && (from_child || !striped_parents.count(from)))
     d = Status::corruption("a payload in parts outside a striped link from a parent");
   if (!d.is_ok()) {

@@ -17,6 +17,7 @@
 #include "deltacast/runtime/node.h"
 #include "deltacast/transport/host.h"
 #include "deltacast/transport/wire.h"
+#include "deltacast/runtime/link_sizing.h"
 #include "parts.h"
 #include "reorder.h"
 
@@ -63,6 +64,8 @@ class ZmqLinks final : public runtime::Transport {
   void close(int linger_ms);
 
   static constexpr int kFramesMax = 4;
+  // A child closes a connection of a parent link this long after the parent stopped dealing to it.
+  static constexpr std::uint64_t kStripeCloseAfterMs = 10000;
 
  private:
   struct Socket {
@@ -90,14 +93,24 @@ class ZmqLinks final : public runtime::Transport {
     std::uint64_t link = 0;
     std::string user_id;  // CURVE key its primary connection authenticated with
     std::vector<std::string> identities;
+    std::vector<int> fds;  // each connection's descriptor (-1: not known)
+    struct Counters {      // the kernel's counters of a connection at the last sample
+      int fd = -1;
+      std::uint64_t busy_us = 0, acked_bytes = 0;
+    };
+    std::vector<Counters> counters;
     std::uint64_t stream = 0, next_seq = 1;
     std::size_t next_stripe = 0;
+    std::uint32_t told_wanted = 1;  // the size last sent to the child on its own (a Stripe)
+    runtime::LinkSizing sizing;  // how many of the connections are dealt to (zmq_sizing.cc)
   };
   // This node's side of a striped link to a parent: the extra connections and the order back.
   struct StripedParent {
     std::uint64_t link = 0;
-    std::vector<Socket> extra;                    // connections 1..stripes-1
+    std::string endpoint;
+    std::vector<Socket> extra;                    // connections 1..stripes-1, opened as the parent asks
     std::vector<std::uint64_t> announced_ms;      // last announcement sent on each
+    std::vector<std::uint64_t> unwanted_ms;       // since when the parent no longer deals to it (0: it does)
     std::uint64_t connected_ms = 0;
     Reorder<Piece> order;
     Parts parts;
@@ -125,6 +138,12 @@ class ZmqLinks final : public runtime::Transport {
   void register_striped_child(runtime::PeerId peer, const LinkFields& fields, zmq_msg_t* header);
   void drain_parent_socket(runtime::PeerId id, void* zsock);
   void announce_stripes();
+  // Link sizing (zmq_sizing.cc): a parent measures each striped child's connections and sets
+  // how many it deals to; a child opens what its parent asks for and closes the rest later.
+  void size_links();
+  void sample_link(runtime::PeerId peer, StripedChild& c, std::uint64_t now_ms);
+  void on_stripes_wanted(runtime::PeerId parent, std::uint32_t wanted);
+  void close_unwanted_stripes();
   void deliver_in_order(runtime::PeerId parent, std::uint64_t gaps_before, std::vector<Piece> ready);
   void drop_striped_child(runtime::PeerId peer);
   void count_stripe_out(std::size_t index);

@@ -95,7 +95,10 @@ void ZmqLinks::on_monitor_event(std::uint16_t event, std::int32_t value, const s
         if (auto owner = stripe_owner.find(c->second.stripe_identity); owner != stripe_owner.end()) {
           if (auto sc = striped_children.find(owner->second); sc != striped_children.end())
             for (std::size_t k = 1; k < sc->second.identities.size(); ++k)
-              if (sc->second.identities[k] == owner->first) sc->second.identities[k].clear();
+              if (sc->second.identities[k] == owner->first) {
+                sc->second.identities[k].clear();
+                sc->second.fds[k] = -1;
+              }
           stripe_owner.erase(owner);
         }
         // A child whose connection closed is gone now, not after child_timeout_ms.
@@ -142,6 +145,8 @@ std::uint64_t ZmqLinks::next_duty_ms(std::uint64_t now_ms) const {
   for (const ShutdownDue& d : shutdowns_due) due = std::min(due, d.when_ms);
   for (const auto& [id, sp] : striped_parents) {
     if (sp.order.held() > 0) return now_ms;
+    for (std::uint64_t since : sp.unwanted_ms)
+      if (since != 0) due = std::min(due, since + kStripeCloseAfterMs);
     const std::uint64_t every = now_ms - sp.connected_ms < 3000 ? 100 : config.stripe_announce_ms;
     for (std::size_t k = 0; k < sp.extra.size(); ++k)
       if (sp.extra[k].zsock) due = std::min(due, sp.announced_ms[k] == 0 ? now_ms : sp.announced_ms[k] + every);
@@ -169,6 +174,8 @@ void ZmqLinks::close_idle_connections() {
     return true;
   });
   announce_stripes();
+  size_links();
+  close_unwanted_stripes();
   std::vector<std::pair<PeerId, std::uint64_t>> expired;  // (parent, gaps skipped before)
   for (auto& [id, sp] : striped_parents) {
     if (sp.order.held() == 0) continue;

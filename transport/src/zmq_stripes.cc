@@ -17,7 +17,7 @@ using namespace deltacast::runtime;
 // EAGAIN when none has; EHOSTUNREACH when its primary connection is gone (an extra one that
 // is gone is dropped from the turn).
 int ZmqLinks::send_striped(StripedChild& c, const Frames& f) {
-  const std::size_t n = c.identities.size();
+  const std::size_t n = std::min<std::size_t>(c.identities.size(), c.sizing.wanted());
   for (std::size_t tried = 0; tried < n; ++tried) {
     const std::size_t k = c.next_stripe;
     c.next_stripe = (c.next_stripe + 1) % n;
@@ -31,6 +31,7 @@ int ZmqLinks::send_striped(StripedChild& c, const Frames& f) {
       if (k == 0) return err;
       stripe_owner.erase(c.identities[k]);
       c.identities[k].clear();
+      c.fds[k] = -1;
     } else if (err != EAGAIN) {
       return err;
     }
@@ -50,8 +51,13 @@ void ZmqLinks::register_striped_child(PeerId peer, const LinkFields& fields, zmq
   StripedChild c;
   c.link = fields.link;
   if (const char* user = zmq_msg_gets(header, "User-Id")) c.user_id = user;
-  c.identities.resize(fields.stripes);
+  const std::uint32_t ceiling = std::max(fields.stripes, fields.stripes_max);
+  c.identities.resize(ceiling);
   c.identities[0] = identity_of[peer];
+  c.fds.assign(ceiling, -1);
+  c.fds[0] = zmq_msg_get(header, ZMQ_SRCFD);
+  c.sizing = LinkSizing(ceiling, fields.stripes);
+  c.sizing.start(clock.now_ms());
   c.stream = system_random().nonzero_u64();  // random, never 0 (none on the wire)
   striped_children[peer] = std::move(c);
   child_by_link[fields.link] = peer;
@@ -78,6 +84,7 @@ void ZmqLinks::on_stripe_announcement(const std::string& identity, const Decoded
     stripe_owner[identity] = owner->second;
   }
   const int fd = zmq_msg_get(header, ZMQ_SRCFD);
+  c.fds[d.stripe_index] = fd;
   if (auto conn = connections.find(fd); conn != connections.end()) {
     conn->second.said_hello = true;
     conn->second.stripe_identity = identity;

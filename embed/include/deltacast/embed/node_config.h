@@ -50,7 +50,8 @@ struct NodeSettings {
   std::string shard;
   std::optional<std::uint32_t> expect_shards;
   std::string log_level;                  // empty: info
-  std::optional<std::uint32_t> stripes;   // connections per parent link, 1 to 64; unset: 8 for a relay, 1 for a worker
+  std::optional<std::uint32_t> stripes;   // connections per parent link at most, 1 to 64 (unset: 64); the link sizes itself
+  std::optional<std::uint32_t> stripes_start;  // connections a link opens with, 1 to stripes (unset: 1)
   std::string congestion_control;         // of the connections children open to this node: auto (default: BBR if allowed), host, or a name
   bool relay = false;                     // workers: also serve children (peer to peer)
   bool in_place = false;                  // workers: one image, readers paused during updates

@@ -58,13 +58,15 @@ struct HostConfig {
   std::uint64_t hello_timeout_ms = 10000; // a connection that has not said Hello by then is closed
   std::uint64_t tick_ms = 10;
   int send_hwm_messages = 64;                        // ZeroMQ's own per-peer queue, in messages
-  // Connections per parent link (1 to 64): one TCP flow carries at most its window per round
-  // trip, so a link whose bandwidth-delay product is N windows needs N of them to fill it. The
-  // parent spreads its messages over the connections that have room and numbers them; this
-  // node delivers them in that order, holding at most reorder_bytes_max of messages that came
-  // early, and gives up on a gap (a connection that died with messages on it) after
-  // reorder_timeout_ms.
-  std::uint32_t stripes = 1;
+  // Connections per parent link, at most (1 to 64): one TCP flow carries at most its window per
+  // round trip, so a link whose bandwidth-delay product is N windows needs N of them to fill it.
+  // A link starts with one; its parent measures it and asks for more while they add throughput
+  // (docs/RUNTIME.md, "Links that size themselves"). The parent spreads its messages over the
+  // connections that have room and numbers them; this node delivers them in that order, holding
+  // at most reorder_bytes_max of messages that came early, and gives up on a gap (a connection
+  // that died with messages on it) after reorder_timeout_ms.
+  std::uint32_t stripes = 64;
+  std::uint32_t stripes_start = 1;  // connections a link opens with (at most `stripes`)
   std::uint64_t reorder_bytes_max = 256ull << 20;
   std::uint64_t reorder_timeout_ms = 10000;
   // A striped link's extra connections say which link they belong to this often (and every

@@ -32,6 +32,8 @@ struct LinkFields {
   std::uint64_t stream = 0;   // parent -> child: the stream the sequence numbers count in
   std::uint64_t seq = 0;      //                  and this message's number in it, from 1
   std::uint64_t payload_bytes = 0;  // the whole payload, when it travels in parts
+  std::uint32_t stripes_wanted = 0; // parent -> striped child, on a Stripe: connections dealt to
+  std::uint32_t stripes_max = 0;  // Hello: and up to how many it opens as the parent asks (0: stripes)
 };
 
 Frames encode_message(const runtime::Message& message, const LinkFields& fields = {});
@@ -46,8 +48,9 @@ std::size_t payload_bytes(const runtime::Message& message);
 bool set_payload(runtime::Message& message, runtime::SharedBytes payload);
 // `bytes` bytes of `whole` from `offset` on, sharing its memory.
 runtime::SharedBytes slice(const runtime::SharedBytes& whole, std::size_t offset, std::size_t bytes);
-// A striped link's connection `index` (1..stripes-1) announcing itself.
-Frames encode_stripe(std::uint64_t link, std::uint32_t index);
+// A striped link's connection `index` (1..stripes-1) announcing itself; or, from the parent
+// with index 0, how many of the link's connections it deals to (`stripes_wanted`, 1 or more).
+Frames encode_stripe(std::uint64_t link, std::uint32_t index, std::uint32_t stripes_wanted = 0);
 
 struct Decoded {
   std::optional<runtime::Message> message;  // absent for a stripe announcement and a Part

@@ -19,7 +19,6 @@ import collections
 import glob
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,11 +26,7 @@ import tempfile
 import threading
 import time
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from bench_idle import free_port  # scripts/, beside this one
 
 
 def threads_cpu_ns(pid):

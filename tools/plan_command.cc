@@ -65,10 +65,9 @@ int run_trees(const topology::FleetSpec& spec, const PlanOptions& o) {
 int run_plan(const PlanOptions& o) {
   auto spec = load_fleet(o.config);
   if (!spec.is_ok()) return fail(spec.status().message());
-  if (o.trees != "1" && (o.shape == "tree" || o.trees != "auto")) {
-    if (o.shape != "tree") return fail("--trees: multi-tree plans are relay trees (--shape tree)");
-    return run_trees(*spec, o);
-  }
+  // Relay trees take the planner's count (auto) or the one given; the other shapes are one tree.
+  if (o.shape == "tree" && o.trees != "1") return run_trees(*spec, o);
+  if (o.trees != "1" && o.trees != "auto") return fail("--trees: multi-tree plans are relay trees (--shape tree)");
   const topology::Shape shape = o.shape == "star" ? topology::Shape::kStar
                                 : o.shape == "worker-relays" ? topology::Shape::kWorkerRelayTree
                                                              : topology::Shape::kTree;

@@ -101,7 +101,7 @@ class ZmqLinks final : public runtime::Transport {
     std::vector<Counters> counters;
     std::uint64_t stream = 0, next_seq = 1;
     std::size_t next_stripe = 0;
-    std::uint32_t told_wanted = 1;  // the size last sent to the child on its own (a Stripe)
+    std::uint32_t told_wanted = 1;  // the size the child last heard (a Stripe), or opened itself
     runtime::LinkSizing sizing;  // how many of the connections are dealt to (zmq_sizing.cc)
   };
   // This node's side of a striped link to a parent: the extra connections and the order back.

@@ -52,11 +52,12 @@ void ZmqLinks::sample_link(PeerId peer, StripedChild& c, std::uint64_t now) {
   }
   s.min_rtt_us = min_rtt == std::numeric_limits<std::uint32_t>::max() ? 0 : min_rtt;
   const std::uint32_t before = c.sizing.wanted();
+  const double period_ms = static_cast<double>(now - (c.sizing.next_sample_ms() - LinkSizing::kSampleMs));
   if (!c.sizing.sample(now, s)) return;
   c.next_stripe = 0;
   spdlog::info("{}: the link to child {} {} {} connections (it had {}; round trip {:.1f} ms, {:.0f} Mbit/s)", node_config.node_id, peer,
                c.sizing.wanted() > before ? "tries" : "goes back to", c.sizing.wanted(), before, s.min_rtt_us / 1e3,
-               static_cast<double>(s.acked_bytes) * 8 / 1e3 / static_cast<double>(LinkSizing::kSampleMs));
+               static_cast<double>(s.acked_bytes) * 8 / 1e3 / std::max(period_ms, 1.0));
 }
 
 // The parent deals to `wanted` connections of this link: open those missing; the others close

@@ -58,6 +58,7 @@ void ZmqLinks::register_striped_child(PeerId peer, const LinkFields& fields, zmq
   c.fds[0] = zmq_msg_get(header, ZMQ_SRCFD);
   c.sizing = LinkSizing(ceiling, fields.stripes);
   c.sizing.start(clock.now_ms());
+  c.told_wanted = c.sizing.wanted();  // the connections the child opened: nothing to tell it yet
   c.stream = system_random().nonzero_u64();  // random, never 0 (none on the wire)
   striped_children[peer] = std::move(c);
   child_by_link[fields.link] = peer;
